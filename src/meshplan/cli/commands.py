@@ -1,0 +1,3 @@
+"""Imports every command module so that each registers on the app (one line per command)."""
+
+from meshplan.cli import models_cmd  # noqa: F401

@@ -1,0 +1,63 @@
+"""`meshplan models` and `meshplan clusters`: list the presets."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.main import app
+from meshplan.spec.cluster import gpu_names, gpu_preset, system_names, system_preset
+from meshplan.spec.presets import model_names, model_preset
+
+
+@app.command("models")
+def models(json_out: JsonOpt = False) -> None:
+    """List the model presets with their sizes."""
+    rows = []
+    for name in model_names():
+        m = model_preset(name)
+        rows.append({
+            "name": name, "arch": m.arch.value, "params": m.num_params(),
+            "active_params": m.num_params(active_only=True), "layers": m.num_layers,
+            "hidden": m.hidden_size, "heads": m.num_heads, "kv_heads": m.num_kv_heads,
+            "ffn": m.ffn_hidden_size, "vocab": m.vocab_size, "experts": m.moe_num_experts,
+        })
+    if json_out:
+        print_json(rows)
+        return
+    t = Table(title="Model presets")
+    for col in ("name", "params", "active", "L", "D", "heads", "kv", "FFN", "vocab", "experts"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for r in rows:
+        t.add_row(r["name"], _count(r["params"]), _count(r["active_params"]), str(r["layers"]),
+                  str(r["hidden"]), str(r["heads"]), str(r["kv_heads"]), str(r["ffn"]),
+                  str(r["vocab"]), str(r["experts"] or ""))
+    console().print(t)
+
+
+@app.command("clusters")
+def clusters(json_out: JsonOpt = False) -> None:
+    """List the GPU and system presets."""
+    gpus = [gpu_preset(n) for n in gpu_names()]
+    systems = [system_preset(n) for n in system_names()]
+    if json_out:
+        print_json({"gpus": [g.__dict__ for g in gpus], "systems": [s.to_dict() for s in systems]})
+        return
+    t = Table(title="GPU presets")
+    for col in ("gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM TB/s"):
+        t.add_column(col, justify="left" if col == "gpu" else "right")
+    for g in gpus:
+        t.add_row(g.name, f"{g.peak_bf16_flops / 1e12:.0f}", f"{g.peak_fp8_flops / 1e12:.0f}",
+                  f"{g.memory_gib:.1f}", f"{g.hbm_bandwidth_bytes_per_s / 1e12:.2f}")
+    console().print(t)
+    s = Table(title="System presets (per-GPU link bandwidth, one direction)")
+    for col in ("system", "gpu", "GPUs/node", "intra GB/s", "inter GB/s"):
+        s.add_column(col, justify="left" if col in ("system", "gpu") else "right")
+    for c in systems:
+        s.add_row(c.name, c.gpu.name, str(c.gpus_per_node), f"{c.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
+                  f"{c.inter_node_bandwidth_bytes_per_s / 1e9:.1f}")
+    console().print(s)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"

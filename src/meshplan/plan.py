@@ -1,0 +1,427 @@
+"""The one contract between planner and runtime.
+
+A ``Plan`` says *how* to parallelise: the degree of every device-mesh axis and every other choice
+(ZeRO stage, sequence parallel, pipeline schedule and layer split, micro-batch, recompute).
+A ``Job`` bundles a plan with *what* is trained (``ModelSpec``, ``TrainingSpec``) and *where*
+(``ClusterSpec``); it is the versioned JSON file that ``meshplan plan --out`` writes and
+``meshplan train --plan`` reads. The runtime executes a Job and never re-decides it.
+
+Mesh layout (outermost to innermost, as in torchtitan): ``pp, dp_replicate, dp_shard, cp, tp``.
+Ranks are laid out so that ``tp`` is contiguous (inside a node first), then ``cp``, ``dp_shard``,
+``dp_replicate`` and ``pp``: ``rank = (((pp*R + r)*S + s)*C + c)*T + t``.
+Expert parallel (``ep``) does not add ranks: it reuses the ``dp_shard x cp`` ranks
+(torchtitan's convention), so ``ep`` must divide ``dp_shard * cp``.
+
+Virtual pipeline stages: with ``pp`` ranks and ``vpp`` stages per rank there are ``pp * vpp``
+stages in model order; stage ``i`` runs on pipeline rank ``i % pp`` (the interleaved/looped
+placement of Narayanan et al. 2021, Sec. 2.2.2).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshplan.errors import MeshplanError
+
+if TYPE_CHECKING:
+    from meshplan.spec.cluster import ClusterSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+
+PLAN_FORMAT_VERSION = 1
+
+
+class MeshAxis(str, enum.Enum):
+    """Device-mesh axis names, shared by planner and runtime (DeviceMesh ``mesh_dim_names``)."""
+
+    PP = "pp"
+    DP_REPLICATE = "dp_replicate"
+    DP_SHARD = "dp_shard"
+    CP = "cp"
+    TP = "tp"
+
+
+# Outermost first; the runtime builds its DeviceMesh in exactly this order.
+MESH_AXIS_ORDER: tuple[MeshAxis, ...] = (
+    MeshAxis.PP,
+    MeshAxis.DP_REPLICATE,
+    MeshAxis.DP_SHARD,
+    MeshAxis.CP,
+    MeshAxis.TP,
+)
+
+
+class Schedule(str, enum.Enum):
+    """Pipeline schedules (torch.distributed.pipelining names in brackets)."""
+
+    GPIPE = "gpipe"  # all forwards, then all backwards (ScheduleGPipe)
+    ONE_F_ONE_B = "1f1b"  # PipeDream-flush (Schedule1F1B)
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # virtual stages (ScheduleInterleaved1F1B)
+    ZERO_BUBBLE = "zero-bubble"  # split backward, B/W (ScheduleInterleavedZeroBubble)
+
+    @property
+    def supports_virtual_stages(self) -> bool:
+        return self in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+
+
+class Recompute(str, enum.Enum):
+    """Activation recomputation policy (Korthikanti et al. 2022, Sec. 4 and 5)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute only the attention core (softmax, dropout, QK^T, AV)
+    FULL = "full"  # keep only each layer's input; recompute the whole layer in backward
+
+
+class CPMethod(str, enum.Enum):
+    """Context-parallel attention: ring (pass K/V around) or all-to-all (Ulysses, heads <-> seq)."""
+
+    RING = "ring"
+    ALL_TO_ALL = "all-to-all"
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise MeshplanError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    """Degree of every mesh axis, plus expert parallel (which reuses dp_shard x cp ranks)."""
+
+    dp_replicate: int = 1
+    """Replicated data parallel (DDP, or the replicate axis of HSDP)."""
+    dp_shard: int = 1
+    """Sharded data parallel (ZeRO-1/2/3, FSDP); needs ``Plan.zero >= 1`` when above 1."""
+    tp: int = 1
+    """Tensor parallel (Megatron column/row split); sequence parallel is ``Plan.sp``."""
+    pp: int = 1
+    """Pipeline-parallel ranks."""
+    cp: int = 1
+    """Context parallel: the sequence is split over this many ranks."""
+    ep: int = 1
+    """Expert parallel for MoE layers; divides ``dp_shard * cp`` (borrows those ranks)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
+            _check_positive(name, getattr(self, name))
+        if (self.dp_shard * self.cp) % self.ep:
+            raise MeshplanError(
+                f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp} "
+                "(expert parallel reuses the sharded-data and context ranks)"
+            )
+
+    @property
+    def dp(self) -> int:
+        """Total data-parallel degree: how many different micro-batches run side by side."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    def axis_size(self, axis: MeshAxis) -> int:
+        return {
+            MeshAxis.PP: self.pp,
+            MeshAxis.DP_REPLICATE: self.dp_replicate,
+            MeshAxis.DP_SHARD: self.dp_shard,
+            MeshAxis.CP: self.cp,
+            MeshAxis.TP: self.tp,
+        }[axis]
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """Sizes in ``MESH_AXIS_ORDER``."""
+        return tuple(self.axis_size(a) for a in MESH_AXIS_ORDER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """How to parallelise one training job. Frozen; validated on construction."""
+
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    zero: int = 0
+    """ZeRO stage over ``dp_shard``: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)."""
+    sp: bool = False
+    """Sequence parallel with TP (Korthikanti et al. 2022, Sec. 4.2.2); needs ``tp > 1``."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    vpp: int = 1
+    """Virtual pipeline stages per pipeline rank (interleaved schedules only)."""
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers per (virtual) stage, in model order; length ``pp * vpp``. Empty means an
+    even split, filled in by :func:`Plan.with_defaults` / :func:`even_split`."""
+    cp_method: CPMethod = CPMethod.RING
+    micro_batch: int = 1
+    """Sequences per micro-batch on each data-parallel rank."""
+    recompute: Recompute = Recompute.NONE
+    recompute_layers: tuple[int, ...] = ()
+    """Layers recomputed per (virtual) stage under ``recompute``; empty means every layer
+    (or none when ``recompute`` is NONE)."""
+
+    def __post_init__(self) -> None:
+        for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod)):
+            try:
+                object.__setattr__(self, f, enum_cls(getattr(self, f)))
+            except ValueError:
+                raise MeshplanError(f"{f}={getattr(self, f)!r} is not one of "
+                                    f"{', '.join(e.value for e in enum_cls)}") from None
+        object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+        object.__setattr__(self, "recompute_layers", tuple(self.recompute_layers))
+        d = self.dims
+        if self.zero not in (0, 1, 2, 3):
+            raise MeshplanError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if d.dp_shard > 1 and self.zero == 0:
+            raise MeshplanError(
+                f"dp_shard={d.dp_shard} needs zero >= 1; plain data parallel is dp_replicate"
+            )
+        if self.sp and d.tp == 1:
+            raise MeshplanError("sequence parallel (sp) needs tp > 1")
+        _check_positive("vpp", self.vpp)
+        _check_positive("micro_batch", self.micro_batch)
+        if self.vpp > 1 and not self.schedule.supports_virtual_stages:
+            raise MeshplanError(
+                f"vpp={self.vpp} needs an interleaved schedule, not {self.schedule.value!r}"
+            )
+        if self.vpp > 1 and d.pp == 1:
+            raise MeshplanError(f"vpp={self.vpp} needs pp > 1")
+        n_stages = d.pp * self.vpp
+        if self.stage_layers:
+            if len(self.stage_layers) != n_stages:
+                raise MeshplanError(
+                    f"stage_layers has {len(self.stage_layers)} entries; pp*vpp={n_stages} stages"
+                )
+            if any(n < 1 for n in self.stage_layers):
+                raise MeshplanError(f"every stage needs at least one layer: {self.stage_layers}")
+        if self.recompute_layers:
+            if len(self.recompute_layers) != n_stages:
+                raise MeshplanError(
+                    f"recompute_layers has {len(self.recompute_layers)} entries; "
+                    f"pp*vpp={n_stages} stages"
+                )
+            if self.recompute == Recompute.NONE and any(self.recompute_layers):
+                raise MeshplanError("recompute_layers given but recompute is 'none'")
+            if self.stage_layers and any(
+                r < 0 or r > n for r, n in zip(self.recompute_layers, self.stage_layers)
+            ):
+                raise MeshplanError(
+                    f"recompute_layers {self.recompute_layers} must lie between 0 and "
+                    f"stage_layers {self.stage_layers}"
+                )
+
+    @property
+    def num_stages(self) -> int:
+        return self.dims.pp * self.vpp
+
+    # ---- checks against what is trained -------------------------------------------------
+    def validate_for(self, model: "ModelSpec", training: "TrainingSpec", num_gpus: int | None = None) -> None:
+        """Raise MeshplanError naming the first value that does not fit the model or batch."""
+        d = self.dims
+        if num_gpus is not None and d.world_size != num_gpus:
+            raise MeshplanError(
+                f"degrees pp*dp_replicate*dp_shard*cp*tp = {d.pp}*{d.dp_replicate}*{d.dp_shard}"
+                f"*{d.cp}*{d.tp} = {d.world_size} do not equal the GPU count {num_gpus}"
+            )
+        if model.num_heads % d.tp:
+            raise MeshplanError(f"num_heads={model.num_heads} is not divisible by tp={d.tp}")
+        if model.num_kv_heads % d.tp and d.tp % model.num_kv_heads:
+            raise MeshplanError(
+                f"num_kv_heads={model.num_kv_heads} and tp={d.tp}: one must divide the other"
+            )
+        if model.ffn_hidden_size % d.tp:
+            raise MeshplanError(f"ffn_hidden_size={model.ffn_hidden_size} is not divisible by tp={d.tp}")
+        if model.is_moe:
+            if model.moe_num_experts % d.ep:
+                raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+        elif d.ep > 1:
+            raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if self.num_stages > model.num_layers:
+            raise MeshplanError(
+                f"pp*vpp={self.num_stages} stages but the model has only {model.num_layers} layers"
+            )
+        if self.stage_layers and sum(self.stage_layers) != model.num_layers:
+            raise MeshplanError(
+                f"stage_layers sum to {sum(self.stage_layers)}, the model has {model.num_layers} layers"
+            )
+        if training.seq_len % (d.cp * (2 if d.cp > 1 else 1)):
+            raise MeshplanError(
+                f"seq_len={training.seq_len} is not divisible by 2*cp={2 * d.cp} "
+                "(load-balanced context parallel splits the sequence into 2*cp chunks)"
+            )
+        if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL and (model.num_heads // d.tp) % d.cp:
+            raise MeshplanError(
+                f"all-to-all context parallel needs heads per tp rank ({model.num_heads // d.tp}) "
+                f"divisible by cp={d.cp}"
+            )
+        if self.sp and training.seq_len % d.tp:
+            raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
+        per_step = d.dp * self.micro_batch
+        if training.global_batch % per_step:
+            raise MeshplanError(
+                f"global_batch={training.global_batch} is not divisible by dp*micro_batch="
+                f"{d.dp}*{self.micro_batch}={per_step}"
+            )
+        if self.schedule == Schedule.INTERLEAVED_1F1B and d.pp > 1 and self.vpp > 1:
+            if self.num_microbatches(training) % d.pp:
+                raise MeshplanError(
+                    f"interleaved 1F1B needs the number of micro-batches "
+                    f"({self.num_microbatches(training)}) divisible by pp={d.pp}"
+                )
+
+    def num_microbatches(self, training: "TrainingSpec") -> int:
+        """Gradient-accumulation steps = global_batch / (dp * micro_batch)."""
+        return training.global_batch // (self.dims.dp * self.micro_batch)
+
+    # ---- defaults and derived per-stage values -------------------------------------------
+    def with_defaults(self, model: "ModelSpec") -> "Plan":
+        """Fill ``stage_layers`` (even split) and ``recompute_layers`` (all or none)."""
+        layers = self.stage_layers or even_split(model.num_layers, self.num_stages)
+        if self.recompute_layers:
+            rec = self.recompute_layers
+        elif self.recompute == Recompute.NONE:
+            rec = tuple(0 for _ in layers)
+        else:
+            rec = tuple(layers)
+        return replace(self, stage_layers=tuple(layers), recompute_layers=tuple(rec))
+
+    def stage_rank(self, stage: int) -> int:
+        """Pipeline rank that holds virtual stage ``stage`` (looped placement)."""
+        return stage % self.dims.pp
+
+    # ---- notation and JSON ---------------------------------------------------------------
+    def notation(self) -> str:
+        """Compact one-line form, e.g. ``dp2 fsdp8 tp8sp pp4(v2) cp1 mb1 ckpt=sel:12``."""
+        d = self.dims
+        parts = [f"dp{d.dp_replicate}"]
+        if self.zero == 3:
+            parts.append(f"fsdp{d.dp_shard}")
+        elif self.zero:
+            parts.append(f"zero{self.zero}x{d.dp_shard}")
+        parts.append(f"tp{d.tp}{'sp' if self.sp else ''}")
+        pp = f"pp{d.pp}"
+        if d.pp > 1:
+            pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
+        parts.append(pp)
+        parts.append(f"cp{d.cp}" + ("a2a" if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL else ""))
+        if d.ep > 1:
+            parts.append(f"ep{d.ep}")
+        parts.append(f"mb{self.micro_batch}")
+        if self.recompute != Recompute.NONE:
+            short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
+            n = sum(self.recompute_layers) if self.recompute_layers else "all"
+            parts.append(f"ckpt={short}:{n}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["schedule"] = self.schedule.value
+        out["recompute"] = self.recompute.value
+        out["cp_method"] = self.cp_method.value
+        out["stage_layers"] = list(self.stage_layers)
+        out["recompute_layers"] = list(self.recompute_layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        try:
+            data = dict(data)
+            dims = ParallelDims(**data.pop("dims", {}))
+            return cls(
+                dims=dims,
+                zero=int(data.pop("zero", 0)),
+                sp=bool(data.pop("sp", False)),
+                schedule=Schedule(data.pop("schedule", Schedule.ONE_F_ONE_B.value)),
+                vpp=int(data.pop("vpp", 1)),
+                stage_layers=tuple(int(x) for x in data.pop("stage_layers", ())),
+                cp_method=CPMethod(data.pop("cp_method", CPMethod.RING.value)),
+                micro_batch=int(data.pop("micro_batch", 1)),
+                recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
+                recompute_layers=tuple(int(x) for x in data.pop("recompute_layers", ())),
+                **_no_extra("plan", data),
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, MeshplanError):
+                raise
+            raise MeshplanError(f"invalid plan: {exc}") from None
+
+
+def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:
+    if leftover:
+        raise MeshplanError(f"unknown {what} field(s): {', '.join(sorted(leftover))}")
+    return {}
+
+
+def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Split layers as evenly as possible; the earlier stages take the remainder."""
+    if num_stages < 1 or num_stages > num_layers:
+        raise MeshplanError(f"cannot split {num_layers} layers into {num_stages} stages")
+    base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What to train, on what, and how: the versioned JSON file the runtime consumes."""
+
+    model: "ModelSpec"
+    training: "TrainingSpec"
+    cluster: "ClusterSpec"
+    plan: Plan
+    version: int = PLAN_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.plan.validate_for(self.model, self.training, self.cluster.num_gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "meshplan_plan_version": self.version,
+            "model": self.model.to_dict(),
+            "training": self.training.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "plan": self.plan.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Job":
+        from meshplan.spec.cluster import ClusterSpec
+        from meshplan.spec.model import ModelSpec
+        from meshplan.spec.training import TrainingSpec
+
+        if not isinstance(data, dict) or "meshplan_plan_version" not in data:
+            raise MeshplanError("not a meshplan plan file (no 'meshplan_plan_version' field)")
+        version = data["meshplan_plan_version"]
+        if version != PLAN_FORMAT_VERSION:
+            raise MeshplanError(
+                f"plan file version {version!r} is not supported (this meshplan reads {PLAN_FORMAT_VERSION})"
+            )
+        for key in ("model", "training", "cluster", "plan"):
+            if key not in data:
+                raise MeshplanError(f"plan file has no '{key}' section")
+        return cls(
+            model=ModelSpec.from_dict(data["model"]),
+            training=TrainingSpec.from_dict(data["training"]),
+            cluster=ClusterSpec.from_dict(data["cluster"]),
+            plan=Plan.from_dict(data["plan"]),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Job":
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise MeshplanError(f"{p}: no such plan file") from None
+        except json.JSONDecodeError as exc:
+            raise MeshplanError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        try:
+            return cls.from_dict(data)
+        except MeshplanError as exc:
+            raise MeshplanError(f"{p}: {exc}") from None

@@ -1,0 +1,42 @@
+"""Model presets (data in presets/models.json) and the one resolver the CLI uses."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import MeshplanError
+from meshplan.spec.model import ModelSpec
+
+
+@lru_cache(maxsize=1)
+def _model_data() -> dict[str, Any]:
+    text = resources.files("meshplan.spec").joinpath("presets/models.json").read_text()
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def model_names() -> list[str]:
+    return list(_model_data())
+
+
+def model_preset(name: str) -> ModelSpec:
+    data = _model_data()
+    key = name.lower()
+    if key not in data:
+        raise MeshplanError(f"unknown model {name!r}; known: {', '.join(data)} (or a config.json path)")
+    return ModelSpec(name=key, **data[key])
+
+
+def resolve_model(name_or_path: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
+    """A preset name, or a path to a Hugging Face config.json (or a folder holding one)."""
+    p = Path(name_or_path)
+    if p.suffix.lower() == ".json" or p.is_dir() or p.is_file():
+        from meshplan.spec.hf import load_hf_config
+
+        spec = load_hf_config(p)
+    else:
+        spec = model_preset(name_or_path)
+    return spec.with_overrides(overrides) if overrides else spec
