@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.training import Precision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +73,6 @@ class Calibration:
     pp_p2p_overlap: float = 0.5
     """Fraction of pipeline send/recv hidden behind compute (Megatron overlaps p2p with the next
     micro-batch in the steady state, Narayanan et al. 2021 Sec. 4.1)."""
-    grad_reduce_bytes_per_grad: float = 4.0
-    """Bytes per gradient element in the data-parallel reduction (Megatron/torchtitan reduce in
-    fp32 by default)."""
     zero_bubble_residual: float = 0.15
     """Fraction of the 1F1B bubble left by zero-bubble schedules (Qi et al. 2024, ZB-H1 removes
     most of it)."""
@@ -82,9 +80,13 @@ class Calibration:
     # ---- memory -------------------------------------------------------------------------
     weight_bytes_per_param: float = 2.0
     """bf16/fp16 working copy of each weight."""
-    grad_bytes_per_param: float = 4.0
-    """Gradient buffer per parameter: Megatron keeps fp32 main_grad (Megatron-LM distributed
-    optimizer doc: 2 + 4 + 12 = 18 bytes per parameter)."""
+    grad_bytes_per_param_bf16: float = 4.0
+    """Gradient buffer per parameter under bf16 (and fp8) training: accumulated and reduced in
+    fp32 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 with bf16; torchtitan reduces
+    in fp32; DeepSpeed's BF16_Optimizer keeps fp32 gradients)."""
+    grad_bytes_per_param_fp16: float = 2.0
+    """Gradient buffer per parameter under fp16 training: fp16, reduced in fp16 (Megatron-LM's
+    default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
     adam_bytes_per_param: float = 8.0
@@ -103,6 +105,14 @@ class Calibration:
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
 
     # ---- behaviour ------------------------------------------------------------------------
+    def grad_bytes_per_param(self, precision: Precision) -> float:
+        """Bytes of one gradient element for this compute precision (fp32 training: 4)."""
+        if precision == Precision.FP16:
+            return self.grad_bytes_per_param_fp16
+        if precision == Precision.FP32:
+            return 4.0
+        return self.grad_bytes_per_param_bf16
+
     def replace_fields(self, **changes: Any) -> "Calibration":
         known = {f.name for f in fields(self)}
         extra = set(changes) - known
