@@ -149,7 +149,21 @@ class Calibration:
 # Values found by `meshplan validate --fit --runs runs_calibration.csv` (cost/fit.py): a grid
 # search minimising the median absolute log error of throughput (time fields) and the median
 # absolute error of peak memory (memory fields), per GPU family. Filled in below.
-FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # 136 throughput rows, 65 memory rows (Narayanan 2021, Korthikanti 2022, BLOOM tr11 sweeps,
+    # Megatron-LM README 2020), fitted with fused_attention=False, dropout=True.
+    "a100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.725, "matmul_half_dim": 64.0, "inter_node_comm_efficiency": 0.8,
+        "intra_node_comm_efficiency": 0.5,
+        "dp_overlap": 0.9, "framework_overhead_gib": 10.5, "allocator_fragmentation": 0.05,
+    }),
+    # 4 throughput rows (Megatron-LM README 2020, DGX-2): only the GEMM efficiency is fitted.
+    "v100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (v100-32gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.85,
+    }),
+})
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -161,5 +175,5 @@ def calibration_for(gpu: GPUSpec) -> Calibration:
     """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
     fitted = FITTED.get(gpu_family(gpu))
     if fitted:
-        return Calibration().replace_fields(**fitted)
+        return Calibration().replace_fields(**dict(fitted))
     return Calibration()

@@ -25,6 +25,7 @@ TIME_GRID: dict[str, tuple[float, ...]] = {
     "matmul_efficiency": tuple(np.round(np.arange(0.50, 0.951, 0.025), 3)),
     "matmul_half_dim": (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0),
     "inter_node_comm_efficiency": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    "intra_node_comm_efficiency": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "dp_overlap": (0.0, 0.25, 0.5, 0.75, 0.9, 1.0),
 }
 """Factors fitted on throughput, with their grids. Families with few rows fit only the first."""
