@@ -50,7 +50,7 @@ def tables(draw):
         layer_act_bytes=d, layer_act_recomputed_bytes=np.floor(d * draw(st.floats(0, 1))),
         rank_time_s=mat(0, 12) / 4.0, rank_bytes=mat(0, 100), inflight=mat(1, 4),
         allow_recompute=np.array(draw(st.lists(st.booleans(), min_size=C, max_size=C))),
-        num_layers=L, chunks=v)
+        num_layers=L, chunks=v, recompute_jump_bytes=ints(0, 3) * draw(st.integers(0, 1)))
 
 
 @given(tables())

@@ -50,6 +50,14 @@ class StageTable:
     allow_recompute: np.ndarray  # (C,) bool: recompute policy is not 'none'
     num_layers: int  # L
     chunks: int = 1  # v: layers per rank at least v
+    recompute_jump_bytes: np.ndarray | None = None
+    """(C,) memory added once a rank recomputes any layer (full recompute rematerialises one
+    layer's activations during its backward); None means 0."""
+
+    def jump(self) -> np.ndarray:
+        if self.recompute_jump_bytes is None:
+            return np.zeros(self.num_configs)
+        return self.recompute_jump_bytes
 
     @property
     def num_configs(self) -> int:
@@ -63,7 +71,8 @@ class StageTable:
         return StageTable(self.layer_time_s[idx], self.recompute_time_s[idx], self.layer_static_bytes[idx],
                           self.layer_act_bytes[idx], self.layer_act_recomputed_bytes[idx],
                           self.rank_time_s[idx], self.rank_bytes[idx], self.inflight[idx],
-                          self.allow_recompute[idx], self.num_layers, self.chunks)
+                          self.allow_recompute[idx], self.num_layers, self.chunks,
+                          self.jump()[idx])
 
     # ---- the per-rank cost of a concrete choice ------------------------------------------
     def rank_costs(self, n: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +82,7 @@ class StageTable:
                                               self.layer_act_recomputed_bytes))
         t = n * a + r * b + self.rank_time_s
         m = n * c + self.inflight * ((n - r) * d + r * g) + self.rank_bytes
-        return t, m
+        return t, m + np.where(r > 0, self.jump()[:, None], 0.0)
 
 
 @dataclass(frozen=True)
@@ -94,25 +103,25 @@ def _grid(tbl: StageTable) -> tuple[np.ndarray, ...]:
     return (n, col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes),
             col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes),
             tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None],
-            col(tbl.allow_recompute))
+            col(tbl.allow_recompute), col(tbl.jump()))
 
 
 def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool) -> np.ndarray:
     """T_s(n | M): least time of n layers on rank s within memory M (inf if impossible): (C,p,L)."""
-    n, a, b, c, d, g, e, f, k, allow = _grid(tbl)
+    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
     lim = mem_limit[:, None, None]
     base = n * (c + k * d) + f  # memory with no recompute
     saving = k * (d - g)  # memory saved per recomputed layer
     tol = np.maximum(np.abs(lim), 1.0) * _REL
     with np.errstate(divide="ignore", invalid="ignore"):
-        x = (base - lim) / np.where(saving > 0, saving, 1.0)  # recomputed layers needed
+        x = (base + jump - lim) / np.where(saving > 0, saving, 1.0)  # recomputed layers needed
         if strict:  # memory strictly below the limit: r > x
             fits_plain = base < lim - tol
             r_need = np.floor(x + 1e-9) + 1
         else:  # r >= x
             fits_plain = base <= lim + tol
             r_need = np.ceil(x - 1e-9)
-    r_min = np.where(fits_plain, 0.0, np.where(saving > 0, np.maximum(r_need, 0.0), np.inf))
+    r_min = np.where(fits_plain, 0.0, np.where(saving > 0, np.maximum(r_need, 1.0), np.inf))
     r_min = np.where(allow | (r_min == 0), r_min, np.inf)
     ok = r_min <= n
     return np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf)
@@ -120,7 +129,7 @@ def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool) -> 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) -> np.ndarray:
     """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
-    n, a, b, c, d, g, e, f, k, allow = _grid(tbl)
+    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
     lim = time_limit[:, None, None]
     slack = lim - (n * a + e)
     if strict:
@@ -132,7 +141,8 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) ->
     r_max = np.where(allow, np.minimum(r_max, n), 0.0)
     ok = slack >= 0
     r_max = np.where(ok, np.maximum(r_max, 0.0), 0.0)
-    mem = n * c + k * ((n - r_max) * d + r_max * g) + f
+    mem = n * c + k * ((n - r_max) * d + r_max * g) + f + np.where(r_max > 0, jump, 0.0)
+    mem = np.minimum(mem, n * (c + k * d) + f)  # recomputing nothing may be leaner (jump)
     return np.where(ok, mem, np.inf)
 
 
@@ -158,13 +168,14 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[
         n[rows, j] -= 1
         excess[rows] -= 1
     # Fewest recomputed layers that meet the memory limit (the fastest choice).
-    a, b, c, d, g = (x[:, None] for x in (tbl.layer_time_s, tbl.recompute_time_s, tbl.layer_static_bytes,
+    _, _, c, d, g = (x[:, None] for x in (tbl.layer_time_s, tbl.recompute_time_s, tbl.layer_static_bytes,
                                           tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes))
-    need = n * (c + tbl.inflight * d) + tbl.rank_bytes - m_lim[:, None]
+    base = n * (c + tbl.inflight * d) + tbl.rank_bytes
     saving = tbl.inflight * (d - g)
+    tol = np.maximum(np.abs(m_lim), 1.0)[:, None] * _REL
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(need <= np.maximum(np.abs(m_lim), 1.0)[:, None] * _REL, 0.0,
-                     np.ceil(need / np.where(saving > 0, saving, 1.0) - 1e-9))
+        need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
+    r = np.where(base <= m_lim[:, None] + tol, 0.0, np.maximum(need, 1.0))
     r = np.clip(r, 0, n).astype(np.int64)
     r = np.where(tbl.allow_recompute[:, None], r, 0)
     return n, r
