@@ -28,6 +28,7 @@ staircase point by point (each point a vectorised partition over all configs at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -182,13 +183,14 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[
 
 
 def stage_frontier(tbl: StageTable, max_points: int = 64,
-                   mem_cap_bytes: float = np.inf) -> StagePoints:
+                   keep_going: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
+                   ) -> StagePoints:
     """Every Pareto point (max rank time, peak rank memory) of each config, fastest first.
 
     ``max_points`` bounds the staircase per config (the fastest points are kept; exact when the
-    frontier is shorter). Points with memory above ``mem_cap_bytes`` still count but the walk
-    stops once a config's memory falls below the cap and... never: the cap only limits work by
-    starting the walk at the fastest point under no limit.
+    frontier is shorter). ``keep_going(rows, next_time, least_memory)`` may stop configs early:
+    given the config rows still walking, the time of their next point and their least possible
+    memory, it returns which are still worth walking (e.g. not dominated by known plans).
     """
     C = tbl.num_configs
     out: list[tuple[np.ndarray, ...]] = []
@@ -197,6 +199,7 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     inf = np.full(C, np.inf)
     t_cur = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
     active = np.isfinite(t_cur)
+    m_floor = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl) if keep_going else None
     m_prev = inf.copy()
     rows = np.arange(C)
     for _ in range(max_points):
@@ -214,6 +217,9 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
         idx = rows[active]
         t_cur[idx] = t_next
         active[idx] = np.isfinite(t_next)
+        if keep_going is not None and active.any():
+            live = rows[active]
+            active[live] = keep_going(live, t_cur[live], m_floor[live])
     if not out:
         return _empty_points(tbl.num_ranks)
     cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
