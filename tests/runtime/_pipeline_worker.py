@@ -126,7 +126,7 @@ def reference(cfg: dict, data, n_mb: int):
     init_by_name(model, cfg["seed"])
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
-    losses = []
+    losses, norms = [], []
     for tokens, targets in data:
         opt.zero_grad()
         total = 0.0
@@ -134,9 +134,11 @@ def reference(cfg: dict, data, n_mb: int):
             loss = loss_fn(model(t), y) / n_mb
             loss.backward()
             total += loss.item()
+        if cfg.get("clip"):
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"]).item())
         opt.step()
         losses.append(total)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, init_state
+    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}, init_state
 
 
 def run_config(cfg: dict) -> dict:
@@ -148,21 +150,23 @@ def run_config(cfg: dict) -> dict:
     dp_rank = mesh["dp_replicate"].get_local_rank() * dims.dp_shard + mesh["dp_shard"].get_local_rank()
     n_mb = cfg["batch"] // (dp * plan.micro_batch)
     data = batches(cfg, cfg["steps"])
-    ref_losses, ref_state, init_state = reference(cfg, data, n_mb * dp)
+    ref_losses, ref_norms, ref_state, init_state = reference(cfg, data, n_mb * dp)
 
     with torch.device("meta"):
         meta = ToyTransformer(cfg["vocab"], cfg["dim"], cfg["layers"], cfg["seq_len"], cfg["tied"])
     pipe = build_pipeline(
         meta, plan, mesh, loss_fn=loss_fn, device=torch.device("cpu"),
         parallelize_stage=lambda m: toy_parallelize(m, plan, mesh), init_stage=lambda m: materialise(m, cfg["seed"]),
-        n_microbatches=n_mb,
+        n_microbatches=None if cfg.get("lazy_n_mb") else n_mb,
     )
     opt = torch.optim.AdamW(list(pipe.parameters()), lr=cfg["lr"])
-    losses = []
+    losses, norms = [], []
     for tokens, targets in data:
         opt.zero_grad()
         share = slice(dp_rank * n_mb * plan.micro_batch, (dp_rank + 1) * n_mb * plan.micro_batch)
         loss = pipe.step(tokens[share], targets[share])
+        if cfg.get("clip"):
+            norms.append(pipe.clip_grad_norm_(cfg["clip"]).item())
         opt.step()
         losses.append(None if loss is None else loss.item())
     max_diff = moved = 0.0
@@ -183,6 +187,8 @@ def run_config(cfg: dict) -> dict:
     return {
         "name": cfg["name"],
         "ref_losses": ref_losses,
+        "ref_grad_norms": ref_norms,
+        "pp_grad_norms": norms,
         "pp_losses": pp_losses,
         "max_weight_diff": max(g["max_weight_diff"] for g in gathered),
         "weights_moved": min(g["moved"] for g in gathered),

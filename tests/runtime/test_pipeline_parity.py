@@ -49,6 +49,11 @@ FOUR_RANKS = [
     cfg("pp2xdp2", {"dims": {"pp": 2, "dp_replicate": 2}, "schedule": "1f1b"}, batch=8),
     cfg("pp2xfsdp2-zero3", {"dims": {"pp": 2, "dp_shard": 2}, "zero": 3, "schedule": "1f1b"}, batch=8),
     cfg("pp2xtp2", {"dims": {"pp": 2, "tp": 2}, "schedule": "gpipe"}),
+    # global grad-norm clipping across stages and shards; n_microbatches taken from the batch
+    cfg("pp2xfsdp2-tied-clip", {"dims": {"pp": 2, "dp_shard": 2}, "zero": 3, "schedule": "1f1b"},
+        tied=True, batch=8, clip=0.05, lazy_n_mb=True),
+    cfg("pp2xtp2-tied-clip", {"dims": {"pp": 2, "tp": 2}, "schedule": "1f1b"},
+        tied=True, batch=8, clip=0.05),
     cfg("pp2v2xfsdp2-tied", {"dims": {"pp": 2, "dp_shard": 2}, "zero": 3,
                               "schedule": "interleaved-1f1b", "vpp": 2, "micro_batch": 2},
         tied=True, batch=8),
@@ -74,6 +79,9 @@ def check(results: list[dict], configs: list[dict]) -> None:
         assert len(r["pp_losses"]) == TOY["steps"], r["name"]
         for step, (ref, got) in enumerate(zip(r["ref_losses"], r["pp_losses"])):
             assert abs(ref - got) < LOSS_TOL, f"{r['name']} step {step}: {got} vs {ref}"
+        assert len(r["pp_grad_norms"]) == len(r["ref_grad_norms"]), r["name"]
+        for ref, got in zip(r["ref_grad_norms"], r["pp_grad_norms"]):
+            assert abs(ref - got) < LOSS_TOL * max(1.0, ref), f"{r['name']}: grad norm {got} vs {ref}"
         assert r["params_covered"], f"{r['name']}: some parameters are on no stage"
         assert r["max_weight_diff"] < WEIGHT_TOL, f"{r['name']}: weights differ {r['max_weight_diff']}"
         # the check above would be empty if training did not move the weights

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
     ScheduleGPipe,
@@ -76,7 +77,7 @@ def has_tied_embeddings(model: nn.Module) -> bool:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The rank-local part of a (possibly DTensor) parameter or gradient."""
-    return t.to_local() if hasattr(t, "to_local") else t
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 @dataclass(frozen=True)
@@ -122,12 +123,15 @@ class PipelineRuntime:
     """This rank's stage modules, in model order (virtual stages ``pp_rank, pp_rank + pp, ...``)."""
     stage_indices: list[int]
     num_stages: int
-    schedule: _PipelineSchedule
-    n_microbatches: int
+    micro_batch: int
+    make_schedule: Callable[[int], _PipelineSchedule]
+    pp_group: dist.ProcessGroup
+    n_microbatches: int | None = None
     tied: _TiedEmbedding | None = None
     tied_copy_names: tuple[str, ...] = field(default=())
     """FQNs on this rank that are copies of a weight owned elsewhere (``output.weight`` of a tied
     model on the last stage): checkpoints should save the owner's value only."""
+    _schedule: _PipelineSchedule | None = None
 
     @property
     def has_first_stage(self) -> bool:
@@ -137,18 +141,35 @@ class PipelineRuntime:
     def has_last_stage(self) -> bool:
         return self.num_stages - 1 in self.stage_indices
 
+    @property
+    def schedule(self) -> _PipelineSchedule:
+        if self._schedule is None:
+            if self.n_microbatches is None:
+                raise MeshplanError("the pipeline schedule is built on the first step (n_microbatches unknown)")
+            self._schedule = self.make_schedule(self.n_microbatches)
+        return self._schedule
+
     def step(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> torch.Tensor | None:
         """Forward and backward of one batch (B, S) split into ``n_microbatches`` along B.
 
         Returns the mean loss over the batch's tokens on ranks holding the last stage, else None.
         Gradients are left in the parameters' ``.grad`` (already reduced over data parallel).
         """
-        args = (tokens,) if self.has_first_stage else ()
         if self.has_first_stage and tokens is None:
             raise MeshplanError("the first pipeline stage needs the input tokens")
-        target = targets if self.has_last_stage else None
         if self.has_last_stage and targets is None:
             raise MeshplanError("the last pipeline stage needs the targets")
+        if self.n_microbatches is None:
+            batch = tokens if tokens is not None else targets
+            if batch is None:
+                raise MeshplanError("pass n_microbatches to build_pipeline, or the batch to every rank")
+            if batch.shape[0] % self.micro_batch:
+                raise MeshplanError(
+                    f"batch of {batch.shape[0]} sequences is not a multiple of micro_batch={self.micro_batch}"
+                )
+            self.n_microbatches = batch.shape[0] // self.micro_batch
+        args = (tokens,) if self.has_first_stage else ()
+        target = targets if self.has_last_stage else None
         losses: list[torch.Tensor] = []
         self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         if self.tied is not None:
@@ -171,6 +192,41 @@ class PipelineRuntime:
         for _, p in self.named_parameters():
             yield p
 
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip by the global L2 norm over all stages (each tied weight counted once); returns it."""
+        owned = [p for n, p in self.named_parameters() if n not in self.tied_copy_names]
+        sq = grad_sq_norm(owned)
+        dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
+        total = sq.sqrt()
+        # Same coefficient as torch.nn.utils.clip_grad_norm_; applied to the local shards because
+        # DTensor foreach ops refuse the plain-tensor coefficient.
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.grad is not None:
+                    _local(p.grad).mul_(coef.to(p.grad.device))
+        return total
+
+
+def grad_sq_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """Sum of squared gradient entries over ``params``, complete over their DP/TP shards.
+
+    DTensor gradients are grouped by (mesh, placements) so each group needs one reduction.
+    """
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            g = p.grad
+            key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else (None, ())
+            groups.setdefault(key, []).append(g)
+    total = torch.zeros((), dtype=torch.float32)
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total = total + norm.float().cpu() ** 2
+    return total.to(params[0].device if params else "cpu")
+
 
 def build_pipeline(
     model_meta: nn.Module,
@@ -185,11 +241,11 @@ def build_pipeline(
 ) -> PipelineRuntime:
     """Cut ``model_meta`` into this rank's stages, parallelise and materialise them, build the schedule.
 
-    ``n_microbatches`` is ``plan.num_microbatches(training)``; it is required (the plan alone does
-    not know the global batch).
+    ``n_microbatches`` is ``plan.num_microbatches(training)``; when left out it is taken from the
+    first batch given to ``step`` (its rows / ``plan.micro_batch``), which every rank must then get.
     """
-    if n_microbatches is None or n_microbatches < 1:
-        raise MeshplanError("build_pipeline needs n_microbatches = plan.num_microbatches(training)")
+    if n_microbatches is not None and n_microbatches < 1:
+        raise MeshplanError(f"n_microbatches must be positive, got {n_microbatches}")
     pp = plan.dims.pp
     if pp < 2:
         raise MeshplanError(f"build_pipeline needs pp > 1, the plan has pp={pp}")
@@ -228,12 +284,13 @@ def build_pipeline(
     stages = [
         PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, local)
     ]
-    schedule = _make_schedule(plan, stages, n_microbatches, loss_fn)
     return PipelineRuntime(
         stage_modules=modules,
         stage_indices=local,
         num_stages=n_stages,
-        schedule=schedule,
+        micro_batch=plan.micro_batch,
+        make_schedule=lambda n_mb: _make_schedule(plan, stages, n_mb, loss_fn),
+        pp_group=pp_group,
         n_microbatches=n_microbatches,
         tied=tied,
         tied_copy_names=tied_names,
