@@ -75,11 +75,6 @@ def init_by_name(module: nn.Module, seed: int) -> None:
             p.copy_(full)
 
 
-def materialise(module: nn.Module, seed: int) -> None:
-    module.to_empty(device="cpu")
-    init_by_name(module, seed)
-
-
 def toy_parallelize(module: nn.Module, plan: Plan, mesh) -> nn.Module:
     """A minimal stand-in for the runtime's parallelize: TP (Megatron MLP split), AC, FSDP2/replicate."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -111,6 +106,14 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
+def make_optimizer(cfg: dict, params: list) -> torch.optim.Optimizer:
+    """SGD by default: weights then differ exactly as much as gradients do. Adam normalises
+    noise-level gradients (e.g. of key biases, whose true gradient is 0) into lr-sized steps."""
+    if cfg.get("optim", "sgd") == "adamw":
+        return torch.optim.AdamW(params, lr=cfg["lr"])
+    return torch.optim.SGD(params, lr=cfg["lr"])
+
+
 def batches(cfg: dict, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(1234)
     out = []
@@ -120,12 +123,12 @@ def batches(cfg: dict, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def reference(cfg: dict, data, n_mb: int):
+def reference(cfg: dict, models, data, n_mb: int):
     """Whole model in this process; the batch in ``n_mb`` accumulated micro-batches."""
-    model = ToyTransformer(cfg["vocab"], cfg["dim"], cfg["layers"], cfg["seq_len"], cfg["tied"])
-    init_by_name(model, cfg["seed"])
+    model = models.build("cpu")
+    models.init(model)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
+    opt = make_optimizer(cfg, list(model.parameters()))
     losses, norms = [], []
     for tokens, targets in data:
         opt.zero_grad()
@@ -141,43 +144,110 @@ def reference(cfg: dict, data, n_mb: int):
     return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}, init_state
 
 
+class ToyModels:
+    """The toy model above with the toy parallelize: pipeline mechanics on their own."""
+
+    def __init__(self, cfg: dict, plan: Plan) -> None:
+        self.cfg, self.plan = cfg, plan
+        names = tuple(a.value for a in MESH_AXIS_ORDER)
+        self.mesh = init_device_mesh("cpu", plan.dims.mesh_shape, mesh_dim_names=names)
+
+    def build(self, device: str) -> nn.Module:
+        c = self.cfg
+        with torch.device(device):
+            return ToyTransformer(c["vocab"], c["dim"], c["layers"], c["seq_len"], c["tied"])
+
+    def init(self, module: nn.Module) -> None:
+        if any(p.is_meta for p in module.parameters()):
+            module.to_empty(device="cpu")
+        init_by_name(module, self.cfg["seed"])
+
+    def parallelize(self, module: nn.Module) -> nn.Module:
+        return toy_parallelize(module, self.plan, self.mesh)
+
+
+class RuntimeModels:
+    """meshplan's reference Transformer (a preset shrunk by overrides) and the runtime's parallelize."""
+
+    def __init__(self, cfg: dict, plan: Plan) -> None:
+        from meshplan.runtime.mesh import build_ep_mesh, build_mesh
+        from meshplan.spec.presets import resolve_model
+
+        self.cfg, self.plan = cfg, plan
+        self.spec = resolve_model(cfg["model"], cfg.get("override", {}))
+        self.mesh = build_mesh(plan, "cpu")
+        self.ep_mesh = build_ep_mesh(plan, "cpu")
+        cfg.update(vocab=self.spec.vocab_size)
+
+    def build(self, device: str) -> nn.Module:
+        from meshplan.runtime.models import build_model
+
+        return build_model(self.spec, device)
+
+    def init(self, module: nn.Module) -> None:
+        module.init_weights(self.cfg["seed"])
+
+    def parallelize(self, module: nn.Module) -> nn.Module:
+        from meshplan.runtime.parallelize import parallelize
+
+        return parallelize(module, self.plan, self.mesh, ep_mesh=self.ep_mesh)
+
+
+def _local_view(module_name: str, module: nn.Module, short: str, p: torch.Tensor, ref: torch.Tensor):
+    """(this rank's values, the reference's values of the same slice) for one parameter."""
+    full = _full(p.detach())
+    ep_size = getattr(module, "ep_size", 1)
+    if ep_size > 1:  # expert-parallel slice of the expert dim (plain tensor)
+        n = full.shape[0]
+        ref = ref[module.ep_rank * n:(module.ep_rank + 1) * n]
+    return full, ref
+
+
 def run_config(cfg: dict) -> dict:
     plan = Plan.from_dict(cfg["plan"])
     dims: ParallelDims = plan.dims
-    names = tuple(a.value for a in MESH_AXIS_ORDER)
-    mesh = init_device_mesh("cpu", dims.mesh_shape, mesh_dim_names=names)
+    models = RuntimeModels(cfg, plan) if cfg.get("model") else ToyModels(cfg, plan)
+    mesh = models.mesh
     dp = dims.dp
     dp_rank = mesh["dp_replicate"].get_local_rank() * dims.dp_shard + mesh["dp_shard"].get_local_rank()
+    cp_rank = mesh["cp"].get_local_rank()
     n_mb = cfg["batch"] // (dp * plan.micro_batch)
     data = batches(cfg, cfg["steps"])
-    ref_losses, ref_norms, ref_state, init_state = reference(cfg, data, n_mb * dp)
+    ref_losses, ref_norms, ref_state, init_state = reference(cfg, models, data, n_mb * dp)
 
-    with torch.device("meta"):
-        meta = ToyTransformer(cfg["vocab"], cfg["dim"], cfg["layers"], cfg["seq_len"], cfg["tied"])
+    meta = models.build("meta")
     pipe = build_pipeline(
         meta, plan, mesh, loss_fn=loss_fn, device=torch.device("cpu"),
-        parallelize_stage=lambda m: toy_parallelize(m, plan, mesh), init_stage=lambda m: materialise(m, cfg["seed"]),
+        parallelize_stage=models.parallelize, init_stage=models.init,
         n_microbatches=None if cfg.get("lazy_n_mb") else n_mb,
     )
-    opt = torch.optim.AdamW(list(pipe.parameters()), lr=cfg["lr"])
+    opt = make_optimizer(cfg, list(pipe.parameters()))
     losses, norms = [], []
     for tokens, targets in data:
         opt.zero_grad()
-        share = slice(dp_rank * n_mb * plan.micro_batch, (dp_rank + 1) * n_mb * plan.micro_batch)
-        loss = pipe.step(tokens[share], targets[share])
+        rows = slice(dp_rank * n_mb * plan.micro_batch, (dp_rank + 1) * n_mb * plan.micro_batch)
+        s_cp = cfg["seq_len"] // dims.cp  # context parallel: contiguous sequence chunks
+        cols = slice(cp_rank * s_cp, (cp_rank + 1) * s_cp)
+        loss = pipe.step(tokens[rows, cols].contiguous(), targets[rows, cols].contiguous())
         if cfg.get("clip"):
             norms.append(pipe.clip_grad_norm_(cfg["clip"]).item())
         opt.step()
         losses.append(None if loss is None else loss.item())
     max_diff = moved = 0.0
-    for name, p in pipe.named_parameters():
-        name = name.replace("._checkpoint_wrapped_module", "")
-        full = _full(p.detach())
-        max_diff = max(max_diff, (full - ref_state[name]).abs().max().item())
-        moved = max(moved, (full - init_state[name]).abs().max().item())
+    worst = ""
+    for stage in pipe.stage_modules:
+        for mod_name, module in stage.named_modules():
+            for short, p in module.named_parameters(recurse=False):
+                name = f"{mod_name}.{short}".replace("._checkpoint_wrapped_module", "").replace("_checkpoint_wrapped_module.", "")
+                got, ref = _local_view(mod_name, module, short, p, ref_state[name])
+                _, init = _local_view(mod_name, module, short, p, init_state[name])
+                if (got - ref).abs().max().item() > max_diff:
+                    worst = name
+                max_diff = max(max_diff, (got - ref).abs().max().item())
+                moved = max(moved, (got - init).abs().max().item())
     gathered = [None] * dist.get_world_size()
     names = sorted(n.replace("._checkpoint_wrapped_module", "") for n, _ in pipe.named_parameters())
-    dist.all_gather_object(gathered, {"losses": losses, "max_weight_diff": max_diff, "moved": moved,
+    dist.all_gather_object(gathered, {"losses": losses, "max_weight_diff": max_diff, "moved": moved, "worst": worst,
                                        "names": names})
     last = [g["losses"] for g in gathered if g["losses"][0] is not None]
     # Each DP rank's loss is the mean over its share; equal shares, so the global mean is their
@@ -192,6 +262,7 @@ def run_config(cfg: dict) -> dict:
         "pp_losses": pp_losses,
         "max_weight_diff": max(g["max_weight_diff"] for g in gathered),
         "weights_moved": min(g["moved"] for g in gathered),
+        "worst_param": max(gathered, key=lambda g: g["max_weight_diff"])["worst"],
         "params_covered": covered == sorted(ref_state),
     }
 

@@ -41,7 +41,11 @@ from torch.distributed.pipelining.schedules import (
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import MeshAxis, Plan, Schedule
-from meshplan.runtime.pipeline_check import local_stage_indices, stage_layer_keys
+from meshplan.runtime.pipeline_check import (
+    ZERO_BUBBLE_RECOMPUTE,
+    local_stage_indices,
+    stage_layer_keys,
+)
 
 _SINGLE_STAGE_SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
 _MULTI_STAGE_SCHEDULES = {
@@ -101,7 +105,12 @@ class _TiedEmbedding:
         """Sum the embedding-side and output-side gradients: both copies then take the same update."""
         if self.weight.grad is None:
             raise MeshplanError("tied embedding weight has no gradient after the pipeline step")
-        grad = _local(self.weight.grad)
+        w = self.weight
+        if isinstance(w, DTensor) and tuple(w.grad.placements) != tuple(w.placements):
+            # e.g. a vocab-parallel embedding's gradient can come back Replicate; both copies
+            # must hold the same shard before their local tensors are summed.
+            w.grad = w.grad.redistribute(w.device_mesh, w.placements)
+        grad = _local(w.grad)
         buf = grad.contiguous()
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
         if buf.data_ptr() != grad.data_ptr():
@@ -281,6 +290,8 @@ def build_pipeline(
         if tied is not None:
             tied.sync_weight()
 
+    if plan.schedule == Schedule.ZERO_BUBBLE and any(_uses_composable_checkpoint(m) for m in modules):
+        raise MeshplanError(ZERO_BUBBLE_RECOMPUTE)
     stages = [
         PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, local)
     ]
@@ -295,6 +306,13 @@ def build_pipeline(
         tied=tied,
         tied_copy_names=tied_names,
     )
+
+
+def _uses_composable_checkpoint(module: nn.Module) -> bool:
+    """True if a submodule carries torch.distributed._composable.checkpoint's hooks."""
+    from torch.distributed._composable import checkpoint
+
+    return any(checkpoint.state(m) is not None for m in module.modules())
 
 
 def _all_pp_rows(mesh: DeviceMesh) -> torch.Tensor:

@@ -9,11 +9,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan, Schedule, even_split
+from meshplan.plan import Plan, Recompute, Schedule, even_split
 
 if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
+
+
+ZERO_BUBBLE_RECOMPUTE = (
+    "zero-bubble with recompute is not supported: its split backward (input grads, then weight "
+    "grads) recomputes each checkpointed layer twice, which torch's composable checkpoint used by "
+    "this runtime cannot do (torch 2.13); use interleaved-1f1b or recompute 'none'"
+)
 
 
 def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
@@ -46,7 +53,8 @@ def check_pipeline_plan(model: "ModelSpec", training: "TrainingSpec", plan: Plan
     Does nothing when ``pp == 1``. The limits come from torch's schedule classes (torch 2.6-2.13):
     1F1B needs at least as many micro-batches as stages; the multi-stage schedules (interleaved 1F1B,
     zero bubble) group micro-batches in rounds of ``pp`` and need ``n_microbatches`` to be a
-    multiple of the number of rounds ``max(1, n_microbatches // pp)``.
+    multiple of the number of rounds ``max(1, n_microbatches // pp)``. Zero bubble is refused with
+    activation recompute (see ``ZERO_BUBBLE_RECOMPUTE``).
     """
     pp = plan.dims.pp
     if pp == 1:
@@ -58,6 +66,10 @@ def check_pipeline_plan(model: "ModelSpec", training: "TrainingSpec", plan: Plan
             f"1F1B with pp={pp} needs at least {pp} micro-batches per step, the plan has {n_mb} "
             "(global_batch / (dp * micro_batch)); use gpipe or a smaller micro_batch"
         )
+    if plan.schedule == Schedule.ZERO_BUBBLE and plan.recompute != Recompute.NONE and any(
+        plan.with_defaults(model).recompute_layers
+    ):
+        raise MeshplanError(ZERO_BUBBLE_RECOMPUTE)
     if plan.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE):
         rounds = max(1, n_mb // pp)
         if n_mb % rounds:
