@@ -54,7 +54,7 @@ def collective_config(world_size: int, device_type: str, quick: bool) -> Collect
     sizes = tuple(1 << e for e in ((14, 18, 22) if quick else range(12, 25, 2)))
     # torchrun gives each of several CPU workers one intra-op thread (OMP_NUM_THREADS=1); do the same
     return CollectiveConfig(world_size=world_size, device_type=device_type, message_bytes=sizes,
-                            group_sizes=_group_sizes(world_size, quick), concurrent_dim=384,
+                            group_sizes=_group_sizes(world_size, quick), concurrent_dim=512,
                             threads_per_proc=1)
 
 
@@ -173,7 +173,7 @@ def _concurrent(rank: int, cfg: CollectiveConfig, device: torch.device) -> list[
             flops = 2.0 * d**3 / t
         total = torch.tensor([flops], dtype=torch.float64)
         dist.all_reduce(total)
-        out.append(asdict(ConcurrentSample(group_size=g, flops_per_s_per_process=float(total.item()) / g)))
+        out.append(asdict(ConcurrentSample(group_size=g, dim=d, flops_per_s_per_process=float(total.item()) / g)))
     return out
 
 

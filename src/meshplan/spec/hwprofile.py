@@ -95,6 +95,8 @@ class ConcurrentSample:
     """Matmul throughput per process while ``group_size`` processes compute at once (shared cores)."""
 
     group_size: int
+    dim: int
+    """Square fp32 (CPU) / bf16 (GPU) matmul size of the probe."""
     flops_per_s_per_process: float
 
 
@@ -215,14 +217,51 @@ def apply_profile_data(cluster: ClusterSpec, profile: HardwareProfile) -> Cluste
     if (profile.meta.device_type == "cpu") != (cluster.gpu.name == "cpu"):
         log.warning("profile of a %s device (%s) applied to cluster %r", profile.meta.device_type,
                     profile.device.name, cluster.name)
-    peaks = {f"peak_{p}_flops": v for p, v in profile.peak_flops.items()}
-    gpu = replace(cluster.gpu, memory_gib=profile.device.memory_gib,
-                  hbm_bandwidth_bytes_per_s=profile.device.hbm_bandwidth_bytes_per_s, **peaks)
+    share = host_share(profile, cluster.num_gpus)
+    peaks = {f"peak_{p}_flops": v * share.compute for p, v in profile.peak_flops.items()}
+    gpu = replace(cluster.gpu, memory_gib=profile.device.memory_gib * share.memory,
+                  hbm_bandwidth_bytes_per_s=profile.device.hbm_bandwidth_bytes_per_s * share.compute, **peaks)
     if profile.link_bandwidth_bytes_per_s is None:  # no collectives measured: keep the preset link
         return replace(cluster, gpu=gpu)
     return replace(cluster, gpu=gpu,
                    intra_node_bandwidth_bytes_per_s=profile.link_bandwidth_bytes_per_s,
                    intra_node_latency_s=profile.link_latency_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostShare:
+    """What one of N processes gets of a CPU host that they share (1.0 and 1.0 on GPUs)."""
+
+    compute: float
+    """Per-process matmul FLOP/s with N at once, over the single-process best at the probe's shape."""
+    memory: float
+    """Fraction of host RAM per process: 1/N."""
+
+
+def host_share(profile: HardwareProfile, num_procs: int) -> HostShare:
+    """On a CPU, N worker processes share the cores and the RAM; a GPU is not shared.
+
+    The compute share is measured, not assumed: the profile timed the same matmul with g = 1..N
+    processes at once (one thread each, as torchrun gives several CPU workers). One process keeps
+    torch's default threads, which is what the single-process sweep measured.
+    """
+    if profile.meta.device_type != "cpu" or num_procs <= 1 or not profile.concurrent:
+        return HostShare(compute=1.0, memory=1.0)
+    by_size = {c.group_size: c for c in profile.concurrent}
+    probe = by_size.get(num_procs) or by_size[max(by_size)]
+    single = _single_process_flops_at(profile, probe.dim)
+    # More processes than measured: the cores are split further (time-sliced).
+    extra = num_procs / probe.group_size if num_procs > probe.group_size else 1.0
+    return HostShare(compute=min(1.0, probe.flops_per_s_per_process / single) / extra, memory=1.0 / num_procs)
+
+
+def _single_process_flops_at(profile: HardwareProfile, dim: int) -> float:
+    """Single-process fp32 matmul FLOP/s at a (dim, dim, dim) shape: the nearest measured square."""
+    squares = [s for s in profile.matmul if s.precision == "fp32" and s.m == s.n == s.k]
+    if not squares:
+        return max(profile.peak_flops.values())
+    best = min(squares, key=lambda s: abs(s.m - dim))
+    return best.flops_per_s
 
 
 def joint_link_fit(samples: tuple[CollectiveSample, ...]) -> tuple[float, float]:
