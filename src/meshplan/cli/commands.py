@@ -1,4 +1,5 @@
 """Imports every command module so that each registers on the app (one line per command)."""
 
 from meshplan.cli import models_cmd  # noqa: F401
+from meshplan.cli import estimate_cmd  # noqa: F401
 from meshplan.cli import profile_cmd  # noqa: F401
