@@ -158,3 +158,23 @@ def test_cli_bad_profile_is_one_line_exit_2(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0
     assert out.stderr.startswith("error: ") and "device lacks memory_gib" in out.stderr
+
+
+def test_calibration_fitted_from_golden_profile():
+    from meshplan.spec.hwcalib import calibration_from_profile
+    from meshplan.spec.training import Precision
+
+    calib, fitted = calibration_from_profile(GOLDEN, Precision.FP32)
+    assert calib.matmul_efficiency == pytest.approx(1.0)
+    assert calib.matmul_half_dim == pytest.approx(100.0)
+    # SDPA 1e10 FLOP/s at H=32, as the cost model uses it: 1e11 * eff * 32 / (32 + 100)
+    assert calib.attention_efficiency == pytest.approx(1e10 / (1e11 * 32 / 132))
+    assert calib.hbm_efficiency == pytest.approx(0.8)  # add 8 GB/s over best copy 10 GB/s
+    assert calib.intra_node_comm_efficiency == 1.0
+    assert calib.framework_overhead_gib == pytest.approx(3e8 / 2**30)
+    assert {f.field for f in fitted} == {"matmul_efficiency", "matmul_half_dim", "attention_efficiency",
+                                         "hbm_efficiency", "intra_node_comm_efficiency", "framework_overhead_gib"}
+    assert all(f.source == "profile:hwprofile_small.json:2026-11-23T00:00:00Z" for f in fitted)
+    assert "profile:hwprofile_small.json" in calib.source
+    with pytest.raises(MeshplanError, match="no bf16 matmul"):
+        calibration_from_profile(GOLDEN, Precision.BF16)
