@@ -27,7 +27,7 @@ from pathlib import Path
 
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
-from meshplan.spec.cluster import GIB
+from meshplan.spec.cluster import GIB, GPUSpec
 from meshplan.spec.hwfit import fit_matmul_curve
 from meshplan.spec.hwprofile import HardwareProfile, load_profile, profile_source
 from meshplan.spec.training import Precision
@@ -94,3 +94,11 @@ def calibration_from_profile_data(profile: HardwareProfile, source: str, precisi
     names = ", ".join(changes)
     calib = base.replace_fields(source=f"{source} ({names}); other fields: {base.source}", **changes)
     return calib, fitted
+
+
+def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision) -> Calibration:
+    """What a command with ``--cluster-profile`` passes to ``estimate``: the GPU family's
+    calibration (overlaps, memory sizes) with the factors this profile measured."""
+    from meshplan.cost.calibration import calibration_for
+
+    return calibration_from_profile(path, precision, calibration_for(gpu))[0]
