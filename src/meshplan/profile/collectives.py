@@ -169,7 +169,7 @@ def _concurrent(rank: int, cfg: CollectiveConfig, device: torch.device) -> list[
         dist.barrier()
         flops = 0.0
         if rank < g:
-            t = time_op(lambda: torch.mm(a, b), device, warmup=2, iters=8, repeats=3)
+            t = time_op(lambda: torch.mm(a, b), device, warmup=2, iters=6, repeats=5)
             flops = 2.0 * d**3 / t
         total = torch.tensor([flops], dtype=torch.float64)
         dist.all_reduce(total)

@@ -56,8 +56,9 @@ def sweep_plan(device: torch.device, quick: bool) -> SweepPlan:
 
 
 def _timed(fn, device: torch.device, budget_s: float) -> float:
-    first = time_op(fn, device, warmup=1, iters=1, repeats=1)
-    return time_op(fn, device, warmup=1, iters=iters_for(first, budget_s / 3), repeats=3)
+    """Median of 5 repeats: robust to the odd time slice lost to another process on a shared host."""
+    probe = time_op(fn, device, warmup=2, iters=1, repeats=3)
+    return time_op(fn, device, warmup=1, iters=iters_for(probe, budget_s / 5), repeats=5)
 
 
 def bench_matmul(device: torch.device, precision: str, m: int, n: int, k: int, budget_s: float) -> MatmulSample:
