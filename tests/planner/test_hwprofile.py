@@ -178,3 +178,17 @@ def test_calibration_fitted_from_golden_profile():
     assert "profile:hwprofile_small.json" in calib.source
     with pytest.raises(MeshplanError, match="no bf16 matmul"):
         calibration_from_profile(GOLDEN, Precision.BF16)
+
+
+def test_estimate_with_cluster_profile_uses_measured_rates(tmp_path):
+    args = ("estimate", "--model", "toy-gpt", "--cluster", "cpu", "--gpus-per-node", "2", "--seq-len", "64",
+            "--global-batch", "8", "--precision", "fp32", "--dp", "2", "--json")
+    plain = _cli(*args)
+    profiled = _cli(*args, "--cluster-profile", str(GOLDEN))
+    assert plain.returncode == 0 and profiled.returncode == 0, plain.stderr + profiled.stderr
+    a, b = json.loads(plain.stdout), json.loads(profiled.stdout)
+    assert a["step_time_s"] != b["step_time_s"]
+    bad = _broken(tmp_path, lambda d: d.update(link_bandwidth_bytes_per_s=-5))
+    out = _cli(*args, "--cluster-profile", str(bad))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "link_bandwidth_bytes_per_s" in out.stderr
