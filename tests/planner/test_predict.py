@@ -63,3 +63,24 @@ def test_compare_takes_the_median_after_warmup():
     assert single.measured_step_time_s == 2.0
     with pytest.raises(ValueError):
         compare(pred, [], peak_memory_gib=0.5)
+
+
+def test_attach_prediction_adds_fields_to_the_summary(tmp_path):
+    import json
+
+    from meshplan.runtime.predict import attach_prediction
+
+    log = tmp_path / "log.jsonl"
+    rows = [{"step": i, "loss": 5.0, "step_time_s": t, "tokens_per_s": 1.0, "peak_memory_gib": m}
+            for i, (t, m) in enumerate([(3.0, 0.4), (2.0, 0.5), (1.0, 0.6), (1.0, 0.6)], 1)]
+    rows.append({"summary": True, "steps": 4, "peak_memory_gib": 0.6})
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a Job that says bf16 still runs in fp32 on CPU ranks: no error for the cpu preset's missing bf16
+    cmp = attach_prediction(_job(precision=Precision.BF16), log, str(GOLDEN))
+    assert cmp.measured_step_time_s == 1.0 and cmp.measured_peak_memory_gib == 0.6
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(lines) == 5 and lines[:4] == rows[:4]
+    summary = lines[-1]
+    assert summary["steps"] == 4 and summary["measured_step_time_s"] == 1.0
+    assert summary["predicted_step_time_s"] == pytest.approx(cmp.predicted_step_time_s)
+    assert summary["step_time_error"] == pytest.approx(cmp.step_time_error)

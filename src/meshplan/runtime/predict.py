@@ -17,8 +17,10 @@ cluster's rates and the cost model's factors come from a hardware profile when o
 
 from __future__ import annotations
 
+import json
 import statistics
-from dataclasses import dataclass
+from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from meshplan.cost import Estimate, estimate
@@ -114,6 +116,8 @@ def predict(job: Job, profile_path: str | None = None, device_type: str = "cpu")
     job_plan = job.plan.with_defaults(job.model)
     cluster = machine_cluster(job, profile_path)
     training = job.training
+    if device_type == "cpu":  # the runtime autocasts on CUDA only: CPU ranks compute in fp32
+        training = replace(training, precision=Precision.FP32)
     if profile_path:
         from meshplan.spec.hwcalib import profile_calibration
 
@@ -167,3 +171,27 @@ def comparison_table(cmp: PredictedVsMeasured):
         t.add_row("reserved memory (GiB)", "", f"{cmp.measured_reserved_gib:.3f}", "")
     t.caption = f"memory: {cmp.memory_basis}; calibration: {cmp.calibration_source}"
     return t
+
+
+def device_type_of(job: Job) -> str:
+    """Where meshplan's runtime runs this Job: the ``cpu`` cluster means CPU processes."""
+    return "cpu" if job.cluster.gpu.name == "cpu" else "cuda"
+
+
+def attach_prediction(job: Job, log_path: str | Path, profile_path: str | None = None) -> PredictedVsMeasured:
+    """Compare the run logged at ``log_path`` (``meshplan train``'s JSON lines) with the
+    prediction, and add the comparison's fields to the log's summary line (rewritten in place)."""
+    path = Path(log_path)
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if not r.get("summary") and "step_time_s" in r]
+    if not steps:
+        raise ValueError(f"{path}: no step records to compare with")
+    pred = predict(job, profile_path, device_type_of(job))
+    reserved = [r["peak_reserved_gib"] for r in steps if r.get("peak_reserved_gib") is not None]
+    cmp = compare(pred, [r["step_time_s"] for r in steps], max(r["peak_memory_gib"] for r in steps),
+                  max(reserved) if reserved else None)
+    for r in records:
+        if r.get("summary"):
+            r.update(cmp.to_dict())
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return cmp

@@ -242,10 +242,10 @@ def host_share(profile: HardwareProfile, num_procs: int) -> HostShare:
     """On a CPU, N worker processes share the cores and the RAM; a GPU is not shared.
 
     The compute share is measured, not assumed: the profile timed the same matmul with g = 1..N
-    processes at once (one thread each, as torchrun gives several CPU workers). One process keeps
-    torch's default threads, which is what the single-process sweep measured.
+    processes at once, one thread each, as ``meshplan train`` runs its CPU workers (even one:
+    OMP_NUM_THREADS=1), against the single-process sweep that used torch's default threads.
     """
-    if profile.meta.device_type != "cpu" or num_procs <= 1 or not profile.concurrent:
+    if profile.meta.device_type != "cpu" or not profile.concurrent:
         return HostShare(compute=1.0, memory=1.0)
     by_size = {c.group_size: c for c in profile.concurrent}
     probe = by_size.get(num_procs) or by_size[max(by_size)]
