@@ -22,7 +22,7 @@ _PRECISION_FLAGS = {
 }
 
 
-def _model_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
+def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[str]]:
     args = [
         ["--num-layers", str(m.num_layers)],
         ["--hidden-size", str(m.hidden_size)],
@@ -34,7 +34,9 @@ def _model_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
         args.append(["--num-query-groups", str(m.num_kv_heads)])
     if m.head_dim != m.hidden_size // m.num_heads or m.hidden_size % m.num_heads:
         args.append(["--kv-channels", str(m.head_dim)])
-    args.append(["--max-position-embeddings", str(m.max_position)])
+    # Megatron checks max_position_embeddings >= seq_length; RoPE has no table, so any bound works
+    max_pos = max(m.max_position, seq_len) if m.position == Position.ROPE else m.max_position
+    args.append(["--max-position-embeddings", str(max_pos)])
     # Megatron takes the vocabulary from its tokenizer; --vocab-size is read with NullTokenizer.
     args.append(["--vocab-size", str(m.vocab_size)])
     args.append(["--position-embedding-type", "rope" if m.position == Position.ROPE else "learned_absolute"])
@@ -73,10 +75,7 @@ def _stage_split_args(job: Job) -> list[list[str]]:
         return []
     if len(set(layers)) == 1:
         return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
-    if vpp == 1 and pp > 2 and len(set(layers[1:-1])) == 1:
-        return [["--decoder-first-pipeline-num-layers", str(layers[0])],
-                ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
-    if vpp == 1 and pp == 2:
+    if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
         return [["--decoder-first-pipeline-num-layers", str(layers[0])],
                 ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
     raise MeshplanError(
@@ -152,7 +151,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
-    args += _model_args(job.model, warnings)
+    args += _model_args(job.model, t.seq_len, warnings)
     prec = _PRECISION_FLAGS[t.precision]
     if prec:
         args.append(prec)
