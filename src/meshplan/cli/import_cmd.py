@@ -35,7 +35,7 @@ def _cluster(cluster: str | None, gpu: str | None, nodes: int | None, gpus_per_n
     return load_cluster(cluster, gpu, nodes, gpus_per_node, gpus)
 
 
-@app.command("import")
+@app.command("import", context_settings={"ignore_unknown_options": True})
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
     config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: the TOML path.")],
