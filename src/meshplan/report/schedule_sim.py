@@ -100,9 +100,11 @@ def rank_order(rank: int, pp: int, vpp: int, m: int, schedule: Schedule) -> list
         stages = [rank + c * pp for c in range(vpp)]
         fwd = [(OpKind.FORWARD, s, mb) for mb in range(m) for s in stages]
         bwd = [(OpKind.BACKWARD, s, mb) for mb in range(m) for s in reversed(stages)]
-        return fwd + bwd if schedule == Schedule.GPIPE else _one_f_one_b(0, [(s, mb) for _, s, mb in fwd],
-                                                                         [(s, mb) for _, s, mb in bwd])
-    if vpp == 1:
+        if schedule == Schedule.GPIPE:
+            return fwd + bwd
+        order = _one_f_one_b(0, [(s, mb) for _, s, mb in fwd], [(s, mb) for _, s, mb in bwd])
+        warmup = 0
+    elif vpp == 1:
         pairs = [(rank, mb) for mb in range(m)]
         order = _one_f_one_b(pp - rank - 1, pairs, pairs)
         warmup = min(pp - rank - 1, m)
