@@ -4,3 +4,4 @@ from meshplan.cli import models_cmd  # noqa: F401
 from meshplan.cli import estimate_cmd  # noqa: F401
 from meshplan.cli import export_cmd  # noqa: F401
 from meshplan.cli import import_cmd  # noqa: F401
+from meshplan.cli import report_cmd  # noqa: F401
