@@ -45,6 +45,8 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
                 f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) needs ZeRO-3 (MiCS)"
             )
         zero["mics_shard_size"] = d.dp_shard  # shard inside groups of dp_shard, replicate across
+        warnings.append(f"hybrid sharding mapped to MiCS (mics_shard_size={d.dp_shard}): build the "
+                        "model under deepspeed.zero.MiCS_Init")
     cfg["zero_optimization"] = zero
     if d.tp > 1:
         if plan.zero == 3 and d.dp_shard > 1:
