@@ -2,6 +2,8 @@
 
 from meshplan.cli import models_cmd  # noqa: F401
 from meshplan.cli import estimate_cmd  # noqa: F401
+from meshplan.cli import validate_cmd  # noqa: F401
+from meshplan.cli import plan_cmd, explain_cmd  # noqa: F401
 from meshplan.cli import export_cmd  # noqa: F401
 from meshplan.cli import import_cmd  # noqa: F401
 from meshplan.cli import report_cmd  # noqa: F401

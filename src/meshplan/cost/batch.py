@@ -129,13 +129,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                 + expert_bytes / np.where(z >= stage, n1_e, 1.0))
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
-    grads = shard(dense_p * calib.grad_bytes_per_param, expert_p * calib.grad_bytes_per_param, 2)
+    gb = calib.grad_bytes_per_param(training.precision)
+    grads = shard(dense_p * gb, expert_p * gb, 2)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
 
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
     lvl1 = comms.group_link(cluster, calib, n1, plans.tp)
     lvl2 = comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard)
-    g_bytes = total_p * calib.grad_reduce_bytes_per_grad
+    g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
     w_bytes = total_p * calib.weight_bytes_per_param
     # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
     # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
@@ -153,7 +154,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / np.where(z >= 1, n1, 1.0) * (
-        2 * opt_pp + calib.grad_bytes_per_param + calib.weight_bytes_per_param)
+        2 * opt_pp + gb + calib.weight_bytes_per_param)
     optimizer_s = opt_bytes / hbm
 
     # ---- activations ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.training import Precision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +73,6 @@ class Calibration:
     pp_p2p_overlap: float = 0.5
     """Fraction of pipeline send/recv hidden behind compute (Megatron overlaps p2p with the next
     micro-batch in the steady state, Narayanan et al. 2021 Sec. 4.1)."""
-    grad_reduce_bytes_per_grad: float = 4.0
-    """Bytes per gradient element in the data-parallel reduction (Megatron/torchtitan reduce in
-    fp32 by default)."""
     zero_bubble_residual: float = 0.15
     """Fraction of the 1F1B bubble left by zero-bubble schedules (Qi et al. 2024, ZB-H1 removes
     most of it)."""
@@ -82,9 +80,13 @@ class Calibration:
     # ---- memory -------------------------------------------------------------------------
     weight_bytes_per_param: float = 2.0
     """bf16/fp16 working copy of each weight."""
-    grad_bytes_per_param: float = 4.0
-    """Gradient buffer per parameter: Megatron keeps fp32 main_grad (Megatron-LM distributed
-    optimizer doc: 2 + 4 + 12 = 18 bytes per parameter)."""
+    grad_bytes_per_param_bf16: float = 4.0
+    """Gradient buffer per parameter under bf16 (and fp8) training: accumulated and reduced in
+    fp32 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 with bf16; torchtitan reduces
+    in fp32; DeepSpeed's BF16_Optimizer keeps fp32 gradients)."""
+    grad_bytes_per_param_fp16: float = 2.0
+    """Gradient buffer per parameter under fp16 training: fp16, reduced in fp16 (Megatron-LM's
+    default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
     adam_bytes_per_param: float = 8.0
@@ -103,6 +105,14 @@ class Calibration:
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
 
     # ---- behaviour ------------------------------------------------------------------------
+    def grad_bytes_per_param(self, precision: Precision) -> float:
+        """Bytes of one gradient element for this compute precision (fp32 training: 4)."""
+        if precision == Precision.FP16:
+            return self.grad_bytes_per_param_fp16
+        if precision == Precision.FP32:
+            return 4.0
+        return self.grad_bytes_per_param_bf16
+
     def replace_fields(self, **changes: Any) -> "Calibration":
         known = {f.name for f in fields(self)}
         extra = set(changes) - known
@@ -139,7 +149,21 @@ class Calibration:
 # Values found by `meshplan validate --fit --runs runs_calibration.csv` (cost/fit.py): a grid
 # search minimising the median absolute log error of throughput (time fields) and the median
 # absolute error of peak memory (memory fields), per GPU family. Filled in below.
-FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # 136 throughput rows, 65 memory rows (Narayanan 2021, Korthikanti 2022, BLOOM tr11 sweeps,
+    # Megatron-LM README 2020), fitted with fused_attention=False, dropout=True.
+    "a100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.725, "matmul_half_dim": 64.0, "inter_node_comm_efficiency": 0.8,
+        "intra_node_comm_efficiency": 0.5,
+        "dp_overlap": 0.9, "framework_overhead_gib": 10.5, "allocator_fragmentation": 0.05,
+    }),
+    # 4 throughput rows (Megatron-LM README 2020, DGX-2): only the GEMM efficiency is fitted.
+    "v100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (v100-32gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.85,
+    }),
+})
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -151,5 +175,5 @@ def calibration_for(gpu: GPUSpec) -> Calibration:
     """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
     fitted = FITTED.get(gpu_family(gpu))
     if fitted:
-        return Calibration().replace_fields(**fitted)
+        return Calibration().replace_fields(**dict(fitted))
     return Calibration()

@@ -97,7 +97,7 @@ def state_bytes(calib: Calibration, training: TrainingSpec, params, zero, shard)
     ranks (Rajbhandari et al. 2020 Sec. 5: stage 1 optimizer, 2 + gradients, 3 + weights)."""
     opt = optimizer_state_bytes_per_param(calib, training)
     w = calib.weight_bytes_per_param / np.where(zero >= 3, shard, 1)
-    g = calib.grad_bytes_per_param / np.where(zero >= 2, shard, 1)
+    g = calib.grad_bytes_per_param(training.precision) / np.where(zero >= 2, shard, 1)
     o = opt / np.where(zero >= 1, shard, 1)
     return params * (w + g + o)
 

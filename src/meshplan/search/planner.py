@@ -22,7 +22,9 @@ from typing import Callable
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import estimate_batch
+from meshplan.cost.batch import BatchEstimate, compose, rank_cost
+from meshplan.cost.layer import LayerCost
+from meshplan.cost.pipeline import rank_layers_even
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
@@ -30,7 +32,8 @@ from meshplan.plan import Plan, Recompute
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
 from meshplan.search.space import RECOMPUTES, GlobalConfigs, SearchOptions, enumerate_space
 from meshplan.search.stages import corner_bounds, stage_frontier
-from meshplan.search.tables import CostContext, chunk_split, pipeline_alpha, score_splits, stage_table
+from meshplan.search.tables import (CostContext, _take_layer, chunk_split, pipeline_alpha, score_splits,
+                                    shared_layer_cost, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -133,7 +136,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             "layers, sequence and batch)")
     tick("even splits", 0.05)
     plans = _plan_arrays(space)
-    even = _batched_estimate(ctx, plans)
+    layer = shared_layer_cost(ctx, plans)
+    even = _even_estimate(ctx, plans, layer)
     evaluated = len(space)
     keys = np.arange(len(space))
     even_front = Front.of(even.step_time_s, even.peak_memory_bytes, keys)
@@ -161,7 +165,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             pts_t, pts_m, pts_k = [], [], []
             for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 4e6)))):
                 sub = plans.take(chunk)
-                tbl = stage_table(ctx, sub, int(pp), int(vpp))
+                sub_layer = _take_layer(layer, chunk)
+                tbl = stage_table(ctx, sub, int(pp), int(vpp), sub_layer)
                 alpha = pipeline_alpha(ctx, sub)
                 known = merge_fronts(*fronts)
 
@@ -175,12 +180,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 if not live.any():
                     continue
                 chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
+                sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
                 alpha = alpha[live]
                 pts = stage_frontier(tbl, max_points=STAGE_POINTS_PER_CONFIG,
                                      keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a))
                 if pts.config.size == 0:
                     continue
-                exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed)
+                exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
+                                     _take_layer(sub_layer, pts.config))
                 evaluated += pts.config.size
                 for j in range(pts.config.size):
                     splits[next_key + j] = (pts.layers[j], pts.recomputed[j], int(chunk[pts.config[j]]))
@@ -222,14 +229,17 @@ def _without_recompute(plan: Plan) -> Plan:
     return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers))
 
 
-def _batched_estimate(ctx: CostContext, plans: PlanArrays, chunk: int = 200_000):
-    """``estimate_batch`` in chunks (bounded memory); returns arrays over all plans."""
-    parts = [estimate_batch(ctx.model, ctx.cluster, ctx.training, plans.take(np.arange(i, min(i + chunk, len(plans)))),
-                            ctx.calib) for i in range(0, len(plans), chunk)]
-    from meshplan.cost.batch import BatchEstimate
-
-    return BatchEstimate(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
-                            for f in fields(BatchEstimate)})
+def _even_estimate(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:
+    """What ``estimate_batch`` computes (even split, policy on every layer: the first and the
+    last rank bound the step and the peak), with the layer costs shared between rows."""
+    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
+              calib=ctx.calib, layer=layer)
+    L, last = ctx.model.num_layers, plans.pp - 1
+    l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
+    ll = rank_layers_even(L, last, plans.pp, plans.vpp)
+    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
+    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
+    return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
 
 
 def search_gpu_counts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

@@ -48,6 +48,26 @@ def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
     return plans.take(idx), idx
 
 
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "sp", "micro_batch", "cp_method", "dp_shard", "zero")
+"""The plan fields ``layer_cost`` reads (tests/planner/test_search_tables.py checks that rows
+equal on these get equal layer costs, so a change in the cost model cannot go unnoticed)."""
+
+
+def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> LayerCost:
+    """``layer_cost`` for every plan, computed once per distinct LAYER_KEY_FIELDS row.
+
+    Many global configurations differ only in pipeline, schedule, replication or recompute
+    policy, which one layer's cost does not depend on; this evaluates ~40x fewer rows.
+    """
+    key = np.zeros(len(plans), dtype=np.int64)
+    for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
+        col = getattr(plans, f).astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
+    return _take_layer(unique, inverse.reshape(-1))
+
+
 def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
     """Step seconds per second of slowest-rank micro-batch time (micro-batches + bubble)."""
     m = num_microbatches(ctx.training, plans)
