@@ -44,7 +44,7 @@ def test_report_is_self_contained(report):
     assert meta["frontier_size"] >= 1 and meta["out"] == str(out)
     # no external assets: every src/href is inline
     assert not re.search(r'(src|href)="(?!data:)', text)
-    for ident in ("memory-chart", "timeline-chart"):
+    for ident in ("frontier-plot", "memory-chart", "timeline-chart"):
         assert f'id="{ident}"' in text
     assert 'id="frontier-table"' in text and meta["chosen"] in text
 
@@ -81,7 +81,7 @@ def test_report_renders_in_chromium(report, tmp_path):
     found = re.search(r'<pre id="probe">([^<]*)</pre>', dom)
     assert found, dom[-500:]
     sizes = dict(item.split("=") for item in found.group(1).split(";"))
-    assert {"memory-chart", "timeline-chart"} <= set(sizes)
+    assert set(sizes) == {"frontier-plot", "memory-chart", "timeline-chart"}
     for ident, size in sizes.items():
         w, h = (int(x) for x in size.split("x"))
         assert w > 100 and h > 100, (ident, size)
@@ -92,3 +92,19 @@ def test_report_renders_in_chromium(report, tmp_path):
 
     img = mpimg.imread(io.BytesIO(shot.read_bytes()), format="png")[..., :3]
     assert img.shape[0] >= 1000 and float(img.std()) > 0.05  # not a blank page
+
+
+def test_plan_compare(tmp_path):
+    job = tmp_path / "mine.json"
+    r = run("import", "--from", "megatron", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--micro-batch-size 1 --global-batch-size 32 --seq-length 1024", "--model", "gpt2",
+            "--gpu", "a100-80gb", "--gpus-per-node", "4", "--gpus", "4", "--out", str(job))
+    assert r.returncode == 0, r.stderr
+    r = run("plan", *PLAN_ARGS, "--nodes", "1", "--precision", "fp32", "--compare", str(job), "--json")
+    assert r.returncode == 0, r.stderr
+    cmp = json.loads(r.stdout)["comparison"]
+    assert cmp["yours"]["plan"] == "dp1 tp2 pp2(1f1b) cp1 mb1"
+    # the frontier's best fitting plan is never slower than yours (same cost model)
+    assert cmp["best_that_fits"]["tokens_per_s_per_gpu"] >= cmp["yours"]["tokens_per_s_per_gpu"] * 0.999
+    r = run("plan", *PLAN_ARGS[:-1], "64", "--nodes", "1", "--precision", "fp32", "--compare", str(job))
+    assert r.returncode == 2 and "seq 1024 x batch 32" in r.stderr

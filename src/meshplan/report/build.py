@@ -24,14 +24,15 @@ class BuiltReport:
     budget_gib: float
 
 
-def _frontier_png(result, training: TrainingSpec) -> bytes | None:
-    """The search helper's frontier plot (report/frontier_plot.py), when it is available."""
-    try:
-        from meshplan.report import frontier_plot
-    except ImportError:
-        return None
-    fn = getattr(frontier_plot, "frontier_png", None)
-    return fn(result) if fn is not None else None
+def _frontier_png(result, title: str) -> bytes:
+    """The search's frontier plot (meshplan.report.frontier_plot), as PNG bytes."""
+    import tempfile
+    from pathlib import Path
+
+    from meshplan.report.frontier_plot import plot_frontier
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return plot_frontier([result], Path(tmp) / "frontier.png", title=title).read_bytes()
 
 
 def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -68,11 +69,10 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     job = Job(model=model, training=training, cluster=cluster, plan=plan)
     notes = [f"Search: {result.global_configs:,} global configurations, {result.plans_evaluated:,} "
              f"plans evaluated in {result.elapsed_s:.1f} s."]
-    if _frontier_png(result, training) is None and frontier:
-        notes.append("Frontier plot unavailable in this build (meshplan.report.frontier_plot).")
     html = render_html(ReportInput(
         title=title or f"meshplan report: {model.name} on {cluster.num_gpus} x {cluster.gpu.name}",
         job=job, estimate=est, frontier=frontier, chosen_index=chosen_index, budget_gib=budget,
-        frontier_png=_frontier_png(result, training), comparison=comparison, notes=notes))
+        frontier_png=_frontier_png(result, f"{model.name}, seq {training.seq_len}, batch {training.global_batch}")
+        if frontier else None, comparison=comparison, notes=notes))
     return BuiltReport(html=html, chosen=est.plan, comparison=comparison, frontier_size=len(frontier),
                        budget_gib=budget)

@@ -7,9 +7,14 @@ tok/s/GPU, 71 GiB; best that fits: 401 tok/s/GPU (+28%), 64 GiB".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from meshplan.plan import Plan
+
+if TYPE_CHECKING:
+    from meshplan.plan import Job
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
 
 
 class CostPoint(Protocol):
@@ -86,3 +91,21 @@ def compare(yours: CostPoint, frontier: Sequence[CostPoint], budget_gib: float) 
     as_fast = [p for p in frontier if p.tokens_per_s_per_gpu >= yours.tokens_per_s_per_gpu * (1 - 1e-9)]
     leanest = min(as_fast, key=lambda p: p.peak_memory_gib, default=None)
     return Comparison(yours=yours, budget_gib=budget_gib, best=best, leanest_as_fast=leanest)
+
+
+def compare_job(job: "Job", frontier: Sequence[CostPoint], budget_gib: float, *, model: "ModelSpec",
+                training: "TrainingSpec", num_gpus: int) -> Comparison:
+    """Estimate ``job``'s plan with the cost model and compare it with a frontier searched for
+    ``model``, ``training`` and ``num_gpus``; refuses a job for something else."""
+    from meshplan.cost import estimate
+    from meshplan.errors import MeshplanError
+
+    if job.model.num_params() != model.num_params() or job.model.num_layers != model.num_layers:
+        raise MeshplanError(f"the plan file is for model {job.model.name!r}, the frontier for {model.name!r}")
+    if (job.training.seq_len, job.training.global_batch) != (training.seq_len, training.global_batch):
+        raise MeshplanError(
+            f"the plan file trains seq {job.training.seq_len} x batch {job.training.global_batch}, the "
+            f"frontier seq {training.seq_len} x batch {training.global_batch}")
+    if job.cluster.num_gpus != num_gpus:
+        raise MeshplanError(f"the plan file uses {job.cluster.num_gpus} GPUs, the frontier {num_gpus}")
+    return compare(estimate(job.model, job.cluster, job.training, job.plan), frontier, budget_gib)
