@@ -1,0 +1,1 @@
+"""PyTorch side of meshplan: runs a Job (imports torch; the planner never imports this package)."""
