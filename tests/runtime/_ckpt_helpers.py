@@ -55,9 +55,11 @@ def run_worker(nproc: int, cfg_path: Path, env_extra: dict | None = None, timeou
     return subprocess.run(_cmd(nproc, cfg_path), env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-def run_worker_and_kill_in_save(nproc: int, cfg_path: Path, staging: Path, rank: int, timeout_s: float = 240):
-    """Launch with ``rank`` sleeping inside the save of ``staging``; SIGKILL it there; wait."""
-    env = {**_env(), "MESHPLAN_TEST_SLEEP_IN_SAVE_RANK": str(rank)}
+def run_worker_and_kill_in_save(nproc: int, cfg_path: Path, ckpt_dir: Path, step: int, rank: int,
+                                timeout_s: float = 240):
+    """Launch with ``rank`` sleeping inside the save of ``step``; SIGKILL it there; wait."""
+    env = {**_env(), "MESHPLAN_TEST_SLEEP_IN_SAVE": f"{rank}:{step}"}
+    staging = ckpt_dir / f"step-{step:06d}.tmp"
     proc = subprocess.Popen(_cmd(nproc, cfg_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     pid_file = staging / f"sleeping-rank{rank}.pid"

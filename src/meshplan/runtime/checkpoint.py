@@ -52,10 +52,10 @@ from meshplan.plan import Job
 
 log = logging.getLogger(__name__)
 
-# Test-only fault injection: the rank named here sleeps inside the save, after writing its shards
-# and before the commit barrier, and writes its pid to <staging>/sleeping-rank<r>.pid first, so a
-# test can SIGKILL it at exactly that point.
-SLEEP_IN_SAVE_ENV = "MESHPLAN_TEST_SLEEP_IN_SAVE_RANK"
+# Test-only fault injection, "RANK:STEP": that rank sleeps inside the save of that step, after
+# writing its shards and before the commit barrier, and writes its pid to
+# <staging>/sleeping-rank<RANK>.pid first, so a test can SIGKILL it at exactly that point.
+SLEEP_IN_SAVE_ENV = "MESHPLAN_TEST_SLEEP_IN_SAVE"
 
 _MODEL_OPTS = StateDictOptions(strict=False)  # strict=False: a pipeline part holds some keys only
 _OPTIM_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -120,7 +120,7 @@ def save_checkpoint(
     sd = _state_dict(_as_list(model_parts), _as_list(optimizers))
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(staging, sync_files=True))
     _write_rng(staging / ckpt_meta.rng_filename(rank))
-    _maybe_sleep_for_test(staging, rank)
+    _maybe_sleep_for_test(staging, rank, state.step)
     dist.barrier()  # every rank's shards are on disk
 
     if rank == 0:
@@ -230,8 +230,8 @@ def _read_rng(path: Path) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def _maybe_sleep_for_test(staging: Path, rank: int) -> None:
-    if os.environ.get(SLEEP_IN_SAVE_ENV) != str(rank):
+def _maybe_sleep_for_test(staging: Path, rank: int, step: int) -> None:
+    if os.environ.get(SLEEP_IN_SAVE_ENV) != f"{rank}:{step}":
         return
     (staging / f"sleeping-rank{rank}.pid").write_text(str(os.getpid()))
     time.sleep(600)
