@@ -10,7 +10,9 @@ Public API (stable; the search helper codes against it):
 * :func:`rank_cost` -- one pipeline rank holding ``layers`` layers (``recomputed`` of them under the
   plan's policy), with the embedding and/or LM head when asked: per-micro-batch time, step-level
   DP communication and optimizer time, and memory by category. A layer-split search calls it
-  with its own per-rank layer counts.
+  with its own per-rank layer counts; ``rank_cost(..., layers=0, has_head=True)`` is the extra of
+  the LM-head stage alone (and ``has_embedding=True`` of the embedding stage), fixed per-GPU
+  overheads (framework, buffers) included.
 * :func:`~meshplan.cost.pipeline.pipeline_time` and :func:`~meshplan.cost.pipeline.in_flight_chunks`
   -- schedule composition (bubble, activations in flight per rank).
 * :func:`estimate_batch` -- even layer split, all-layer recompute policy: step time, peak memory,
