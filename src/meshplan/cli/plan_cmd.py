@@ -12,7 +12,7 @@ from rich.table import Table
 
 from meshplan.cli.common import (
     ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, console, err_console,
+    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, console, err_console,
     load_cluster, load_model, make_training, print_json,
 )
 from meshplan.cli.main import app
@@ -84,7 +84,7 @@ def plan_cmd(
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")] = 2048,
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
-    precision: PrecisionOpt = Precision.BF16,
+    precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print (0: all).")] = 20,
@@ -98,10 +98,11 @@ def plan_cmd(
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
 
     spec = load_model(model, override)
-    training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
     counts = parse_gpu_counts(gpus) if gpus else None
     base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
                         gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
+    training = make_training(seq_len, global_batch, global_batch_tokens,
+                             precision or _default_precision(base), optimizer)
     clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     if memory_gib is not None and memory_gib <= 0:
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
@@ -150,6 +151,17 @@ def plan_cmd(
         con.print(f"wrote the {which} to {written}")
     if plot is not None:
         con.print(f"wrote the frontier plot to {plot}")
+
+
+def _default_precision(cluster: ClusterSpec) -> Precision:
+    """bf16 where the GPU has it, else fp16, else fp32 (the ``cpu`` preset computes in fp32)."""
+    for p in (Precision.BF16, Precision.FP16, Precision.FP32):
+        try:
+            cluster.gpu.peak_flops(p)
+            return p
+        except MeshplanError:
+            continue
+    return Precision.FP32
 
 
 def _best_time(res) -> float:
