@@ -31,7 +31,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
 from meshplan.search.space import RECOMPUTES, GlobalConfigs, SearchOptions, enumerate_space
-from meshplan.search.stages import corner_bounds, stage_frontier
+from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, _take_layer, chunk_split, pipeline_alpha, score_splits,
                                     shared_layer_cost, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
@@ -164,6 +164,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         if has_rec.any():
             candidate &= space.recompute != none_code
         groups = np.unique(np.column_stack([space.pp[candidate], space.vpp[candidate]]), axis=0)
+        # Most promising groups first, so that their plans prune the later groups.
+        best = [even.step_time_s[candidate & (space.pp == g[0]) & (space.vpp == g[1])].min() for g in groups]
+        groups = groups[np.argsort(best, kind="stable")]
         next_key = 0
         for gi, (pp, vpp) in enumerate(groups):
             idx = np.flatnonzero(candidate & (space.pp == pp) & (space.vpp == vpp))
@@ -181,7 +184,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                     return ~dominated_by(known.time_s, known.memory_bytes,
                                          alpha[rows] * t_next * (1 - 1e-9), m_floor * (1 - 1e-9))
 
-                t_lb, m_lb = corner_bounds(tbl)
+                t_lb, m_lb = relaxed_bounds(tbl)
                 live = keep_going(np.arange(len(sub)), t_lb, m_lb) & (m_lb <= cap)
                 if not live.any():
                     continue
