@@ -51,6 +51,13 @@ split removes at most the stage imbalance of the even split (the embedding/LM-he
 the in-flight activations of the first rank), which the cost model puts well under 15% for
 every preset; tests set it to infinity (refine all) to check exactness against brute force."""
 
+PRUNE_MARGIN = 0.05
+"""Bounds from the affine per-rank tables are lowered by this fraction before they are compared
+with known plans. The tables are exact for the cost model's linear terms, but the overlap of
+data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of two lines) is
+read off at one or two layers and extrapolated, which can overstate a rank's time by a few
+percent; the margin keeps such configurations in the search."""
+
 STAGE_POINTS_PER_CONFIG = 12
 """Most frontier points walked per configuration by the stage search (fastest first). A global
 frontier point rarely comes from deep in one configuration's staircase (the next configuration
@@ -182,7 +189,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 def keep_going(rows, t_next, m_floor, alpha=alpha, known=known):
                     # alpha * max(t + x/alpha) = max(alpha t + x) bounds the step from below.
                     return ~dominated_by(known.time_s, known.memory_bytes,
-                                         alpha[rows] * t_next * (1 - 1e-9), m_floor * (1 - 1e-9))
+                                         alpha[rows] * t_next * (1 - PRUNE_MARGIN),
+                                         m_floor * (1 - PRUNE_MARGIN))
 
                 t_lb, m_lb = relaxed_bounds(tbl)
                 live = keep_going(np.arange(len(sub)), t_lb, m_lb) & (m_lb <= cap)
