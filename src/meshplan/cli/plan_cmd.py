@@ -21,6 +21,9 @@ from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
 
+OVER_BUDGET_ROWS = 3
+"""Frontier rows shown above the recommended plan (faster, but over the budget)."""
+
 PROGRESS_AFTER_S = 1.0
 """Show a progress bar only once a search has run this long (short searches stay quiet)."""
 
@@ -87,7 +90,7 @@ def plan_cmd(
     precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
-    top: Annotated[int, typer.Option("--top", help="Frontier rows to print (0: all).")] = 20,
+    top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
@@ -252,8 +255,9 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
         t.add_column(col, justify="left" if col in ("", "plan") else "right")
     rows = list(enumerate(res.frontier))
     if top and len(rows) > top:
-        keep = set(range(top)) | ({rec} if rec is not None else set())
-        rows = [(i, p) for i, p in rows if i in keep]
+        # Around the budget: a few faster plans that do not fit, then the fitting ones.
+        first = max(0, (rec if rec is not None else len(rows)) - OVER_BUDGET_ROWS)
+        rows = rows[first:first + top]
     for i, p in rows:
         fits = p.peak_memory_bytes <= res.budget_bytes
         mark = "[bold green]*best[/]" if i == rec else ("" if fits else "[dim]over[/]")
@@ -263,8 +267,11 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
     con.print(t)
     if rec is not None:
         p = res.frontier[rec]
-        con.print(f"recommended (#{rec}): {p.plan.notation()}  layers/stage {list(p.plan.stage_layers)}"
-                  f"  recomputed/stage {list(p.plan.recompute_layers)}")
+        pp = p.plan.dims.pp
+        per_rank = [sum(p.plan.stage_layers[i::pp]) for i in range(pp)]
+        rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
+        con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
+                  + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
 
 
 def _print_scaling(con, results, training) -> None:
