@@ -64,6 +64,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
     if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
+    if model.pos_embeddings is not None and sp:
+        # Each tp rank looks up its own positions (a chunk of the sequence): replicate the table as
+        # a DTensor so its gradient, partial per rank, is summed over tp like a norm's weight.
+        top["pos_embeddings"] = SequenceParallel(sequence_dim=0, use_local_output=True)
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
     tied = (model.tok_embeddings is not None and model.output is not None
@@ -124,7 +128,7 @@ def apply_positions(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
         (positions,) = args
         return (positions + chunk * positions.shape[0],)
 
-    emb.register_forward_pre_hook(shift)
+    emb.register_forward_pre_hook(shift, prepend=True)  # before TP's input hook: local ids
 
 
 # ---- 4. expert parallel ---------------------------------------------------------------------
