@@ -36,6 +36,8 @@ LAYOUTS_4 = {
     "dp2_cp2": ("llama", dict(dims=dict(dp_replicate=2, cp=2), cp_method="all-to-all")),
     "cp2_tp2_sp_gpt": ("gpt", dict(dims=dict(cp=2, tp=2), sp=True, cp_method="all-to-all")),
     "ep2_edp2_zero2": ("moe", dict(dims=dict(dp_shard=4, ep=2), zero=2, micro_batch=1)),
+    "tp4_gqa_kv_replicated": ("llama", dict(dims=dict(tp=4))),  # 2 KV heads over 4 tp ranks
+    "tp4_sp_gqa_kv_replicated": ("llama", dict(dims=dict(tp=4), sp=True)),
 }
 LAYOUTS_8 = {
     "dp2_fsdp2_tp2": ("llama", dict(dims=dict(dp_replicate=2, dp_shard=2, tp=2), zero=3, sp=True)),

@@ -54,8 +54,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Column-split wq/wk/wv/w1/w3, row-split wo/w2; with sp the norms run on sequence shards.
 
-    GQA: wk/wv are split by KV head like wq by query head (K % tp == 0 is checked before launch),
-    and attention reads its local head counts from the weight shapes.
+    GQA: wk/wv are split by KV head like wq by query head when K % tp == 0; with fewer KV heads
+    than tp ranks each rank computes the KV head its query heads use (kv_replication). Attention
+    reads its local head counts from the weight shapes.
     """
     seq = Shard(1)  # activations between blocks: (B, S/tp, D) with sp, replicated without
     between = seq if sp else Replicate()
@@ -77,12 +78,20 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     if tied:  # both are vocab-sharded (Shard(0)) DTensors: make them one parameter again
         model.output.weight = model.tok_embeddings.weight
     for layer in model.layers.values():
+        att = layer.attention
+        shard_kv = (att.wk.weight.shape[0] // att.head_dim) % tp_mesh.size() == 0
         block: dict[str, object] = {
             "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=between),
         }
+        if shard_kv:
+            block.update({"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
+        else:  # fewer KV heads than tp ranks: each rank computes the one KV head it needs
+            from meshplan.runtime.kv_replication import ReplicatedKVProjection
+
+            rank, size, group = tp_mesh.get_local_rank(), tp_mesh.size(), tp_mesh.get_group()
+            att.wk = ReplicatedKVProjection(att.wk, att.head_dim, rank, size, group)
+            att.wv = ReplicatedKVProjection(att.wv, att.head_dim, rank, size, group)
         if layer.feed_forward is not None:
             block.update({
                 "feed_forward.w1": ColwiseParallel(),

@@ -33,10 +33,5 @@ def check_runnable(job: Job, pipeline_available: bool) -> None:
             "MoE with tensor parallel (expert tensor parallel) is not supported by this runtime; "
             "use ep over dp_shard*cp instead of tp"
         )
-    if d.tp > 1 and model.num_kv_heads % d.tp:
-        raise MeshplanError(
-            f"tp={d.tp} exceeds num_kv_heads={model.num_kv_heads}: replicating KV heads across "
-            "tensor-parallel ranks is not supported by this runtime"
-        )
     if d.tp > 1 and model.vocab_size % d.tp:
         raise MeshplanError(f"vocab_size={model.vocab_size} is not divisible by tp={d.tp}")
