@@ -29,6 +29,7 @@ LAYOUTS_2 = {
     "cp2_a2a_gpt": ("gpt", dict(dims=dict(cp=2), cp_method="all-to-all")),  # learned positions + CP
     "ep2_fsdp2": ("moe", dict(dims=dict(dp_shard=2, ep=2), zero=3)),
     "moe_dp2": ("moe", dict(dims=dict(dp_replicate=2))),
+    "ep2_over_cp2": ("moe", dict(dims=dict(cp=2, ep=2), cp_method="all-to-all")),  # ep borrows cp ranks
 }
 LAYOUTS_4 = {
     "hsdp_2x2": ("llama", dict(dims=dict(dp_replicate=2, dp_shard=2), zero=3)),
