@@ -46,10 +46,9 @@ def test_missing_plan_file(tmp_path):
     assert "no such plan file" in line
 
 
-def test_ring_context_parallel_is_refused_before_launch(tmp_path):
-    path = _job_file(tmp_path, dims=dict(cp=2), cp_method="ring")
-    line = _one_error_line(meshplan("train", "--plan", str(path)))
-    assert "ring context parallel" in line and "all-to-all" in line
+def test_encoder_model_is_refused_before_launch(tmp_path):
+    path = _job_file(tmp_path, model="bert-large")
+    assert "decoder models only" in _one_error_line(meshplan("train", "--plan", str(path)))
 
 
 def test_moe_with_tensor_parallel_is_refused_before_launch(tmp_path):

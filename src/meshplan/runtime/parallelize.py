@@ -2,7 +2,7 @@
 
 1. ``apply_tp``   tensor (+ sequence) parallel, declarative plans over module names (Megatron:
                   Shoeybi et al. 2019, Sec. 3; sequence parallel: Korthikanti et al. 2022, Sec. 4.2.2).
-2. ``apply_cp``   context parallel (Ulysses all-to-all around the attention core).
+2. ``apply_cp``   context parallel: Ulysses all-to-all around the attention core, or ring attention.
 3. ``apply_positions``  shift learned position ids by this rank's sequence offset (CP and/or SP).
 4. ``apply_ep``   expert parallel (experts split over the ep group, all-to-all dispatch).
 5. ``apply_ac``   activation checkpointing of the planned layers (full or selective).
@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshplan.plan import Plan, Recompute
+from meshplan.plan import CPMethod, Plan, Recompute
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 
 
@@ -39,7 +39,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
     if d.tp > 1:
         apply_tp(model, mesh["tp"], plan.sp)
     if d.cp > 1:
-        apply_cp(model, mesh["cp"])
+        apply_cp(model, mesh["cp"], plan.cp_method)
     apply_positions(model, mesh, plan)
     if d.ep > 1:
         if ep_mesh is None:
@@ -109,13 +109,18 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
 
 
 # ---- 2. context parallel --------------------------------------------------------------------
-def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
-    """Wrap every attention core in the Ulysses all-to-all (ring plans are refused before launch)."""
+def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, method: CPMethod) -> None:
+    """Replace every attention core: Ulysses all-to-all, or ring attention (send/recv)."""
     from meshplan.runtime.context_parallel import UlyssesAttention
+    from meshplan.runtime.ring_attention import RingAttention
 
-    group, size = cp_mesh.get_group(), cp_mesh.size()
+    group, rank, size = cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size()
     for layer in model.layers.values():
-        layer.attention.core = UlyssesAttention(layer.attention.core, group, size)
+        core = layer.attention.core
+        if method == CPMethod.ALL_TO_ALL:
+            layer.attention.core = UlyssesAttention(core, group, size)
+        else:
+            layer.attention.core = RingAttention(core, group, rank, size)
 
 
 # ---- 3. learned positions -------------------------------------------------------------------

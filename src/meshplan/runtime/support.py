@@ -6,7 +6,7 @@ Pure Python (no torch), so ``meshplan train`` checks a plan before it launches t
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, Job
+from meshplan.plan import Job
 from meshplan.spec.model import Arch
 
 
@@ -21,11 +21,6 @@ def check_runnable(job: Job, pipeline_available: bool) -> None:
         from meshplan.runtime.pipeline_check import check_pipeline_plan
 
         check_pipeline_plan(model, job.training, plan)
-    if d.cp > 1 and plan.cp_method == CPMethod.RING:
-        raise MeshplanError(
-            "ring context parallel is not implemented by this runtime; use cp_method 'all-to-all' "
-            "(Ulysses), which runs on CPU and GPU"
-        )
     if job.training.seq_len > model.max_position and model.position.value == "learned":
         raise MeshplanError(f"seq_len={job.training.seq_len} exceeds max_position={model.max_position}")
     if model.is_moe and d.tp > 1:
