@@ -51,9 +51,9 @@ def test_encoder_model_is_refused_before_launch(tmp_path):
     assert "decoder models only" in _one_error_line(meshplan("train", "--plan", str(path)))
 
 
-def test_moe_with_tensor_parallel_is_refused_before_launch(tmp_path):
-    path = _job_file(tmp_path, model="toy-moe", dims=dict(tp=2))
-    assert "MoE with tensor parallel" in _one_error_line(meshplan("train", "--plan", str(path)))
+def test_moe_with_sequence_parallel_is_refused_before_launch(tmp_path):
+    path = _job_file(tmp_path, model="toy-moe", dims=dict(tp=2), sp=True)
+    assert "MoE with tensor + sequence parallel" in _one_error_line(meshplan("train", "--plan", str(path)))
 
 
 def test_override_that_breaks_the_plan_names_it(tmp_path):
@@ -65,6 +65,12 @@ def test_override_that_breaks_the_plan_names_it(tmp_path):
 def test_missing_data_file(tmp_path):
     path = _job_file(tmp_path)
     assert "no such data file" in _one_error_line(meshplan("train", "--plan", str(path), "--data", str(tmp_path / "x.txt")))
+
+
+def test_text_data_needs_a_byte_vocabulary(tmp_path):
+    path = _job_file(tmp_path)
+    line = _one_error_line(meshplan("train", "--plan", str(path), "--data", "sample", "--override", "vocab_size=128"))
+    assert "vocab_size >= 256" in line
 
 
 @pytest.mark.runtime

@@ -29,6 +29,7 @@ LAYOUTS_2 = {
     "cp2_a2a_gpt": ("gpt", dict(dims=dict(cp=2), cp_method="all-to-all")),  # learned positions + CP
     "ep2_fsdp2": ("moe", dict(dims=dict(dp_shard=2, ep=2), zero=3)),
     "moe_dp2": ("moe", dict(dims=dict(dp_replicate=2))),
+    "moe_tp2": ("moe", dict(dims=dict(tp=2))),  # experts computed whole on each tp rank
     "ep2_over_cp2": ("moe", dict(dims=dict(cp=2, ep=2), cp_method="all-to-all")),  # ep borrows cp ranks
     "cp2_ring_gpt_selective": ("gpt", dict(dims=dict(cp=2), cp_method="ring", recompute="selective")),
 }

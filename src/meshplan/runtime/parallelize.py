@@ -54,6 +54,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Column-split wq/wk/wv/w1/w3, row-split wo/w2; with sp the norms run on sequence shards.
 
+    MoE layers (router, experts, shared experts) are not split: without sp their input is the same
+    on every tp rank, so each rank computes them whole and their gradients agree (no expert
+    tensor parallel; experts then cost tp times their planned share; sp with MoE is refused).
     GQA: wk/wv are split by KV head like wq by query head when K % tp == 0; with fewer KV heads
     than tp ranks each rank computes the KV head its query heads use (kv_replication). Attention
     reads its local head counts from the weight shapes.
