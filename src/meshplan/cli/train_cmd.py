@@ -52,8 +52,8 @@ def train(
         job = Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
     if lr <= 0:
         raise MeshplanError(f"--lr must be positive, got {lr}")
-    check_runnable(job, pipeline_available())
     data_path = resolve_data(data)
+    check_runnable(job, pipeline_available(), text_data=data_path is not None)
 
     from meshplan.runtime.train import TrainConfig  # noqa: E402  (imports torch only here)
 
