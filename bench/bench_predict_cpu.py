@@ -142,7 +142,7 @@ def main() -> None:
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return
-    render(rows, Console(highlight=False))
+    render(rows, Console(highlight=False, width=150))
 
 
 def render(rows: list[dict], con: Console) -> None:
