@@ -3,3 +3,4 @@
 from meshplan.cli import models_cmd  # noqa: F401
 from meshplan.cli import estimate_cmd  # noqa: F401
 from meshplan.cli import profile_cmd  # noqa: F401
+from meshplan.cli import train_cmd  # noqa: F401

@@ -64,6 +64,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
     if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
+    if model.pos_embeddings is not None and sp:
+        # Each tp rank looks up its own positions (a chunk of the sequence): replicate the table as
+        # a DTensor so its gradient, partial per rank, is summed over tp like a norm's weight.
+        top["pos_embeddings"] = SequenceParallel(sequence_dim=0, use_local_output=True)
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
     tied = (model.tok_embeddings is not None and model.output is not None
@@ -124,7 +128,7 @@ def apply_positions(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
         (positions,) = args
         return (positions + chunk * positions.shape[0],)
 
-    emb.register_forward_pre_hook(shift)
+    emb.register_forward_pre_hook(shift, prepend=True)  # before TP's input hook: local ids
 
 
 # ---- 4. expert parallel ---------------------------------------------------------------------
@@ -188,31 +192,36 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
+    # Experts split by ep are different tensors on each ep rank: they are data-parallel only over
+    # the ranks holding the same experts (edp), and must be kept out of the dense groups.
+    expert_params: set[nn.Parameter] = set()
+    edp_mesh = expert_data_parallel_mesh(ep_mesh, plan) if ep_mesh is not None else None
+    for layer in model.layers.values():
+        if edp_mesh is None or layer.moe is None:
+            continue
+        if edp_mesh.size() > 1:
+            if plan.zero == 0:
+                replicate(layer.moe.experts, mesh=ep_mesh["dp_edp"])
+            else:
+                fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=plan.zero == 3)
+        else:
+            expert_params.update(layer.moe.experts.parameters())
+
     if plan.zero == 0:
         dp_mesh = mesh["dp_cp"]
 
-        def wrap(module: nn.Module, m: DeviceMesh) -> None:
-            replicate(module, mesh=m)
+        def wrap(module: nn.Module) -> None:
+            replicate(module, mesh=dp_mesh, ignored_params=expert_params or None)
     else:
         dp_mesh = data_parallel_mesh(mesh, plan)
-        reshard = plan.zero == 3
 
-        def wrap(module: nn.Module, m: DeviceMesh) -> None:
-            fully_shard(module, mesh=m, reshard_after_forward=reshard)
+        def wrap(module: nn.Module) -> None:
+            fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.zero == 3,
+                        ignored_params=expert_params or None)
 
     for layer in model.layers.values():
-        if ep_mesh is not None and layer.moe is not None:
-            edp_mesh = expert_data_parallel_mesh(ep_mesh, plan)
-            if edp_mesh.size() > 1:
-                if plan.zero == 0:
-                    replicate(layer.moe.experts, mesh=ep_mesh["dp_edp"])
-                else:
-                    fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=plan.zero == 3)
-        wrap(layer, dp_mesh)
-    wrap(model, dp_mesh)
-
-
-    return isinstance(model, FSDPModule)
+        wrap(layer)
+    wrap(model)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
@@ -222,7 +231,6 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_requires_gradient_sync(enabled, recurse=False)
-
 
 
 __all__ = ["parallelize", "apply_tp", "apply_cp", "apply_positions", "apply_ep", "apply_ac",

@@ -10,13 +10,17 @@ from meshplan.plan import CPMethod, Job
 from meshplan.spec.model import Arch
 
 
-def check_runnable(job: Job, device_type: str, pipeline_available: bool) -> None:
+def check_runnable(job: Job, pipeline_available: bool) -> None:
     """Raise MeshplanError naming the first thing in ``job`` this runtime cannot run."""
     model, plan, d = job.model, job.plan, job.plan.dims
     if model.arch != Arch.DECODER:
         raise MeshplanError(f"the runtime trains decoder models only; {model.name} is an {model.arch.value}")
     if d.pp > 1 and not pipeline_available:
         raise MeshplanError("pipeline parallel (pp > 1) is not available in this build of the runtime")
+    if d.pp > 1:
+        from meshplan.runtime.pipeline_check import check_pipeline_plan
+
+        check_pipeline_plan(model, job.training, plan)
     if d.cp > 1 and plan.cp_method == CPMethod.RING:
         raise MeshplanError(
             "ring context parallel is not implemented by this runtime; use cp_method 'all-to-all' "
