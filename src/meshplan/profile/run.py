@@ -42,7 +42,8 @@ def planned_steps(req: ProfileRequest) -> int:
     """Progress-bar total: one step per measured shape plus one per collective (op, group)."""
     device = torch.device(req.device_type)
     plan = sweep_plan(device, req.quick)
-    n = len(plan.precisions) * len(plan.matmul_shapes) + len(plan.attention_shapes) * len(plan.precisions)
+    n = len(plan.precisions) * len(plan.matmul_shapes)
+    n += sum(1 if p == "fp8" else len(plan.attention_shapes) for p in plan.precisions)
     n += 2 * len(plan.bandwidth_bytes)
     if req.procs >= 2:
         n += coll.progress_steps(coll.collective_config(req.procs, req.device_type, req.quick))
