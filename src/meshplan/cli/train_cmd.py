@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -40,6 +40,7 @@ def train(
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and data.")] = 0,
     log: Annotated[Optional[Path], typer.Option("--log", help="JSON-lines log: one object per step, then a summary.")] = None,
     override: OverrideOpt = None,
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
@@ -54,6 +55,10 @@ def train(
         raise MeshplanError(f"--lr must be positive, got {lr}")
     data_path = resolve_data(data)
     check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    if cluster_profile:  # a bad profile fails now, not after training
+        from meshplan.spec.hwprofile import load_profile
+
+        load_profile(cluster_profile)
 
     from meshplan.runtime.train import TrainConfig  # noqa: E402  (imports torch only here)
 
@@ -64,6 +69,9 @@ def train(
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return
+        from meshplan.runtime.predict import attach_prediction, comparison_table
+
+        versus = attach_prediction(job, log_path, cluster_profile)  # adds both to the log's summary
         lines = [json.loads(x) for x in Path(log_path).read_text().splitlines()]
     summary = next((x for x in lines if x.get("summary")), None)
     if summary is None:
@@ -78,6 +86,7 @@ def train(
               f"{summary['mean_step_time_s']:.3f}", f"{summary['mean_tokens_per_s']:,.0f}",
               f"{summary['peak_memory_gib']:.2f}", f"{summary['mfu']:.1%}" if summary["mfu"] else "-")
     console().print(t)
+    console().print(comparison_table(versus))
 
 
 def _is_rank0() -> bool:
