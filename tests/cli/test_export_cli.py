@@ -100,3 +100,21 @@ def test_import_with_hf_config_model(tmp_path):
     data = json.loads(r.stdout)
     assert data["model"]["name"] == "meta-llama/Meta-Llama-3-8B"
     assert data["notation"] == "dp8 tp2sp pp1 cp1 mb2 ckpt=sel:all"
+
+
+def test_export_best_expressible(tmp_path):
+    """--best searches the job's setting and exports the fastest fitting plan DeepSpeed can run."""
+    job = tmp_path / "mine.json"
+    r = run("import", "--from", "megatron", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--num-layers-per-virtual-pipeline-stage 3 --micro-batch-size 1 --global-batch-size 32 "
+            "--seq-length 1024 --bf16", "--model", "gpt2", "--gpu", "a100-80gb", "--gpus-per-node", "4",
+            "--gpus", "4", "--out", str(job))
+    assert r.returncode == 0, r.stderr
+    assert run("export", str(job), "--to", "deepspeed").returncode == 2  # interleaved: refused
+    r = run("export", str(job), "--to", "deepspeed", "--best", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    cfg = json.loads(data["text"])
+    assert cfg["train_batch_size"] == 32
+    assert cfg["train_batch_size"] % (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]) == 0
+    assert data["best"]["plan"] and data["best"]["peak_memory_gib"] < 80
