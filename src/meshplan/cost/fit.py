@@ -17,7 +17,7 @@ import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
-from meshplan.cost.calibration import Calibration, calibration_for, gpu_family
+from meshplan.cost.calibration import Calibration, gpu_family
 from meshplan.cost.validate import Run, predicted_metric
 from meshplan.spec.cluster import GIB
 
@@ -84,7 +84,8 @@ def fit_family(runs: list[Run], family: str, settings: dict[str, Any], rounds: i
     rows = [r for r in runs if gpu_family(r.cluster.gpu) == family]
     t_rows = [r for r in rows if r.metric and r.measured]
     m_rows = [r for r in rows if r.measured_memory_gib]
-    start = calibration_for(rows[0].cluster.gpu).replace_fields(**settings) if rows else Calibration()
+    # Start from the literature defaults, not from FITTED, so that a refit is reproducible.
+    start = Calibration().replace_fields(**settings)
     tg = dict(time_grid or TIME_GRID)
     if len(t_rows) < MIN_ROWS_FOR_ALL:
         tg = dict(list(tg.items())[:1])
@@ -128,6 +129,6 @@ def leave_one_source_out(runs: list[Run], family: str, settings: dict[str, Any],
         if not train:
             continue
         res = fit_family(train, family, settings, rounds=rounds, memory_grid={})
-        calib = calibration_for(test[0].cluster.gpu).replace_fields(**settings, **res.values)
+        calib = Calibration().replace_fields(**settings, **res.values)
         out[group] = (len(test), _median_abs(test, calib, 0))
     return out

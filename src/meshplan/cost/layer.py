@@ -198,6 +198,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ulysses = comms.all_to_all_time(T * (2 * q / t + 2 * kv_local) * ACT_BYTES, c, cp_link)
     cp_fwd = np.where(plans.cp_method == CP_RING, ring, ulysses)
     cp_overlap = np.where(plans.cp_method == CP_RING, calib.cp_overlap, 0.0)
+    cp_bwd = np.where(plans.cp_method == CP_RING, 2 * ring, ulysses)  # ring: K/V and dK/dV
     if moe:
         ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
         ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ACT_BYTES, ep, ep_link)
@@ -211,7 +212,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     bwd_compute = 2.0 * fwd_compute
     bwd_comm_exposed = (comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
-                        + comms.exposed(2 * cp_fwd, cp_overlap, 2 * t_attn)
+                        + comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
                         + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute))
     rec_sel = t_attn + softmax_bytes / hbm
     rec_full = fwd_compute + fwd_comm_exposed
