@@ -118,3 +118,11 @@ def test_export_best_expressible(tmp_path):
     assert cfg["train_batch_size"] == 32
     assert cfg["train_batch_size"] % (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]) == 0
     assert data["best"]["plan"] and data["best"]["peak_memory_gib"] < 80
+
+
+def test_unreadable_and_unwritable_paths(gpt3_job, tmp_path):
+    r = run("import", "--from", "megatron", "@" + str(tmp_path / "none.txt"), "--model", "gpt2",
+            "--gpu", "a100-80gb", "--gpus", "8")
+    assert r.returncode == 2 and "cannot read the Megatron arguments" in r.stderr
+    r = run("export", str(gpt3_job), "--to", "megatron", "--out", str(tmp_path / "no" / "dir" / "x.args"))
+    assert r.returncode == 2 and r.stderr.startswith("error: cannot write")

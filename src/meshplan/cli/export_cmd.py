@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,10 +10,9 @@ import typer
 
 from meshplan.cli.common import JsonOpt, err_console, print_json
 from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
 from meshplan.export.common import ExportTarget, export_job
 from meshplan.plan import Job
-
-log = logging.getLogger(__name__)
 
 
 @app.command("export")
@@ -35,7 +33,10 @@ def export(
     else:
         result = export_job(job, to)
     if out is not None:
-        out.write_text(result.text)
+        try:
+            out.write_text(result.text)
+        except OSError as exc:
+            raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
     if json_out:
         print_json({"target": result.target.value, "text": result.text, "warnings": list(result.warnings),
                     "out": str(out) if out else None,
@@ -52,7 +53,6 @@ def export(
 
 
 def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None) -> dict:
-    from meshplan.errors import MeshplanError
     from meshplan.export.common import best_expressible
     from meshplan.search.planner import search
     from meshplan.spec.cluster import GIB
