@@ -126,3 +126,12 @@ def test_unreadable_and_unwritable_paths(gpt3_job, tmp_path):
     assert r.returncode == 2 and "cannot read the Megatron arguments" in r.stderr
     r = run("export", str(gpt3_job), "--to", "megatron", "--out", str(tmp_path / "no" / "dir" / "x.args"))
     assert r.returncode == 2 and r.stderr.startswith("error: cannot write")
+
+
+def test_import_torchtitan_flavor_preset():
+    toml = Path(__file__).resolve().parents[1] / "fixtures" / "torchtitan" / "llama3_8b.toml"
+    r = run("import", "--from", "torchtitan", str(toml), "--cluster", "dgx-h100", "--nodes", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model"]["name"] == "llama3-8b"
+    assert data["notation"] == "dp1 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"
