@@ -9,7 +9,7 @@ from meshplan.errors import MeshplanError
 from meshplan.export import export_job
 from meshplan.export.import_megatron import import_megatron
 from meshplan.export.megatron import megatron_args
-from meshplan.plan import CPMethod, ParallelDims, Plan, Schedule
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
 from meshplan.spec.presets import model_preset
 
 
@@ -63,3 +63,16 @@ def test_partial_selective_refused_everywhere_but_torchtitan_every_kth():
     odd = replace(job, plan=replace(job.plan, recompute_layers=(7,)))  # 32 // k is never 7
     with pytest.raises(MeshplanError, match="every k-th block"):
         export_job(odd, "torchtitan")
+
+
+def test_block_recompute_covers_short_stages():
+    """block k recomputes min(k, n) layers of an n-layer stage: (3, 4) of (3, 5) is block 4."""
+    job = cases.gpt3_narayanan()
+    plan = Plan(dims=ParallelDims(dp_replicate=24, tp=8, pp=8), micro_batch=1, recompute=Recompute.FULL,
+                stage_layers=(10, 13, 13, 13, 13, 13, 13, 8), recompute_layers=(9,) * 7 + (8,))
+    text = export_job(replace(job, plan=plan), "megatron").text
+    assert "--recompute-method block \\" in text and "--recompute-num-layers 9 \\" in text
+    assert import_megatron(text, num_gpus=1536).plan == plan
+    bad = replace(plan, recompute_layers=(9,) * 7 + (7,))
+    with pytest.raises(MeshplanError, match="first k layers"):
+        export_job(replace(job, plan=bad), "megatron")

@@ -97,7 +97,7 @@ def _recompute_args(job: Job) -> list[list[str]]:
     plan = job.plan.with_defaults(job.model)
     if plan.recompute == Recompute.NONE:
         return []
-    every, count = uniform_recompute(plan)
+    every, _ = uniform_recompute(plan)
     if plan.recompute == Recompute.SELECTIVE:
         if not every:
             raise MeshplanError(
@@ -109,12 +109,13 @@ def _recompute_args(job: Job) -> list[list[str]]:
         # uniform with 1 layer per group: every layer's input kept, every layer recomputed
         return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
                 ["--recompute-num-layers", "1"]]
-    if count < 0:
+    # block: the first k layers of each (virtual) stage are recomputed (all of a shorter stage)
+    count = max(plan.recompute_layers)
+    if any(min(count, n) != r for r, n in zip(plan.recompute_layers, plan.stage_layers)):
         raise MeshplanError(
-            "Megatron-LM recomputes the same number of layers on every (virtual) stage; the plan "
-            f"recomputes {list(plan.recompute_layers)}"
+            "Megatron-LM recomputes the first k layers of every (virtual) stage; the plan recomputes "
+            f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
         )
-    # block: the first `count` layers of each (virtual) stage are recomputed, the rest are not
     return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
             ["--recompute-num-layers", str(count)]]
 
