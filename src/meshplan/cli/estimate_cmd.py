@@ -71,7 +71,7 @@ def estimate_cmd(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
     recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recomputation.")] = Recompute.NONE,
     schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.ONE_F_ONE_B,
-    vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaved).")] = 1,
+    vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (implies --schedule interleaved-1f1b when 1f1b).")] = 1,
     sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallel (default: on when tp > 1).")] = None,
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above.")] = None,
@@ -93,7 +93,12 @@ def estimate_cmd(
         plan = build_plan(num_gpus=clus.num_gpus, dp=dp, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
                           ep=ep, zero=zero, micro_batch=micro_batch, recompute=recompute,
                           schedule=schedule, vpp=vpp, sp=sp, cp_method=cp_method)
-    est = estimate(spec, clus, train, plan)
+    calib = None
+    if cluster_profile:  # the measured rates came with apply_profile; the factors come from the same file
+        from meshplan.spec.hwcalib import profile_calibration
+
+        calib = profile_calibration(cluster_profile, clus.gpu, train.precision)
+    est = estimate(spec, clus, train, plan, calib)
     if json_out:
         out = est.to_dict()
         out["model"] = spec.name

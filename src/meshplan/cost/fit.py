@@ -11,7 +11,8 @@ held-out rows, which says how well the fitted model transfers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -21,18 +22,18 @@ from meshplan.cost.calibration import Calibration, gpu_family
 from meshplan.cost.validate import Run, predicted_metric
 from meshplan.spec.cluster import GIB
 
-TIME_GRID: dict[str, tuple[float, ...]] = {
+TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "matmul_efficiency": tuple(np.round(np.arange(0.50, 0.951, 0.025), 3)),
     "matmul_half_dim": (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0),
     "inter_node_comm_efficiency": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "intra_node_comm_efficiency": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "dp_overlap": (0.0, 0.25, 0.5, 0.75, 0.9, 1.0),
-}
+})
 """Factors fitted on throughput, with their grids. Families with few rows fit only the first."""
-MEMORY_GRID: dict[str, tuple[float, ...]] = {
+MEMORY_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "framework_overhead_gib": tuple(np.round(np.arange(0.0, 12.01, 0.5), 2)),
     "allocator_fragmentation": (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2),
-}
+})
 MIN_ROWS_FOR_ALL = 10
 
 
@@ -78,7 +79,7 @@ def _descend(runs, calib, grid, loss, rounds) -> Calibration:
     return calib
 
 
-def fit_family(runs: list[Run], family: str, settings: dict[str, Any], rounds: int = 2,
+def fit_family(runs: list[Run], family: str, settings: Mapping[str, Any], rounds: int = 2,
                time_grid: dict | None = None, memory_grid: dict | None = None) -> FitResult:
     """Fit the family's factors on its rows; ``settings`` describe the runs' software."""
     rows = [r for r in runs if gpu_family(r.cluster.gpu) == family]
@@ -86,11 +87,11 @@ def fit_family(runs: list[Run], family: str, settings: dict[str, Any], rounds: i
     m_rows = [r for r in rows if r.measured_memory_gib]
     # Start from the literature defaults, not from FITTED, so that a refit is reproducible.
     start = Calibration().replace_fields(**settings)
-    tg = dict(time_grid or TIME_GRID)
+    tg = dict(TIME_GRID if time_grid is None else time_grid)
     if len(t_rows) < MIN_ROWS_FOR_ALL:
         tg = dict(list(tg.items())[:1])
     calib = _descend(t_rows, start, tg, time_loss, rounds) if t_rows else start
-    mg = memory_grid or MEMORY_GRID
+    mg = dict(MEMORY_GRID if memory_grid is None else memory_grid)
     calib = _descend(m_rows, calib, mg, memory_loss, rounds) if m_rows else calib
     fitted = [*tg, *(mg if m_rows else ())]
     return FitResult(
@@ -118,7 +119,7 @@ def source_group(run: Run) -> str:
     return (run.source.split() or ["?"])[0]
 
 
-def leave_one_source_out(runs: list[Run], family: str, settings: dict[str, Any],
+def leave_one_source_out(runs: list[Run], family: str, settings: Mapping[str, Any],
                          rounds: int = 1) -> dict[str, tuple[int, float]]:
     """For each source: (held-out throughput rows, their median abs error when fitted without)."""
     rows = [r for r in runs if gpu_family(r.cluster.gpu) == family and r.metric and r.measured]

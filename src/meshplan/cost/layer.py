@@ -31,7 +31,7 @@ from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import Arch, ModelSpec
-from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training import Optimizer, TrainingSpec
 
 ACT_BYTES = 2.0  # activations are kept in the 16-bit compute dtype (fp8 training keeps bf16)
 
@@ -86,8 +86,6 @@ def gemm_time(calib: Calibration, peak_flops: float, m, n, k):
 
 def optimizer_state_bytes_per_param(calib: Calibration, training: TrainingSpec) -> float:
     """fp32 master weights + optimizer moments (Adam 2, SGD 1)."""
-    from meshplan.spec.training import Optimizer
-
     moments = calib.sgd_bytes_per_param if training.optimizer == Optimizer.SGD else calib.adam_bytes_per_param
     return calib.master_bytes_per_param + moments
 
