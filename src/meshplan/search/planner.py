@@ -51,7 +51,7 @@ split removes at most the stage imbalance of the even split (the embedding/LM-he
 the in-flight activations of the first rank), which the cost model puts well under 15% for
 every preset; tests set it to infinity (refine all) to check exactness against brute force."""
 
-STAGE_POINTS_PER_CONFIG = 48
+STAGE_POINTS_PER_CONFIG = 12
 """Most frontier points kept per configuration by the stage search (fastest first)."""
 
 
@@ -119,12 +119,16 @@ def _plan_arrays(cfg: GlobalConfigs) -> PlanArrays:
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
+           memory_cap_bytes: float | None = None,
            progress: Callable[[str, float], None] | None = None) -> SearchResult:
     """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring)."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
     budget = default_budget_bytes(cluster) if budget_bytes is None else float(budget_bytes)
+    # Uneven splits are searched up to this memory (plans above the GPU memory cannot run; the
+    # even-split points above it stay on the frontier for the plot).
+    cap = max(budget, cluster.gpu.memory_bytes) if memory_cap_bytes is None else float(memory_cap_bytes)
     tick = progress or (lambda what, frac: None)
     num_gpus = cluster.num_gpus
 
@@ -176,13 +180,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                          alpha[rows] * t_next * (1 - 1e-9), m_floor * (1 - 1e-9))
 
                 t_lb, m_lb = corner_bounds(tbl)
-                live = keep_going(np.arange(len(sub)), t_lb, m_lb)
+                live = keep_going(np.arange(len(sub)), t_lb, m_lb) & (m_lb <= cap)
                 if not live.any():
                     continue
                 chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
                 sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
                 alpha = alpha[live]
-                pts = stage_frontier(tbl, max_points=STAGE_POINTS_PER_CONFIG,
+                pts = stage_frontier(tbl, max_points=STAGE_POINTS_PER_CONFIG, memory_cap_bytes=cap,
                                      keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a))
                 if pts.config.size == 0:
                     continue

@@ -184,11 +184,13 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[
 
 def stage_frontier(tbl: StageTable, max_points: int = 64,
                    keep_going: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
-                   ) -> StagePoints:
+                   memory_cap_bytes: float = np.inf) -> StagePoints:
     """Every Pareto point (max rank time, peak rank memory) of each config, fastest first.
 
     ``max_points`` bounds the staircase per config (the fastest points are kept; exact when the
-    frontier is shorter). ``keep_going(rows, next_time, least_memory)`` may stop configs early:
+    frontier is shorter). Only points with peak memory <= ``memory_cap_bytes`` are walked (the
+    walk starts at the fastest such point). ``keep_going(rows, next_time, least_memory)`` may
+    stop configs early:
     given the config rows still walking, the time of their next point and their least possible
     memory, it returns which are still worth walking (e.g. not dominated by known plans).
     """
@@ -197,7 +199,7 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     if C == 0:
         return _empty_points(tbl.num_ranks)
     inf = np.full(C, np.inf)
-    t_cur = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
+    t_cur = _min_bottleneck(_time_given_memory(tbl, np.full(C, float(memory_cap_bytes)), strict=False), tbl)
     active = np.isfinite(t_cur)
     m_floor = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl) if keep_going else None
     m_prev = inf.copy()
