@@ -1,0 +1,86 @@
+"""`meshplan train`: run a plan file on PyTorch distributed (torch is imported by the workers only)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from meshplan.cli.common import JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
+from meshplan.plan import Job
+from meshplan.spec.model import parse_overrides
+
+SAMPLE_DATA = "sample"
+"""``--data sample`` picks the shipped sample text (src/meshplan/data/sample.txt)."""
+
+
+def resolve_data(data: str | None) -> str | None:
+    if data is None:
+        return None
+    if data == SAMPLE_DATA and not Path(data).exists():
+        return str(resources.files("meshplan.data").joinpath("sample.txt"))
+    if not Path(data).is_file():
+        raise MeshplanError(f"{data}: no such data file")
+    return data
+
+
+@app.command("train")
+def train(
+    plan: Annotated[Path, typer.Option("--plan", "-p", help="Plan file from `meshplan plan --out` (a Job JSON).")],
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.", min=1)] = 20,
+    data: Annotated[Optional[str], typer.Option("--data", help="Local text file (byte tokens), or 'sample' for the shipped text. Default: synthetic tokens.")] = None,
+    lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 1e-3,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of weights and data.")] = 0,
+    log: Annotated[Optional[Path], typer.Option("--log", help="JSON-lines log: one object per step, then a summary.")] = None,
+    override: OverrideOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
+    from meshplan.runtime.launch import launch, pipeline_available, under_torchrun
+    from meshplan.runtime.support import check_runnable
+
+    job = Job.load(plan)
+    if override:
+        model = job.model.with_overrides(parse_overrides(override))
+        job = Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
+    if lr <= 0:
+        raise MeshplanError(f"--lr must be positive, got {lr}")
+    check_runnable(job, pipeline_available())
+    data_path = resolve_data(data)
+
+    from meshplan.runtime.train import TrainConfig  # noqa: E402  (imports torch only here)
+
+    with tempfile.TemporaryDirectory(prefix="meshplan-train-") as tmp:
+        log_path = str(log) if log else str(Path(tmp) / "log.jsonl")
+        cfg = TrainConfig(steps=steps, lr=lr, seed=seed, data=data_path, log_path=log_path,
+                          progress=not json_out)
+        launch([(job, cfg)])
+        if under_torchrun() and not _is_rank0():
+            return
+        lines = [json.loads(x) for x in Path(log_path).read_text().splitlines()]
+    summary = next((x for x in lines if x.get("summary")), None)
+    if summary is None:
+        raise MeshplanError("training ended without a summary (see the messages above)")
+    if json_out:
+        print_json(summary)
+        return
+    t = Table(title=f"meshplan train: {job.model.name}  {summary['plan']}  ({summary['world_size']} processes)")
+    for col in ("steps", "first loss", "final loss", "step time s", "tokens/s", "peak mem GiB", "MFU"):
+        t.add_column(col, justify="right")
+    t.add_row(str(summary["steps"]), f"{summary['first_loss']:.4f}", f"{summary['final_loss']:.4f}",
+              f"{summary['mean_step_time_s']:.3f}", f"{summary['mean_tokens_per_s']:,.0f}",
+              f"{summary['peak_memory_gib']:.2f}", f"{summary['mfu']:.1%}" if summary["mfu"] else "-")
+    console().print(t)
+
+
+def _is_rank0() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,113 @@
+"""Building blocks: norms, rotary embedding, attention (GQA), MLP (GELU or SwiGLU).
+
+Shapes: B batch, S sequence (local to this rank), D hidden, N query heads, K key/value heads,
+H head dim, F MLP width. Local head counts are read from the weights' shapes, so the same code
+runs on a tensor-parallel shard (N/tp heads) without knowing about parallelism.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.spec.model import ModelSpec, Norm, Position
+
+ROPE_THETA = 10000.0
+"""RoPE base frequency (Su et al. 2021, RoFormer, Sec. 3.2.2; Llama 2 uses the same)."""
+NORM_EPS = 1e-5
+"""Epsilon of LayerNorm / RMSNorm (Llama and GPT-2 both use 1e-5)."""
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * g (Zhang and Sennrich 2019)."""
+
+    def __init__(self, dim: int, eps: float = NORM_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == Norm.RMSNORM:
+        return RMSNorm(spec.hidden_size)
+    return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) by angle pos * theta^(-2i/H). x: (B, S, N, H); positions: (S,)."""
+    H = x.shape[-1]
+    inv_freq = ROPE_THETA ** (-torch.arange(0, H, 2, device=x.device, dtype=torch.float32) / H)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (S, H/2)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]  # (1, S, 1, H/2)
+    xf = x.float().unflatten(-1, (H // 2, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class CoreAttention(nn.Module):
+    """softmax(QK^T / sqrt(H)) V with a causal mask, RoPE applied here (on the positions it sees).
+
+    Inputs q: (B, S, Nq, H), k/v: (B, S, Nk, H) before RoPE; output (B, S, Nq, H).
+    Parameter-free, so context parallel can wrap it (exchanging heads for sequence first) and
+    selective recompute can checkpoint exactly this part (Korthikanti et al. 2022, Sec. 5).
+    """
+
+    def __init__(self, rope: bool, causal: bool = True) -> None:
+        super().__init__()
+        self.rope = rope
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        S = q.shape[1]
+        if self.rope:
+            pos = torch.arange(S, device=q.device)
+            q, k = apply_rope(q, pos), apply_rope(k, pos)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, S, H)
+        if k.shape[1] != q.shape[1]:  # GQA: each KV head serves Nq/Nk query heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads: wq (D -> N*H), wk/wv (D -> K*H), wo (N*H -> D)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        D, H = spec.hidden_size, spec.head_dim
+        self.head_dim = H
+        self.wq = nn.Linear(D, spec.q_size, bias=spec.attn_bias)
+        self.wk = nn.Linear(D, spec.kv_size, bias=spec.attn_bias)
+        self.wv = nn.Linear(D, spec.kv_size, bias=spec.attn_bias)
+        self.wo = nn.Linear(spec.q_size, D, bias=spec.mlp_bias)
+        self.core = CoreAttention(rope=spec.position == Position.ROPE)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        H = self.head_dim
+        q = self.wq(x).view(B, S, -1, H)  # (B, S, N_local, H)
+        k = self.wk(x).view(B, S, -1, H)  # (B, S, K_local, H)
+        v = self.wv(x).view(B, S, -1, H)
+        out = self.core(q, k, v)  # (B, S, N_local, H)
+        return self.wo(out.flatten(2))
+
+
+class MLP(nn.Module):
+    """GELU: w2(gelu(w1 x)); SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int, gated: bool, bias: bool) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=bias)
+        self.w2 = nn.Linear(hidden, dim, bias=bias)
+        self.w3 = nn.Linear(dim, hidden, bias=bias) if gated else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))

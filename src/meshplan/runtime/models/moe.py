@@ -1,0 +1,75 @@
+"""Mixture of experts: top-k router and experts stored as one batched weight per matrix.
+
+Experts are (E, D, F) tensors so expert parallel can shard the expert dimension (dim 0).
+Tokens are dispatched by sorting their (token, slot) pairs by expert id; ``GroupedExperts``
+receives the sorted tokens and the count per expert, which is the seam where expert parallel
+inserts its all-to-all (see meshplan.runtime.expert_parallel).
+Routing follows Mixtral (Jiang et al. 2024, Sec. 2.1): softmax over the top-k router logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.runtime.models.layers import MLP
+from meshplan.spec.model import ModelSpec
+
+
+def expert_mlp(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor,
+               w3: torch.Tensor | None) -> torch.Tensor:
+    """Run expert e on its contiguous block of counts[e] rows. x: (T, D); w1/w3: (E, D, F); w2: (E, F, D)."""
+    outs = []
+    for e, chunk in enumerate(torch.split(x, counts, dim=0)):
+        h = chunk @ w1[e]  # (T_e, F)
+        h = F.silu(h) * (chunk @ w3[e]) if w3 is not None else F.gelu(h, approximate="tanh")
+        outs.append(h @ w2[e])  # (T_e, D)
+    return torch.cat(outs, dim=0) if outs else x.new_zeros((0, x.shape[-1]))
+
+
+class GroupedExperts(nn.Module):
+    """E experts of width F: w1, w3 (E, D, F) and w2 (E, F, D)."""
+
+    def __init__(self, num_experts: int, dim: int, hidden: int, gated: bool) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, dim, hidden))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, dim, hidden)) if gated else None
+
+    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x_sorted: (T*k, D) grouped by expert id; counts: (E,) rows per expert."""
+        return expert_mlp(x_sorted, counts.tolist(), self.w1, self.w2, self.w3)
+
+
+class MoE(nn.Module):
+    """Router + routed experts (+ always-on shared experts as one wider MLP)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.top_k = spec.moe_top_k
+        self.router = nn.Linear(spec.hidden_size, spec.moe_num_experts, bias=False)
+        self.experts = GroupedExperts(spec.moe_num_experts, spec.hidden_size,
+                                      spec.moe_ffn_hidden_size, spec.gated_mlp)
+        # n shared experts of width F_e sum to one MLP of width n*F_e (the hidden units are disjoint)
+        self.shared = (MLP(spec.hidden_size, spec.moe_shared_experts * spec.moe_ffn_hidden_size,
+                           spec.gated_mlp, spec.mlp_bias) if spec.moe_shared_experts else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, D = x.shape
+        flat = x.reshape(B * S, D)  # (T, D)
+        logits = self.router(flat)  # (T, E)
+        top_logits, top_idx = logits.topk(self.top_k, dim=-1)  # (T, k)
+        weights = F.softmax(top_logits.float(), dim=-1).type_as(x)
+        E = logits.shape[-1]
+        slot_expert = top_idx.reshape(-1)  # (T*k,)
+        order = torch.argsort(slot_expert, stable=True)
+        token_of_slot = order // self.top_k
+        counts = torch.bincount(slot_expert, minlength=E)
+        out_sorted = self.experts(flat[token_of_slot], counts)  # (T*k, D)
+        out_sorted = out_sorted * weights.reshape(-1)[order, None]
+        out = torch.zeros_like(flat).index_add(0, token_of_slot, out_sorted)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view(B, S, D)

@@ -1,0 +1,233 @@
+"""Apply a Plan to a (meta-device) Transformer or pipeline-stage module, in this order:
+
+1. ``apply_tp``   tensor (+ sequence) parallel, declarative plans over module names (Megatron:
+                  Shoeybi et al. 2019, Sec. 3; sequence parallel: Korthikanti et al. 2022, Sec. 4.2.2).
+2. ``apply_cp``   context parallel (Ulysses all-to-all around the attention core).
+3. ``apply_positions``  shift learned position ids by this rank's sequence offset (CP and/or SP).
+4. ``apply_ep``   expert parallel (experts split over the ep group, all-to-all dispatch).
+5. ``apply_ac``   activation checkpointing of the planned layers (full or selective).
+6. ``apply_dp``   data parallel last, so it wraps what TP/EP produced: FSDP2 ``fully_shard``
+                  (zero 3: reshard after forward; zero 1/2: keep parameters gathered until backward),
+                  HSDP on a 2-D (dp_replicate, dp_shard_cp) mesh, or ``replicate`` for zero 0.
+
+Every step tolerates a stage module whose tok_embeddings / pos_embeddings / norm / output are None
+and whose ``layers`` hold only some of the layer ids (pipeline stages).
+"""
+
+from __future__ import annotations
+
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from meshplan.plan import Plan, Recompute
+from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
+
+
+def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: DeviceMesh | None = None) -> nn.Module:
+    """Apply ``plan`` to ``model`` in place (see the module docstring for the order); returns it."""
+    plan = plan.with_defaults(model.spec)
+    d = plan.dims
+    if d.tp > 1:
+        apply_tp(model, mesh["tp"], plan.sp)
+    if d.cp > 1:
+        apply_cp(model, mesh["cp"])
+    apply_positions(model, mesh, plan)
+    if d.ep > 1:
+        if ep_mesh is None:
+            raise ValueError("plan has ep > 1 but no expert-parallel mesh was given")
+        apply_ep(model, ep_mesh["ep"])
+    apply_ac(model, plan)
+    apply_dp(model, plan, mesh, ep_mesh)
+    return model
+
+
+# ---- 1. tensor parallel ---------------------------------------------------------------------
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
+    """Column-split wq/wk/wv/w1/w3, row-split wo/w2; with sp the norms run on sequence shards.
+
+    GQA: wk/wv are split by KV head like wq by query head (K % tp == 0 is checked before launch),
+    and attention reads its local head counts from the weight shapes.
+    """
+    seq = Shard(1)  # activations between blocks: (B, S/tp, D) with sp, replicated without
+    between = seq if sp else Replicate()
+    top: dict[str, object] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+    if model.norm is not None and sp:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
+    tied = (model.tok_embeddings is not None and model.output is not None
+            and model.output.weight is model.tok_embeddings.weight)
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    if tied:  # both are vocab-sharded (Shard(0)) DTensors: make them one parameter again
+        model.output.weight = model.tok_embeddings.weight
+    for layer in model.layers.values():
+        block: dict[str, object] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=between),
+        }
+        if layer.feed_forward is not None:
+            block.update({
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=between),
+            })
+            if layer.feed_forward.w3 is not None:
+                block["feed_forward.w3"] = ColwiseParallel()
+        if sp:
+            gather = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+            block.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                          "attention": gather})
+            if layer.feed_forward is not None:
+                block["feed_forward"] = gather
+        parallelize_module(layer, tp_mesh, block)
+
+
+# ---- 2. context parallel --------------------------------------------------------------------
+def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
+    """Wrap every attention core in the Ulysses all-to-all (ring plans are refused before launch)."""
+    from meshplan.runtime.context_parallel import UlyssesAttention
+
+    group, size = cp_mesh.get_group(), cp_mesh.size()
+    for layer in model.layers.values():
+        layer.attention.core = UlyssesAttention(layer.attention.core, group, size)
+
+
+# ---- 3. learned positions -------------------------------------------------------------------
+def apply_positions(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
+    """Offset learned position ids by where this rank's tokens sit in the sequence.
+
+    The sequence is split over cp (contiguous chunks) and, with sp, each chunk again over tp, so
+    the first local token is at ``(cp_rank * tp_sp + tp_rank) * S_local``. RoPE needs nothing here:
+    it is applied after the Ulysses exchange, on the full sequence.
+    """
+    emb = model.pos_embeddings
+    d = plan.dims
+    tp_sp = d.tp if plan.sp else 1
+    if emb is None or d.cp * tp_sp == 1:
+        return
+    chunk = mesh["cp"].get_local_rank() * tp_sp + (mesh["tp"].get_local_rank() if plan.sp else 0)
+
+    def shift(_module: nn.Module, args: tuple) -> tuple:
+        (positions,) = args
+        return (positions + chunk * positions.shape[0],)
+
+    emb.register_forward_pre_hook(shift)
+
+
+# ---- 4. expert parallel ---------------------------------------------------------------------
+def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
+    from meshplan.runtime.expert_parallel import ExpertParallelExperts
+
+    group, rank, size = ep_mesh.get_group(), ep_mesh.get_local_rank(), ep_mesh.size()
+    for layer in model.layers.values():
+        if layer.moe is not None:
+            layer.moe.experts = ExpertParallelExperts(layer.moe.experts, group, rank, size)
+
+
+# ---- 5. activation checkpointing ------------------------------------------------------------
+def stage_index(model: nn.Module, plan: Plan) -> int:
+    """Virtual stage holding this module's first layer (0 for an unsplit model)."""
+    first = min(int(k) for k in model.layers.keys()) if len(model.layers) else 0
+    end = 0
+    for i, n in enumerate(plan.stage_layers):
+        end += n
+        if first < end:
+            return i
+    return len(plan.stage_layers) - 1
+
+
+def apply_ac(model: nn.Module, plan: Plan) -> None:
+    """Recompute the first ``recompute_layers[stage]`` layers of this stage (Megatron's 'block' method).
+
+    full: keep only each layer's input and recompute the whole layer in backward;
+    selective: recompute only the attention core, which holds the O(S^2) activations
+    (Korthikanti et al. 2022, Sec. 5).
+    """
+    if plan.recompute == Recompute.NONE or not len(model.layers):
+        return
+    from torch.distributed._composable import checkpoint
+
+    n = plan.recompute_layers[stage_index(model, plan)]
+    for key in sorted(model.layers.keys(), key=int)[:n]:
+        layer = model.layers[key]
+        if plan.recompute == Recompute.FULL:
+            checkpoint(layer)
+        else:
+            core = layer.attention.core
+            checkpoint(getattr(core, "inner", core))
+
+
+# ---- 6. data parallel -----------------------------------------------------------------------
+def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh | None) -> None:
+    """Shard or replicate over every rank that sees different tokens (dp_replicate x dp_shard x cp).
+
+    zero 3: FSDP2 with reshard_after_forward=True (parameters re-gathered in backward).
+    zero 1/2: FSDP2 with reshard_after_forward=False: parameters stay gathered from forward to
+    backward, gradients and optimizer states are sharded. FSDP2 has no ZeRO-1 mode of its own, so
+    zero 1 runs like zero 2, except that the train loop skips gradient reduction on all but the last
+    micro-batch (full gradients accumulate locally, reduced once per step, as ZeRO-1 does).
+    zero 0: ``replicate`` (FSDP2-based DDP) over dp_replicate x cp.
+    Per layer first (one collective group per layer), then the root for what is left.
+    """
+    d = plan.dims
+    if d.dp_replicate * d.dp_shard * d.cp == 1:
+        return
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import fully_shard
+
+    # Experts split by ep are different tensors on each ep rank: they are data-parallel only over
+    # the ranks holding the same experts (edp), and must be kept out of the dense groups.
+    expert_params: set[nn.Parameter] = set()
+    edp_mesh = expert_data_parallel_mesh(ep_mesh, plan) if ep_mesh is not None else None
+    for layer in model.layers.values():
+        if edp_mesh is None or layer.moe is None:
+            continue
+        if edp_mesh.size() > 1:
+            if plan.zero == 0:
+                replicate(layer.moe.experts, mesh=ep_mesh["dp_edp"])
+            else:
+                fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=plan.zero == 3)
+        else:
+            expert_params.update(layer.moe.experts.parameters())
+
+    if plan.zero == 0:
+        dp_mesh = mesh["dp_cp"]
+
+        def wrap(module: nn.Module) -> None:
+            replicate(module, mesh=dp_mesh, ignored_params=expert_params or None)
+    else:
+        dp_mesh = data_parallel_mesh(mesh, plan)
+
+        def wrap(module: nn.Module) -> None:
+            fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.zero == 3,
+                        ignored_params=expert_params or None)
+
+    for layer in model.layers.values():
+        wrap(layer)
+    wrap(model)
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Turn gradient reduction on/off for every FSDP/replicate module (grad accumulation)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_requires_gradient_sync(enabled, recurse=False)
+
+
+__all__ = ["parallelize", "apply_tp", "apply_cp", "apply_positions", "apply_ep", "apply_ac",
+           "apply_dp", "set_gradient_sync", "stage_index"]

@@ -1,0 +1,36 @@
+"""Gather the full (unsharded) weights of a parallelised model, keyed by canonical parameter name.
+
+Used by the parity tests and by anything that wants one-process weights back. Every rank must
+call it (DTensor.full_tensor and the expert all-gather are collectives).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from meshplan.runtime.models.init import canonical_name
+
+
+@torch.no_grad()
+def full_parameters(modules: list[nn.Module], tied_embeddings: bool = False) -> dict[str, torch.Tensor]:
+    """Canonical name -> full fp32 CPU tensor for every parameter of ``modules``."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for root in modules:
+        for mod_name, module in root.named_modules():
+            for short, p in module.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                ep_size = getattr(module, "ep_size", 1)
+                if ep_size > 1:  # experts split over the ep group: concatenate along dim 0
+                    parts = [torch.empty_like(t) for _ in range(ep_size)]
+                    dist.all_gather(parts, t.contiguous(), group=module.group)
+                    t = torch.cat(parts, dim=0)
+                name = canonical_name(f"{mod_name}.{short}" if mod_name else short, tied_embeddings)
+                out[name] = t.float().cpu().clone()
+    return out
