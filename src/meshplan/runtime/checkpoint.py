@@ -88,8 +88,8 @@ def _state_dict(model_parts: Sequence[nn.Module], optimizers: Sequence[torch.opt
 
 
 def should_save(step: int, every: int | None, last_step: int) -> bool:
-    """Save every ``every`` steps and always after the last step (when checkpointing is on)."""
-    return bool(every) and (step % every == 0 or step == last_step)
+    """Save every ``every`` steps (none when 0 or None) and always after the last step."""
+    return step == last_step or (bool(every) and step % every == 0)
 
 
 def save_checkpoint(
