@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 # writing its shards and before the commit barrier, and writes its pid to
 # <staging>/sleeping-rank<RANK>.pid first, so a test can SIGKILL it at exactly that point.
 SLEEP_IN_SAVE_ENV = "MESHPLAN_TEST_SLEEP_IN_SAVE"
+
+# Test-only fault injection, "RANK:STEP": that rank SIGKILLs itself in the middle of that step
+# (after forward and backward, before the optimizer step); see kill_for_test.
+KILL_IN_STEP_ENV = "MESHPLAN_TEST_KILL_IN_STEP"
 
 _MODEL_OPTS = StateDictOptions(strict=False)  # strict=False: a pipeline part holds some keys only
 _OPTIM_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -235,6 +240,12 @@ def _maybe_sleep_for_test(staging: Path, rank: int, step: int) -> None:
         return
     (staging / f"sleeping-rank{rank}.pid").write_text(str(os.getpid()))
     time.sleep(600)
+
+
+def kill_for_test(rank: int, step: int) -> None:
+    """SIGKILL this process when ``MESHPLAN_TEST_KILL_IN_STEP`` is ``rank:step`` (fault tests)."""
+    if os.environ.get(KILL_IN_STEP_ENV) == f"{rank}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
-from meshplan.runtime.checkpoint import TrainState, load_checkpoint, save_checkpoint, should_save
+from meshplan.runtime.checkpoint import (
+    TrainState, kill_for_test, load_checkpoint, save_checkpoint, should_save,
+)
 from meshplan.runtime.data import BatchSource, load_text_tokens, local_microbatches
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import model_flops_per_token, peak_memory_gib
@@ -168,6 +170,7 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             else:
                 local_loss = _accumulate(model, plan, tokens, targets, dp_rank, cp_rank,
                                          local_tokens, device, autocast, amp_dtype)
+            kill_for_test(dist.get_rank(), step)
             for optimizer in optimizers:
                 optimizer.step()
             # Mean over ranks of per-rank means; tp replicas (and non-last pp stages, which add 0)
