@@ -93,7 +93,12 @@ def estimate_cmd(
         plan = build_plan(num_gpus=clus.num_gpus, dp=dp, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
                           ep=ep, zero=zero, micro_batch=micro_batch, recompute=recompute,
                           schedule=schedule, vpp=vpp, sp=sp, cp_method=cp_method)
-    est = estimate(spec, clus, train, plan)
+    calib = None
+    if cluster_profile:  # the measured rates came with apply_profile; the factors come from the same file
+        from meshplan.spec.hwcalib import profile_calibration
+
+        calib = profile_calibration(cluster_profile, clus.gpu, train.precision)
+    est = estimate(spec, clus, train, plan, calib)
     if json_out:
         out = est.to_dict()
         out["model"] = spec.name

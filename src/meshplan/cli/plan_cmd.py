@@ -92,6 +92,7 @@ def plan_cmd(
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
+    compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
@@ -108,6 +109,7 @@ def plan_cmd(
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
     budget = None if memory_gib is None else memory_gib * GIB
+    mine = Job.load(compare_file) if compare_file is not None else None
     results = []
     for cl in clusters:
         bar = _LazyProgress(not json_out, f"{cl.num_gpus} GPUs")
@@ -137,10 +139,20 @@ def plan_cmd(
 
         plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}")
 
+    comparison = None
+    if mine is not None:  # meshplan.report.compare (export helper's module)
+        from meshplan.report.compare import compare_job
+
+        res = next((r for r in results if r.num_gpus == mine.cluster.num_gpus), chosen)
+        comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
+                                 num_gpus=res.num_gpus)
     if json_out:
-        print_json(_to_json(results, training, written, str(plot) if plot else None))
+        print_json({**_to_json(results, training, written, str(plot) if plot else None),
+                    **({"comparison": comparison.to_dict()} if comparison else {})})
         return
     con = console()
+    if comparison is not None:
+        con.print(comparison.summary())
     for res, cl in zip(results, clusters):
         _print_frontier(con, res, cl, training, top)
     if len(results) > 1:

@@ -164,13 +164,15 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, p, plans.vpp, m, plans.schedule)
     acts = held * per_mb / v
-    # Backward of a fully recomputed layer rematerialises its activations (one layer at a time).
-    acts = acts + np.where((plans.recompute == RC_FULL) & (recomputed > 0),
-                           layer.act_none_bytes - layer.act_full_bytes, 0.0)
+    # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
+    acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
     acts = acts + np.where(has_head, T * V / t * calib.logits_bytes_per_element, 0.0)
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
-    z3_buffers = np.where(z >= 3, 2.0 * layer.params_per_gpu * calib.weight_bytes_per_param, 0.0)
+    # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
+    # the shard already held (Zhao et al. 2023 Sec. 3.2).
+    z3_buffers = np.where(z >= 3, np.minimum(2.0, layers) * layer.params_per_gpu
+                          * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     other = (calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
              + calib.allocator_fragmentation * (weights + grads + optim + acts))
     return RankCost(

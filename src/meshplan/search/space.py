@@ -128,68 +128,127 @@ def _keep(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray
     return {k: v[mask] for k, v in cols.items()}
 
 
+# ---- the rules, one function per column group (docs/search.md lists them with reasons) -------
+def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
+    """TP splits heads and FFN columns (KV heads split or replicate); every pipeline stage needs
+    a layer; the batch splits evenly over data parallel; load-balanced CP cuts 2*cp chunks."""
+    tp, cp, pp = c["tp"], c["cp"], c["pp"]
+    dp = c["dp_replicate"] * c["dp_shard"]
+    ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
+    ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
+    if model.is_moe:
+        ok &= model.moe_ffn_hidden_size % tp == 0
+    ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
+    ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
+    return ok
+
+
+def _rule_zero(c) -> np.ndarray:
+    """dp_shard > 1 needs ZeRO >= 1; over a single shard every stage equals plain DP (stage 0)."""
+    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, c["zero"] == 0)
+
+
+def _rule_sp(c, training: TrainingSpec) -> np.ndarray:
+    return ~c["sp"] | ((c["tp"] > 1) & (training.seq_len % c["tp"] == 0))
+
+
+def _rule_cp_method(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
+    """The method matters only with cp > 1 (else one row); all-to-all needs heads/tp % cp == 0."""
+    codes = [CP_METHODS.index(m) for m in options.cp_methods]
+    ring = CP_METHODS.index(CPMethod.RING) if CPMethod.RING in options.cp_methods else codes[0]
+    a2a = c["cp_method"] == CP_METHODS.index(CPMethod.ALL_TO_ALL)
+    heads_per_tp = model.num_heads // c["tp"]
+    return np.isin(c["cp_method"], codes) & np.where(
+        c["cp"] == 1, c["cp_method"] == ring, ~a2a | (heads_per_tp % c["cp"] == 0))
+
+
+def _rule_ep(c, model: ModelSpec) -> np.ndarray:
+    experts = model.moe_num_experts if model.is_moe else 1
+    return ((c["dp_shard"] * c["cp"]) % c["ep"] == 0) & (experts % c["ep"] == 0)
+
+
+def _schedule_pairs(options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [(SCHEDULES.index(s), v) for s in options.schedules
+             for v in (range(2, options.max_vpp + 1) if s.supports_virtual_stages else (1,))]
+    if not pairs:
+        raise MeshplanError("no pipeline schedule to search")
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
+    """With pp == 1 the schedule is irrelevant: one row (1F1B, else the first listed)."""
+    sched, vpp = _schedule_pairs(options)
+    listed = np.zeros(c["pp"].shape, dtype=bool)
+    for s_code, v in zip(sched, vpp):
+        listed |= (c["schedule"] == s_code) & (c["vpp"] == v)
+    one_f1b = SCHEDULES.index(Schedule.ONE_F_ONE_B)
+    base = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
+    first = (c["schedule"] == base) & (c["vpp"] == vpp[sched == base].min())
+    return listed & np.where(c["pp"] == 1, first, c["pp"] * c["vpp"] <= model.num_layers)
+
+
+def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
+    """Micro-batches divide the per-replica batch; interleaving needs m % pp == 0 (Megatron)."""
+    per_dp = training.global_batch // (c["dp_replicate"] * c["dp_shard"])
+    ok = per_dp % c["micro_batch"] == 0
+    nmicro = per_dp // c["micro_batch"]
+    interleaved = (c["schedule"] == SCHEDULES.index(Schedule.INTERLEAVED_1F1B)) & (c["vpp"] > 1)
+    return ok & (~interleaved | (nmicro % c["pp"] == 0))
+
+
 def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
                     options: SearchOptions = SearchOptions()) -> GlobalConfigs:
     """Every legal global configuration for ``num_gpus`` GPUs (rules: docs/search.md)."""
     if num_gpus < 1:
         raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
-    L, B, S = model.num_layers, training.global_batch, training.seq_len
     f = factorisations(num_gpus, 5)
     c = {"pp": f[:, 0], "dp_replicate": f[:, 1], "dp_shard": f[:, 2], "cp": f[:, 3], "tp": f[:, 4]}
-    tp, cp, pp = c["tp"], c["cp"], c["pp"]
-    dp = c["dp_replicate"] * c["dp_shard"]
-    # Rule 1 (legality): TP splits heads, KV heads (or replicates them), FFN columns.
-    ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
-    ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
-    if model.is_moe:
-        ok &= model.moe_ffn_hidden_size % tp == 0
-    # Rule 2: each pipeline stage needs a layer; the batch splits evenly over data parallel.
-    ok &= (pp <= L) & (B % dp == 0)
-    # Rule 3: load-balanced CP cuts the sequence into 2*cp chunks.
-    ok &= (cp == 1) | (S % (2 * cp) == 0)
-    c = _keep(c, ok)
-
-    # ZeRO: dp_shard > 1 needs a stage >= 1 (Plan contract); over one rank every stage is plain DP.
+    c = _keep(c, _rule_degrees(c, model, training))
     c = _cross(c, "zero", np.arange(4))
-    c = _keep(c, np.where(c["dp_shard"] > 1, c["zero"] >= 1, c["zero"] == 0))
-    # Sequence parallel only with TP, and the sequence must split over tp.
+    c = _keep(c, _rule_zero(c))
     c = _cross(c, "sp", np.array([False, True]))
-    c = _keep(c, ~c["sp"] | ((c["tp"] > 1) & (S % c["tp"] == 0)))
-    # Context-parallel method matters only with cp > 1; all-to-all swaps heads for sequence.
-    methods = np.array([CP_METHODS.index(m) for m in options.cp_methods])
-    c = _cross(c, "cp_method", methods)
-    a2a = c["cp_method"] == CP_METHODS.index(CPMethod.ALL_TO_ALL)
-    heads_per_tp = model.num_heads // c["tp"]
-    ring_code = CP_METHODS.index(CPMethod.RING) if CPMethod.RING in options.cp_methods else methods[0]
-    c = _keep(c, np.where(c["cp"] == 1, c["cp_method"] == ring_code,
-                          ~a2a | (heads_per_tp % c["cp"] == 0)))
-    # Expert parallel reuses dp_shard x cp ranks and splits the experts.
-    eps = np.array(divisors(model.moe_num_experts) if model.is_moe else [1])
-    c = _cross(c, "ep", eps)
-    c = _keep(c, (c["dp_shard"] * c["cp"]) % c["ep"] == 0)
-    # Schedule and virtual stages; with pp == 1 the schedule is irrelevant (one row).
-    pairs = [(SCHEDULES.index(s), v) for s in options.schedules
-             for v in (range(2, options.max_vpp + 1) if s.supports_virtual_stages else (1,))]
-    if not pairs:
-        raise MeshplanError("no pipeline schedule to search")
-    sched = np.array([p[0] for p in pairs])
-    vpp = np.array([p[1] for p in pairs])
-    c = _cross(c, "_pair", np.arange(len(pairs)))
+    c = _keep(c, _rule_sp(c, training))
+    c = _cross(c, "cp_method", np.array([CP_METHODS.index(m) for m in options.cp_methods]))
+    c = _keep(c, _rule_cp_method(c, model, options))
+    c = _cross(c, "ep", np.array(divisors(model.moe_num_experts) if model.is_moe else [1]))
+    c = _keep(c, _rule_ep(c, model))
+    sched, vpp = _schedule_pairs(options)
+    c = _cross(c, "_pair", np.arange(sched.size))
     c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
     del c["_pair"]
-    one_f1b = SCHEDULES.index(Schedule.ONE_F_ONE_B)
-    base_code = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
-    first_pair = (c["schedule"] == base_code) & (c["vpp"] == vpp[sched == base_code].min())
-    c = _keep(c, np.where(c["pp"] == 1, first_pair, c["pp"] * c["vpp"] <= L))
-    # Micro-batch sizes dividing the per-replica batch.
-    dp = c["dp_replicate"] * c["dp_shard"]
-    mbs = np.array(divisors(B))
-    c = _cross(c, "micro_batch", mbs)
-    c = _keep(c, (B // (c["dp_replicate"] * c["dp_shard"])) % c["micro_batch"] == 0)
-    nmicro = B // (c["dp_replicate"] * c["dp_shard"] * c["micro_batch"])
-    interleaved = (c["schedule"] == SCHEDULES.index(Schedule.INTERLEAVED_1F1B)) & (c["vpp"] > 1)
-    c = _keep(c, ~interleaved | (nmicro % c["pp"] == 0))
-    # Recompute policy (the per-stage count of recomputed layers is searched later).
+    c = _keep(c, _rule_schedule(c, model, options))
+    c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
+    c = _keep(c, _rule_micro_batch(c, training))
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
-    del dp
     return GlobalConfigs(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(GlobalConfigs)})
+
+
+def canonical(plan: Plan) -> Plan:
+    """The plan the space holds for an equivalent one: ZeRO over a single shard is stage 0, a
+    schedule with pp == 1 is 1F1B, the CP method with cp == 1 is ring."""
+    from dataclasses import replace
+
+    d = plan.dims
+    out = plan
+    if d.dp_shard == 1 and plan.zero:
+        out = replace(out, zero=0)
+    if d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B:
+        out = replace(out, schedule=Schedule.ONE_F_ONE_B, vpp=1)
+    if d.cp == 1 and out.cp_method != CPMethod.RING:
+        out = replace(out, cp_method=CPMethod.RING)
+    return out
+
+
+def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan,
+             options: SearchOptions = SearchOptions()) -> bool:
+    """Whether the global configuration of ``plan`` is one ``enumerate_space`` lists (same rules,
+    one row; the layer split is the stage search's business)."""
+    g = GlobalConfigs.from_plans([plan])
+    c = {f.name: getattr(g, f.name) for f in fields(GlobalConfigs)}
+    d = plan.dims
+    if d.world_size != num_gpus or plan.recompute not in options.recomputes:
+        return False
+    ok = (_rule_degrees(c, model, training) & _rule_zero(c) & _rule_sp(c, training)
+          & _rule_cp_method(c, model, options) & _rule_ep(c, model)
+          & _rule_schedule(c, model, options) & _rule_micro_batch(c, training))
+    return bool(ok[0]) and training.global_batch % plan.micro_batch == 0
