@@ -34,6 +34,23 @@ def new_cluster(saved: ClusterSpec, gpus: int, cluster: str | None, gpus_per_nod
     return base.with_gpus(gpus)
 
 
+def pick_runnable(points, old: Job, cluster: ClusterSpec):
+    """The fastest frontier point the runtime can run, and the faster ones it skipped (with why)."""
+    from meshplan.runtime.launch import pipeline_available
+    from meshplan.runtime.support import check_runnable
+
+    skipped = []
+    for p in points:
+        try:
+            job = Job(model=old.model, training=old.training, cluster=cluster, plan=p.plan)
+            check_runnable(job, pipeline_available())
+        except MeshplanError as exc:
+            skipped.append((p.plan, str(exc)))
+            continue
+        return p, skipped
+    return None, skipped
+
+
 def resume_command(plan_path: Path, checkpoint_root: Path) -> str:
     return " ".join(["meshplan", "train", "--plan", shlex.quote(str(plan_path)), "--resume",
                      "--checkpoint-dir", shlex.quote(str(checkpoint_root))])
@@ -60,7 +77,10 @@ def replan(
     old = meta.job
     cl = new_cluster(old.cluster, gpus, cluster, gpus_per_node)
     result = search(old.model, cl, old.training, budget_bytes=None if memory_gib is None else memory_gib * GIB)
-    best = result.recommended
+    best, skipped = pick_runnable(result.fitting, old, cl)
+    if best is None and skipped:
+        raise MeshplanError(f"no plan that fits on {gpus} {cl.gpu.name} can be run by this runtime "
+                            f"(fastest: {skipped[0][0].notation()}: {skipped[0][1]})")
     if best is None:
         need = result.min_memory_bytes / GIB
         raise MeshplanError(
@@ -82,6 +102,7 @@ def replan(
             "new": {"num_gpus": gpus, "plan": best.plan.notation(), "step_time_s": best.step_time_s,
                     "peak_memory_gib": best.peak_memory_gib},
             "plan_file": str(out), "command": command,
+            "skipped_unrunnable": [{"plan": p.notation(), "reason": why} for p, why in skipped],
             "resumes_from_latest": latest == ckpt,
         })
         return
@@ -90,6 +111,8 @@ def replan(
               f"{old.plan.notation()} on {meta.world_size} {old.cluster.gpu.name}")
     con.print(f"new plan for {gpus} {cl.gpu.name}: {best.plan.notation()}  "
               f"(est. {best.step_time_s:.3g} s/step, {best.peak_memory_gib:.1f} GiB/GPU)")
+    for p, why in skipped:
+        con.print(f"skipped the faster {p.notation()}: {why}")
     con.print(f"wrote {out}")
     if latest != ckpt:
         con.print(f"note: --resume takes the latest checkpoint in {root} ({latest.name}), not {ckpt.name}")
