@@ -4,8 +4,8 @@ One uninterrupted fsdp4 run (6 steps, a checkpoint every 2, keep 2) is the refer
 - a run whose rank 1 is SIGKILLed inside the step-4 save is resumed (from step 2: the interrupted
   save must not count); rank 1 is SIGKILLed again in the middle of step 5; a second resume (from
   step 4) finishes: every loss, and the final model AND optimizer state, equal the reference EXACTLY;
-- the reference's step-4 checkpoint resumed under tp2 on 2 processes (DCP resharding): losses and
-  final state within fp32 tolerance of the reference.
+- the reference's step-4 checkpoint resumed under tp2 on 2 processes, and under pp2 x fsdp4 on 8
+  (DCP resharding): losses and final state within fp32 tolerance of the reference.
 """
 
 from __future__ import annotations
@@ -72,10 +72,12 @@ def test_kill_in_save_then_mid_step_resumes_exactly(reference, tmp_path):
     assert [s for s, _ in ckpt_meta.complete_checkpoints(ckpt)] == [4, 6]
 
 
-def test_replan_fsdp4_to_tp2_continues_within_fp32_tolerance(reference, tmp_path):
+@pytest.mark.parametrize("name,nproc,dims", [("tp2", 2, {"tp": 2}), ("pp2xfsdp4", 8, {"pp": 2, "dp_shard": 4})])
+def test_replan_continues_within_fp32_tolerance(reference, tmp_path, name, nproc, dims):
+    """fsdp4 on 4 processes -> tp2 on 2, or pp2 x fsdp4 on 8 (each pipeline stage saves its layers)."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(reference["ckpt"] / "step-000004", ckpt / "step-000004")
-    job = make_job(tmp_path / "tp2.json", tp=2)
+    job = make_job(tmp_path / f"{name}.json", **dims)
     log = tmp_path / "log.jsonl"
     r = run(train_cmd(job, ckpt, log, steps=STEPS, every=EVERY, resume=True))
     assert r.returncode == 0, r.stderr[-6000:]
@@ -88,4 +90,4 @@ def test_replan_fsdp4_to_tp2_continues_within_fp32_tolerance(reference, tmp_path
     for k, v in reference["final"].items():
         torch.testing.assert_close(final[k], v, rtol=1e-4, atol=1e-5, msg=k)
     meta = ckpt_meta.read_meta(ckpt / "step-000006")  # the new checkpoint records the new plan
-    assert meta.world_size == 2 and meta.job.plan.dims.tp == 2
+    assert meta.world_size == nproc and meta.job.plan.dims.world_size == nproc
