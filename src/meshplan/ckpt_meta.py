@@ -238,6 +238,10 @@ def check_resume(root: str | Path, model: ModelSpec, *, resume: bool) -> Path | 
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise MeshplanError(f"{root}: not a directory (--checkpoint-dir needs a directory)")
+    if (root / META_FILENAME).is_file():
+        raise MeshplanError(
+            f"{root}: is one checkpoint; give its parent directory (--checkpoint-dir {root.parent})"
+        )
     latest = latest_checkpoint(root)
     if not resume:
         if latest is not None:

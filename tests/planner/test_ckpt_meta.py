@@ -98,3 +98,19 @@ def test_other_model_refused_naming_field(tmp_path):
     other = tiny_job(hidden_size="48", ffn_hidden_size="64").model
     with pytest.raises(MeshplanError, match=r"another model .*hidden_size=32.*hidden_size=48"):
         ckpt_meta.check_same_model(d, saved, other)
+
+
+def test_check_resume(tmp_path):
+    model = tiny_job().model
+    assert ckpt_meta.check_resume(tmp_path / "new", model, resume=True) is None  # fresh start
+    assert ckpt_meta.check_resume(tmp_path / "new", model, resume=False) is None
+    fake_checkpoint(tmp_path / "ck", 2, staging=True)  # only an interrupted first save: fresh start
+    assert ckpt_meta.check_resume(tmp_path / "ck", model, resume=True) is None
+    d = fake_checkpoint(tmp_path / "ck", 4)
+    assert ckpt_meta.check_resume(tmp_path / "ck", model, resume=True) == d
+    with pytest.raises(MeshplanError, match="already holds checkpoints"):
+        ckpt_meta.check_resume(tmp_path / "ck", model, resume=False)
+    with pytest.raises(MeshplanError, match="is one checkpoint; give its parent directory"):
+        ckpt_meta.check_resume(d, model, resume=True)
+    with pytest.raises(MeshplanError, match="another model"):
+        ckpt_meta.check_resume(tmp_path / "ck", tiny_job(num_layers="4").model, resume=True)
