@@ -21,10 +21,11 @@ TIMEOUT_S = 300
 TINY = {"num_layers": "2", "hidden_size": "32", "num_heads": "4", "ffn_hidden_size": "64", "vocab_size": "64"}
 
 
-def make_job(path: Path, *, dp_shard: int = 1, tp: int = 1, pp: int = 1, overrides: dict | None = None) -> Path:
-    """A tiny Llama-style model, global batch 8 x 16 tokens, fp32, on pp x dp_shard x tp CPU ranks
-    (with pp, micro-batches of one sequence)."""
-    model = resolve_model("toy-llama", {**TINY, **(overrides or {})})
+def make_job(path: Path, *, dp_shard: int = 1, tp: int = 1, pp: int = 1, overrides: dict | None = None,
+             preset: str = "toy-llama") -> Path:
+    """A tiny model (Llama-style by default), global batch 8 x 16 tokens, fp32, on pp x dp_shard x
+    tp CPU ranks (with pp, micro-batches of one sequence)."""
+    model = resolve_model(preset, {**TINY, **(overrides or {})})
     dims = ParallelDims(dp_shard=dp_shard, tp=tp, pp=pp)
     training = TrainingSpec(seq_len=16, global_batch=8, precision=Precision.FP32)
     plan = Plan(dims=dims, zero=3 if dp_shard > 1 else 0, micro_batch=1 if pp > 1 else 8 // dp_shard)

@@ -91,3 +91,27 @@ def test_replan_continues_within_fp32_tolerance(reference, tmp_path, name, nproc
         torch.testing.assert_close(final[k], v, rtol=1e-4, atol=1e-5, msg=k)
     meta = ckpt_meta.read_meta(ckpt / "step-000006")  # the new checkpoint records the new plan
     assert meta.world_size == nproc and meta.job.plan.dims.world_size == nproc
+
+
+def test_tied_embeddings_across_pipeline_replans(tmp_path):
+    """GPT-2 style tied head: one parameter under fsdp2, a last-stage copy under pp2. fsdp2 -> pp2
+    (the copy's Adam moments come from the embedding's) -> fsdp2 matches an uninterrupted run."""
+    fsdp = make_job(tmp_path / "fsdp2.json", dp_shard=2, preset="toy-gpt")
+    pipe = make_job(tmp_path / "pp2.json", pp=2, preset="toy-gpt")
+    ref_ckpt, ckpt = tmp_path / "ref", tmp_path / "ckpt"
+    r = run(train_cmd(fsdp, ref_ckpt, tmp_path / "ref.jsonl", steps=STEPS, every=EVERY))
+    assert r.returncode == 0, r.stderr[-6000:]
+    shutil.copytree(ref_ckpt / "step-000002", ckpt / "step-000002")
+    logs = [tmp_path / "pp.jsonl", tmp_path / "back.jsonl"]
+    r = run(train_cmd(pipe, ckpt, logs[0], steps=4, every=EVERY, resume=True))
+    assert r.returncode == 0, r.stderr[-6000:]
+    r = run(train_cmd(fsdp, ckpt, logs[1], steps=STEPS, every=EVERY, resume=True))
+    assert r.returncode == 0, r.stderr[-6000:]
+    ref, got = read_losses(tmp_path / "ref.jsonl"), read_losses(*logs)
+    assert sorted(got) == [3, 4, 5, 6]
+    for step in got:
+        assert got[step] == pytest.approx(ref[step], rel=1e-5), step
+    final, want = checkpoint_tensors(ckpt / "step-000006", tmp_path), checkpoint_tensors(ref_ckpt / "step-000006", tmp_path)
+    assert final.keys() == want.keys()
+    for k, v in want.items():
+        torch.testing.assert_close(final[k], v, rtol=1e-4, atol=1e-5, msg=k)
