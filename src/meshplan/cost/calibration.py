@@ -174,8 +174,9 @@ class Calibration:
 # search minimising the median absolute log error of throughput (time fields) and the median
 # absolute error of peak memory (memory fields), per GPU family. Filled in below.
 FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    # 136 throughput rows, 65 memory rows (Narayanan 2021, Korthikanti 2022, BLOOM tr11 sweeps,
-    # Megatron-LM README 2020), fitted with fused_attention=False, dropout=True.
+    # 136 throughput rows, 65 memory rows + 6 OOM rows (one-sided) (Narayanan 2021, Korthikanti
+    # 2022, BLOOM tr11 sweeps, Megatron-LM README 2020), fitted with fused_attention=False,
+    # dropout=True. layer_overhead_s and comm_half_message_bytes fit to 0 on these runs.
     "a100": MappingProxyType({
         "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
         "matmul_efficiency": 0.675, "matmul_half_dim": 96.0, "inter_node_comm_efficiency": 0.9,
