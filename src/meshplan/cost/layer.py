@@ -205,6 +205,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ACT_BYTES, ep, ep_link)
     else:
         ep_fwd = np.zeros_like(T)
+    # Smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes).
+    tp_comm = tp_comm * (1.0 + calib.comm_half_message_bytes / act_msg)
     tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_compute)
     cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
