@@ -10,7 +10,9 @@ Public API (stable; the search helper codes against it):
 * :func:`rank_cost` -- one pipeline rank holding ``layers`` layers (``recomputed`` of them under the
   plan's policy), with the embedding and/or LM head when asked: per-micro-batch time, step-level
   DP communication and optimizer time, and memory by category. A layer-split search calls it
-  with its own per-rank layer counts.
+  with its own per-rank layer counts; ``rank_cost(..., layers=0, has_head=True)`` is the extra of
+  the LM-head stage alone (and ``has_embedding=True`` of the embedding stage), fixed per-GPU
+  overheads (framework, buffers) included.
 * :func:`~meshplan.cost.pipeline.pipeline_time` and :func:`~meshplan.cost.pipeline.in_flight_chunks`
   -- schedule composition (bubble, activations in flight per rank).
 * :func:`estimate_batch` -- even layer split, all-layer recompute policy: step time, peak memory,
@@ -101,7 +103,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * 3.0 * layer.fwd_comm_total_s
     # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
-    head_fwd = gemm_time(calib, peak, T, V / t, D) + 3.0 * T * V / t * ACT_BYTES / hbm
+    # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
+    pad = max(calib.vocab_pad_multiple, 1.0)
+    Vt = np.ceil(V / (t * pad)) * pad
+    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ACT_BYTES / hbm
     compute = compute + np.where(has_head, 3.0 * head_fwd, 0.0)
     compute = compute + np.where(has_embedding, 3.0 * T * D * ACT_BYTES / hbm, 0.0)  # lookup + grad
     # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
@@ -129,13 +134,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                 + expert_bytes / np.where(z >= stage, n1_e, 1.0))
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
-    grads = shard(dense_p * calib.grad_bytes_per_param, expert_p * calib.grad_bytes_per_param, 2)
+    gb = calib.grad_bytes_per_param(training.precision)
+    grads = shard(dense_p * gb, expert_p * gb, 2)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
 
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
     lvl1 = comms.group_link(cluster, calib, n1, plans.tp)
     lvl2 = comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard)
-    g_bytes = total_p * calib.grad_reduce_bytes_per_grad
+    g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
     w_bytes = total_p * calib.weight_bytes_per_param
     # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
     # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
@@ -153,7 +159,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / np.where(z >= 1, n1, 1.0) * (
-        2 * opt_pp + calib.grad_bytes_per_param + calib.weight_bytes_per_param)
+        2 * opt_pp + gb + calib.weight_bytes_per_param)
     optimizer_s = opt_bytes / hbm
 
     # ---- activations ------------------------------------------------------------------------
@@ -163,13 +169,16 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, p, plans.vpp, m, plans.schedule)
     acts = held * per_mb / v
-    # Backward of a fully recomputed layer rematerialises its activations (one layer at a time).
-    acts = acts + np.where((plans.recompute == RC_FULL) & (recomputed > 0),
-                           layer.act_none_bytes - layer.act_full_bytes, 0.0)
-    acts = acts + np.where(has_head, T * V / t * calib.logits_bytes_per_element, 0.0)
+    # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
+    acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
+    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
+                                                   + calib.loss_transient_bytes_per_element), 0.0)
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
-    z3_buffers = np.where(z >= 3, 2.0 * layer.params_per_gpu * calib.weight_bytes_per_param, 0.0)
+    # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
+    # the shard already held (Zhao et al. 2023 Sec. 3.2).
+    z3_buffers = np.where(z >= 3, np.minimum(2.0, layers) * layer.params_per_gpu
+                          * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     other = (calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
              + calib.allocator_fragmentation * (weights + grads + optim + acts))
     return RankCost(

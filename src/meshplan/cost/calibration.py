@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.training import Precision
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,8 +33,22 @@ class Calibration:
     the smallest per-GPU GEMM dimension. Tiles of 128-256 leave small GEMMs under-occupied
     (NVIDIA matrix-multiplication background guide, 'wave quantization / tile quantization')."""
     unaligned_matmul_factor: float = 0.5
-    """Extra factor for a GEMM with a dimension not a multiple of 8 (fp16/bf16 tensor cores need
-    multiples of 8 elements; NVIDIA Deep Learning Performance guide, 'Tensor Core requirements')."""
+    """Extra factor for a GEMM with a dimension not a multiple of 8, e.g. the attention GEMMs of
+    a head dim of 108 (fp16/bf16 tensor cores need multiples of 8 elements, else cuBLAS falls
+    back to slower or non-tensor-core kernels; NVIDIA Deep Learning Performance guide, 'Matrix
+    Multiplication Background', 'Tensor Core requirements'). Applied to the attention core too
+    (fused attention kernels also need head dims that are multiples of 8)."""
+    vocab_pad_multiple: float = 128.0
+    """The LM head's vocabulary is padded to a multiple of this per tensor-parallel rank
+    (Megatron-LM --make-vocab-size-divisible-by, default 128, times tp), which keeps the
+    head GEMM aligned for tensor cores (e.g. BLOOM's 250,000 -> 250,880). 1 = no padding."""
+    layer_overhead_s: float = 0.0
+    """Fixed time per transformer layer per micro-batch forward (backward 2x), independent of
+    the tokens: CUDA kernel launches and host-side framework work (a Megatron layer forward is
+    ~30-60 kernels at ~5-20 us of launch / Python dispatch each; the reason CUDA graphs help
+    small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
+    latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
+    micro-batches, which is why measured throughput grows with the micro-batch size."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
     peak forward+backward, Dao 2023 Sec. 4.1)."""
@@ -53,6 +68,11 @@ class Calibration:
     DGX A100/H100 is ~70-80% of the link rate)."""
     inter_node_comm_efficiency: float = 0.80
     """Fraction of the NIC line rate reached by NCCL across nodes (nccl-tests on InfiniBand)."""
+    comm_half_message_bytes: float = 0.0
+    """Message size at which a per-layer collective (TP, CP, EP) reaches half its bandwidth:
+    effective bandwidth = W * M / (M + comm_half_message_bytes). NCCL's bus bandwidth ramps up
+    with the message size and saturates only at hundreds of MB on 8 GPUs (nccl-tests curves,
+    NCCL performance docs), so smaller micro-batches send smaller, slower messages."""
     tp_overlap: float = 0.0
     """Fraction of tensor-parallel communication hidden behind compute (0 for Megatron 2021-22;
     async TP / TE userbuffers overlap some)."""
@@ -72,9 +92,6 @@ class Calibration:
     pp_p2p_overlap: float = 0.5
     """Fraction of pipeline send/recv hidden behind compute (Megatron overlaps p2p with the next
     micro-batch in the steady state, Narayanan et al. 2021 Sec. 4.1)."""
-    grad_reduce_bytes_per_grad: float = 4.0
-    """Bytes per gradient element in the data-parallel reduction (Megatron/torchtitan reduce in
-    fp32 by default)."""
     zero_bubble_residual: float = 0.15
     """Fraction of the 1F1B bubble left by zero-bubble schedules (Qi et al. 2024, ZB-H1 removes
     most of it)."""
@@ -82,9 +99,13 @@ class Calibration:
     # ---- memory -------------------------------------------------------------------------
     weight_bytes_per_param: float = 2.0
     """bf16/fp16 working copy of each weight."""
-    grad_bytes_per_param: float = 4.0
-    """Gradient buffer per parameter: Megatron keeps fp32 main_grad (Megatron-LM distributed
-    optimizer doc: 2 + 4 + 12 = 18 bytes per parameter)."""
+    grad_bytes_per_param_bf16: float = 4.0
+    """Gradient buffer per parameter under bf16 (and fp8) training: accumulated and reduced in
+    fp32 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 with bf16; torchtitan reduces
+    in fp32; DeepSpeed's BF16_Optimizer keeps fp32 gradients)."""
+    grad_bytes_per_param_fp16: float = 2.0
+    """Gradient buffer per parameter under fp16 training: fp16, reduced in fp16 (Megatron-LM's
+    default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
     adam_bytes_per_param: float = 8.0
@@ -92,8 +113,13 @@ class Calibration:
     sgd_bytes_per_param: float = 4.0
     """SGD momentum in fp32."""
     logits_bytes_per_element: float = 6.0
-    """LM-head logits kept for the loss: fp16/bf16 output plus fp32 softmax copy (Megatron's
-    vocab-parallel cross entropy upcasts)."""
+    """LM-head logits (S*b*V/t elements per micro-batch) kept for the loss: fp16/bf16 output
+    plus the fp32 softmax copy of Megatron's vocab-parallel cross entropy (2 + 4 bytes)."""
+    loss_transient_bytes_per_element: float = 0.0
+    """Extra bytes per logit element alive only around the loss forward/backward (fp32
+    temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
+    gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
+    V = 250k. Counted on the LM-head rank on top of the kept activations."""
     framework_overhead_gib: float = 3.0
     """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
     allocator_fragmentation: float = 0.05
@@ -103,6 +129,14 @@ class Calibration:
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
 
     # ---- behaviour ------------------------------------------------------------------------
+    def grad_bytes_per_param(self, precision: Precision) -> float:
+        """Bytes of one gradient element for this compute precision (fp32 training: 4)."""
+        if precision == Precision.FP16:
+            return self.grad_bytes_per_param_fp16
+        if precision == Precision.FP32:
+            return 4.0
+        return self.grad_bytes_per_param_bf16
+
     def replace_fields(self, **changes: Any) -> "Calibration":
         known = {f.name for f in fields(self)}
         extra = set(changes) - known
@@ -139,7 +173,24 @@ class Calibration:
 # Values found by `meshplan validate --fit --runs runs_calibration.csv` (cost/fit.py): a grid
 # search minimising the median absolute log error of throughput (time fields) and the median
 # absolute error of peak memory (memory fields), per GPU family. Filled in below.
-FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # 136 throughput rows, 65 memory rows + 6 OOM rows (one-sided) (Narayanan 2021, Korthikanti
+    # 2022, BLOOM tr11 sweeps, Megatron-LM README 2020), fitted with fused_attention=False,
+    # dropout=True. layer_overhead_s and comm_half_message_bytes fit to 0 on these runs.
+    "a100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.675, "matmul_half_dim": 96.0, "inter_node_comm_efficiency": 0.9,
+        "intra_node_comm_efficiency": 0.4, "dp_overlap": 1.0, "layer_overhead_s": 0.0,
+        "unaligned_matmul_factor": 0.1, "comm_half_message_bytes": 0.0,
+        "framework_overhead_gib": 10.0, "allocator_fragmentation": 0.05,
+        "loss_transient_bytes_per_element": 8.0, "grad_bytes_per_param_bf16": 4.5,
+    }),
+    # 4 throughput rows (Megatron-LM README 2020, DGX-2): only the GEMM efficiency is fitted.
+    "v100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (v100-32gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.85,
+    }),
+})
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -151,5 +202,5 @@ def calibration_for(gpu: GPUSpec) -> Calibration:
     """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
     fitted = FITTED.get(gpu_family(gpu))
     if fitted:
-        return Calibration().replace_fields(**fitted)
+        return Calibration().replace_fields(**dict(fitted))
     return Calibration()
