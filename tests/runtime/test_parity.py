@@ -29,6 +29,9 @@ LAYOUTS_2 = {
     "cp2_a2a_gpt": ("gpt", dict(dims=dict(cp=2), cp_method="all-to-all")),  # learned positions + CP
     "ep2_fsdp2": ("moe", dict(dims=dict(dp_shard=2, ep=2), zero=3)),
     "moe_dp2": ("moe", dict(dims=dict(dp_replicate=2))),
+    "moe_tp2": ("moe", dict(dims=dict(tp=2))),  # experts computed whole on each tp rank
+    "ep2_over_cp2": ("moe", dict(dims=dict(cp=2, ep=2), cp_method="all-to-all")),  # ep borrows cp ranks
+    "cp2_ring_gpt_selective": ("gpt", dict(dims=dict(cp=2), cp_method="ring", recompute="selective")),
 }
 LAYOUTS_4 = {
     "hsdp_2x2": ("llama", dict(dims=dict(dp_replicate=2, dp_shard=2), zero=3)),
@@ -36,6 +39,9 @@ LAYOUTS_4 = {
     "dp2_cp2": ("llama", dict(dims=dict(dp_replicate=2, cp=2), cp_method="all-to-all")),
     "cp2_tp2_sp_gpt": ("gpt", dict(dims=dict(cp=2, tp=2), sp=True, cp_method="all-to-all")),
     "ep2_edp2_zero2": ("moe", dict(dims=dict(dp_shard=4, ep=2), zero=2, micro_batch=1)),
+    "cp4_ring": ("llama", dict(dims=dict(cp=4), cp_method="ring")),  # blocks pass 3 hops
+    "tp4_gqa_kv_replicated": ("llama", dict(dims=dict(tp=4))),  # 2 KV heads over 4 tp ranks
+    "tp4_sp_gqa_kv_replicated": ("llama", dict(dims=dict(tp=4), sp=True)),
 }
 LAYOUTS_8 = {
     "dp2_fsdp2_tp2": ("llama", dict(dims=dict(dp_replicate=2, dp_shard=2, tp=2), zero=3, sp=True)),
