@@ -1,4 +1,10 @@
-"""Imports every command module so that each registers on the app (one line per command)."""
+"""Imports every command module (``cli/*_cmd.py``) so that each registers itself on the app."""
 
-from meshplan.cli import models_cmd  # noqa: F401
-from meshplan.cli import train_cmd  # noqa: F401
+import importlib
+import pkgutil
+
+import meshplan.cli as _cli
+
+for _mod in pkgutil.iter_modules(_cli.__path__):
+    if _mod.name.endswith("_cmd"):
+        importlib.import_module(f"meshplan.cli.{_mod.name}")

@@ -1,0 +1,74 @@
+"""`meshplan explain plan.json`: a Job's full cost breakdown, per pipeline stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.main import app
+from meshplan.plan import Job
+
+
+@app.command("explain")
+def explain_cmd(
+    plan_file: Annotated[Path, typer.Argument(help="A Job file written by `meshplan plan --out`.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Print a plan's step time, memory and per-stage breakdown under the cost model."""
+    from meshplan.cost import estimate
+
+    job = Job.load(plan_file)
+    est = estimate(job.model, job.cluster, job.training, job.plan)
+    plan = est.plan
+    if json_out:
+        out = est.to_dict()
+        out["job"] = {"model": job.model.name, "cluster": job.cluster.name,
+                      "num_gpus": job.cluster.num_gpus, "seq_len": job.training.seq_len,
+                      "global_batch": job.training.global_batch,
+                      "precision": job.training.precision.value, "plan": plan.to_dict()}
+        print_json(out)
+        return
+    con = console()
+    con.print(f"[bold]{plan.notation()}[/]  {job.model.name} on {job.cluster.num_gpus} x "
+              f"{job.cluster.gpu.name} ({job.cluster.name}), seq {job.training.seq_len}, "
+              f"global batch {job.training.global_batch}, {job.training.precision.value}")
+    s = Table(title="Step")
+    for col in ("step s", "tokens/s", "tok/s/GPU", "TFLOP/s/GPU", "MFU", "peak GiB", "GPU GiB", "fits"):
+        s.add_column(col, justify="right")
+    s.add_row(f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}", f"{est.tokens_per_s_per_gpu:,.0f}",
+              f"{est.tflops_per_gpu:.0f}", f"{100 * est.mfu:.1f}%", f"{est.peak_memory_gib:.1f}",
+              f"{est.gpu_memory_gib:.1f}", "yes" if est.fits else f"no (short {est.memory_shortfall_gib:.1f} GiB)")
+    con.print(s)
+    t = Table(title=f"Time per step ({est.time.num_microbatches} micro-batches)")
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    tm = est.time
+    for name, v in (("compute (incl. recompute)", tm.compute_s), ("  of which recompute", tm.recompute_s),
+                    ("exposed communication", tm.exposed_communication_s), ("pipeline bubble", tm.bubble_s),
+                    ("optimizer", tm.optimizer_s)):
+        t.add_row(name, f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%")
+    con.print(t)
+    m = Table(title="Memory of the most loaded GPU (GiB)")
+    for col in ("parameters", "gradients", "optimizer", "activations", "other", "total"):
+        m.add_column(col, justify="right")
+    g = est.memory.gib()
+    m.add_row(*(f"{g[k]:.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "other")),
+              f"{est.memory.total_bytes / 2**30:.2f}")
+    con.print(m)
+    st = Table(title="Per pipeline rank")
+    for col in ("rank", "virtual stages", "layers", "recomputed", "in flight", "mb time ms",
+                "params", "grads", "optim", "acts", "other", "total GiB"):
+        st.add_column(col, justify="right")
+    for sc in est.stages:
+        vs = [i for i in range(plan.num_stages) if plan.stage_rank(i) == sc.rank]
+        mg = sc.memory.gib()
+        st.add_row(str(sc.rank), ",".join(map(str, vs)), str(sc.layers), str(sc.recomputed_layers),
+                   f"{sc.in_flight_microbatches:g}", f"{1e3 * sc.microbatch_time_s:.1f}",
+                   *(f"{mg[k]:.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "other")),
+                   f"{sc.memory.total_bytes / 2**30:.2f}")
+    con.print(st)

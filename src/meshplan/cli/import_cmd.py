@@ -1,0 +1,116 @@
+"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE.toml` -> a Job file."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from meshplan.cli.common import (ClusterOpt, GpuOpt, GpusPerNodeOpt, JsonOpt, NodesOpt, OverrideOpt,
+                                 console, err_console, load_cluster, load_model, print_json)
+from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
+from meshplan.plan import Job
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import parse_overrides
+
+
+class ImportSource(str, enum.Enum):
+    MEGATRON = "megatron"
+    TORCHTITAN = "torchtitan"
+
+
+def _cluster(cluster: str | None, gpu: str | None, nodes: int | None, gpus_per_node: int | None,
+             gpus: int | None, launcher_gpus: int | None, launcher_per_node: int | None) -> ClusterSpec:
+    if cluster is None and gpu is None:
+        raise MeshplanError("name the cluster the config runs on: --cluster dgx-a100 or --gpu a100-80gb")
+    if nodes is None and gpus is None and launcher_gpus is not None:
+        gpus = launcher_gpus
+        gpus_per_node = gpus_per_node or launcher_per_node
+    if nodes is None and gpus is None:
+        raise MeshplanError("give the GPU count: --gpus N or --nodes N")
+    return load_cluster(cluster, gpu, nodes, gpus_per_node, gpus)
+
+
+def _read_args(config: str) -> str:
+    """The argument string itself, or the contents of ``@file``."""
+    if not config.startswith("@"):
+        return config
+    try:
+        return Path(config[1:]).read_text()
+    except OSError as exc:
+        raise MeshplanError(f"{config[1:]}: cannot read the Megatron arguments ({exc.strerror})") from None
+
+
+def _save(job: Job, out: Path) -> None:
+    try:
+        job.save(out)
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
+
+
+@app.command("import", context_settings={"ignore_unknown_options": True})
+def import_(
+    source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
+    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: the TOML path.")],
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset or config.json when the config gives no model shape.")] = None,
+    override: OverrideOpt = None,
+    cluster: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the Job file here.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Turn a Megatron-LM command line or a torchtitan TOML into a meshplan Job file."""
+    base_model = load_model(model, override) if model else None
+    ignored: tuple[str, ...] = ()
+    if source == ImportSource.MEGATRON:
+        from meshplan.export.import_megatron import import_megatron, launcher_size
+
+        text = _read_args(config)
+        spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, *launcher_size(text))
+        imp = import_megatron(text, num_gpus=spec_cluster.num_gpus, model=base_model,
+                              name=base_model.name if base_model else "megatron-model")
+        spec = imp.model or base_model
+        if spec is None:
+            raise MeshplanError("the Megatron arguments give no model shape (--num-layers, --hidden-size, "
+                                "--num-attention-heads): give --model")
+        if imp.model is not None and override:
+            spec = spec.with_overrides(parse_overrides(override))
+        plan, training, ignored = imp.plan, imp.training, imp.ignored
+    else:
+        from meshplan.export.import_torchtitan import flavor_preset, import_torchtitan, load_toml
+
+        cfg = load_toml(config)
+        if base_model is None:
+            preset = flavor_preset(cfg)
+            if preset is None:
+                raise MeshplanError("the torchtitan [model] name/flavor has no meshplan preset: give --model")
+            base_model = load_model(preset, override)
+        spec = base_model
+        spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, None, None)
+        imp_t = import_torchtitan(cfg, num_gpus=spec_cluster.num_gpus, num_layers=spec.num_layers)
+        plan, training = imp_t.plan, imp_t.training
+    job = Job(model=spec, training=training, cluster=spec_cluster, plan=plan)
+    if out is not None:
+        _save(job, out)
+    if json_out:
+        print_json({**job.to_dict(), "notation": plan.notation(), "ignored_flags": list(ignored),
+                    "out": str(out) if out else None})
+        return
+    t = Table(title=f"Imported from {source.value}", show_header=False)
+    t.add_row("model", f"{spec.name} ({spec.num_params() / 1e9:.2f}B params, {spec.num_layers} layers)")
+    t.add_row("cluster", f"{spec_cluster.name}: {spec_cluster.num_nodes} x {spec_cluster.gpus_per_node} {spec_cluster.gpu.name}")
+    t.add_row("training", f"seq {training.seq_len}, global batch {training.global_batch}, {training.precision.value}")
+    t.add_row("plan", plan.notation())
+    console().print(t)
+    if ignored:
+        err_console().print(f"ignored {len(ignored)} flags that do not affect the plan "
+                            f"({', '.join(ignored[:6])}{', ...' if len(ignored) > 6 else ''})")
+    if out is not None:
+        err_console().print(f"wrote {out}")

@@ -1,0 +1,288 @@
+"""`meshplan plan`: search every parallel plan and print the Pareto frontier (time vs memory)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from meshplan.cli.common import (
+    ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
+    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, console, err_console,
+    load_cluster, load_model, make_training, print_json,
+)
+from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
+from meshplan.plan import Job, Recompute
+from meshplan.spec.cluster import GIB, ClusterSpec
+from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+
+OVER_BUDGET_ROWS = 3
+"""Frontier rows shown above the recommended plan (faster, but over the budget)."""
+
+PROGRESS_AFTER_S = 1.0
+"""Show a progress bar only once a search has run this long (short searches stay quiet)."""
+
+
+def parse_gpu_counts(text: str) -> list[int]:
+    """``8``, ``64,128,256`` or ``64-256`` (powers of two from 64 to 256)."""
+    try:
+        if "-" in text:
+            lo_s, hi_s = text.split("-", 1)
+            lo, hi = int(lo_s), int(hi_s)
+            if lo < 1 or hi < lo:
+                raise ValueError
+            counts, n = [], lo
+            while n <= hi:
+                counts.append(n)
+                n *= 2
+            return counts
+        counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise MeshplanError(f"--gpus {text!r}: give a count, a list (64,128) or a range (64-256)") from None
+    if not counts or counts[0] < 1:
+        raise MeshplanError(f"--gpus {text!r}: GPU counts must be positive")
+    return counts
+
+
+class _LazyProgress:
+    """A rich progress bar on stderr that appears only when the search runs long."""
+
+    def __init__(self, enabled: bool, label: str) -> None:
+        self.enabled, self.label = enabled, label
+        self.start = time.perf_counter()
+        self.bar: Progress | None = None
+        self.task = None
+
+    def __call__(self, what: str, fraction: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.perf_counter() - self.start < PROGRESS_AFTER_S:
+                return
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                console=err_console(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=1.0)
+        self.bar.update(self.task, completed=fraction, description=f"{self.label}: {what}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@app.command("plan")
+def plan_cmd(
+    model: ModelOpt,
+    override: OverrideOpt = None,
+    cluster: ClusterOpt = None,
+    gpu: GpuOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, 64,128,256 or 64-256 (powers of 2).")] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")] = 2048,
+    global_batch: GlobalBatchOpt = None,
+    global_batch_tokens: GlobalBatchTokensOpt = None,
+    precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
+    top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
+    pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
+    cluster_profile: ClusterProfileOpt = None,
+    compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
+    from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
+
+    spec = load_model(model, override)
+    counts = parse_gpu_counts(gpus) if gpus else None
+    base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
+                        gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
+    training = make_training(seq_len, global_batch, global_batch_tokens,
+                             precision or _default_precision(base), optimizer)
+    clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
+    if memory_gib is not None and memory_gib <= 0:
+        raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
+    if pick is not None and pick < 0:
+        raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
+    budget = None if memory_gib is None else memory_gib * GIB
+    mine = Job.load(compare_file) if compare_file is not None else None
+    results = []
+    for cl in clusters:
+        bar = _LazyProgress(not json_out, f"{cl.num_gpus} GPUs")
+        try:
+            results.append(search(spec, cl, training, budget_bytes=budget, progress=bar))
+        finally:
+            bar.close()
+
+    chosen_idx = max(range(len(results)), key=lambda i: -_best_time(results[i]))
+    chosen, chosen_cluster = results[chosen_idx], clusters[chosen_idx]
+    if all(r.recommended is None for r in results) and pick is None:
+        raise MeshplanError(_nothing_fits(results, spec.name, MEMORY_SAFETY_MARGIN_GIB, memory_gib))
+    if pick is not None and pick >= len(chosen.frontier):
+        raise MeshplanError(f"--pick {pick}: the frontier has {len(chosen.frontier)} points (0..{len(chosen.frontier) - 1})")
+
+    written = None
+    if out is not None:
+        point = chosen.frontier[pick] if pick is not None else chosen.recommended
+        job = Job(model=spec, training=training, cluster=chosen_cluster, plan=point.plan)
+        try:
+            job.save(out)
+        except OSError as exc:
+            raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
+        written = str(out)
+    if plot is not None:
+        from meshplan.report.frontier_plot import plot_frontier
+
+        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}")
+
+    comparison = None
+    if mine is not None:  # meshplan.report.compare (export helper's module)
+        from meshplan.report.compare import compare_job
+
+        res = next((r for r in results if r.num_gpus == mine.cluster.num_gpus), chosen)
+        comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
+                                 num_gpus=res.num_gpus)
+    if json_out:
+        print_json({**_to_json(results, training, written, str(plot) if plot else None),
+                    **({"comparison": comparison.to_dict()} if comparison else {})})
+        return
+    con = console()
+    if comparison is not None:
+        con.print(comparison.summary())
+    for res, cl in zip(results, clusters):
+        _print_frontier(con, res, cl, training, top)
+    if len(results) > 1:
+        _print_scaling(con, results, training)
+    if written:
+        which = f"frontier point {pick}" if pick is not None else "recommended plan"
+        con.print(f"wrote the {which} to {written}")
+    if plot is not None:
+        con.print(f"wrote the frontier plot to {plot}")
+
+
+def _default_precision(cluster: ClusterSpec) -> Precision:
+    """bf16 where the GPU has it, else fp16, else fp32 (the ``cpu`` preset computes in fp32)."""
+    for p in (Precision.BF16, Precision.FP16, Precision.FP32):
+        try:
+            cluster.gpu.peak_flops(p)
+            return p
+        except MeshplanError:
+            continue
+    return Precision.FP32
+
+
+def _best_time(res) -> float:
+    rec = res.recommended
+    return rec.step_time_s if rec is not None else float("inf")
+
+
+def _nothing_fits(results, model_name: str, margin_gib: float, memory_gib: float | None) -> str:
+    leanest = min((p for r in results for p in r.frontier), key=lambda p: p.peak_memory_bytes, default=None)
+    budget_gib = results[0].budget_bytes / GIB
+    where = "--memory-gib" if memory_gib is not None else f"GPU memory less the {margin_gib:g} GiB safety margin"
+    if leanest is None:
+        return f"no plan for {model_name} at all on {results[0].num_gpus} GPUs"
+    helps = ["more GPUs (more pipeline/tensor/sharding ways)"]
+    if leanest.plan.micro_batch > 1:
+        helps.append("a smaller micro-batch")
+    helps.append("a shorter sequence or a smaller global batch")
+    if leanest.plan.recompute != Recompute.FULL:
+        helps.append("full recompute")
+    return (f"no plan fits {budget_gib:.1f} GiB per GPU ({where}); the leanest plan needs "
+            f"{leanest.peak_memory_gib:.1f} GiB ({leanest.plan.notation()} on {leanest.num_gpus} GPUs). "
+            f"What would help: {', '.join(helps)}")
+
+
+def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
+    return {
+        "plan": p.plan.notation(), "step_time_s": p.step_time_s,
+        "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
+        "peak_memory_gib": p.peak_memory_gib, "fits": p.peak_memory_bytes <= budget_bytes,
+        "gpu_hours_per_billion_tokens": p.gpu_hours_per_billion_tokens(training),
+        "plan_detail": p.plan.to_dict(),
+    }
+
+
+def _to_json(results, training, written, plot) -> dict[str, Any]:
+    per = []
+    for r in results:
+        per.append({
+            "num_gpus": r.num_gpus, "budget_gib": r.budget_bytes / GIB,
+            "recommended": r.recommended_index,
+            "frontier": [_row(p, training, r.budget_bytes) for p in r.frontier],
+            "search": {"global_configs": r.global_configs, "refined_configs": r.refined_configs,
+                       "plans_evaluated": r.plans_evaluated, "elapsed_s": r.elapsed_s},
+        })
+    out: dict[str, Any] = per[0] if len(per) == 1 else {"counts": per, "scaling": _scaling_rows(results, training)}
+    out = dict(out)
+    out["out"] = written
+    out["plot"] = plot
+    return out
+
+
+def _scaling_rows(results, training) -> list[dict[str, Any]]:
+    from meshplan.search.planner import scaling_frontier
+
+    on_front = {r.num_gpus for r in scaling_frontier(results)}
+    rows = []
+    for r in results:
+        rec = r.recommended
+        rows.append({
+            "num_gpus": r.num_gpus, "on_frontier": r.num_gpus in on_front,
+            "plan": rec.plan.notation() if rec else None,
+            "step_time_s": rec.step_time_s if rec else None,
+            "tokens_per_s_per_gpu": rec.tokens_per_s_per_gpu if rec else None,
+            "mfu": rec.mfu if rec else None,
+            "gpu_hours_per_billion_tokens": rec.gpu_hours_per_billion_tokens(training) if rec else None,
+        })
+    return rows
+
+
+def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int) -> None:
+    rec = res.recommended_index
+    title = (f"Pareto frontier: {res.num_gpus} x {cl.gpu.name}, budget {res.budget_bytes / GIB:.1f} GiB/GPU "
+             f"({len(res.frontier)} plans; {res.plans_evaluated:,} evaluated in {res.elapsed_s:.2f} s)")
+    t = Table(title=title)
+    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "mem GiB", "plan"):
+        t.add_column(col, justify="left" if col in ("", "plan") else "right")
+    rows = list(enumerate(res.frontier))
+    if top and len(rows) > top:
+        # Around the budget: a few faster plans that do not fit, then the fitting ones.
+        first = max(0, (rec if rec is not None else len(rows)) - OVER_BUDGET_ROWS)
+        rows = rows[first:first + top]
+    for i, p in rows:
+        fits = p.peak_memory_bytes <= res.budget_bytes
+        mark = "[bold green]*best[/]" if i == rec else ("" if fits else "[dim]over[/]")
+        t.add_row(str(i), mark, f"{p.step_time_s:.3f}", f"{p.tokens_per_s_per_gpu:,.0f}",
+                  f"{100 * p.mfu:.1f}%", f"{p.peak_memory_gib:.1f}", p.plan.notation(),
+                  style=None if fits else "dim")
+    con.print(t)
+    if rec is not None:
+        p = res.frontier[rec]
+        pp = p.plan.dims.pp
+        per_rank = [sum(p.plan.stage_layers[i::pp]) for i in range(pp)]
+        rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
+        con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
+                  + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
+
+
+def _print_scaling(con, results, training) -> None:
+    t = Table(title="Scaling: fastest fitting plan per GPU count (frontier over GPUs and step time)")
+    for col in ("GPUs", "frontier", "step s", "tok/s/GPU", "MFU", "GPU-h per 1B tokens", "plan"):
+        t.add_column(col, justify="left" if col == "plan" else "right")
+    for row in _scaling_rows(results, training):
+        if row["plan"] is None:
+            t.add_row(str(row["num_gpus"]), "", "-", "-", "-", "-", "nothing fits")
+            continue
+        t.add_row(str(row["num_gpus"]), "yes" if row["on_frontier"] else "", f"{row['step_time_s']:.3f}",
+                  f"{row['tokens_per_s_per_gpu']:,.0f}", f"{100 * row['mfu']:.1f}%",
+                  f"{row['gpu_hours_per_billion_tokens']:.2f}", row["plan"])
+    con.print(t)

@@ -1,0 +1,99 @@
+"""`meshplan profile`: measure the local devices and write a hardware profile JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from meshplan.cli.common import JsonOpt, console, err_console, print_json
+from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
+
+
+@app.command("profile")
+def profile(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the profile JSON.")] = Path("profile.json"),
+    procs: Annotated[Optional[int], typer.Option("--procs", help="Processes for the collective benchmarks "
+                                                  "(group sizes 2..N; default 4 on CPU, all GPUs on CUDA; 1 skips them).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and sizes (under a minute on a CPU).")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    show: Annotated[Optional[Path], typer.Option("--show", help="Check and print an existing profile instead of measuring.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Measure matmul, attention, memory bandwidth and collectives; write a profile for --cluster-profile."""
+    if show is not None:
+        from meshplan.spec.hwprofile import load_profile
+
+        loaded = load_profile(show)
+        if json_out:
+            print_json(loaded.to_dict())
+        else:
+            _render(loaded, None)
+        return
+    if device not in ("auto", "cpu", "cuda"):
+        raise MeshplanError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if procs is not None and procs < 1:
+        raise MeshplanError(f"--procs must be at least 1, got {procs}")
+    if out.exists() and out.is_dir():
+        raise MeshplanError(f"--out {out} is a directory")
+    if not out.parent.exists():
+        raise MeshplanError(f"--out {out}: folder {out.parent} does not exist")
+    try:
+        from meshplan.profile.run import (ProfileRequest, default_procs, planned_steps, resolve_device_type,
+                                          run_profile)
+    except ImportError as exc:
+        raise MeshplanError(f"meshplan profile needs torch ({exc})") from None
+    device_type = resolve_device_type(device)
+    if device_type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MeshplanError("--device cuda but no CUDA device is visible")
+    req = ProfileRequest(procs=procs or default_procs(device_type), quick=quick, device_type=device_type)
+    with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console(),
+                  transient=json_out) as bar:
+        task = bar.add_task("starting", total=planned_steps(req))
+        result = run_profile(req, lambda label: bar.update(task, advance=1, description=label))
+    data = result.to_dict()
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    if json_out:
+        print_json(data)
+        return
+    _render(result, out)
+
+
+def _render(p, out: Path | None) -> None:
+    con = console()
+    t = Table(title=f"Hardware profile: {p.device.name} ({p.meta.device_type}, torch {p.meta.torch_version})")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for prec, v in sorted(p.peak_flops.items()):
+        t.add_row(f"best matmul {prec}", f"{v / 1e12:.3f} TFLOP/s")
+    for a in p.attention:
+        t.add_row(f"causal SDPA {a.precision} B={a.batch} N={a.heads} S={a.seq_len} H={a.head_dim}",
+                  f"{a.flops_per_s / 1e12:.3f} TFLOP/s")
+    t.add_row("memory bandwidth (best)", f"{p.device.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
+    t.add_row("memory capacity", f"{p.device.memory_gib:.1f} GiB")
+    t.add_row("framework baseline (worker RSS)", f"{p.device.framework_baseline_bytes / 2**20:.0f} MiB")
+    for c in p.concurrent:
+        t.add_row(f"matmul per process, {c.group_size} at once", f"{c.flops_per_s_per_process / 1e9:.1f} GFLOP/s")
+    if p.link_bandwidth_bytes_per_s is not None:
+        t.add_row("link (all collectives) alpha", f"{p.link_latency_s * 1e6:.1f} us")
+        t.add_row("link (all collectives) bus bandwidth", f"{p.link_bandwidth_bytes_per_s / 1e9:.2f} GB/s")
+    con.print(t)
+    if p.collective_fits:
+        c = Table(title=f"Collectives ({p.meta.backend}): t = alpha + bus_bytes / W")
+        for col in ("op", "ranks", "alpha us", "W GB/s", "max fit err"):
+            c.add_column(col, justify="left" if col == "op" else "right")
+        for f in p.collective_fits:
+            c.add_row(f.op, str(f.group_size), f"{f.latency_s * 1e6:.1f}", f"{f.bandwidth_bytes_per_s / 1e9:.2f}",
+                      f"{f.max_rel_error:.0%}")
+        con.print(c)
+    if out is not None:
+        con.print(f"wrote {out}")

@@ -1,0 +1,116 @@
+"""`meshplan validate`: predicted against measured for a CSV of published training runs."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.main import app
+
+
+def _finite(obj):
+    """NaN (no rows to take a median of) becomes null: strict JSON readers reject NaN."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[str, typer.Option("--runs", help="CSV of measured runs (header of runs_calibration.csv).")],
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per GPU family on these runs first and print it.")] = False,
+    loso: Annotated[bool, typer.Option("--leave-one-source-out", help="With --fit: refit without each source and score it.")] = False,
+    fused_attention: Annotated[bool, typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (the CSV's 2020-22 Megatron runs did not).")] = False,
+    dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (GPT-style runs did).")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Estimate every run of the CSV and compare throughput and memory with the measurements."""
+    from meshplan.cost.calibration import Calibration, gpu_family
+    from meshplan.cost.validate import evaluate, load_runs
+
+    settings = {"fused_attention": fused_attention, "dropout": dropout}
+    rows, skipped = load_runs(runs)
+    fitted: dict[str, dict] = {}
+    loso_out: dict[str, dict] = {}
+    calib_for = None
+    if fit:
+        from meshplan.cost.fit import fit_family, leave_one_source_out
+
+        for fam in sorted({gpu_family(r.cluster.gpu) for r in rows}):
+            res = fit_family(rows, fam, settings)
+            fitted[fam] = res.__dict__
+            if loso:
+                loso_out[fam] = {g: {"rows": n, "median_abs_error": e}
+                                 for g, (n, e) in leave_one_source_out(rows, fam, settings).items()}
+
+        def calib_for(run):  # noqa: F811 - the fitted calibration of the run's family
+            values = fitted[gpu_family(run.cluster.gpu)]["values"]
+            return Calibration().replace_fields(**values, source="fitted just now")
+
+    report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
+    if json_out:
+        out = report.to_dict()
+        if fit:
+            out["fit"] = fitted
+        if loso:
+            out["leave_one_source_out"] = loso_out
+        print_json(_finite(out))
+        return
+    con = console()
+    if not con.is_terminal or con.width < 160:
+        con = Console(highlight=False, width=180)
+    t = Table(title=f"Predicted vs measured: {runs}")
+    for col in ("id", "model", "gpu", "plan", "metric", "measured", "predicted", "error",
+                "mem GiB", "pred GiB", "mem err", "fits"):
+        t.add_column(col, justify="left" if col in ("model", "gpu", "plan", "metric") else "right")
+    for r in report.rows:
+        fits = "yes" if r.fits else "no"
+        if r.oom:
+            fits += " (OOM)" if not r.fits else " [red](OOM missed)[/red]"
+        t.add_row(r.row_id, r.model[:28], r.gpu, r.plan, r.metric or "", _fmt(r.measured, ".4g"),
+                  _fmt(r.predicted, ".4g"), _fmt(r.error, "+.1%"), _fmt(r.measured_memory_gib, ".1f"),
+                  _fmt(r.predicted_memory_gib, ".1f"), _fmt(r.memory_error, "+.1%"), fits)
+    con.print(t)
+    if report.skipped:
+        sk = Table(title="Rows not estimated")
+        sk.add_column("id", justify="right")
+        sk.add_column("source")
+        sk.add_column("reason")
+        for s in report.skipped:
+            sk.add_row(s.row_id, s.source[:40], s.reason)
+        con.print(sk)
+    s = report.summary()
+    summ = Table(title="Summary (absolute relative error)")
+    summ.add_column("quantity")
+    summ.add_column("rows", justify="right")
+    summ.add_column("median", justify="right")
+    summ.add_column("p90", justify="right")
+    summ.add_row("throughput", str(s["throughput_rows"]), _fmt(s["throughput_median_abs_error"], ".1%"),
+                 _fmt(s["throughput_p90_abs_error"], ".1%"))
+    summ.add_row("peak memory", str(s["memory_rows"]), _fmt(s["memory_median_abs_error"], ".1%"),
+                 _fmt(s["memory_p90_abs_error"], ".1%"))
+    con.print(summ)
+    con.print(f"OOM rows predicted not to fit: {s['oom_predicted_not_fitting']} of {s['oom_rows']}; "
+              f"{s['rows']} rows estimated, {s['skipped']} not estimated.")
+    for fam, res in fitted.items():
+        con.print(f"fit {fam}: {res['values']} (throughput median error {res['throughput_error_before']:.1%}"
+                  f" -> {res['throughput_error_after']:.1%} on {res['throughput_rows']} rows; memory "
+                  f"{_fmt(res['memory_error_before'], '.1%')} -> {_fmt(res['memory_error_after'], '.1%')} "
+                  f"on {res['memory_rows']} rows)")
+    for fam, groups in loso_out.items():
+        for g, v in groups.items():
+            con.print(f"leave-one-source-out {fam}: {g}: {v['rows']} rows, median error "
+                      f"{_fmt(v['median_abs_error'], '.1%')}")

@@ -1,0 +1,105 @@
+"""``PlanArrays``: many plans as a struct of equal-length NumPy arrays (one row per plan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+
+SCHEDULE_CODES: tuple[Schedule, ...] = tuple(Schedule)
+"""Integer code of a schedule = its index here (gpipe 0, 1f1b 1, interleaved 2, zero-bubble 3)."""
+RECOMPUTE_CODES: tuple[Recompute, ...] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+CP_METHOD_CODES: tuple[CPMethod, ...] = (CPMethod.RING, CPMethod.ALL_TO_ALL)
+
+GPIPE = SCHEDULE_CODES.index(Schedule.GPIPE)
+ONE_F_ONE_B = SCHEDULE_CODES.index(Schedule.ONE_F_ONE_B)
+INTERLEAVED = SCHEDULE_CODES.index(Schedule.INTERLEAVED_1F1B)
+ZERO_BUBBLE = SCHEDULE_CODES.index(Schedule.ZERO_BUBBLE)
+RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
+CP_RING, CP_ALL_TO_ALL = 0, 1
+
+
+@dataclass(frozen=True)
+class PlanArrays:
+    """Equal-length arrays, one entry per plan. Layer splits are even (``even_split``) and the
+    recompute policy applies to every layer; per-stage choices live on ``Plan`` itself."""
+
+    dp_replicate: np.ndarray
+    dp_shard: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    sp: np.ndarray  # bool
+    schedule: np.ndarray  # index into SCHEDULE_CODES
+    vpp: np.ndarray
+    micro_batch: np.ndarray
+    recompute: np.ndarray  # index into RECOMPUTE_CODES
+    cp_method: np.ndarray  # index into CP_METHOD_CODES
+
+    def __post_init__(self) -> None:
+        n = None
+        for f in fields(self):
+            a = np.asarray(getattr(self, f.name))
+            a = a.astype(bool) if f.name == "sp" else a.astype(np.int64)
+            a = np.atleast_1d(a)
+            object.__setattr__(self, f.name, a)
+            if n is None:
+                n = a.shape
+            elif a.shape != n:
+                raise ValueError(f"PlanArrays field {f.name} has shape {a.shape}, expected {n}")
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    @property
+    def dp(self) -> np.ndarray:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> np.ndarray:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @classmethod
+    def from_plans(cls, plans: list[Plan]) -> "PlanArrays":
+        def col(get):
+            return np.array([get(p) for p in plans])
+
+        return cls(
+            dp_replicate=col(lambda p: p.dims.dp_replicate),
+            dp_shard=col(lambda p: p.dims.dp_shard),
+            tp=col(lambda p: p.dims.tp),
+            pp=col(lambda p: p.dims.pp),
+            cp=col(lambda p: p.dims.cp),
+            ep=col(lambda p: p.dims.ep),
+            zero=col(lambda p: p.zero),
+            sp=col(lambda p: p.sp),
+            schedule=col(lambda p: SCHEDULE_CODES.index(p.schedule)),
+            vpp=col(lambda p: p.vpp),
+            micro_batch=col(lambda p: p.micro_batch),
+            recompute=col(lambda p: RECOMPUTE_CODES.index(p.recompute)),
+            cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
+        )
+
+    def plan(self, i: int) -> Plan:
+        """The ``Plan`` of row ``i`` (even split, all-layer recompute)."""
+        return Plan(
+            dims=ParallelDims(
+                dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
+                tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
+            ),
+            zero=int(self.zero[i]),
+            sp=bool(self.sp[i]),
+            schedule=SCHEDULE_CODES[int(self.schedule[i])],
+            vpp=int(self.vpp[i]),
+            micro_batch=int(self.micro_batch[i]),
+            recompute=RECOMPUTE_CODES[int(self.recompute[i])],
+            cp_method=CP_METHOD_CODES[int(self.cp_method[i])],
+        )
+
+    def take(self, index) -> "PlanArrays":
+        """Rows selected by an index array or boolean mask."""
+        return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})

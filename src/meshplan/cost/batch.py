@@ -1,0 +1,236 @@
+"""Vectorised cost model: many plans at once with NumPy (the search evaluates 1e5-1e7 plans/s).
+
+Public API (stable; the search helper codes against it):
+
+* :class:`~meshplan.cost.arrays.PlanArrays` -- plans as a struct of arrays
+  (``PlanArrays.from_plans(list_of_plans)``, ``.plan(i)``, ``.take(mask)``).
+* :func:`~meshplan.cost.layer.layer_cost` -- ONE transformer layer for one micro-batch on one GPU:
+  forward/backward time, recompute extras (selective, full), per-layer states
+  (weights+grads+optimizer after ZeRO) and activations under none/selective/full recompute.
+* :func:`rank_cost` -- one pipeline rank holding ``layers`` layers (``recomputed`` of them under the
+  plan's policy), with the embedding and/or LM head when asked: per-micro-batch time, step-level
+  DP communication and optimizer time, and memory by category. A layer-split search calls it
+  with its own per-rank layer counts; ``rank_cost(..., layers=0, has_head=True)`` is the extra of
+  the LM-head stage alone (and ``has_embedding=True`` of the embedding stage), fixed per-GPU
+  overheads (framework, buffers) included.
+* :func:`~meshplan.cost.pipeline.pipeline_time` and :func:`~meshplan.cost.pipeline.in_flight_chunks`
+  -- schedule composition (bubble, activations in flight per rank).
+* :func:`estimate_batch` -- even layer split, all-layer recompute policy: step time, peak memory,
+  tokens/s per GPU, MFU, fits, for every plan. ``meshplan.cost.estimate`` on one ``Plan`` gives the
+  same numbers (tests/planner/test_cost_batch.py checks it).
+
+No Python branching on plan values: every formula uses ``np.where`` so that arrays broadcast.
+Plans are assumed valid (``Plan.validate_for``); the search filters before it evaluates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost import comms
+from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
+from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.flops import model_flops_per_token
+from meshplan.cost.layer import ACT_BYTES, LayerCost, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """One pipeline rank, arrays over plans. Times per micro-batch unless said per step."""
+
+    compute_s: np.ndarray
+    """Forward + backward math of all the rank's chunks for one micro-batch (no recompute)."""
+    recompute_s: np.ndarray
+    comm_exposed_s: np.ndarray
+    """TP/CP/EP, pipeline send/recv and ZeRO-3 gathers left exposed, per micro-batch."""
+    comm_total_s: np.ndarray
+    dp_exposed_s: np.ndarray
+    """Per step: data-parallel gradient reduce (+ ZeRO-1/2 parameter gather) left exposed."""
+    dp_total_s: np.ndarray
+    optimizer_s: np.ndarray
+    """Per step: optimizer update over this GPU's share of the states (HBM-bound)."""
+    parameters_bytes: np.ndarray
+    gradients_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    other_bytes: np.ndarray
+
+    @property
+    def microbatch_s(self) -> np.ndarray:
+        return self.compute_s + self.recompute_s + self.comm_exposed_s
+
+    @property
+    def step_extra_s(self) -> np.ndarray:
+        return self.dp_exposed_s + self.optimizer_s
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.other_bytes)
+
+
+def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
+    return np.maximum(training.global_batch // np.maximum(plans.dp * plans.micro_batch, 1), 1)
+
+
+def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
+              has_embedding, has_head) -> RankCost:
+    """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
+    plan's recompute policy (arrays or scalars; booleans for the embedding / LM head)."""
+    peak = cluster.gpu.peak_flops(training.precision)
+    hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
+    t = plans.tp.astype(float)
+    c = plans.cp.astype(float)
+    p = plans.pp
+    v = plans.vpp.astype(float)
+    m = num_microbatches(training, plans)
+    layers = np.asarray(layers, dtype=float)
+    recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
+    T = plans.micro_batch * training.seq_len / c
+    D, V = float(model.hidden_size), float(model.vocab_size)
+
+    # ---- time per micro-batch ------------------------------------------------------------
+    rec_one = np.where(plans.recompute == RC_FULL, layer.recompute_full_s,
+                       np.where(plans.recompute == RC_SELECTIVE, layer.recompute_selective_s, 0.0))
+    compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
+    comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
+    comm_tot = layers * 3.0 * layer.fwd_comm_total_s
+    # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
+    # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
+    pad = max(calib.vocab_pad_multiple, 1.0)
+    Vt = np.ceil(V / (t * pad)) * pad
+    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ACT_BYTES / hbm
+    compute = compute + np.where(has_head, 3.0 * head_fwd, 0.0)
+    compute = compute + np.where(has_embedding, 3.0 * T * D * ACT_BYTES / hbm, 0.0)  # lookup + grad
+    # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
+    # Sec. 4.1 scatter/gather splits the message over the TP ranks).
+    pp_link = comms.group_link(cluster, calib, p, plans.tp * plans.cp * plans.dp_shard * plans.dp_replicate)
+    p2p = 2.0 * v * comms.p2p_time(T * D * ACT_BYTES / t, p > 1, pp_link)
+    comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
+    comm_tot = comm_tot + p2p
+
+    # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
+    embed_p = model.embedding_params() / t
+    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
+    head_p = (model.head_params() + np.where(p > 1, tied_copy, 0)) / t
+    dense_p = (layers * layer.dense_params_per_gpu + np.where(has_embedding, embed_p, 0.0)
+               + np.where(has_head, head_p, 0.0))
+    expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
+    total_p = dense_p + expert_p
+    n1 = (plans.dp_shard * plans.cp).astype(float)  # ZeRO shards over dp_shard x cp (torchtitan)
+    n1_e = np.maximum(n1 / plans.ep, 1.0)
+    z = plans.zero
+    opt_pp = optimizer_state_bytes_per_param(calib, training)
+
+    def shard(dense_bytes, expert_bytes, stage):
+        return (dense_bytes / np.where(z >= stage, n1, 1.0)
+                + expert_bytes / np.where(z >= stage, n1_e, 1.0))
+
+    weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
+    gb = calib.grad_bytes_per_param(training.precision)
+    grads = shard(dense_p * gb, expert_p * gb, 2)
+    optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
+
+    # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
+    lvl1 = comms.group_link(cluster, calib, n1, plans.tp)
+    lvl2 = comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard)
+    g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
+    w_bytes = total_p * calib.weight_bytes_per_param
+    # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
+    # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
+    step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
+                         np.where(z <= 2, comms.reduce_scatter_time(g_bytes, n1, lvl1)
+                                  + comms.all_gather_time(w_bytes, n1, lvl1), 0.0))
+    step_lvl2 = comms.all_reduce_time(g_bytes / np.where(z >= 1, n1, 1.0), plans.dp_replicate, lvl2)
+    dp_total = step_lvl1 + step_lvl2
+    mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
+    dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
+    z3 = np.where(z >= 3, 2 * comms.all_gather_time(w_bytes, n1, lvl1)
+                  + comms.reduce_scatter_time(g_bytes, n1, lvl1), 0.0)
+    comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
+    comm_tot = comm_tot + z3
+
+    # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
+    opt_bytes = total_p / np.where(z >= 1, n1, 1.0) * (
+        2 * opt_pp + gb + calib.weight_bytes_per_param)
+    optimizer_s = opt_bytes / hbm
+
+    # ---- activations ------------------------------------------------------------------------
+    act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
+                          np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
+                                   layer.act_none_bytes))
+    per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
+    held = in_flight_chunks(rank, p, plans.vpp, m, plans.schedule)
+    acts = held * per_mb / v
+    # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
+    acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
+    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
+                                                   + calib.loss_transient_bytes_per_element), 0.0)
+
+    # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
+    # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
+    # the shard already held (Zhao et al. 2023 Sec. 3.2).
+    z3_buffers = np.where(z >= 3, np.minimum(2.0, layers) * layer.params_per_gpu
+                          * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
+    other = (calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
+             + calib.allocator_fragmentation * (weights + grads + optim + acts))
+    return RankCost(
+        compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
+        comm_exposed_s=comm_exp, comm_total_s=comm_tot,
+        dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
+        parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
+        activations_bytes=acts, other_bytes=other,
+    )
+
+
+@dataclass(frozen=True)
+class BatchEstimate:
+    """Arrays over plans (even split, all-layer recompute)."""
+
+    step_time_s: np.ndarray
+    bubble_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    tokens_per_s_per_gpu: np.ndarray
+    tflops_per_gpu: np.ndarray
+    mfu: np.ndarray
+    fits: np.ndarray
+
+
+def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                   plans: PlanArrays, calib: Calibration | None = None) -> BatchEstimate:
+    """Every plan with an even layer split: the first and last pipeline ranks are the candidates
+    for the slowest and the most loaded (they hold the extra layers, the embedding, the head and
+    the most in-flight micro-batches)."""
+    calib = calib or calibration_for(cluster.gpu)
+    layer = layer_cost(model, cluster, training, plans, calib)
+    last = plans.pp - 1
+    kw = dict(model=model, cluster=cluster, training=training, plans=plans, calib=calib, layer=layer)
+    l0 = rank_layers_even(model.num_layers, 0, plans.pp, plans.vpp)
+    ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
+    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
+    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
+    return compose(model, cluster, training, plans, [first, final], calib)
+
+
+def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+            ranks: list[RankCost], calib: Calibration) -> BatchEstimate:
+    """Step time and peak memory from the ranks' costs (max over ranks)."""
+    m = num_microbatches(training, plans)
+    t_mb = np.max([r.microbatch_s for r in ranks], axis=0)
+    fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
+    step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
+    peak = np.max([r.memory_bytes for r in ranks], axis=0)
+    gpus = plans.world_size
+    tokens_per_gpu = training.tokens_per_step / step / gpus
+    tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
+    mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
+    return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
+                         tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
+                         fits=peak <= cluster.gpu.memory_bytes)

@@ -1,0 +1,200 @@
+"""Every efficiency, overlap and overhead factor of the cost model, with its source.
+
+The formulas in :mod:`meshplan.cost` only ever read factors from a :class:`Calibration`; no bare
+tuning numbers appear inside a formula. ``calibration_for(gpu)`` returns the defaults for a GPU
+family: literature/vendor-derived values, replaced for the A100 and V100 families by the values
+that ``meshplan validate --fit`` found on ``runs_calibration.csv`` (see ``FITTED``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from meshplan.errors import MeshplanError
+from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.training import Precision
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Named factors of the cost model. ``source`` says where the values came from."""
+
+    source: str = "defaults"
+    """Free text: 'defaults', 'fitted on runs_calibration.csv', 'hardware profile ...'."""
+
+    # ---- compute ------------------------------------------------------------------------
+    matmul_efficiency: float = 0.70
+    """Fraction of dense peak FLOP/s that a large, well-shaped GEMM reaches (cuBLAS on A100/H100
+    sustains ~70-80% of peak on large bf16 GEMMs; NVIDIA Deep Learning Performance guide)."""
+    matmul_half_dim: float = 128.0
+    """Small-matmul falloff: efficiency = matmul_efficiency * x / (x + matmul_half_dim), where x is
+    the smallest per-GPU GEMM dimension. Tiles of 128-256 leave small GEMMs under-occupied
+    (NVIDIA matrix-multiplication background guide, 'wave quantization / tile quantization')."""
+    unaligned_matmul_factor: float = 0.5
+    """Extra factor for a GEMM with a dimension not a multiple of 8, e.g. the attention GEMMs of
+    a head dim of 108 (fp16/bf16 tensor cores need multiples of 8 elements, else cuBLAS falls
+    back to slower or non-tensor-core kernels; NVIDIA Deep Learning Performance guide, 'Matrix
+    Multiplication Background', 'Tensor Core requirements'). Applied to the attention core too
+    (fused attention kernels also need head dims that are multiples of 8)."""
+    vocab_pad_multiple: float = 128.0
+    """The LM head's vocabulary is padded to a multiple of this per tensor-parallel rank
+    (Megatron-LM --make-vocab-size-divisible-by, default 128, times tp), which keeps the
+    head GEMM aligned for tensor cores (e.g. BLOOM's 250,000 -> 250,880). 1 = no padding."""
+    layer_overhead_s: float = 0.0
+    """Fixed time per transformer layer per micro-batch forward (backward 2x), independent of
+    the tokens: CUDA kernel launches and host-side framework work (a Megatron layer forward is
+    ~30-60 kernels at ~5-20 us of launch / Python dispatch each; the reason CUDA graphs help
+    small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
+    latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
+    micro-batches, which is why measured throughput grows with the micro-batch size."""
+    attention_efficiency: float = 0.55
+    """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
+    peak forward+backward, Dao 2023 Sec. 4.1)."""
+    fused_attention: bool = True
+    """Attention scores are never materialised (FlashAttention, Dao et al. 2022): no s^2 term in
+    activation memory or in HBM traffic. Megatron-LM 2021/2022 runs did not use it."""
+    hbm_efficiency: float = 0.80
+    """Fraction of HBM bandwidth reached by memory-bound kernels (norms, activations, softmax,
+    optimizer); STREAM-like copies reach ~80-90% (vendor guides)."""
+    dropout: bool = False
+    """Whether the layers use dropout (GPT-3/Megatron 2021-2022 runs: yes, Llama: no). Adds the
+    2sbh bytes of masks of Korthikanti et al. 2022, Sec. 4.1, and their memory-bound time."""
+
+    # ---- communication ------------------------------------------------------------------
+    intra_node_comm_efficiency: float = 0.75
+    """Fraction of NVLink bandwidth reached by NCCL collectives (nccl-tests bus bandwidth on
+    DGX A100/H100 is ~70-80% of the link rate)."""
+    inter_node_comm_efficiency: float = 0.80
+    """Fraction of the NIC line rate reached by NCCL across nodes (nccl-tests on InfiniBand)."""
+    tp_overlap: float = 0.0
+    """Fraction of tensor-parallel communication hidden behind compute (0 for Megatron 2021-22;
+    async TP / TE userbuffers overlap some)."""
+    dp_overlap: float = 0.8
+    """Fraction of the data-parallel gradient reduce (and ZeRO-1/2 parameter all-gather) hidden
+    behind the backward pass (PyTorch DDP bucketing, Li et al. 2020 Sec. 3.2.3), bounded by the
+    backward time of the last micro-batch."""
+    fsdp_overlap: float = 0.9
+    """Fraction of ZeRO-3/FSDP per-micro-batch all-gathers and reduce-scatters hidden behind
+    compute with prefetching (Zhao et al. 2023, PyTorch FSDP, Sec. 3.3), bounded by that compute."""
+    cp_overlap: float = 0.8
+    """Fraction of ring context-parallel K/V passes hidden behind attention compute (Liu et al.
+    2023, Ring Attention Sec. 3)."""
+    ep_overlap: float = 0.0
+    """Fraction of expert-parallel all-to-all hidden behind compute (none without DualPipe-like
+    scheduling)."""
+    pp_p2p_overlap: float = 0.5
+    """Fraction of pipeline send/recv hidden behind compute (Megatron overlaps p2p with the next
+    micro-batch in the steady state, Narayanan et al. 2021 Sec. 4.1)."""
+    zero_bubble_residual: float = 0.15
+    """Fraction of the 1F1B bubble left by zero-bubble schedules (Qi et al. 2024, ZB-H1 removes
+    most of it)."""
+
+    # ---- memory -------------------------------------------------------------------------
+    weight_bytes_per_param: float = 2.0
+    """bf16/fp16 working copy of each weight."""
+    grad_bytes_per_param_bf16: float = 4.0
+    """Gradient buffer per parameter under bf16 (and fp8) training: accumulated and reduced in
+    fp32 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 with bf16; torchtitan reduces
+    in fp32; DeepSpeed's BF16_Optimizer keeps fp32 gradients)."""
+    grad_bytes_per_param_fp16: float = 2.0
+    """Gradient buffer per parameter under fp16 training: fp16, reduced in fp16 (Megatron-LM's
+    default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
+    master_bytes_per_param: float = 4.0
+    """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
+    adam_bytes_per_param: float = 8.0
+    """Adam first and second moments in fp32 (Rajbhandari et al. 2020, ZeRO Sec. 3.1)."""
+    sgd_bytes_per_param: float = 4.0
+    """SGD momentum in fp32."""
+    logits_bytes_per_element: float = 6.0
+    """LM-head logits (S*b*V/t elements per micro-batch) kept for the loss: fp16/bf16 output
+    plus the fp32 softmax copy of Megatron's vocab-parallel cross entropy (2 + 4 bytes)."""
+    loss_transient_bytes_per_element: float = 0.0
+    """Extra bytes per logit element alive only around the loss forward/backward (fp32
+    temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
+    gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
+    V = 250k. Counted on the LM-head rank on top of the kept activations."""
+    framework_overhead_gib: float = 3.0
+    """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
+    allocator_fragmentation: float = 0.05
+    """Fraction of allocated memory lost to caching-allocator fragmentation (PyTorch CUDA
+    caching allocator notes)."""
+    comm_bucket_bytes: float = 0.1 * 1024**3
+    """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
+
+    # ---- behaviour ------------------------------------------------------------------------
+    def grad_bytes_per_param(self, precision: Precision) -> float:
+        """Bytes of one gradient element for this compute precision (fp32 training: 4)."""
+        if precision == Precision.FP16:
+            return self.grad_bytes_per_param_fp16
+        if precision == Precision.FP32:
+            return 4.0
+        return self.grad_bytes_per_param_bf16
+
+    def replace_fields(self, **changes: Any) -> "Calibration":
+        known = {f.name for f in fields(self)}
+        extra = set(changes) - known
+        if extra:
+            raise MeshplanError(f"unknown calibration field(s): {', '.join(sorted(extra))}")
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Calibration":
+        if not isinstance(data, dict):
+            raise MeshplanError("calibration must be a mapping")
+        return cls().replace_fields(**data)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("source",) or isinstance(v, bool):
+                continue
+            if not isinstance(v, (int, float)) or v < 0:
+                raise MeshplanError(f"calibration {f.name} must be a non-negative number, got {v!r}")
+        for f in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency",
+                  "intra_node_comm_efficiency", "inter_node_comm_efficiency"):
+            if not 0 < getattr(self, f) <= 1:
+                raise MeshplanError(f"calibration {f} must be in (0, 1], got {getattr(self, f)!r}")
+        for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
+                  "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor"):
+            if not 0 <= getattr(self, f) <= 1:
+                raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
+
+
+# Values found by `meshplan validate --fit --runs runs_calibration.csv` (cost/fit.py): a grid
+# search minimising the median absolute log error of throughput (time fields) and the median
+# absolute error of peak memory (memory fields), per GPU family. Filled in below.
+FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    # 136 throughput rows, 65 memory rows (Narayanan 2021, Korthikanti 2022, BLOOM tr11 sweeps,
+    # Megatron-LM README 2020), fitted with fused_attention=False, dropout=True.
+    "a100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.675, "matmul_half_dim": 96.0, "inter_node_comm_efficiency": 0.9,
+        "intra_node_comm_efficiency": 0.4, "dp_overlap": 1.0, "layer_overhead_s": 0.0,
+        "unaligned_matmul_factor": 0.1,
+        "framework_overhead_gib": 10.0, "allocator_fragmentation": 0.05,
+        "loss_transient_bytes_per_element": 8.0, "grad_bytes_per_param_bf16": 4.5,
+    }),
+    # 4 throughput rows (Megatron-LM README 2020, DGX-2): only the GEMM efficiency is fitted.
+    "v100": MappingProxyType({
+        "source": "fitted on runs_calibration.csv (v100-32gb rows) by meshplan validate --fit",
+        "matmul_efficiency": 0.85,
+    }),
+})
+
+
+def gpu_family(gpu: GPUSpec) -> str:
+    """'a100', 'v100', 'h100', ... : the part of the name before the first '-'."""
+    return gpu.name.split("-")[0].lower()
+
+
+def calibration_for(gpu: GPUSpec) -> Calibration:
+    """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
+    fitted = FITTED.get(gpu_family(gpu))
+    if fitted:
+        return Calibration().replace_fields(**dict(fitted))
+    return Calibration()

@@ -1,0 +1,86 @@
+"""Collective costs as alpha + bytes / bandwidth, mapped onto the two-level topology.
+
+Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce of B bytes over n ranks moves
+2(n-1)/n * B per rank in 2(n-1) steps; an all-gather or reduce-scatter moves (n-1)/n * B
+(B = the full, unsharded buffer) in n-1 steps; an all-to-all moves (n-1)/n * B in n-1 steps.
+
+Topology (plan.py): ranks are laid out ``pp, dp_replicate, dp_shard, cp, tp`` with tp innermost,
+so the group of an axis has its members ``stride`` ranks apart, stride = product of the inner
+axes. The group fits in one node iff ``stride * size <= gpus_per_node``; then it runs at NVLink
+speed, else at the NIC's. Each GPU has its own NIC (DGX), so a group spanning nodes gets one NIC's
+bandwidth per GPU whether one or several of its members share a node.
+
+All functions take and return NumPy arrays (or scalars) and broadcast: no Python branching on
+plan values, so one plan or a million plans evaluate with the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost.calibration import Calibration
+from meshplan.spec.cluster import ClusterSpec
+
+
+@dataclass(frozen=True)
+class Link:
+    """Effective per-GPU bandwidth W (bytes/s) and latency alpha (s) of a group, as arrays."""
+
+    bandwidth_bytes_per_s: np.ndarray
+    latency_s: np.ndarray
+
+
+def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
+    """Link of a group of ``size`` ranks ``stride`` ranks apart (see module docstring)."""
+    size = np.asarray(size, dtype=float)
+    stride = np.asarray(stride, dtype=float)
+    inside = stride * size <= cluster.gpus_per_node
+    bw = np.where(
+        inside,
+        cluster.intra_node_bandwidth_bytes_per_s * calib.intra_node_comm_efficiency,
+        cluster.inter_node_bandwidth_bytes_per_s * calib.inter_node_comm_efficiency,
+    )
+    lat = np.where(inside, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
+    return Link(bandwidth_bytes_per_s=bw, latency_s=lat)
+
+
+def all_reduce_time(nbytes, size, link: Link):
+    """Ring all-reduce of an ``nbytes`` buffer: 2(n-1)/n * B / W + 2(n-1) alpha."""
+    n = np.asarray(size, dtype=float)
+    return 2.0 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2.0 * (n - 1) * link.latency_s
+
+
+def all_gather_time(nbytes, size, link: Link):
+    """Ring all-gather producing an ``nbytes`` buffer: (n-1)/n * B / W + (n-1) alpha."""
+    n = np.asarray(size, dtype=float)
+    return (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+def reduce_scatter_time(nbytes, size, link: Link):
+    """Ring reduce-scatter of an ``nbytes`` buffer: same traffic as an all-gather."""
+    return all_gather_time(nbytes, size, link)
+
+
+def all_to_all_time(nbytes, size, link: Link):
+    """All-to-all of ``nbytes`` held per rank: (n-1)/n of it leaves the rank."""
+    n = np.asarray(size, dtype=float)
+    return (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+def p2p_time(nbytes, active, link: Link):
+    """One send/recv of ``nbytes``; zero where ``active`` is False (no peer)."""
+    return np.where(active, nbytes / link.bandwidth_bytes_per_s + link.latency_s, 0.0)
+
+
+def ring_bytes_moved(kind: str, nbytes: float, size: int) -> float:
+    """Bytes each rank sends in a ring collective (for tests and reports)."""
+    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
+    return factor * (size - 1) / size * nbytes
+
+
+def exposed(comm_s, overlap_fraction, window_s):
+    """Communication left on the critical path: comm - min(overlap * comm, window), >= 0."""
+    hidden = np.minimum(overlap_fraction * comm_s, np.maximum(window_s, 0.0))
+    return np.maximum(comm_s - hidden, 0.0)

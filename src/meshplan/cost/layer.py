@@ -1,0 +1,249 @@
+"""Cost of ONE transformer layer for one micro-batch on one GPU, for many plans at once.
+
+Symbols (spec/model.py): b micro-batch, S sequence, L layers, D hidden, N/K query/KV heads,
+H head dim, q = N*H, kv = K*H, F FFN width, V vocab, E experts, k top-k; t = tp, c = cp.
+Each GPU of a CP rank holds T = b*S/c tokens; TP splits the weights (Shoeybi et al. 2019).
+
+FLOPs (one forward; backward = 2x forward, Narayanan et al. 2021 Sec. 5.1):
+  matmuls   2*T*(D*(q + 2kv) + q*D + m*D*F) / t     (m = 3 gated SwiGLU, 2 plain GELU MLP)
+  attention 4*T*S*q / t, halved for causal masking (only the lower triangle is computed by
+            fused attention kernels; Dao 2023 Sec. 3.1.1)
+Memory-bound ops (norms, residual adds, activation function, dropout, unfused softmax) are
+costed from the bytes they read and write over the HBM bandwidth.
+
+Activations kept per layer and micro-batch (Korthikanti et al. 2022, Sec. 4.1, fp16): with no
+parallelism sbh(34 + 5as/h); the 24 sbh inside the TP regions and the 5as^2b attention scores
+split over t, the 10 sbh around them split over t only with sequence parallel. Generalised
+here to GQA (K and V are 2kv bytes per token, not 2D each) and SwiGLU (3 kept F-wide tensors,
+not 2), without dropout masks unless ``Calibration.dropout``, and without the s^2 scores under
+``Calibration.fused_attention``. Selective recompute drops the scores (Sec. 5); full recompute
+keeps only the layer input, 2sbh (/t with SP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost import comms
+from meshplan.cost.arrays import CP_RING, PlanArrays
+from meshplan.cost.calibration import Calibration
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import Arch, ModelSpec
+from meshplan.spec.training import Optimizer, TrainingSpec
+
+ACT_BYTES = 2.0  # activations are kept in the 16-bit compute dtype (fp8 training keeps bf16)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Per-plan arrays for one average transformer layer, one micro-batch, one GPU."""
+
+    fwd_compute_s: np.ndarray
+    """Forward math + memory-bound time (no communication)."""
+    bwd_compute_s: np.ndarray
+    fwd_comm_exposed_s: np.ndarray
+    """TP, CP and EP communication of the forward left on the critical path."""
+    bwd_comm_exposed_s: np.ndarray
+    fwd_comm_total_s: np.ndarray
+    """All TP/CP/EP communication time of the forward, hidden or not."""
+    recompute_selective_s: np.ndarray
+    """Extra backward-time work of selective recompute (attention core forward again)."""
+    recompute_full_s: np.ndarray
+    """Extra backward-time work of full recompute (the whole forward again, comms included)."""
+    params_per_gpu: np.ndarray
+    """Parameters of this layer held on one GPU before ZeRO sharding (after TP and EP)."""
+    dense_params_per_gpu: np.ndarray
+    """Of which not expert weights (sharded over dp_shard*cp by ZeRO)."""
+    state_bytes: np.ndarray
+    """Weights + gradients + optimizer states of this layer on one GPU after ZeRO sharding."""
+    act_none_bytes: np.ndarray
+    act_selective_bytes: np.ndarray
+    act_full_bytes: np.ndarray
+
+    @property
+    def fwd_s(self) -> np.ndarray:
+        return self.fwd_compute_s + self.fwd_comm_exposed_s
+
+    @property
+    def bwd_s(self) -> np.ndarray:
+        return self.bwd_compute_s + self.bwd_comm_exposed_s
+
+
+def gemm_efficiency(calib: Calibration, m, n, k):
+    """Achieved fraction of peak for an (m x k) @ (k x n) GEMM (see Calibration fields)."""
+    x = np.minimum(np.minimum(m, n), k)
+    aligned = (np.mod(n, 8) == 0) & (np.mod(k, 8) == 0)
+    return (calib.matmul_efficiency * x / (x + calib.matmul_half_dim)
+            * np.where(aligned, 1.0, calib.unaligned_matmul_factor))
+
+
+def gemm_time(calib: Calibration, peak_flops: float, m, n, k):
+    """2mnk FLOPs at the shape's achievable rate; m, n, k per GPU."""
+    return 2.0 * m * n * k / (peak_flops * gemm_efficiency(calib, m, n, k))
+
+
+def optimizer_state_bytes_per_param(calib: Calibration, training: TrainingSpec) -> float:
+    """fp32 master weights + optimizer moments (Adam 2, SGD 1)."""
+    moments = calib.sgd_bytes_per_param if training.optimizer == Optimizer.SGD else calib.adam_bytes_per_param
+    return calib.master_bytes_per_param + moments
+
+
+def state_bytes(calib: Calibration, training: TrainingSpec, params, zero, shard):
+    """Weights + grads + optimizer of ``params`` on one GPU, ZeRO stage ``zero`` over ``shard``
+    ranks (Rajbhandari et al. 2020 Sec. 5: stage 1 optimizer, 2 + gradients, 3 + weights)."""
+    opt = optimizer_state_bytes_per_param(calib, training)
+    w = calib.weight_bytes_per_param / np.where(zero >= 3, shard, 1)
+    g = calib.grad_bytes_per_param(training.precision) / np.where(zero >= 2, shard, 1)
+    o = opt / np.where(zero >= 1, shard, 1)
+    return params * (w + g + o)
+
+
+def _layer_params(model: ModelSpec, moe: bool):
+    """(dense part, expert part, active expert count) of one layer's parameters."""
+    if moe:
+        dense = model.attention_params() + 2 * model.norm_params() + model.hidden_size * model.moe_num_experts
+        dense += model.moe_shared_experts * model.mlp_params(model.moe_ffn_hidden_size)
+        return dense, model.moe_num_experts * model.mlp_params(model.moe_ffn_hidden_size)
+    return model.dense_layer_params(), 0
+
+
+def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+               plans: PlanArrays, calib: Calibration) -> LayerCost:
+    """The average layer: MoE layers and leading dense layers weighted by their counts."""
+    if not model.is_moe:
+        return _one_layer(model, cluster, training, plans, calib, moe=False)
+    moe = _one_layer(model, cluster, training, plans, calib, moe=True)
+    if model.moe_dense_layers == 0:
+        return moe
+    dense = _one_layer(model, cluster, training, plans, calib, moe=False)
+    w = model.moe_dense_layers / model.num_layers
+    return LayerCost(**{f: (1 - w) * getattr(moe, f) + w * getattr(dense, f)
+                        for f in LayerCost.__dataclass_fields__})
+
+
+def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+               plans: PlanArrays, calib: Calibration, *, moe: bool) -> LayerCost:
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(training.precision)
+    hbm = gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
+    t = plans.tp.astype(float)
+    c = plans.cp.astype(float)
+    ep = plans.ep.astype(float)
+    sp = plans.sp
+    S = float(training.seq_len)
+    D, H = float(model.hidden_size), float(model.head_dim)
+    q = float(model.q_size)
+    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * H  # KV heads replicate when t > K
+    heads_local = model.num_heads / t
+    T = plans.micro_batch * S / c  # (b*S/c) tokens on this GPU
+    T_rep = np.where(sp, T / t, T)  # tokens seen by the replicated ops (norms, residual, dropout)
+    m_mlp = 3.0 if model.gated_mlp else 2.0
+
+    # ---- forward math: GEMMs (per GPU shapes) ------------------------------------------
+    t_qkv = gemm_time(calib, peak, T, q / t + 2 * kv_local, D)
+    t_out = gemm_time(calib, peak, T, D, q / t)
+    if moe:
+        F = float(model.moe_ffn_hidden_size)
+        k_top = float(model.moe_top_k)
+        tok_per_expert = T * k_top * ep / model.moe_num_experts  # tokens each local expert sees
+        local_experts = model.moe_num_experts / ep
+        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / t, D)
+        down = gemm_time(calib, peak, tok_per_expert, D, F / t)
+        t_mlp = local_experts * (up + down)
+        t_mlp += gemm_time(calib, peak, T, float(model.moe_num_experts), D)  # router
+        t_mlp += model.moe_shared_experts * (gemm_time(calib, peak, T, (m_mlp - 1) * F / t, D)
+                                             + gemm_time(calib, peak, T, D, F / t))
+        mlp_width = F * (k_top + model.moe_shared_experts)
+    else:
+        F = float(model.ffn_hidden_size)
+        t_mlp = gemm_time(calib, peak, T, (m_mlp - 1) * F / t, D) + gemm_time(calib, peak, T, D, F / t)
+        mlp_width = F
+
+    # ---- attention core -----------------------------------------------------------------
+    causal = 0.5 if model.arch == Arch.DECODER else 1.0
+    attn_flops = 4.0 * T * S * q / t * causal
+    if calib.fused_attention:
+        head_aligned = calib.unaligned_matmul_factor if H % 8 else 1.0  # model constant
+        t_attn = attn_flops / (peak * calib.attention_efficiency * H / (H + calib.matmul_half_dim)
+                               * head_aligned)
+        softmax_bytes = 0.0
+    else:  # unfused: two batched GEMMs (k = H, then n = H) over full s x s scores + softmax pass
+        t_attn = attn_flops / causal / (peak * gemm_efficiency(calib, S, S, H))
+        scores = plans.micro_batch * heads_local * (S / c) * S  # elements (Megatron masks, not skips)
+        passes = 2.0 + (3.0 if calib.dropout else 0.0)  # softmax read+write; dropout r+w+mask
+        softmax_bytes = scores * passes * ACT_BYTES
+    # ---- memory-bound elementwise ops (bytes read + written) ---------------------------
+    drop = 5.0 if calib.dropout else 0.0  # two hidden dropouts: read, write, half-size mask
+    rep_elems = T_rep * D * (4.0 + 6.0 + drop)  # 2 norms (r+w), 2 residual adds (2r+1w)
+    act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
+    t_mem = (rep_elems + act_elems) * ACT_BYTES / hbm + softmax_bytes / hbm
+    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
+    fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+
+    # ---- communication of the forward -------------------------------------------------
+    act_msg = T * D * ACT_BYTES  # (b, S/c, D) activation
+    tp_link = comms.group_link(cluster, calib, plans.tp, 1)
+    # Megatron f/g: two all-reduces per layer forward; with SP two all-gathers + two
+    # reduce-scatters moving the same bytes (Korthikanti et al. 2022 Sec. 4.2.2).
+    tp_comm = np.where(
+        sp,
+        2 * (comms.all_gather_time(act_msg, t, tp_link) + comms.reduce_scatter_time(act_msg, t, tp_link)),
+        2 * comms.all_reduce_time(act_msg, t, tp_link),
+    )
+    cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
+    kv_msg = T * 2 * kv_local * ACT_BYTES  # this rank's K and V chunk
+    ring = (c - 1) * comms.p2p_time(kv_msg, c > 1, cp_link)
+    # Ulysses (Jacobs et al. 2023): all-to-all of Q, K, V in and of the output back.
+    ulysses = comms.all_to_all_time(T * (2 * q / t + 2 * kv_local) * ACT_BYTES, c, cp_link)
+    cp_fwd = np.where(plans.cp_method == CP_RING, ring, ulysses)
+    cp_overlap = np.where(plans.cp_method == CP_RING, calib.cp_overlap, 0.0)
+    cp_bwd = np.where(plans.cp_method == CP_RING, 2 * ring, ulysses)  # ring: K/V and dK/dV
+    if moe:
+        ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
+        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ACT_BYTES, ep, ep_link)
+    else:
+        ep_fwd = np.zeros_like(T)
+    tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_compute)
+    cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
+    ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
+    fwd_comm_exposed = tp_exp + cp_exp + ep_exp
+    fwd_comm_total = tp_comm + cp_fwd + ep_fwd
+    # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
+    bwd_compute = 2.0 * fwd_compute
+    bwd_comm_exposed = (comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
+                        + comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
+                        + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute))
+    rec_sel = t_attn + softmax_bytes / hbm
+    rec_full = fwd_compute + fwd_comm_exposed
+
+    # ---- parameters and states ----------------------------------------------------------
+    dense_p, expert_p = _layer_params(model, moe)
+    dense_g = dense_p / t
+    expert_g = expert_p / (t * ep)
+    shard = (plans.dp_shard * plans.cp).astype(float)
+    states = (state_bytes(calib, training, dense_g, plans.zero, shard)
+              + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard / ep, 1.0)))
+
+    # ---- activations (Korthikanti et al. 2022 Sec. 4.1, generalised; bytes) ------------
+    drop_masks = 2.0 if calib.dropout else 0.0  # attention-out and MLP-out dropout masks (1 B each)
+    replicated = T_rep * D * (4 * ACT_BYTES + drop_masks)  # LN1/LN2 inputs, QKV and MLP inputs
+    mlp_kept = (3.0 if model.gated_mlp else 2.0) * mlp_width  # GELU in+out, or gate, up, product
+    parallel = T * ACT_BYTES * (2 * q + 2 * kv_local * t + mlp_kept) / t  # Q,out-in, K,V, MLP
+    # softmax output (2 B), + dropout mask (1 B) and dropout output (2 B): the 5as^2b term
+    per_score = ACT_BYTES + ((1.0 + ACT_BYTES) if calib.dropout else 0.0)
+    score_bytes = 0.0 if calib.fused_attention else (
+        plans.micro_batch * heads_local * (S / c) * S * per_score)
+    act_none = replicated + parallel + score_bytes
+    act_sel = replicated + parallel
+    act_full = T_rep * D * ACT_BYTES
+    return LayerCost(
+        fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,
+        fwd_comm_exposed_s=fwd_comm_exposed, bwd_comm_exposed_s=bwd_comm_exposed,
+        fwd_comm_total_s=fwd_comm_total,
+        recompute_selective_s=rec_sel, recompute_full_s=rec_full,
+        params_per_gpu=dense_g + expert_g, dense_params_per_gpu=dense_g + 0 * T,
+        state_bytes=states, act_none_bytes=act_none, act_selective_bytes=act_sel,
+        act_full_bytes=act_full,
+    )

@@ -1,0 +1,190 @@
+"""``estimate()``: the cost of one Plan as breakdowns (time, memory, per pipeline rank).
+
+It evaluates every pipeline rank with the vectorised functions of :mod:`meshplan.cost.batch`
+on a one-plan ``PlanArrays``, using the plan's own layer split and per-stage recompute counts,
+so it agrees with ``estimate_batch`` whenever the split is even and every layer is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.batch import RankCost, compose, num_microbatches, rank_cost
+from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.layer import layer_cost
+from meshplan.cost.pipeline import in_flight_chunks
+from meshplan.plan import Plan
+from meshplan.spec.cluster import GIB, ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds per optimizer step on the critical path; the four main fields sum to the step."""
+
+    compute_s: float
+    """Forward, backward and recompute math of the slowest rank over all micro-batches."""
+    exposed_communication_s: float
+    """TP/CP/EP/pipeline/ZeRO-3 communication per micro-batch and the data-parallel reduce, as
+    far as they are not hidden behind compute."""
+    bubble_s: float
+    optimizer_s: float
+    recompute_s: float
+    """Of compute_s: the recomputation."""
+    microbatch_comm_total_s: float
+    """All per-micro-batch communication of the slowest rank, hidden or not, over the step."""
+    dp_comm_total_s: float
+    """Data-parallel communication per step, hidden or not."""
+    num_microbatches: int
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.exposed_communication_s + self.bubble_s + self.optimizer_s
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one GPU of the most loaded pipeline rank."""
+
+    parameters_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.other_bytes)
+
+    def gib(self) -> dict[str, float]:
+        return {
+            "parameters": self.parameters_bytes / GIB,
+            "gradients": self.gradients_bytes / GIB,
+            "optimizer": self.optimizer_bytes / GIB,
+            "activations": self.activations_bytes / GIB,
+            "other": self.other_bytes / GIB,
+        }
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One pipeline rank (all its virtual stages)."""
+
+    rank: int
+    layers: int
+    recomputed_layers: int
+    in_flight_microbatches: float
+    microbatch_time_s: float
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class Estimate:
+    plan: Plan
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    """Model FLOPs basis (6N + 12LSq per token, no recompute)."""
+    mfu: float
+    peak_memory_gib: float
+    gpu_memory_gib: float
+    fits: bool
+    memory_shortfall_gib: float
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    stages: tuple[StageCost, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.time
+        return {
+            "plan": self.plan.notation(),
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
+            "peak_memory_gib": self.peak_memory_gib,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "fits": self.fits,
+            "memory_shortfall_gib": self.memory_shortfall_gib,
+            "memory_gib": self.memory.gib(),
+            "time_s": {
+                "compute": t.compute_s,
+                "exposed_communication": t.exposed_communication_s,
+                "bubble": t.bubble_s,
+                "optimizer": t.optimizer_s,
+                "recompute": t.recompute_s,
+                "microbatch_comm_total": t.microbatch_comm_total_s,
+                "dp_comm_total": t.dp_comm_total_s,
+            },
+            "num_microbatches": t.num_microbatches,
+            "stages": [
+                {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
+                 "in_flight_microbatches": s.in_flight_microbatches,
+                 "microbatch_time_s": s.microbatch_time_s,
+                 "memory_gib": s.memory.gib(), "total_memory_gib": s.memory.total_bytes / GIB}
+                for s in self.stages
+            ],
+        }
+
+
+def _f(a: np.ndarray) -> float:
+    return float(np.asarray(a).reshape(-1)[0])
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+             calib: Calibration | None = None) -> Estimate:
+    """Cost of ``plan``; the plan must be valid for the model, batch and GPU count."""
+    plan.validate_for(model, training, cluster.num_gpus)
+    plan = plan.with_defaults(model)
+    calib = calib or calibration_for(cluster.gpu)
+    arrays = PlanArrays.from_plans([plan])
+    layer = layer_cost(model, cluster, training, arrays, calib)
+    p = plan.dims.pp
+    m = int(num_microbatches(training, arrays)[0])
+    ranks: list[RankCost] = []
+    stages: list[StageCost] = []
+    for r in range(p):
+        layers = sum(n for i, n in enumerate(plan.stage_layers) if plan.stage_rank(i) == r)
+        rec = sum(n for i, n in enumerate(plan.recompute_layers) if plan.stage_rank(i) == r)
+        rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
+                       recomputed=rec, has_embedding=r == 0, has_head=r == p - 1)
+        ranks.append(rc)
+        stages.append(StageCost(
+            rank=r, layers=layers, recomputed_layers=rec,
+            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
+            microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
+    batch = compose(model, cluster, training, arrays, ranks, calib)
+    slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
+    tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
+    heavy = int(np.argmax([_f(r.memory_bytes) for r in ranks]))
+    rs, rt = ranks[slow], ranks[tail]
+    time = TimeBreakdown(
+        compute_s=m * _f(rs.compute_s + rs.recompute_s),
+        exposed_communication_s=m * _f(rs.comm_exposed_s) + _f(rt.dp_exposed_s),
+        bubble_s=_f(batch.bubble_s), optimizer_s=_f(rt.optimizer_s),
+        recompute_s=m * _f(rs.recompute_s), microbatch_comm_total_s=m * _f(rs.comm_total_s),
+        dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m)
+    peak_gib = _f(batch.peak_memory_bytes) / GIB
+    gpu_gib = cluster.gpu.memory_gib
+    step = _f(batch.step_time_s)
+    return Estimate(
+        plan=plan, step_time_s=step, tokens_per_s=training.tokens_per_step / step,
+        tokens_per_s_per_gpu=_f(batch.tokens_per_s_per_gpu), tflops_per_gpu=_f(batch.tflops_per_gpu),
+        mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
+        fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
+        time=time, memory=stages[heavy].memory, stages=tuple(stages))
+
+
+def _memory(rc: RankCost) -> MemoryBreakdown:
+    return MemoryBreakdown(
+        parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
+        optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
+        other_bytes=_f(rc.other_bytes))

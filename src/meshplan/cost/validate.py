@@ -1,0 +1,302 @@
+"""Check the cost model against measured runs: a CSV in the format of runs_calibration.csv.
+
+Each row becomes a model (GPT-style unless the row says otherwise: LayerNorm, learned positions,
+biases, tied embeddings, FFN = 4h plain GELU when blank), a cluster (the GPU preset's system with
+the row's GPUs per node), a training setup (blank precision = fp16, as in these runs) and a plan
+(blank degrees = 1, blank dp = GPUs / (tp*pp*cp), blank micro-batch = global batch / dp,
+ZeRO > 0 shards the data-parallel ranks). Rows that cannot be built are returned with the reason.
+
+Throughput is compared on the quantity the row gives, in this order: TFLOP/s per GPU (on the
+row's ``flops_basis``, with the formula the source used, see ``flops.reported_flops_per_token``),
+MFU, tokens/s per GPU, step time. Memory is compared where measured. Rows whose notes say 'OOM'
+are checked to be predicted as not fitting.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.flops import reported_flops_per_token
+from meshplan.cost.step import estimate
+from meshplan.errors import MeshplanError
+from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
+from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
+from meshplan.spec.model import ModelSpec, Norm, Position
+from meshplan.spec.training import Precision, TrainingSpec
+
+REQUIRED_COLUMNS = (
+    "id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+    "ffn_hidden_size", "vocab_size", "seq_len", "gpu", "num_gpus", "gpus_per_node",
+    "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "ep", "vpp", "zero",
+    "sequence_parallel", "recompute", "precision", "measured_tflops_per_gpu", "flops_basis",
+    "measured_mfu", "measured_tokens_per_s_per_gpu", "measured_step_time_s",
+    "measured_peak_mem_gib", "notes",
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One buildable row."""
+
+    row_id: str
+    source: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    plan: Plan
+    metric: str | None
+    """'tflops_per_gpu', 'mfu', 'tokens_per_s_per_gpu', 'step_time_s' or None (no throughput)."""
+    measured: float | None
+    flops_basis: str
+    measured_memory_gib: float | None
+    oom: bool
+
+
+@dataclass(frozen=True)
+class Skipped:
+    row_id: str
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RowResult:
+    row_id: str
+    source: str
+    model: str
+    plan: str
+    gpu: str
+    metric: str | None
+    measured: float | None
+    predicted: float | None
+    error: float | None
+    """predicted / measured - 1 on the row's metric."""
+    measured_memory_gib: float | None
+    predicted_memory_gib: float
+    memory_error: float | None
+    fits: bool
+    oom: bool
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    rows: tuple[RowResult, ...]
+    skipped: tuple[Skipped, ...]
+
+    def _abs(self, attr: str, rows=None) -> np.ndarray:
+        return np.array([abs(getattr(r, attr)) for r in (rows or self.rows) if getattr(r, attr) is not None])
+
+    @property
+    def throughput_median_abs_error(self) -> float:
+        return _pct(self._abs("error"), 50)
+
+    @property
+    def throughput_p90_abs_error(self) -> float:
+        return _pct(self._abs("error"), 90)
+
+    @property
+    def memory_median_abs_error(self) -> float:
+        return _pct(self._abs("memory_error"), 50)
+
+    @property
+    def memory_p90_abs_error(self) -> float:
+        return _pct(self._abs("memory_error"), 90)
+
+    @property
+    def oom_rows(self) -> int:
+        return sum(r.oom for r in self.rows)
+
+    @property
+    def oom_predicted(self) -> int:
+        return sum(r.oom and not r.fits for r in self.rows)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rows": len(self.rows), "skipped": len(self.skipped),
+            "throughput_rows": int(self._abs("error").size),
+            "throughput_median_abs_error": self.throughput_median_abs_error,
+            "throughput_p90_abs_error": self.throughput_p90_abs_error,
+            "memory_rows": int(self._abs("memory_error").size),
+            "memory_median_abs_error": self.memory_median_abs_error,
+            "memory_p90_abs_error": self.memory_p90_abs_error,
+            "oom_rows": self.oom_rows, "oom_predicted_not_fitting": self.oom_predicted,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "rows": [r.__dict__ for r in self.rows],
+            "skipped": [s.__dict__ for s in self.skipped],
+        }
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) if a.size else float("nan")
+
+
+# ---- reading -------------------------------------------------------------------------------
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    p = Path(path)
+    if not p.is_file():
+        raise MeshplanError(f"{p}: no such runs file")
+    try:
+        with p.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            missing = [c for c in REQUIRED_COLUMNS if c not in header]
+            if missing:
+                raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
+            return [dict(r) for r in reader]
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise MeshplanError(f"{p}: cannot read CSV: {exc}") from None
+
+
+def _num(row: dict[str, str], key: str, cast: Callable[[str], Any], default: Any = None) -> Any:
+    raw = (row.get(key) or "").strip()
+    if not raw:
+        if default is None:
+            return None
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise MeshplanError(f"column {key}: {raw!r} is not a number") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MeshplanError(f"column {key}: {raw!r} is not finite")
+    return value
+
+
+def _int(raw: str) -> int:
+    f = float(raw)
+    if f != int(f):
+        raise ValueError(raw)
+    return int(f)
+
+
+def _need(row: dict[str, str], key: str, cast=_int) -> Any:
+    v = _num(row, key, cast)
+    if v is None:
+        raise MeshplanError(f"{key} is blank")
+    return v
+
+
+def build_run(row: dict[str, str]) -> Run:
+    """Model, cluster, training and plan of one row; MeshplanError says why it cannot be built."""
+    L, D, N = _need(row, "num_layers"), _need(row, "hidden_size"), _need(row, "num_heads")
+    S, V = _need(row, "seq_len"), _need(row, "vocab_size")
+    experts = _num(row, "moe_num_experts", _int, 0)
+    model = ModelSpec(
+        name=row.get("model") or f"row {row.get('id')}", num_layers=L, hidden_size=D, num_heads=N,
+        num_kv_heads=_num(row, "num_kv_heads", _int, N), ffn_hidden_size=_num(row, "ffn_hidden_size", _int, 4 * D),
+        vocab_size=V, tied_embeddings=True, norm=Norm.LAYERNORM, position=Position.LEARNED,
+        max_position=S, attn_bias=True, mlp_bias=True,
+        moe_num_experts=experts, moe_top_k=_num(row, "moe_top_k", _int, 0),
+        moe_ffn_hidden_size=_num(row, "moe_ffn_hidden_size", _int, 0),
+    )
+    gpus = _need(row, "num_gpus")
+    gpn = _num(row, "gpus_per_node", _int, 8)
+    gpu = (row.get("gpu") or "").strip()
+    if not gpu:
+        raise MeshplanError("gpu is blank")
+    cluster = cluster_for_gpu(gpu, gpus_per_node=gpn).with_gpus(gpus)
+    precision = Precision((row.get("precision") or "fp16").strip() or "fp16")
+    gbs = _need(row, "global_batch_size")
+    tp, pp, cp = (_num(row, k, _int, 1) for k in ("tp", "pp", "cp"))
+    ep, vpp, zero = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1), _num(row, "zero", _int, 0)
+    dp = _num(row, "dp", _int, 0) or (gpus // (tp * pp * cp) if gpus % (tp * pp * cp) == 0 else 0)
+    if tp * pp * cp * dp != gpus:
+        raise MeshplanError(f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} is not the GPU count {gpus} "
+                            "(degrees not given in the source?)")
+    mb = _num(row, "micro_batch_size", _int, 0) or max(1, gbs // dp)
+    recompute = Recompute((row.get("recompute") or "none").strip() or "none")
+    plan = Plan(
+        dims=ParallelDims(dp_replicate=1 if zero else dp, dp_shard=dp if zero else 1, tp=tp, pp=pp,
+                          cp=cp, ep=ep),
+        zero=zero, sp=bool(_num(row, "sequence_parallel", _int, 0)) and tp > 1,
+        schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
+        micro_batch=mb, recompute=recompute,
+    )
+    training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision)
+    plan.validate_for(model, training, cluster.num_gpus)
+    metric, measured = None, None
+    for key, name in (("measured_tflops_per_gpu", "tflops_per_gpu"), ("measured_mfu", "mfu"),
+                      ("measured_tokens_per_s_per_gpu", "tokens_per_s_per_gpu"),
+                      ("measured_step_time_s", "step_time_s")):
+        v = _num(row, key, float)
+        if v is not None and v > 0:
+            metric, measured = name, v
+            break
+    basis = (row.get("flops_basis") or "model").strip() or "model"
+    return Run(row_id=row.get("id", ""), source=row.get("source", ""), model=model, cluster=cluster,
+               training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
+               measured_memory_gib=_num(row, "measured_peak_mem_gib", float),
+               oom="OOM" in (row.get("notes") or ""))
+
+
+def load_runs(path: str | Path) -> tuple[list[Run], list[Skipped]]:
+    runs, skipped = [], []
+    for row in read_rows(path):
+        try:
+            runs.append(build_run(row))
+        except (MeshplanError, ValueError) as exc:
+            skipped.append(Skipped(row_id=row.get("id", ""), source=row.get("source", ""), reason=str(exc)))
+    return runs, skipped
+
+
+# ---- predicting ----------------------------------------------------------------------------
+def predicted_metric(run: Run, step_time_s: float) -> float | None:
+    """The row's throughput metric for a predicted step time."""
+    tr = run.training
+    gpus = run.cluster.num_gpus
+    if run.metric in ("tflops_per_gpu", "mfu"):
+        basis = run.flops_basis if run.metric == "tflops_per_gpu" else "model"
+        flops = reported_flops_per_token(run.model, tr.seq_len, run.plan.recompute.value, basis)
+        per_gpu = flops * tr.tokens_per_step / step_time_s / gpus
+        if run.metric == "mfu":
+            return per_gpu / run.cluster.gpu.peak_flops(tr.precision)
+        return per_gpu / 1e12
+    if run.metric == "tokens_per_s_per_gpu":
+        return tr.tokens_per_step / step_time_s / gpus
+    if run.metric == "step_time_s":
+        return step_time_s
+    return None
+
+
+def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[str, Any]) -> Calibration:
+    calib = base or calibration_for(run.cluster.gpu)
+    return calib.replace_fields(**settings) if settings else calib
+
+
+def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, Any] | None = None,
+             calib_for: Callable[[Run], Calibration] | None = None) -> ValidationReport:
+    """Estimate every run. ``settings`` are calibration fields describing the runs' software
+    (e.g. fused_attention=False); ``calib_for`` replaces the per-GPU calibration (fitting)."""
+    settings = settings or {}
+    out = []
+    for run in runs:
+        base = calib_for(run) if calib_for else None
+        calib = setting_calibration(run, base, settings)
+        est = estimate(run.model, run.cluster, run.training, run.plan, calib)
+        pred = predicted_metric(run, est.step_time_s)
+        err = None if pred is None or run.measured is None else pred / run.measured - 1.0
+        mem_err = (None if run.measured_memory_gib is None
+                   else est.peak_memory_gib / run.measured_memory_gib - 1.0)
+        out.append(RowResult(
+            row_id=run.row_id, source=run.source, model=run.model.name, plan=run.plan.notation(),
+            gpu=run.cluster.gpu.name, metric=run.metric, measured=run.measured, predicted=pred,
+            error=err, measured_memory_gib=run.measured_memory_gib,
+            predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom))
+    return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
+
+
+RUN_SETTINGS: Mapping[str, Any] = MappingProxyType({"fused_attention": False, "dropout": True})
+"""What the runs in runs_calibration.csv used (Megatron-LM / Megatron-DeepSpeed 2020-2022):
+no FlashAttention (scaled-masked-softmax kernels on materialised scores) and dropout 0.1."""

@@ -1,0 +1,75 @@
+"""What every exporter returns, and the dispatch by target name."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from meshplan.plan import Recompute
+
+if TYPE_CHECKING:
+    from meshplan.plan import Job, Plan
+
+
+class ExportTarget(str, enum.Enum):
+    MEGATRON = "megatron"  # Megatron-LM pretrain_gpt.py command-line arguments
+    TORCHTITAN = "torchtitan"  # torchtitan job config TOML
+    DEEPSPEED = "deepspeed"  # DeepSpeed config JSON
+
+
+@dataclass(frozen=True)
+class Export:
+    """One exported config: its text and the approximations made (empty when exact)."""
+
+    target: ExportTarget
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+def export_job(job: "Job", target: ExportTarget | str) -> Export:
+    """Export ``job`` to ``target``; raises MeshplanError for what the target cannot express."""
+    from meshplan.export.deepspeed import export_deepspeed
+    from meshplan.export.megatron import export_megatron
+    from meshplan.export.torchtitan import export_torchtitan
+
+    target = ExportTarget(target)
+    fn = {
+        ExportTarget.MEGATRON: export_megatron,
+        ExportTarget.TORCHTITAN: export_torchtitan,
+        ExportTarget.DEEPSPEED: export_deepspeed,
+    }[target]
+    return fn(job)
+
+
+def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
+    """(all stages recompute every layer, the common per-stage count or -1 if they differ).
+
+    ``plan`` must have its defaults filled (``Plan.with_defaults``).
+    """
+    if plan.recompute == Recompute.NONE:
+        return False, 0
+    every = all(r == n for r, n in zip(plan.recompute_layers, plan.stage_layers))
+    counts = set(plan.recompute_layers)
+    return every, counts.pop() if len(counts) == 1 else -1
+
+
+def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarget | str",
+                     budget_gib: float) -> "tuple[int, Export] | None":
+    """Fastest frontier point within the budget that ``target`` can express: (index, export).
+
+    ``frontier`` holds the search's points (fastest first; each has ``plan`` and
+    ``peak_memory_gib``); ``job`` supplies the model, batch and cluster they were searched for.
+    """
+    from dataclasses import replace
+
+    from meshplan.errors import MeshplanError
+
+    for i, point in enumerate(frontier):
+        if point.peak_memory_gib > budget_gib:  # type: ignore[attr-defined]
+            continue
+        try:
+            return i, export_job(replace(job, plan=point.plan), target)  # type: ignore[attr-defined]
+        except MeshplanError:
+            continue
+    return None

@@ -1,0 +1,92 @@
+"""Job -> DeepSpeed config JSON.
+
+Key names checked against DeepSpeed's config documentation (docs/_pages/config-json.md: batch
+sizes, ``zero_optimization.stage``, ``bf16``/``fp16``, ``activation_checkpointing``; MiCS's
+``mics_shard_size`` for hybrid sharding; ``tensor_parallel.autotp_size`` for AutoTP training).
+What DeepSpeed sets in model code rather than in the JSON (pipeline stages through
+``PipelineModule(num_stages=...)``, MoE ``ep_size``, which layers call
+``deepspeed.checkpointing.checkpoint``) is stated as a warning; what it cannot run is refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+from meshplan.errors import MeshplanError
+from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.plan import Job, Recompute, Schedule
+from meshplan.spec.training import Precision
+
+
+def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
+    plan = job.plan.with_defaults(job.model)
+    d, t = plan.dims, job.training
+    warnings: list[str] = []
+    if d.cp > 1:
+        raise MeshplanError("DeepSpeed's config cannot express context parallel (cp > 1); "
+                            "DeepSpeed-Ulysses is set up in model code")
+    if t.precision == Precision.FP8:
+        raise MeshplanError("DeepSpeed's config has no fp8 training switch (it needs Transformer "
+                            "Engine in model code); use bf16 or fp16")
+    cfg: dict[str, object] = {
+        "train_batch_size": t.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.num_microbatches(t),
+    }
+    if t.precision == Precision.BF16:
+        cfg["bf16"] = {"enabled": True}
+    elif t.precision == Precision.FP16:
+        cfg["fp16"] = {"enabled": True}
+    zero: dict[str, object] = {"stage": plan.zero if d.dp_shard > 1 else 0}
+    if d.dp_shard > 1 and d.dp_replicate > 1:
+        if plan.zero != 3:
+            raise MeshplanError(
+                f"DeepSpeed ZeRO-{plan.zero} shards over every data-parallel rank; hybrid sharding "
+                f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) needs ZeRO-3 (MiCS)"
+            )
+        zero["mics_shard_size"] = d.dp_shard  # shard inside groups of dp_shard, replicate across
+        warnings.append(f"hybrid sharding mapped to MiCS (mics_shard_size={d.dp_shard}): build the "
+                        "model under deepspeed.zero.MiCS_Init")
+    cfg["zero_optimization"] = zero
+    if d.tp > 1:
+        if plan.zero == 3 and d.dp_shard > 1:
+            raise MeshplanError("DeepSpeed AutoTP training works with ZeRO stages 0-2, not 3")
+        cfg["tensor_parallel"] = {"autotp_size": d.tp}
+        warnings.append("tp mapped to DeepSpeed AutoTP training (DeepSpeed >= 0.16.4, Hugging Face "
+                        "models); it has no Megatron-style tuned kernels")
+        if plan.sp:
+            warnings.append("AutoTP has no sequence parallel: activations are not split over tp "
+                            "(more activation memory than planned)")
+    if d.pp > 1:
+        if plan.schedule != Schedule.ONE_F_ONE_B:
+            raise MeshplanError(f"DeepSpeed's pipeline engine runs 1F1B only, not {plan.schedule.value!r}")
+        if plan.zero >= 2 and d.dp_shard > 1:
+            raise MeshplanError("DeepSpeed's pipeline engine supports ZeRO stages 0 and 1 only")
+        warnings.append(
+            f"pipeline degree is set in code: PipelineModule(layers, num_stages={d.pp}); "
+            f"layers per stage {list(plan.stage_layers)} (partition_method='uniform' gives an even split)"
+        )
+    if d.ep > 1:
+        warnings.append(f"expert parallel is set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep})")
+    if plan.recompute == Recompute.SELECTIVE:
+        raise MeshplanError("DeepSpeed checkpoints whole layers; selective (attention-core) "
+                            "recompute is not expressible: use full")
+    if plan.recompute == Recompute.FULL:
+        every, _ = uniform_recompute(plan)
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": sum(plan.recompute_layers),
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+        which = "every layer" if every else f"{list(plan.recompute_layers)} layers per stage"
+        warnings.append(f"activation checkpointing runs where the model calls "
+                        f"deepspeed.checkpointing.checkpoint: wrap {which}")
+    return cfg, warnings
+
+
+def export_deepspeed(job: Job) -> Export:
+    cfg, warnings = deepspeed_config(job)
+    return Export(ExportTarget.DEEPSPEED, json.dumps(cfg, indent=2) + "\n", tuple(warnings))

@@ -1,0 +1,299 @@
+"""Megatron-LM command line -> Plan, TrainingSpec and (when shape arguments are given) ModelSpec.
+
+Reads the arguments that set parallelism, batch, recompute, precision and model shape; every
+other argument (data, tokenizer, learning rate...) is ignored. A ``torchrun``/launcher prefix
+with ``--nnodes`` and ``--nproc-per-node`` gives the GPU count when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass
+
+from meshplan.errors import MeshplanError
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.spec.model import ModelSpec, Norm, Position
+from meshplan.spec.training import Precision, TrainingSpec
+
+
+@dataclass(frozen=True)
+class MegatronImport:
+    """What a Megatron command line says. ``model`` is None when it gives no shape arguments."""
+
+    plan: Plan
+    training: TrainingSpec
+    model: ModelSpec | None
+    num_gpus: int | None
+    """From the launcher's --nnodes x --nproc-per-node, when present."""
+    gpus_per_node: int | None
+    ignored: tuple[str, ...]
+    """Flags that were not read (learning rate, data paths...)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would print usage and exit
+        raise MeshplanError(f"Megatron arguments: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(add_help=False, allow_abbrev=False)
+    add = p.add_argument
+    for name in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+                 "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+                 "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+                 "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
+                 "--seq-length", "--recompute-num-layers", "--num-distributed-optimizer-instances",
+                 "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+                 "--num-query-groups", "--kv-channels", "--max-position-embeddings", "--vocab-size",
+                 "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                 "--moe-shared-expert-intermediate-size", "--model-parallel-size",
+                 # launcher (torchrun) options
+                 "--nnodes", "--nproc-per-node", "--nproc_per_node"):
+        add(name, type=int, default=None)
+    for name in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2",
+                 "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
+                 "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+                 "--add-qkv-bias", "--bf16", "--fp16"):
+        add(name, action="store_true")
+    add("--recompute-granularity", choices=["full", "selective"], default=None)
+    add("--recompute-method", choices=["uniform", "block"], default=None)
+    add("--cp-comm-type", nargs="+", default=None)
+    add("--position-embedding-type", default=None)
+    add("--normalization", default=None)
+    add("--fp8-format", default=None)
+    add("--moe-layer-freq", default=None)
+    add("--pipeline-model-parallel-layout", default=None)
+    return p
+
+
+def split_command(text: str) -> list[str]:
+    """Shell words of a (possibly multi-line, commented) Megatron command line."""
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise MeshplanError(f"cannot split the Megatron command line: {exc}") from None
+
+
+def launcher_size(text: str) -> tuple[int | None, int | None]:
+    """(total GPUs, GPUs per node) from a torchrun prefix's --nnodes/--nproc-per-node, if present."""
+    a, _ = _parser().parse_known_args(split_command(text))
+    if a.nnodes and a.nproc_per_node:
+        return a.nnodes * a.nproc_per_node, a.nproc_per_node
+    return None, None
+
+
+def _positive(name: str, v: int | None, default: int) -> int:
+    v = default if v is None else v
+    if v < 1:
+        raise MeshplanError(f"Megatron argument {name} must be positive, got {v}")
+    return v
+
+
+def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str) -> ModelSpec | None:
+    shape = (a.num_layers, a.hidden_size, a.num_attention_heads)
+    if all(v is None for v in shape):
+        return None
+    if any(v is None for v in shape):
+        raise MeshplanError("Megatron arguments give part of the model shape: need --num-layers, "
+                            "--hidden-size and --num-attention-heads together")
+    vocab = a.vocab_size or vocab_default
+    if vocab is None:
+        raise MeshplanError("the Megatron arguments do not give --vocab-size (it comes from the "
+                            "tokenizer): add --vocab-size N to them or give --model")
+    moe: dict[str, int] = {}
+    if a.num_experts:
+        moe = dict(moe_num_experts=a.num_experts, moe_top_k=a.moe_router_topk or 2,
+                   moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0)
+        if a.moe_shared_expert_intermediate_size:
+            width = a.moe_ffn_hidden_size or a.ffn_hidden_size or 4 * a.hidden_size
+            moe["moe_shared_experts"] = max(1, round(a.moe_shared_expert_intermediate_size / width))
+        if a.moe_layer_freq and a.moe_layer_freq.startswith("[0]*"):
+            moe["moe_dense_layers"] = int(a.moe_layer_freq[4:].split("+", 1)[0])
+    pos = a.position_embedding_type or "learned_absolute"
+    if pos not in ("rope", "learned_absolute"):
+        raise MeshplanError(f"--position-embedding-type {pos!r} is not supported (rope, learned_absolute)")
+    gqa = a.group_query_attention and a.num_query_groups
+    return ModelSpec(
+        name=name,
+        num_layers=a.num_layers,
+        hidden_size=a.hidden_size,
+        num_heads=a.num_attention_heads,
+        num_kv_heads=a.num_query_groups if gqa else 0,
+        head_dim=a.kv_channels or 0,
+        ffn_hidden_size=a.ffn_hidden_size or 0,
+        gated_mlp=a.swiglu,
+        vocab_size=vocab,
+        tied_embeddings=not a.untie_embeddings_and_output_weights,
+        norm=Norm.RMSNORM if (a.normalization or "LayerNorm") == "RMSNorm" else Norm.LAYERNORM,
+        position=Position.ROPE if pos == "rope" else Position.LEARNED,
+        max_position=a.max_position_embeddings or (0 if pos == "rope" else 2048),
+        attn_bias=(not a.disable_bias_linear) or a.add_qkv_bias,
+        mlp_bias=not a.disable_bias_linear,
+        **moe,
+    )
+
+
+def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
+    """Transformer layers per chunk of a ``--pipeline-model-parallel-layout`` string.
+
+    Grammar read: chunks separated by ``|``; in a chunk ``E`` (embedding, first chunk only),
+    ``t`` or ``t*N`` (transformer layers), ``L`` (loss and head, last chunk only); ``(...)*N``
+    repeats a group, separators included. Other layer kinds (``m`` for MTP) are refused.
+    """
+    text = layout.replace("\\", "").replace(" ", "")
+    group = re.compile(r"\(([^()]*)\)\*(\d+)")
+    while group.search(text):
+        text = group.sub(lambda g: g.group(1) * int(g.group(2)), text)
+    chunks = text.split("|")
+    if chunks and chunks[-1] == "" and len(chunks) > 1:
+        raise MeshplanError(f"pipeline layout {layout!r} ends with an empty chunk")
+    counts = []
+    for i, chunk in enumerate(chunks):
+        body = chunk
+        if body.startswith("E"):
+            if i:
+                raise MeshplanError(f"pipeline layout {layout!r}: the embedding E is not in the first chunk")
+            body = body[1:]
+        if body.endswith("L"):
+            if i != len(chunks) - 1:
+                raise MeshplanError(f"pipeline layout {layout!r}: the loss L is not in the last chunk")
+            body = body[:-1]
+        n = 0
+        for item in re.findall(r"t(?:\*\d+)?|.", body):
+            if not item.startswith("t"):
+                raise MeshplanError(f"pipeline layout {layout!r}: layer kind {item!r} is not supported")
+            n += int(item[2:]) if "*" in item else 1
+        if n == 0:
+            raise MeshplanError(f"pipeline layout {layout!r}: chunk {i} has no transformer layer")
+        counts.append(n)
+    return tuple(counts)
+
+
+def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    if first is None and last is None:
+        if num_layers % (pp * vpp):
+            raise MeshplanError(f"Megatron needs num_layers={num_layers} divisible by pp*vpp={pp * vpp}")
+        return ()
+    if vpp > 1:
+        raise MeshplanError("--decoder-first/last-pipeline-num-layers with virtual stages is not "
+                            "imported (meshplan keeps per-virtual-stage counts)")
+    inner = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if inner < 0 or rest < 0 or (inner and rest % inner) or (inner == 0 and rest):
+        raise MeshplanError(f"--decoder-first/last-pipeline-num-layers leave {rest} layers that do not "
+                            f"split evenly over the {max(inner, 0)} middle stages")
+    mid = rest // inner if inner else 0
+    layers = [mid] * pp
+    if first is not None:
+        layers[0] = first
+    if last is not None:
+        layers[-1] = last
+    return tuple(layers)
+
+
+def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: int | None = None,
+                    model: ModelSpec | None = None, name: str = "megatron-model") -> MegatronImport:
+    """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size."""
+    a, rest = _parser().parse_known_args(split_command(text))
+    ignored = tuple(w for w in rest if w.startswith("--"))
+    launcher_gpus = a.nnodes * a.nproc_per_node if a.nnodes and a.nproc_per_node else None
+    gpus = num_gpus or launcher_gpus
+    if gpus is None:
+        raise MeshplanError("the GPU count is unknown: give --gpus (or --nodes) or include the "
+                            "launcher's --nnodes and --nproc-per-node")
+    parsed_model = _model_from_args(a, vocab_default if model is None else model.vocab_size, name)
+    spec = parsed_model or model
+    tp = _positive("--tensor-model-parallel-size", a.tensor_model_parallel_size or a.model_parallel_size, 1)
+    pp = _positive("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1)
+    cp = _positive("--context-parallel-size", a.context_parallel_size, 1)
+    ep = _positive("--expert-model-parallel-size", a.expert_model_parallel_size, 1)
+    if gpus % (tp * pp * cp):
+        raise MeshplanError(f"{gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
+    dp = gpus // (tp * pp * cp)
+
+    vpp = 1
+    layout = parse_pipeline_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else ()
+    if layout:
+        if len(layout) % pp:
+            raise MeshplanError(f"the pipeline layout has {len(layout)} chunks, not a multiple of pp={pp}")
+        vpp = len(layout) // pp
+    elif a.num_virtual_stages_per_pipeline_rank:
+        vpp = a.num_virtual_stages_per_pipeline_rank
+    elif a.num_layers_per_virtual_pipeline_stage:
+        if spec is None:
+            raise MeshplanError("--num-layers-per-virtual-pipeline-stage needs the model's layer count "
+                                "(--num-layers in the arguments, or --model)")
+        per_rank, r = divmod(spec.num_layers, pp)
+        if r or per_rank % a.num_layers_per_virtual_pipeline_stage:
+            raise MeshplanError(f"{spec.num_layers} layers over pp={pp} do not split into virtual stages "
+                                f"of {a.num_layers_per_virtual_pipeline_stage} layers")
+        vpp = per_rank // a.num_layers_per_virtual_pipeline_stage
+    if layout:
+        if spec is not None and sum(layout) != spec.num_layers:
+            raise MeshplanError(f"the pipeline layout holds {sum(layout)} layers, the model {spec.num_layers}")
+        stage_layers = layout
+    else:
+        stage_layers = _stage_layers(a, spec.num_layers, pp, vpp) if spec is not None else ()
+
+    if a.use_torch_fsdp2:
+        zero, dims = 3, dict(dp_shard=dp)
+    elif a.use_distributed_optimizer:
+        inst = _positive("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances, 1)
+        if dp % inst:
+            raise MeshplanError(f"--num-distributed-optimizer-instances {inst} does not divide dp={dp}")
+        zero, dims = (1, dict(dp_shard=dp // inst, dp_replicate=inst)) if dp // inst > 1 else (0, dict(dp_replicate=dp))
+    else:
+        zero, dims = 0, dict(dp_replicate=dp)
+
+    granularity = a.recompute_granularity
+    if granularity is None and a.recompute_activations:
+        granularity = "selective"  # --recompute-activations is the old spelling of selective
+    if granularity is None and a.checkpoint_activations:
+        granularity = "full"  # --checkpoint-activations is the oldest spelling of full/uniform
+    recompute, rec_layers = Recompute.NONE, ()
+    if granularity == "selective":
+        recompute = Recompute.SELECTIVE
+    elif granularity == "full":
+        recompute = Recompute.FULL
+        if a.recompute_method == "block":
+            if spec is None:
+                raise MeshplanError("--recompute-method block needs the model's layer count")
+            from meshplan.plan import even_split
+
+            per_stage = stage_layers or even_split(spec.num_layers, pp * vpp)
+            n = _positive("--recompute-num-layers", a.recompute_num_layers, 1)
+            rec_layers = tuple(min(n, k) for k in per_stage)
+
+    if a.fp8_format:
+        precision = Precision.FP8
+    elif a.bf16:
+        precision = Precision.BF16
+    elif a.fp16:
+        precision = Precision.FP16
+    else:
+        precision = Precision.FP32
+    if a.global_batch_size is None:
+        raise MeshplanError("the Megatron arguments give no --global-batch-size")
+    if a.seq_length is None:
+        raise MeshplanError("the Megatron arguments give no --seq-length")
+    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision)
+    cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
+    plan = Plan(
+        dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, **dims),
+        zero=zero,
+        sp=a.sequence_parallel,
+        schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,
+        vpp=vpp,
+        stage_layers=stage_layers,
+        cp_method=cp_method,
+        micro_batch=_positive("--micro-batch-size", a.micro_batch_size, 1),
+        recompute=recompute,
+        recompute_layers=rec_layers,
+    )
+    nproc = a.nproc_per_node
+    return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
+                          gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)

@@ -1,0 +1,179 @@
+"""Job -> Megatron-LM ``pretrain_gpt.py`` command-line arguments.
+
+Option names checked against megatron/training/arguments.py (NVIDIA/Megatron-LM, see
+docs/interop.md). Megatron derives the data-parallel size from the world size, so it is not an
+argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks unless
+``--num-distributed-optimizer-instances`` keeps several copies (meshplan's dp_replicate).
+"""
+
+from __future__ import annotations
+
+from meshplan.errors import MeshplanError
+from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.plan import CPMethod, Job, Recompute, Schedule
+from meshplan.spec.model import Arch, ModelSpec, Norm, Position
+from meshplan.spec.training import Precision
+
+_PRECISION_FLAGS = {
+    Precision.BF16: ["--bf16"],
+    Precision.FP16: ["--fp16"],
+    Precision.FP8: ["--bf16", "--fp8-format", "hybrid"],  # FP8 matmuls via Transformer Engine
+    Precision.FP32: [],
+}
+
+
+def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[str]]:
+    args = [
+        ["--num-layers", str(m.num_layers)],
+        ["--hidden-size", str(m.hidden_size)],
+        ["--ffn-hidden-size", str(m.ffn_hidden_size)],
+        ["--num-attention-heads", str(m.num_heads)],
+    ]
+    if m.num_kv_heads != m.num_heads:
+        args.append(["--group-query-attention"])
+        args.append(["--num-query-groups", str(m.num_kv_heads)])
+    if m.head_dim != m.hidden_size // m.num_heads or m.hidden_size % m.num_heads:
+        args.append(["--kv-channels", str(m.head_dim)])
+    # Megatron checks max_position_embeddings >= seq_length; RoPE has no table, so any bound works
+    max_pos = max(m.max_position, seq_len) if m.position == Position.ROPE else m.max_position
+    args.append(["--max-position-embeddings", str(max_pos)])
+    # Megatron takes the vocabulary from its tokenizer; --vocab-size is read with NullTokenizer.
+    args.append(["--vocab-size", str(m.vocab_size)])
+    args.append(["--position-embedding-type", "rope" if m.position == Position.ROPE else "learned_absolute"])
+    args.append(["--normalization", "RMSNorm" if m.norm == Norm.RMSNORM else "LayerNorm"])
+    if m.gated_mlp:
+        args.append(["--swiglu"])
+    if not m.tied_embeddings:
+        args.append(["--untie-embeddings-and-output-weights"])
+    # Megatron: --disable-bias-linear drops every linear bias; --add-qkv-bias puts back q/k/v's.
+    if not m.mlp_bias:
+        args.append(["--disable-bias-linear"])
+        if m.attn_bias:
+            args.append(["--add-qkv-bias"])
+    elif not m.attn_bias:
+        warnings.append("Megatron cannot drop only the q/k/v bias: exported with every linear bias")
+    if m.arch == Arch.ENCODER:
+        warnings.append("encoder model: these arguments are for pretrain_bert.py, not pretrain_gpt.py")
+    if m.is_moe:
+        args.append(["--num-experts", str(m.moe_num_experts)])
+        args.append(["--moe-router-topk", str(m.moe_top_k)])
+        args.append(["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)])
+        if m.moe_shared_experts:
+            args.append(["--moe-shared-expert-intermediate-size",
+                         str(m.moe_shared_experts * m.moe_ffn_hidden_size)])
+        if m.moe_dense_layers:
+            args.append(["--moe-layer-freq",
+                         f"[0]*{m.moe_dense_layers}+[1]*{m.num_layers - m.moe_dense_layers}"])
+    return args
+
+
+def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout``: one ``|``-separated chunk per virtual
+    stage in model order (chunk i on pipeline rank i % pp, as in meshplan), ``E`` the embedding
+    (first chunk), ``t*N`` N transformer layers, ``L`` the final norm, LM head and loss (last)."""
+    chunks = [f"t*{n}" if n > 1 else "t" for n in stage_layers]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] += "L"
+    return "|".join(chunks)
+
+
+def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
+    """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout."""
+    plan = job.plan.with_defaults(job.model)
+    layers, pp, vpp = plan.stage_layers, plan.dims.pp, plan.vpp
+    if pp == 1:
+        return []
+    if len(set(layers)) == 1:
+        return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
+    if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
+        return [["--decoder-first-pipeline-num-layers", str(layers[0])],
+                ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
+    warnings.append(f"layer split {list(layers)} written as --pipeline-model-parallel-layout, which "
+                    "Megatron-Core marks experimental (recent versions only)")
+    return [["--pipeline-model-parallel-layout", pipeline_layout(layers)]]
+
+
+def _recompute_args(job: Job) -> list[list[str]]:
+    plan = job.plan.with_defaults(job.model)
+    if plan.recompute == Recompute.NONE:
+        return []
+    every, _ = uniform_recompute(plan)
+    if plan.recompute == Recompute.SELECTIVE:
+        if not every:
+            raise MeshplanError(
+                "Megatron-LM's selective recompute covers every layer; the plan recomputes "
+                f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
+            )
+        return [["--recompute-granularity", "selective"]]
+    if every:
+        # uniform with 1 layer per group: every layer's input kept, every layer recomputed
+        return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
+                ["--recompute-num-layers", "1"]]
+    # block: the first k layers of each (virtual) stage are recomputed (all of a shorter stage)
+    count = max(plan.recompute_layers)
+    if any(min(count, n) != r for r, n in zip(plan.recompute_layers, plan.stage_layers)):
+        raise MeshplanError(
+            "Megatron-LM recomputes the first k layers of every (virtual) stage; the plan recomputes "
+            f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
+        )
+    return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
+            ["--recompute-num-layers", str(count)]]
+
+
+def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
+    """The argument groups (each a flag and its values) and the warnings."""
+    plan, d, t = job.plan, job.plan.dims, job.training
+    warnings: list[str] = []
+    args: list[list[str]] = [
+        ["--tensor-model-parallel-size", str(d.tp)],
+        ["--pipeline-model-parallel-size", str(d.pp)],
+        ["--context-parallel-size", str(d.cp)],
+    ]
+    if d.cp > 1 and plan.cp_method == CPMethod.ALL_TO_ALL:
+        args.append(["--cp-comm-type", "a2a"])
+    if d.ep > 1:
+        args.append(["--expert-model-parallel-size", str(d.ep)])
+    if plan.sp:
+        args.append(["--sequence-parallel"])
+    if d.pp > 1 and plan.schedule == Schedule.ZERO_BUBBLE:
+        raise MeshplanError("Megatron-LM has no zero-bubble schedule; use 1f1b or interleaved-1f1b")
+    if d.pp > 1 and plan.schedule == Schedule.GPIPE:
+        warnings.append("Megatron-LM has no GPipe schedule: 1F1B runs instead (same bubble, "
+                        "fewer micro-batches in flight, so less activation memory)")
+    args += _stage_split_args(job, warnings)
+    args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(t.global_batch)],
+             ["--seq-length", str(t.seq_len)]]
+    args += _recompute_args(job)
+    if d.dp_shard > 1:
+        if plan.zero == 3:
+            if d.pp > 1 or d.dp_replicate > 1:
+                raise MeshplanError(
+                    "Megatron-LM's FSDP (--use-torch-fsdp2) works without pipeline parallel and "
+                    "without replication; the plan has pp={d.pp}, dp_replicate={d.dp_replicate}"
+                    .format(d=d)
+                )
+            args.append(["--use-torch-fsdp2"])
+        else:
+            args.append(["--use-distributed-optimizer"])
+            if d.dp_replicate > 1:
+                args.append(["--num-distributed-optimizer-instances", str(d.dp_replicate)])
+            if plan.zero == 2:
+                warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
+                                "optimizer states and reduce-scatters gradients but keeps a full "
+                                "gradient buffer (ZeRO-1 memory for gradients)")
+    args += _model_args(job.model, t.seq_len, warnings)
+    prec = _PRECISION_FLAGS[t.precision]
+    if prec:
+        args.append(prec)
+    return args, warnings
+
+
+def export_megatron(job: Job) -> Export:
+    args, warnings = megatron_args(job)
+    lines = [f"# meshplan plan: {job.plan.notation()} on {job.cluster.num_gpus} GPUs "
+             f"({job.cluster.num_nodes} nodes x {job.cluster.gpus_per_node})",
+             f"# launch: torchrun --nnodes {job.cluster.num_nodes} --nproc-per-node "
+             f"{job.cluster.gpus_per_node} pretrain_gpt.py <these arguments> <data, tokenizer, lr...>"]
+    lines += [" ".join(a) + " \\" for a in args]
+    lines[-1] = lines[-1].removesuffix(" \\")
+    return Export(ExportTarget.MEGATRON, "\n".join(lines) + "\n", tuple(warnings))

@@ -1,0 +1,111 @@
+"""Where a given plan (yours: imported or hand-tuned) stands against a frontier of plans.
+
+Both sides come from the same cost model, so the comparison is like for like: "yours: 312
+tok/s/GPU, 71 GiB; best that fits: 401 tok/s/GPU (+28%), 64 GiB".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+from meshplan.plan import Plan
+
+if TYPE_CHECKING:
+    from meshplan.plan import Job
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+
+
+class CostPoint(Protocol):
+    """What the comparison reads: ``Estimate`` and the search's ``ScoredPlan`` both provide it."""
+
+    plan: Plan
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+
+    @property
+    def peak_memory_gib(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Comparison:
+    yours: CostPoint
+    budget_gib: float
+    best: CostPoint | None
+    """Fastest frontier plan within the budget (None when nothing fits)."""
+    leanest_as_fast: CostPoint | None
+    """Least memory among frontier plans at least as fast as yours."""
+
+    @property
+    def yours_fits(self) -> bool:
+        return self.yours.peak_memory_gib <= self.budget_gib
+
+    @property
+    def speedup(self) -> float | None:
+        """best / yours - 1 in tokens per second per GPU (0.28 means 28% faster)."""
+        if self.best is None or self.yours.tokens_per_s_per_gpu <= 0:
+            return None
+        return self.best.tokens_per_s_per_gpu / self.yours.tokens_per_s_per_gpu - 1.0
+
+    @property
+    def memory_saving_gib(self) -> float | None:
+        if self.leanest_as_fast is None:
+            return None
+        return self.yours.peak_memory_gib - self.leanest_as_fast.peak_memory_gib
+
+    def summary(self) -> str:
+        y = self.yours
+        text = f"yours: {y.tokens_per_s_per_gpu:,.0f} tok/s/GPU, {y.peak_memory_gib:.0f} GiB"
+        if not self.yours_fits:
+            text += f" (over the {self.budget_gib:.0f} GiB budget)"
+        if self.best is None:
+            return text + f"; no frontier plan fits {self.budget_gib:.0f} GiB"
+        b = self.best
+        if b.tokens_per_s_per_gpu <= y.tokens_per_s_per_gpu * (1 + 1e-9) and self.yours_fits:
+            text += "; yours is on the frontier (no plan that fits is faster)"
+            lean = self.leanest_as_fast
+            if lean is not None and self.memory_saving_gib and self.memory_saving_gib > 0.5:
+                text += f"; as fast with {lean.peak_memory_gib:.0f} GiB: {lean.plan.notation()}"
+            return text
+        return (text + f"; best that fits: {b.tokens_per_s_per_gpu:,.0f} tok/s/GPU "
+                f"({self.speedup:+.0%}), {b.peak_memory_gib:.0f} GiB: {b.plan.notation()}")
+
+    def to_dict(self) -> dict[str, object]:
+        def point(p: CostPoint | None) -> dict[str, object] | None:
+            if p is None:
+                return None
+            return {"plan": p.plan.notation(), "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+                    "step_time_s": p.step_time_s, "peak_memory_gib": p.peak_memory_gib}
+
+        return {"yours": point(self.yours), "yours_fits": self.yours_fits, "budget_gib": self.budget_gib,
+                "best_that_fits": point(self.best), "speedup": self.speedup,
+                "leanest_as_fast": point(self.leanest_as_fast), "memory_saving_gib": self.memory_saving_gib,
+                "summary": self.summary()}
+
+
+def compare(yours: CostPoint, frontier: Sequence[CostPoint], budget_gib: float) -> Comparison:
+    """Compare ``yours`` with the frontier points under a memory budget per GPU (GiB)."""
+    fitting = [p for p in frontier if p.peak_memory_gib <= budget_gib]
+    best = max(fitting, key=lambda p: p.tokens_per_s_per_gpu, default=None)
+    as_fast = [p for p in frontier if p.tokens_per_s_per_gpu >= yours.tokens_per_s_per_gpu * (1 - 1e-9)]
+    leanest = min(as_fast, key=lambda p: p.peak_memory_gib, default=None)
+    return Comparison(yours=yours, budget_gib=budget_gib, best=best, leanest_as_fast=leanest)
+
+
+def compare_job(job: "Job", frontier: Sequence[CostPoint], budget_gib: float, *, model: "ModelSpec",
+                training: "TrainingSpec", num_gpus: int) -> Comparison:
+    """Estimate ``job``'s plan with the cost model and compare it with a frontier searched for
+    ``model``, ``training`` and ``num_gpus``; refuses a job for something else."""
+    from meshplan.cost import estimate
+    from meshplan.errors import MeshplanError
+
+    if job.model.num_params() != model.num_params() or job.model.num_layers != model.num_layers:
+        raise MeshplanError(f"the plan file is for model {job.model.name!r}, the frontier for {model.name!r}")
+    if (job.training.seq_len, job.training.global_batch) != (training.seq_len, training.global_batch):
+        raise MeshplanError(
+            f"the plan file trains seq {job.training.seq_len} x batch {job.training.global_batch}, the "
+            f"frontier seq {training.seq_len} x batch {training.global_batch}")
+    if job.cluster.num_gpus != num_gpus:
+        raise MeshplanError(f"the plan file uses {job.cluster.num_gpus} GPUs, the frontier {num_gpus}")
+    return compare(estimate(job.model, job.cluster, job.training, job.plan), frontier, budget_gib)

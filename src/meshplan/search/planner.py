@@ -1,0 +1,278 @@
+"""The search entry point: the Pareto frontier of plans over (step time, peak memory per GPU).
+
+Order of work (each step vectorised over all candidates, no Python call per plan):
+
+1. :func:`~meshplan.search.space.enumerate_space` lists every legal global configuration.
+2. ``estimate_batch`` scores them all with an even layer split and the recompute policy on every
+   layer; their frontier is a first, exact set of achievable points.
+3. Configurations that could still reach the frontier with an uneven split are refined: their
+   affine per-rank tables (:mod:`meshplan.search.tables`) feed the exact stage-split frontier
+   (:mod:`meshplan.search.stages`), whose points are re-scored exactly by the cost model.
+4. The union of all exact points is reduced to its Pareto frontier (:mod:`meshplan.search.frontier`).
+
+The frontier covers every memory level; the recommended plan is the fastest that fits the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import numpy as np
+
+from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.batch import BatchEstimate, compose, rank_cost
+from meshplan.cost.layer import LayerCost
+from meshplan.cost.pipeline import rank_layers_even
+from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.flops import model_flops_per_token
+from meshplan.errors import MeshplanError
+from meshplan.plan import Plan, Recompute
+from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.search.space import RECOMPUTES, GlobalConfigs, SearchOptions, enumerate_space
+from meshplan.search.stages import relaxed_bounds, stage_frontier
+from meshplan.search.tables import (CostContext, _take_layer, chunk_split, pipeline_alpha, score_splits,
+                                    shared_layer_cost, stage_table)
+from meshplan.spec.cluster import GIB, ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+MEMORY_SAFETY_MARGIN_GIB = 2.0
+"""Default budget = GPU memory less this. The cost model predicts the allocator's peak; real runs
+also need room for NCCL's lazily created communicators and CUDA graph/cuBLAS workspaces that
+appear after the first steps (about 1-2 GiB per GPU on H100 clusters, per PyTorch's memory
+snapshot guidance), and prediction error (the calibration's median memory error)."""
+
+REFINE_SLACK = 0.15
+"""A configuration is refined with uneven splits when its even-split point, improved by this
+fraction in both time and memory, would not be dominated by the even-split frontier. An uneven
+split removes at most the stage imbalance of the even split (the embedding/LM-head ranks and
+the in-flight activations of the first rank), which the cost model puts well under 15% for
+every preset; tests set it to infinity (refine all) to check exactness against brute force."""
+
+PRUNE_MARGIN = 0.05
+"""Bounds from the affine per-rank tables are lowered by this fraction before they are compared
+with known plans. The tables are exact for the cost model's linear terms, but the overlap of
+data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of two lines) is
+read off at one or two layers and extrapolated, which can overstate a rank's time by a few
+percent; the margin keeps such configurations in the search."""
+
+STAGE_POINTS_PER_CONFIG = 12
+"""Most frontier points walked per configuration by the stage search (fastest first). A global
+frontier point rarely comes from deep in one configuration's staircase (the next configuration
+with more recompute or sharding takes over); tests walk every point to check exactness."""
+
+
+@dataclass(frozen=True)
+class ScoredPlan:
+    """One frontier point: a plan and its cost under the cost model."""
+
+    plan: Plan
+    num_gpus: int
+    step_time_s: float
+    peak_memory_bytes: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+
+    @property
+    def peak_memory_gib(self) -> float:
+        return self.peak_memory_bytes / GIB
+
+    def gpu_hours_per_billion_tokens(self, training: TrainingSpec) -> float:
+        return self.num_gpus * self.step_time_s / 3600.0 / (training.tokens_per_step / 1e9)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The frontier for one GPU count (fastest first) and how the search went."""
+
+    num_gpus: int
+    frontier: tuple[ScoredPlan, ...]
+    budget_bytes: float
+    global_configs: int
+    refined_configs: int
+    plans_evaluated: int
+    elapsed_s: float
+
+    @property
+    def fitting(self) -> tuple[ScoredPlan, ...]:
+        return tuple(p for p in self.frontier if p.peak_memory_bytes <= self.budget_bytes)
+
+    @property
+    def recommended_index(self) -> int | None:
+        """Index in ``frontier`` of the fastest plan that fits the budget."""
+        for i, p in enumerate(self.frontier):
+            if p.peak_memory_bytes <= self.budget_bytes:
+                return i
+        return None
+
+    @property
+    def recommended(self) -> ScoredPlan | None:
+        i = self.recommended_index
+        return None if i is None else self.frontier[i]
+
+    @property
+    def min_memory_bytes(self) -> float:
+        return min((p.peak_memory_bytes for p in self.frontier), default=float("inf"))
+
+
+def default_budget_bytes(cluster: ClusterSpec) -> float:
+    return max(cluster.gpu.memory_gib - MEMORY_SAFETY_MARGIN_GIB, 0.0) * GIB
+
+
+def _plan_arrays(cfg: GlobalConfigs) -> PlanArrays:
+    return PlanArrays(**{f.name: getattr(cfg, f.name) for f in fields(PlanArrays)})
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
+           calib: Calibration | None = None, budget_bytes: float | None = None,
+           options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
+           memory_cap_bytes: float | None = None, stage_points: int = STAGE_POINTS_PER_CONFIG,
+           progress: Callable[[str, float], None] | None = None) -> SearchResult:
+    """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring)."""
+    start = time.perf_counter()
+    calib = calib or calibration_for(cluster.gpu)
+    ctx = CostContext(model, cluster, training, calib)
+    budget = default_budget_bytes(cluster) if budget_bytes is None else float(budget_bytes)
+    # Uneven splits are searched up to this memory (plans above the GPU memory cannot run; the
+    # even-split points above it stay on the frontier for the plot).
+    cap = max(budget, cluster.gpu.memory_bytes) if memory_cap_bytes is None else float(memory_cap_bytes)
+    tick = progress or (lambda what, frac: None)
+    num_gpus = cluster.num_gpus
+
+    space = enumerate_space(model, training, num_gpus, options)
+    if len(space) == 0:
+        raise MeshplanError(
+            f"no legal plan for {model.name} on {num_gpus} GPUs with global batch "
+            f"{training.global_batch} and seq_len {training.seq_len} (degrees must divide heads, "
+            "layers, sequence and batch)")
+    tick("even splits", 0.05)
+    plans = _plan_arrays(space)
+    layer = shared_layer_cost(ctx, plans)
+    even = _even_estimate(ctx, plans, layer)
+    evaluated = len(space)
+    keys = np.arange(len(space))
+    even_front = Front.of(even.step_time_s, even.peak_memory_bytes, keys)
+    tick("stage splits", 0.4)
+
+    fronts = [Front(even_front.time_s, even_front.memory_bytes, -1 - even_front.key)]
+    splits: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # point key -> (n, r, config)
+    refined = 0
+    if options.nonuniform_stages:
+        shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+        candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
+                                  even.step_time_s * shrink, even.peak_memory_bytes * shrink)
+        # Policy 'none' is recompute policy 'selective' with zero recomputed layers: refine the
+        # recomputing policies only (their frontier contains every no-recompute split).
+        none_code = RECOMPUTES.index(Recompute.NONE)
+        has_rec = np.isin(space.recompute, [RECOMPUTES.index(r) for r in options.recomputes
+                                            if r != Recompute.NONE])
+        if has_rec.any():
+            candidate &= space.recompute != none_code
+        groups = np.unique(np.column_stack([space.pp[candidate], space.vpp[candidate]]), axis=0)
+        # Most promising groups first, so that their plans prune the later groups.
+        best = [even.step_time_s[candidate & (space.pp == g[0]) & (space.vpp == g[1])].min() for g in groups]
+        groups = groups[np.argsort(best, kind="stable")]
+        next_key = 0
+        for gi, (pp, vpp) in enumerate(groups):
+            idx = np.flatnonzero(candidate & (space.pp == pp) & (space.vpp == vpp))
+            refined += idx.size
+            pts_t, pts_m, pts_k = [], [], []
+            for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 4e6)))):
+                sub = plans.take(chunk)
+                sub_layer = _take_layer(layer, chunk)
+                tbl = stage_table(ctx, sub, int(pp), int(vpp), sub_layer)
+                alpha = pipeline_alpha(ctx, sub)
+                known = merge_fronts(*fronts)
+
+                def keep_going(rows, t_next, m_floor, alpha=alpha, known=known):
+                    # alpha * max(t + x/alpha) = max(alpha t + x) bounds the step from below.
+                    return ~dominated_by(known.time_s, known.memory_bytes,
+                                         alpha[rows] * t_next * (1 - PRUNE_MARGIN),
+                                         m_floor * (1 - PRUNE_MARGIN))
+
+                t_lb, m_lb = relaxed_bounds(tbl)
+                live = keep_going(np.arange(len(sub)), t_lb, m_lb) & (m_lb <= cap)
+                if not live.any():
+                    continue
+                chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
+                sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
+                alpha = alpha[live]
+                pts = stage_frontier(tbl, max_points=stage_points, memory_cap_bytes=cap,
+                                     keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a))
+                if pts.config.size == 0:
+                    continue
+                exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
+                                     _take_layer(sub_layer, pts.config))
+                evaluated += pts.config.size
+                for j in range(pts.config.size):
+                    splits[next_key + j] = (pts.layers[j], pts.recomputed[j], int(chunk[pts.config[j]]))
+                pts_t.append(exact.step_time_s)
+                pts_m.append(exact.peak_memory_bytes)
+                pts_k.append(np.arange(next_key, next_key + pts.config.size))
+                next_key += pts.config.size
+            if pts_t:
+                fronts.append(Front.of(np.concatenate(pts_t), np.concatenate(pts_m), np.concatenate(pts_k)))
+            tick("stage splits", 0.4 + 0.55 * (gi + 1) / len(groups))
+
+    front = merge_fronts(*fronts)
+    scored = []
+    tokens_flops = model_flops_per_token(model, training.seq_len)
+    peak = cluster.gpu.peak_flops(training.precision)
+    for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
+        k = int(k)
+        if k < 0:
+            plan = space.plan(-1 - k).with_defaults(model)
+        else:
+            n, r, cfg = splits[k]
+            layers, rec = chunk_split(n, r, int(space.vpp[cfg]))
+            plan = space.plan(cfg, layers, rec)
+            if not any(rec):
+                plan = _without_recompute(plan)
+        tok = training.tokens_per_step / t / num_gpus
+        scored.append(ScoredPlan(plan=plan, num_gpus=num_gpus, step_time_s=float(t),
+                                 peak_memory_bytes=float(m), tokens_per_s_per_gpu=float(tok),
+                                 mfu=float(tok * tokens_flops / peak)))
+    tick("done", 1.0)
+    return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
+                        global_configs=len(space), refined_configs=refined,
+                        plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start)
+
+
+def _without_recompute(plan: Plan) -> Plan:
+    from dataclasses import replace
+
+    return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers))
+
+
+def _even_estimate(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:
+    """What ``estimate_batch`` computes (even split, policy on every layer: the first and the
+    last rank bound the step and the peak), with the layer costs shared between rows."""
+    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
+              calib=ctx.calib, layer=layer)
+    L, last = ctx.model.num_layers, plans.pp - 1
+    l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
+    ll = rank_layers_even(L, last, plans.pp, plans.vpp)
+    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
+    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
+    return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
+
+
+def search_gpu_counts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                      gpu_counts: list[int], **kw) -> list[SearchResult]:
+    """One search per GPU count (same hardware, whole nodes or part of one)."""
+    return [search(model, cluster.with_gpus(n), training, **kw) for n in gpu_counts]
+
+
+def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
+    """Of several GPU counts, those whose recommended plan is faster than every smaller count's
+    (the Pareto frontier over (GPUs, step time))."""
+    best = float("inf")
+    out = []
+    for r in sorted(results, key=lambda r: r.num_gpus):
+        rec = r.recommended
+        if rec is not None and rec.step_time_s < best:
+            out.append(r)
+            best = rec.step_time_s
+    return out

@@ -1,0 +1,256 @@
+"""The legal global choices of a plan, enumerated as arrays (one row per global configuration).
+
+A *global configuration* fixes everything except the per-stage layer split and the per-stage
+number of recomputed layers (those are searched by :mod:`meshplan.search.stages`): the mesh
+degrees ``pp x dp_replicate x dp_shard x cp x tp`` (product = GPU count), expert parallel ``ep``,
+ZeRO stage, sequence parallel, context-parallel method, pipeline schedule and virtual stages,
+micro-batch size and recompute policy.
+
+Every pruning rule used here is listed in docs/search.md with the reason it loses no optimum:
+either the choice is illegal (a degree that does not divide heads, layers, sequence or batch) or
+it duplicates another row exactly (e.g. a schedule with ``pp == 1``, a ZeRO stage over one rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from meshplan.errors import MeshplanError
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
+RECOMPUTES: tuple[Recompute, ...] = tuple(Recompute)
+CP_METHODS: tuple[CPMethod, ...] = tuple(CPMethod)
+
+MAX_VPP = 8
+"""Largest number of virtual stages per pipeline rank searched. Megatron's and torchtitan's
+published configurations use 2-8 chunks per rank; beyond that the per-chunk send/recv overhead
+grows while the bubble is already below 1/(8m). This bounds the space (it is not a dominance rule)."""
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n`` in increasing order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def factorisations(n: int, parts: int) -> np.ndarray:
+    """Every ordered tuple of ``parts`` positive integers whose product is ``n``: shape (k, parts)."""
+    if parts == 1:
+        return np.array([[n]], dtype=np.int64)
+    rows = []
+    for d in divisors(n):
+        rest = factorisations(n // d, parts - 1)
+        rows.append(np.column_stack([np.full(len(rest), d, dtype=np.int64), rest]))
+    return np.concatenate(rows)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What the search may vary; defaults search everything the cost model can estimate."""
+
+    schedules: tuple[Schedule, ...] = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
+    recomputes: tuple[Recompute, ...] = RECOMPUTES
+    cp_methods: tuple[CPMethod, ...] = CP_METHODS
+    max_vpp: int = MAX_VPP
+    nonuniform_stages: bool = True
+    """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
+
+
+@dataclass(frozen=True)
+class GlobalConfigs:
+    """Struct of arrays: one row per global configuration (integer codes index the enums above)."""
+
+    pp: np.ndarray
+    dp_replicate: np.ndarray
+    dp_shard: np.ndarray
+    cp: np.ndarray
+    tp: np.ndarray
+    ep: np.ndarray
+    zero: np.ndarray
+    sp: np.ndarray
+    cp_method: np.ndarray
+    schedule: np.ndarray
+    vpp: np.ndarray
+    micro_batch: np.ndarray
+    recompute: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.pp.size)
+
+    def take(self, idx: np.ndarray) -> "GlobalConfigs":
+        return GlobalConfigs(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def plan(self, i: int, stage_layers: tuple[int, ...] = (),
+             recompute_layers: tuple[int, ...] = ()) -> Plan:
+        """Row ``i`` as a Plan (even split and all-layer recompute unless layers are given)."""
+        rec = RECOMPUTES[int(self.recompute[i])]
+        return Plan(
+            dims=ParallelDims(dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
+                              tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
+                              ep=int(self.ep[i])),
+            zero=int(self.zero[i]), sp=bool(self.sp[i]),
+            schedule=SCHEDULES[int(self.schedule[i])], vpp=int(self.vpp[i]),
+            cp_method=CP_METHODS[int(self.cp_method[i])], micro_batch=int(self.micro_batch[i]),
+            recompute=rec, stage_layers=tuple(stage_layers),
+            recompute_layers=tuple(recompute_layers) if rec != Recompute.NONE else (),
+        )
+
+    @staticmethod
+    def from_plans(plans: list[Plan]) -> "GlobalConfigs":
+        """Rows for given plans (their stage/recompute layer lists are not kept)."""
+        def col(fn, dtype=np.int64):
+            return np.array([fn(p) for p in plans], dtype=dtype)
+        return GlobalConfigs(
+            pp=col(lambda p: p.dims.pp), dp_replicate=col(lambda p: p.dims.dp_replicate),
+            dp_shard=col(lambda p: p.dims.dp_shard), cp=col(lambda p: p.dims.cp),
+            tp=col(lambda p: p.dims.tp), ep=col(lambda p: p.dims.ep), zero=col(lambda p: p.zero),
+            sp=col(lambda p: p.sp, bool), cp_method=col(lambda p: CP_METHODS.index(p.cp_method)),
+            schedule=col(lambda p: SCHEDULES.index(p.schedule)), vpp=col(lambda p: p.vpp),
+            micro_batch=col(lambda p: p.micro_batch),
+            recompute=col(lambda p: RECOMPUTES.index(p.recompute)),
+        )
+
+
+def _cross(cols: dict[str, np.ndarray], name: str, values: np.ndarray) -> dict[str, np.ndarray]:
+    """Every row of ``cols`` combined with every value (a new column ``name``)."""
+    n = next(iter(cols.values())).size
+    out = {k: np.repeat(v, values.size) for k, v in cols.items()}
+    out[name] = np.tile(values, n)
+    return out
+
+
+def _keep(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[mask] for k, v in cols.items()}
+
+
+# ---- the rules, one function per column group (docs/search.md lists them with reasons) -------
+def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
+    """TP splits heads and FFN columns (KV heads split or replicate); every pipeline stage needs
+    a layer; the batch splits evenly over data parallel; load-balanced CP cuts 2*cp chunks."""
+    tp, cp, pp = c["tp"], c["cp"], c["pp"]
+    dp = c["dp_replicate"] * c["dp_shard"]
+    ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
+    ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
+    if model.is_moe:
+        ok &= model.moe_ffn_hidden_size % tp == 0
+    ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
+    ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
+    return ok
+
+
+def _rule_zero(c) -> np.ndarray:
+    """dp_shard > 1 needs ZeRO >= 1; over a single shard every stage equals plain DP (stage 0)."""
+    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, c["zero"] == 0)
+
+
+def _rule_sp(c, training: TrainingSpec) -> np.ndarray:
+    return ~c["sp"] | ((c["tp"] > 1) & (training.seq_len % c["tp"] == 0))
+
+
+def _rule_cp_method(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
+    """The method matters only with cp > 1 (else one row); all-to-all needs heads/tp % cp == 0."""
+    codes = [CP_METHODS.index(m) for m in options.cp_methods]
+    ring = CP_METHODS.index(CPMethod.RING) if CPMethod.RING in options.cp_methods else codes[0]
+    a2a = c["cp_method"] == CP_METHODS.index(CPMethod.ALL_TO_ALL)
+    heads_per_tp = model.num_heads // c["tp"]
+    return np.isin(c["cp_method"], codes) & np.where(
+        c["cp"] == 1, c["cp_method"] == ring, ~a2a | (heads_per_tp % c["cp"] == 0))
+
+
+def _rule_ep(c, model: ModelSpec) -> np.ndarray:
+    experts = model.moe_num_experts if model.is_moe else 1
+    return ((c["dp_shard"] * c["cp"]) % c["ep"] == 0) & (experts % c["ep"] == 0)
+
+
+def _schedule_pairs(options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [(SCHEDULES.index(s), v) for s in options.schedules
+             for v in (range(2, options.max_vpp + 1) if s.supports_virtual_stages else (1,))]
+    if not pairs:
+        raise MeshplanError("no pipeline schedule to search")
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
+    """With pp == 1 the schedule is irrelevant: one row (1F1B, else the first listed)."""
+    sched, vpp = _schedule_pairs(options)
+    listed = np.zeros(c["pp"].shape, dtype=bool)
+    for s_code, v in zip(sched, vpp):
+        listed |= (c["schedule"] == s_code) & (c["vpp"] == v)
+    one_f1b = SCHEDULES.index(Schedule.ONE_F_ONE_B)
+    base = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
+    first = (c["schedule"] == base) & (c["vpp"] == vpp[sched == base].min())
+    return listed & np.where(c["pp"] == 1, first, c["pp"] * c["vpp"] <= model.num_layers)
+
+
+def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
+    """Micro-batches divide the per-replica batch; interleaving needs m % pp == 0 (Megatron)."""
+    per_dp = training.global_batch // (c["dp_replicate"] * c["dp_shard"])
+    ok = per_dp % c["micro_batch"] == 0
+    nmicro = per_dp // c["micro_batch"]
+    interleaved = (c["schedule"] == SCHEDULES.index(Schedule.INTERLEAVED_1F1B)) & (c["vpp"] > 1)
+    return ok & (~interleaved | (nmicro % c["pp"] == 0))
+
+
+def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
+                    options: SearchOptions = SearchOptions()) -> GlobalConfigs:
+    """Every legal global configuration for ``num_gpus`` GPUs (rules: docs/search.md)."""
+    if num_gpus < 1:
+        raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
+    f = factorisations(num_gpus, 5)
+    c = {"pp": f[:, 0], "dp_replicate": f[:, 1], "dp_shard": f[:, 2], "cp": f[:, 3], "tp": f[:, 4]}
+    c = _keep(c, _rule_degrees(c, model, training))
+    c = _cross(c, "zero", np.arange(4))
+    c = _keep(c, _rule_zero(c))
+    c = _cross(c, "sp", np.array([False, True]))
+    c = _keep(c, _rule_sp(c, training))
+    c = _cross(c, "cp_method", np.array([CP_METHODS.index(m) for m in options.cp_methods]))
+    c = _keep(c, _rule_cp_method(c, model, options))
+    c = _cross(c, "ep", np.array(divisors(model.moe_num_experts) if model.is_moe else [1]))
+    c = _keep(c, _rule_ep(c, model))
+    sched, vpp = _schedule_pairs(options)
+    c = _cross(c, "_pair", np.arange(sched.size))
+    c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
+    del c["_pair"]
+    c = _keep(c, _rule_schedule(c, model, options))
+    c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
+    c = _keep(c, _rule_micro_batch(c, training))
+    c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
+    return GlobalConfigs(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(GlobalConfigs)})
+
+
+def canonical(plan: Plan) -> Plan:
+    """The plan the space holds for an equivalent one: ZeRO over a single shard is stage 0, a
+    schedule with pp == 1 (or interleaved 1F1B with one chunk) is 1F1B, the CP method with
+    cp == 1 is ring."""
+    from dataclasses import replace
+
+    d = plan.dims
+    out = plan
+    if d.dp_shard == 1 and plan.zero:
+        out = replace(out, zero=0)
+    if (d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B) or (
+            out.schedule == Schedule.INTERLEAVED_1F1B and out.vpp == 1):
+        out = replace(out, schedule=Schedule.ONE_F_ONE_B, vpp=1)  # interleaving one chunk is 1F1B
+    if d.cp == 1 and out.cp_method != CPMethod.RING:
+        out = replace(out, cp_method=CPMethod.RING)
+    return out
+
+
+def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan,
+             options: SearchOptions = SearchOptions()) -> bool:
+    """Whether the global configuration of ``plan`` is one ``enumerate_space`` lists (same rules,
+    one row; the layer split is the stage search's business)."""
+    g = GlobalConfigs.from_plans([plan])
+    c = {f.name: getattr(g, f.name) for f in fields(GlobalConfigs)}
+    d = plan.dims
+    if d.world_size != num_gpus or plan.recompute not in options.recomputes:
+        return False
+    ok = (_rule_degrees(c, model, training) & _rule_zero(c) & _rule_sp(c, training)
+          & _rule_cp_method(c, model, options) & _rule_ep(c, model)
+          & _rule_schedule(c, model, options) & _rule_micro_batch(c, training))
+    return bool(ok[0]) and training.global_batch % plan.micro_batch == 0

@@ -1,0 +1,271 @@
+"""Per-stage layer split and per-stage recompute count, searched as a (time, memory) frontier.
+
+For one *global configuration* (mesh degrees, schedule, micro-batch, recompute policy fixed) each
+pipeline rank ``s`` of ``p`` holds ``n_s`` transformer layers of which ``r_s`` are recomputed.
+Its time per micro-batch and its peak memory are affine in (n, r) (the cost model's per-layer
+decomposition, see :class:`StageTable`)::
+
+    t_s(n, r) = n * a + r * b + e_s            a: fwd+bwd of a layer, b: recompute extra
+    m_s(n, r) = n * c + k_s * ((n - r) * d + r * g) + f_s
+                                               c: weights+grads+optimizer of a layer,
+                                               d / g: activations kept per in-flight micro-batch
+                                               without / with recompute, k_s in-flight micro-batches
+
+``e_s`` and ``f_s`` carry the embedding (rank 0) and LM head (last rank) plus fixed overheads,
+which is why those ranks end up with fewer layers (the time/memory balancing of Galvatron-BMW,
+Wang et al. 2023, Sec. 4). Step time is governed by the slowest rank and peak memory by the most
+loaded rank, so a global configuration's frontier is over ``(max_s t_s, max_s m_s)`` subject to
+``sum_s n_s = L`` and ``n_s >= v`` (each of the rank's ``v`` virtual stages needs a layer).
+
+Exact frontier without enumerating splits (frontier tracking, TensorOpt Sec. 4): the set of
+feasible (n, r) for a rank under limits (T, M) is downward closed in n, and the fewest-recompute
+time ``T_s(n | M)`` / least memory ``M_s(n | T)`` of n layers increase with n. Hence
+``min T given M`` is the larger of the L-th smallest value among all ``T_s(n | M)`` and
+``max_s T_s(v | M)``; symmetrically for ``min M given T``. Alternating the two walks the frontier
+staircase point by point (each point a vectorised partition over all configs at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+_REL = 1e-12
+"""Relative slack when comparing floats that were computed along different paths."""
+
+
+@dataclass(frozen=True)
+class StageTable:
+    """Affine per-rank costs for C global configurations with the same ``p`` and ``v``."""
+
+    layer_time_s: np.ndarray  # (C,) a
+    recompute_time_s: np.ndarray  # (C,) b
+    layer_static_bytes: np.ndarray  # (C,) c
+    layer_act_bytes: np.ndarray  # (C,) d
+    layer_act_recomputed_bytes: np.ndarray  # (C,) g (<= d)
+    rank_time_s: np.ndarray  # (C, p) e
+    rank_bytes: np.ndarray  # (C, p) f
+    inflight: np.ndarray  # (C, p) k
+    allow_recompute: np.ndarray  # (C,) bool: recompute policy is not 'none'
+    num_layers: int  # L
+    chunks: int = 1  # v: layers per rank at least v
+    recompute_jump_bytes: np.ndarray | None = None
+    """(C,) memory added once a rank recomputes any layer (full recompute rematerialises one
+    layer's activations during its backward); None means 0."""
+
+    def jump(self) -> np.ndarray:
+        if self.recompute_jump_bytes is None:
+            return np.zeros(self.num_configs)
+        return self.recompute_jump_bytes
+
+    @property
+    def num_configs(self) -> int:
+        return int(self.layer_time_s.size)
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.rank_time_s.shape[1])
+
+    def take(self, idx: np.ndarray) -> "StageTable":
+        return StageTable(self.layer_time_s[idx], self.recompute_time_s[idx], self.layer_static_bytes[idx],
+                          self.layer_act_bytes[idx], self.layer_act_recomputed_bytes[idx],
+                          self.rank_time_s[idx], self.rank_bytes[idx], self.inflight[idx],
+                          self.allow_recompute[idx], self.num_layers, self.chunks,
+                          self.jump()[idx])
+
+    # ---- the per-rank cost of a concrete choice ------------------------------------------
+    def rank_costs(self, n: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(time, memory) per rank for layer counts n and recomputed counts r, both (C, p)."""
+        a, b, c, d, g = (x[:, None] for x in (self.layer_time_s, self.recompute_time_s,
+                                              self.layer_static_bytes, self.layer_act_bytes,
+                                              self.layer_act_recomputed_bytes))
+        t = n * a + r * b + self.rank_time_s
+        m = n * c + self.inflight * ((n - r) * d + r * g) + self.rank_bytes
+        return t, m + np.where(r > 0, self.jump()[:, None], 0.0)
+
+
+@dataclass(frozen=True)
+class StagePoints:
+    """Frontier points of many configs: ``config`` indexes the StageTable rows."""
+
+    config: np.ndarray  # (P,)
+    max_time_s: np.ndarray  # (P,) slowest rank per micro-batch
+    peak_bytes: np.ndarray  # (P,) most loaded rank
+    layers: np.ndarray  # (P, p) n_s
+    recomputed: np.ndarray  # (P, p) r_s
+
+
+def _grid(tbl: StageTable) -> tuple[np.ndarray, ...]:
+    """Broadcast helpers of shape (C, p, G) over the usable layer counts n = v .. L - (p-1) v
+    (every other rank needs v layers, and fewer than v is never a choice)."""
+    n = np.arange(tbl.chunks, _n_high(tbl) + 1, dtype=float)[None, None, :]
+    col = lambda x: x[:, None, None]  # noqa: E731
+    return (n, col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes),
+            col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes),
+            tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None],
+            col(tbl.allow_recompute), col(tbl.jump()))
+
+
+def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool) -> np.ndarray:
+    """T_s(n | M): least time of n layers on rank s within memory M (inf if impossible): (C,p,L)."""
+    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
+    lim = mem_limit[:, None, None]
+    base = n * (c + k * d) + f  # memory with no recompute
+    saving = k * (d - g)  # memory saved per recomputed layer
+    tol = np.maximum(np.abs(lim), 1.0) * _REL
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = (base + jump - lim) / np.where(saving > 0, saving, 1.0)  # recomputed layers needed
+        if strict:  # memory strictly below the limit: r > x
+            fits_plain = base < lim - tol
+            r_need = np.floor(x + 1e-9) + 1
+        else:  # r >= x
+            fits_plain = base <= lim + tol
+            r_need = np.ceil(x - 1e-9)
+    r_min = np.where(fits_plain, 0.0, np.where(saving > 0, np.maximum(r_need, 1.0), np.inf))
+    r_min = np.where(allow | (r_min == 0), r_min, np.inf)
+    ok = r_min <= n
+    return np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf)
+
+
+def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) -> np.ndarray:
+    """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
+    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
+    lim = time_limit[:, None, None]
+    slack = lim - (n * a + e)
+    if strict:
+        slack = slack - np.maximum(np.abs(lim), 1e-30) * _REL
+    else:
+        slack = slack + np.maximum(np.abs(lim), 1e-30) * _REL
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_max = np.where(b > 0, np.floor(slack / b), np.inf)
+    r_max = np.where(allow, np.minimum(r_max, n), 0.0)
+    ok = slack >= 0
+    r_max = np.where(ok, np.maximum(r_max, 0.0), 0.0)
+    mem = n * c + k * ((n - r_max) * d + r_max * g) + f + np.where(r_max > 0, jump, 0.0)
+    mem = np.minimum(mem, n * (c + k * d) + f)  # recomputing nothing may be leaner (jump)
+    return np.where(ok, mem, np.inf)
+
+
+def _n_high(tbl: StageTable) -> int:
+    return tbl.num_layers - (tbl.num_ranks - 1) * tbl.chunks
+
+
+def _min_bottleneck(values: np.ndarray, tbl: StageTable) -> np.ndarray:
+    """Smallest bottleneck level at which the ranks can hold L layers, >= v each: (C,).
+
+    ``values[c, s, j]`` is rank s's level for n = v + j layers (increasing in j). Once every
+    rank can hold v layers (its first value), the ranks hold p (v - 1) layers below the grid
+    for free, so the grid must supply L - p (v - 1): the (L - p (v - 1))-th smallest value.
+    """
+    C, p, G = values.shape
+    k = tbl.num_layers - p * (tbl.chunks - 1) - 1
+    kth = np.partition(values.reshape(C, p * G), k, axis=1)[:, k]
+    return np.maximum(kth, values[:, :, 0].max(axis=1))
+
+
+def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A concrete (n, r) per rank meeting (T, M); None-free: rows must be feasible."""
+    t_of_n = _time_given_memory(tbl, m_lim, strict=False)
+    tol = np.maximum(np.abs(t_lim), 1e-30)[:, None, None] * 1e-9
+    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + tbl.chunks - 1
+    n = np.minimum(n_max, _n_high(tbl))
+    excess = n.sum(axis=1) - tbl.num_layers
+    # Give back surplus layers from the ranks holding the most (keeps both limits: downward closed).
+    while np.any(excess > 0):
+        rows = np.flatnonzero(excess > 0)
+        j = np.argmax(n[rows], axis=1)
+        n[rows, j] -= 1
+        excess[rows] -= 1
+    # Fewest recomputed layers that meet the memory limit (the fastest choice).
+    _, _, c, d, g = (x[:, None] for x in (tbl.layer_time_s, tbl.recompute_time_s, tbl.layer_static_bytes,
+                                          tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes))
+    base = n * (c + tbl.inflight * d) + tbl.rank_bytes
+    saving = tbl.inflight * (d - g)
+    tol = np.maximum(np.abs(m_lim), 1.0)[:, None] * _REL
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
+    r = np.where(base <= m_lim[:, None] + tol, 0.0, np.maximum(need, 1.0))
+    r = np.clip(r, 0, n).astype(np.int64)
+    r = np.where(tbl.allow_recompute[:, None], r, 0)
+    return n, r
+
+
+def stage_frontier(tbl: StageTable, max_points: int = 64,
+                   keep_going: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
+                   memory_cap_bytes: float = np.inf) -> StagePoints:
+    """Every Pareto point (max rank time, peak rank memory) of each config, fastest first.
+
+    ``max_points`` bounds the staircase per config (the fastest points are kept; exact when the
+    frontier is shorter). Only points with peak memory <= ``memory_cap_bytes`` are walked (the
+    walk starts at the fastest such point). ``keep_going(rows, next_time, least_memory)`` may
+    stop configs early:
+    given the config rows still walking, the time of their next point and their least possible
+    memory, it returns which are still worth walking (e.g. not dominated by known plans).
+    """
+    C = tbl.num_configs
+    out: list[tuple[np.ndarray, ...]] = []
+    if C == 0:
+        return _empty_points(tbl.num_ranks)
+    inf = np.full(C, np.inf)
+    t_cur = _min_bottleneck(_time_given_memory(tbl, np.full(C, float(memory_cap_bytes)), strict=False), tbl)
+    active = np.isfinite(t_cur)
+    m_floor = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl) if keep_going else None
+    m_prev = inf.copy()
+    rows = np.arange(C)
+    for _ in range(max_points):
+        if not active.any():
+            break
+        sub = tbl.take(rows[active])
+        t_a = t_cur[active]
+        m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False), sub)
+        n, r = _assignment(sub, t_a, m_a)
+        t_s, m_s = sub.rank_costs(n, r)
+        out.append((rows[active], t_s.max(axis=1), m_s.max(axis=1), n, r))
+        m_prev[active] = m_a
+        # Next point: the least time that lets memory go strictly below this point's.
+        t_next = _min_bottleneck(_time_given_memory(sub, m_a, strict=True), sub)
+        idx = rows[active]
+        t_cur[idx] = t_next
+        active[idx] = np.isfinite(t_next)
+        if keep_going is not None and active.any():
+            live = rows[active]
+            active[live] = keep_going(live, t_cur[live], m_floor[live])
+    if not out:
+        return _empty_points(tbl.num_ranks)
+    cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
+    return StagePoints(cfg, t, m, n, r)
+
+
+def relaxed_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:
+    """Cheap lower bounds (O(C p)) on :func:`corner_bounds`: let layer counts be real numbers.
+
+    Time: the slowest rank is at least the average, (L a + sum_s e_s) / p, and at least any
+    rank holding its minimum v layers. Memory: every choice costs at least n (c + k_s g) + f_s
+    on rank s (g <= d and the jump >= 0), and the least max over real splits of these lines
+    solves sum_s (M - f_s) / slope_s = L (water filling).
+    """
+    a = tbl.layer_time_s
+    p, L, v = tbl.num_ranks, tbl.num_layers, tbl.chunks
+    e, f, k = tbl.rank_time_s, tbl.rank_bytes, tbl.inflight
+    t_lb = np.maximum((L * a + e.sum(axis=1)) / p, (e + v * a[:, None]).max(axis=1))
+    slope = tbl.layer_static_bytes[:, None] + k * np.minimum(tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes)[:, None]
+    slope = np.maximum(slope, 1e-30)
+    water = (L + (f / slope).sum(axis=1)) / (1.0 / slope).sum(axis=1)
+    m_lb = np.maximum(water, (f + v * slope).max(axis=1))
+    return t_lb, m_lb
+
+
+def corner_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:
+    """Per config the least max-rank time (no memory limit) and least peak memory (no time
+    limit): no split of that config does better in either objective."""
+    inf = np.full(tbl.num_configs, np.inf)
+    t_lb = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
+    m_lb = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
+    return t_lb, m_lb
+
+
+def _empty_points(p: int) -> StagePoints:
+    z = np.empty(0)
+    return StagePoints(np.empty(0, dtype=np.int64), z, z, np.empty((0, p), np.int64), np.empty((0, p), np.int64))

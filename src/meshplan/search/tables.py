@@ -1,0 +1,167 @@
+"""Bridge from the cost model to the stage search: affine per-rank tables and exact re-scoring.
+
+The stage search (:mod:`meshplan.search.stages`) needs, for each global configuration, the cost
+of one pipeline rank as an affine function of its layer count n and recomputed count r. This
+module reads those coefficients off the cost model itself by finite differences of
+``meshplan.cost.batch.rank_cost`` (no formula is repeated here), and scores any concrete
+(n, r) per rank exactly with ``rank_cost`` + ``compose``, the functions ``estimate`` uses.
+
+Step time is ``alpha * max_s t_s + max_s x_s`` (``pipeline_time`` is linear in the slowest
+rank's micro-batch time t; x is the per-step data-parallel and optimizer tail). The search folds
+x into a per-micro-batch time ``t_s + x_s / alpha`` (exact when one rank is slowest in both) and
+every reported point is re-scored exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.batch import BatchEstimate, RankCost, compose, num_microbatches, rank_cost
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.layer import LayerCost, layer_cost
+from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
+from meshplan.search.space import RECOMPUTES
+from meshplan.search.stages import StageTable
+from meshplan.plan import Recompute
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class CostContext:
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    calib: Calibration
+
+
+def _take_layer(layer: LayerCost, idx: np.ndarray) -> LayerCost:
+    return LayerCost(**{f.name: np.asarray(getattr(layer, f.name))[idx] for f in fields(LayerCost)})
+
+
+def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
+    idx = np.tile(np.arange(len(plans)), times)
+    return plans.take(idx), idx
+
+
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "sp", "micro_batch", "cp_method", "dp_shard", "zero")
+"""The plan fields ``layer_cost`` reads (tests/planner/test_search_tables.py checks that rows
+equal on these get equal layer costs, so a change in the cost model cannot go unnoticed)."""
+
+
+def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> LayerCost:
+    """``layer_cost`` for every plan, computed once per distinct LAYER_KEY_FIELDS row.
+
+    Many global configurations differ only in pipeline, schedule, replication or recompute
+    policy, which one layer's cost does not depend on; this evaluates ~40x fewer rows.
+    """
+    key = np.zeros(len(plans), dtype=np.int64)
+    for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
+        col = getattr(plans, f).astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
+    return _take_layer(unique, inverse.reshape(-1))
+
+
+def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
+    """Step seconds per second of slowest-rank micro-batch time (micro-batches + bubble)."""
+    m = num_microbatches(ctx.training, plans)
+    return pipeline_time(1.0, m, plans.pp, plans.vpp, plans.schedule, ctx.calib)[0] * np.ones(len(plans))
+
+
+def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int,
+                layer: LayerCost | None = None) -> StageTable:
+    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank."""
+    C = len(plans)
+    layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
+    last = pp - 1
+    # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head).
+    probes = [(0, 1, 0, False, False), (0, 2, 0, False, False), (0, 2, 1, False, False),
+              (0, 2, 2, False, False), (last, 1, 0, False, False), (last, 2, 0, False, False),
+              (0, 1, 0, True, pp == 1), (last, 1, 0, pp == 1, True)]
+    K = len(probes)
+    sp, idx = _stack(plans, K)
+    col = lambda j: np.repeat([pr[j] for pr in probes], C)  # noqa: E731
+    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
+                   rank=col(0), layers=col(1), recomputed=col(2), has_embedding=col(3).astype(bool),
+                   has_head=col(4).astype(bool))
+    t = np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)
+    x = np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)
+    mem = np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C)
+    alpha = pipeline_alpha(ctx, plans)
+    m = num_microbatches(ctx.training, plans)
+    held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule), float)  # noqa: E731
+    h0, hl = held(0), held(last)
+
+    a = t[1] - t[0]
+    b = t[2] - t[1]
+    xa = x[1] - x[0]
+    s0, sl = mem[1] - mem[0], mem[5] - mem[4]
+    diff = h0 != hl
+    d = np.where(diff, (s0 - sl) / np.where(diff, h0 - hl, 1.0), 0.0)
+    c = s0 - h0 * d
+    allow = plans.recompute != RECOMPUTES.index(Recompute.NONE)
+    step2 = mem[3] - mem[2]  # -h0 * saving per recomputed layer (no jump between r=1 and r=2)
+    saving = np.where(allow & (h0 > 0), -step2 / np.where(h0 > 0, h0, 1.0), 0.0)
+    jump = np.where(allow, (mem[2] - mem[1]) - step2, 0.0)
+    # Per-rank intercepts: plain ranks, then the embedding rank 0 and the head rank p-1.
+    ranks = np.arange(pp)
+    h = np.asarray(in_flight_chunks(ranks[None, :], plans.pp[:, None], plans.vpp[:, None],
+                                    m[:, None], plans.schedule[:, None]), float)
+    e_plain = (t[0] - a) + (x[0] - xa) / alpha
+    f_plain = mem[0] - (c + h0 * d)
+    e = np.repeat(e_plain[:, None], pp, axis=1)
+    f = np.repeat(f_plain[:, None], pp, axis=1)
+    e[:, last] = (t[7] - a) + (x[7] - xa) / alpha
+    f[:, last] = mem[7] - (c + hl * d)
+    e[:, 0] = (t[6] - a) + (x[6] - xa) / alpha
+    f[:, 0] = mem[6] - (c + h0 * d)
+    return StageTable(
+        layer_time_s=a + xa / alpha, recompute_time_s=np.where(allow, b, 0.0), layer_static_bytes=c,
+        layer_act_bytes=d, layer_act_recomputed_bytes=d - np.where(h0 > 0, saving, 0.0),
+        rank_time_s=e, rank_bytes=f, inflight=h, allow_recompute=allow,
+        num_layers=ctx.model.num_layers, chunks=vpp, recompute_jump_bytes=jump)
+
+
+def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
+                 layer: LayerCost | None = None) -> BatchEstimate:
+    """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp)."""
+    P, pp = layers.shape
+    layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
+    sp, idx = _stack(plans, pp)  # rank-major blocks: block j is rank j of every plan
+    rank = np.repeat(np.arange(pp), P)
+    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
+                   rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
+                   has_embedding=rank == 0, has_head=rank == pp - 1)
+    per_rank = []
+    for j in range(pp):
+        sl = slice(j * P, (j + 1) * P)
+        per_rank.append(RankCost(**{f.name: np.broadcast_to(getattr(rc, f.name), (pp * P,))[sl]
+                                    for f in fields(RankCost)}))
+    return compose(ctx.model, ctx.cluster, ctx.training, plans, per_rank, ctx.calib)
+
+
+def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per virtual stage (model order) layer and recomputed counts from per-rank totals.
+
+    Virtual stage i lives on rank i % pp; a rank's layers are spread evenly over its chunks (the
+    cost model charges a rank by its totals), its recomputed layers filled chunk by chunk.
+    """
+    pp = len(rank_layers)
+    stage_layers = [0] * (pp * vpp)
+    stage_rec = [0] * (pp * vpp)
+    for rnk in range(pp):
+        n, r = int(rank_layers[rnk]), int(rank_recomputed[rnk])
+        base, extra = divmod(n, vpp)
+        for ch in range(vpp):
+            k = base + (1 if ch < extra else 0)
+            take = min(k, r)
+            stage_layers[ch * pp + rnk] = k
+            stage_rec[ch * pp + rnk] = take
+            r -= take
+    return tuple(stage_layers), tuple(stage_rec)

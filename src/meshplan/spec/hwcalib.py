@@ -1,0 +1,104 @@
+"""The cost model's Calibration fitted from a hardware profile (no torch).
+
+``apply_profile`` already puts the measured rates into the ClusterSpec (peak = best matmul seen,
+HBM bandwidth = best copy/elementwise bandwidth, link = alpha-beta fit over all collectives), so
+the factors fitted here are relative to those measured rates:
+
+  matmul_efficiency, matmul_half_dim   the curve eff_max * x / (x + x_half) fitted to the matmul
+                                       sweep (x = smallest GEMM dimension), relative to the best;
+  attention_efficiency                 causal SDPA FLOP/s over (peak * H / (H + x_half)), the form
+                                       in which the cost model uses it, median over shapes;
+  hbm_efficiency                       elementwise-add bandwidth over the best bandwidth (the
+                                       memory-bound ops of a layer are elementwise, not copies);
+  intra_node_comm_efficiency           1: the link bandwidth already is the measured bus bandwidth;
+  framework_overhead_gib               CPU only: resident memory of a torch worker that has joined
+                                       its process group (on GPU the CUDA context is outside
+                                       max_memory_allocated, so the default stays).
+
+Every fitted value is returned in a ``FittedValue`` with its source ``profile:<file>:<date>``;
+the Calibration's ``source`` names the profile and the fields it changed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplan.cost.calibration import Calibration
+from meshplan.errors import MeshplanError
+from meshplan.spec.cluster import GIB, GPUSpec
+from meshplan.spec.hwfit import fit_matmul_curve
+from meshplan.spec.hwprofile import HardwareProfile, load_profile, profile_source
+from meshplan.spec.training import Precision
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittedValue:
+    field: str
+    value: float
+    source: str
+    how: str
+
+
+def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> tuple[FittedValue, ...]:
+    """The Calibration fields a profile determines, for matmuls in ``precision``."""
+    prec = precision.value
+    samples = [s for s in profile.matmul if s.precision == prec]
+    if len(samples) < 2:
+        measured = ", ".join(sorted(profile.peak_flops)) or "none"
+        raise MeshplanError(f"profile has no {prec} matmul sweep (measured: {measured})")
+    best = profile.peak_flops[prec]
+    curve = fit_matmul_curve([(s.m, s.n, s.k) for s in samples], [s.flops_per_s for s in samples], best)
+    eff_max = min(1.0, curve.eff_max)
+    out = [
+        FittedValue(field="matmul_efficiency", value=eff_max, source=source,
+                    how=f"curve fit over {len(samples)} {prec} shapes, relative to the best "
+                        f"({best / 1e12:.4g} TFLOP/s); max fit error {curve.max_rel_error:.0%}"),
+        FittedValue(field="matmul_half_dim", value=curve.d_half, source=source,
+                    how="same curve: smallest GEMM dimension at half of matmul_efficiency"),
+    ]
+    attn = [a for a in profile.attention if a.precision == prec]
+    if attn:
+        effs = [a.flops_per_s / (best * a.head_dim / (a.head_dim + curve.d_half)) for a in attn]
+        out.append(FittedValue(field="attention_efficiency", value=min(1.0, statistics.median(effs)),
+                               source=source, how=f"causal SDPA, median over {len(attn)} shapes"))
+    adds = [b.bytes_per_s for b in profile.bandwidth if b.op == "add"]
+    if adds:
+        out.append(FittedValue(field="hbm_efficiency",
+                               value=min(1.0, max(adds) / profile.device.hbm_bandwidth_bytes_per_s),
+                               source=source, how="elementwise add over the best measured bandwidth"))
+    if profile.link_bandwidth_bytes_per_s is not None:
+        out.append(FittedValue(field="intra_node_comm_efficiency", value=1.0, source=source,
+                               how="link bandwidth is the measured bus bandwidth of the collectives"))
+    if profile.meta.device_type == "cpu":
+        out.append(FittedValue(field="framework_overhead_gib",
+                               value=profile.device.framework_baseline_bytes / GIB, source=source,
+                               how="resident memory of a torch worker after joining its process group"))
+    return tuple(out)
+
+
+def calibration_from_profile(path: str | Path, precision: Precision, base: Calibration | None = None,
+                             ) -> tuple[Calibration, tuple[FittedValue, ...]]:
+    """``base`` (default: Calibration()) with the profile's fitted fields, and what was fitted."""
+    profile = load_profile(path)
+    return calibration_from_profile_data(profile, profile_source(profile, path), precision, base)
+
+
+def calibration_from_profile_data(profile: HardwareProfile, source: str, precision: Precision,
+                                  base: Calibration | None = None,
+                                  ) -> tuple[Calibration, tuple[FittedValue, ...]]:
+    base = base or Calibration()
+    fitted = profile_fit(profile, source, precision)
+    changes = {f.field: f.value for f in fitted}
+    names = ", ".join(changes)
+    calib = base.replace_fields(source=f"{source} ({names}); other fields: {base.source}", **changes)
+    return calib, fitted
+
+
+def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision) -> Calibration:
+    """What a command with ``--cluster-profile`` passes to ``estimate``: the GPU family's
+    calibration (overlaps, memory sizes) with the factors this profile measured."""
+    from meshplan.cost.calibration import calibration_for
+
+    return calibration_from_profile(path, precision, calibration_for(gpu))[0]

@@ -1,0 +1,88 @@
+"""`meshplan validate` through the real entry point, on the shared CSV and a hand-made one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+SHARED = Path("/work/shared/data/runs_calibration.csv")
+HEADER = ["id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+          "ffn_hidden_size", "vocab_size", "seq_len", "moe_num_experts", "moe_top_k",
+          "moe_ffn_hidden_size", "gpu", "num_gpus", "gpus_per_node", "global_batch_size",
+          "micro_batch_size", "tp", "pp", "dp", "cp", "ep", "vpp", "zero", "sequence_parallel",
+          "recompute", "precision", "measured_tflops_per_gpu", "flops_basis", "measured_mfu",
+          "measured_tokens_per_s_per_gpu", "measured_step_time_s", "measured_peak_mem_gib",
+          "reliability", "notes"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=HEADER)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in HEADER})
+    return path
+
+
+GOOD = dict(id="1", source="hand", model="GPT 1.7B", num_layers="24", hidden_size="2304", num_heads="24",
+            vocab_size="51200", seq_len="2048", gpu="a100-80gb", num_gpus="32", gpus_per_node="8",
+            global_batch_size="512", micro_batch_size="16", tp="1", pp="1", recompute="full",
+            precision="fp16", measured_tflops_per_gpu="137", flops_basis="hardware")
+
+
+def test_tiny_csv(tmp_path):
+    rows = [
+        GOOD,
+        {**GOOD, "id": "2", "tp": "5", "num_gpus": "40"},  # 24 heads not divisible by 5
+        {**GOOD, "id": "3", "measured_tflops_per_gpu": "", "flops_basis": "", "measured_step_time_s": "2.0",
+         "measured_peak_mem_gib": "30"},
+        {**GOOD, "id": "4", "measured_tflops_per_gpu": "", "flops_basis": "", "recompute": "none", "notes": "OOM at startup"},
+    ]
+    r = run("validate", "--runs", str(write(tmp_path / "runs.csv", rows)), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["summary"]["rows"] == 3 and d["summary"]["skipped"] == 1
+    assert "not divisible by tp=5" in d["skipped"][0]["reason"]
+    by_id = {x["row_id"]: x for x in d["rows"]}
+    assert by_id["1"]["metric"] == "tflops_per_gpu" and by_id["1"]["predicted"] > 0
+    assert by_id["3"]["metric"] == "step_time_s" and by_id["3"]["memory_error"] is not None
+    assert by_id["4"]["oom"] is True and by_id["4"]["fits"] is False
+    assert d["summary"]["oom_predicted_not_fitting"] == 1
+    # the error is predicted/measured - 1 of the row's metric
+    one = by_id["1"]
+    assert one["error"] == pytest.approx(one["predicted"] / one["measured"] - 1)
+
+
+def test_bad_runs_files(tmp_path):
+    r = run("validate", "--runs", str(tmp_path / "missing.csv"))
+    assert r.returncode == 2 and r.stderr.startswith("error: ")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    r = run("validate", "--runs", str(bad))
+    assert r.returncode == 2 and "missing column" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="shared calibration data not present")
+def test_shared_csv_meets_targets():
+    r = run("validate", "--runs", str(SHARED), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["throughput_rows"] >= 100 and s["memory_rows"] >= 30
+    assert s["throughput_median_abs_error"] <= 0.10
+    assert s["memory_median_abs_error"] <= 0.10
+    t = run("validate", "--runs", str(SHARED))
+    assert t.returncode == 0 and "median" in t.stdout and "Rows not estimated" in t.stdout

@@ -1,0 +1,59 @@
+"""Hugging Face config.json files (real published values, tests/fixtures/hf/) give the same
+architecture and parameter count as meshplan's presets.
+
+Known published totals, checked by hand against the formula in ModelSpec.num_params:
+GPT-2 small 124,439,808 (tied head); BERT-large 335M with pooler and MLM head; Llama-3-8B
+8,030,261,248; Mistral-7B 7,241,732,096; Mixtral-8x7B 46,702,792,704.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan.errors import MeshplanError
+from meshplan.spec.hf import load_hf_config
+from meshplan.spec.presets import model_preset, resolve_model
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+PUBLISHED = {
+    "gpt2": 124_439_808,
+    "llama3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+}
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mistral-7b", "qwen2.5-7b", "mixtral-8x7b", "gpt2", "bert-large"])
+def test_config_json_matches_preset(name):
+    spec = resolve_model(str(FIXTURES / name / "config.json"))
+    preset = model_preset(name)
+    assert spec.num_params() == preset.num_params()
+    assert spec.num_params(active_only=True) == preset.num_params(active_only=True)
+    for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
+                  "vocab_size", "gated_mlp", "tied_embeddings", "arch", "norm", "position",
+                  "moe_num_experts", "moe_top_k"):
+        assert getattr(spec, field) == getattr(preset, field), field
+    if name in PUBLISHED:
+        assert spec.num_params() == PUBLISHED[name]
+
+
+def test_folder_path_and_name():
+    spec = resolve_model(str(FIXTURES / "mistral-7b"))
+    assert spec.name == "mistralai/Mistral-7B-v0.1"
+
+
+def test_unknown_model_type(tmp_path):
+    cfg = json.loads((FIXTURES / "gpt2" / "config.json").read_text())
+    cfg["model_type"] = "t5"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MeshplanError, match="model_type 't5' is not supported"):
+        load_hf_config(tmp_path / "config.json")
+
+
+def test_missing_field(tmp_path):
+    cfg = json.loads((FIXTURES / "llama3-8b" / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MeshplanError, match="no num_hidden_layers"):
+        load_hf_config(tmp_path / "config.json")

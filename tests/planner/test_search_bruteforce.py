@@ -1,0 +1,88 @@
+"""On small spaces the searched frontier equals brute force over every plan, each scored by
+``meshplan.cost.estimate`` (every global configuration x every per-rank layer split x every
+per-rank count of recomputed layers)."""
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from meshplan.cost import estimate
+from meshplan.plan import Recompute
+from meshplan.search.frontier import pareto_indices
+from meshplan.search.planner import search
+from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
+from meshplan.search.tables import chunk_split
+from meshplan.spec.cluster import cluster_for_gpu
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+def _compositions(total, parts, low):
+    if parts == 1:
+        if total >= low:
+            yield (total,)
+        return
+    for first in range(low, total - low * (parts - 1) + 1):
+        for rest in _compositions(total - first, parts - 1, low):
+            yield (first,) + rest
+
+
+def brute_force(model, cluster, training, options):
+    """(step time, peak bytes) of every plan in the space, scored one by one with estimate()."""
+    space = enumerate_space(model, training, cluster.num_gpus, options)
+    times, mems = [], []
+    for i in range(len(space)):
+        pp, vpp = int(space.pp[i]), int(space.vpp[i])
+        policy = RECOMPUTES[int(space.recompute[i])]
+        for n in _compositions(model.num_layers, pp, vpp):
+            rs = itertools.product(*[range(k + 1) for k in n]) if policy != Recompute.NONE else [(0,) * pp]
+            for r in rs:
+                layers, rec = chunk_split(np.array(n), np.array(r), vpp)
+                est = estimate(model, cluster, training, space.plan(i, layers, rec))
+                times.append(est.step_time_s)
+                mems.append(est.peak_memory_gib * 2**30)
+    t, m = np.array(times), np.array(mems)
+    idx = pareto_indices(t, m)
+    return t[idx], m[idx], t.size
+
+
+@st.composite
+def small_cases(draw):
+    heads = draw(st.sampled_from([4, 8]))
+    hidden = heads * draw(st.sampled_from([64, 128, 256]))
+    model = ModelSpec(
+        name="rand", num_layers=draw(st.integers(2, 4)), hidden_size=hidden, num_heads=heads,
+        num_kv_heads=draw(st.sampled_from([heads, heads // 2])), ffn_hidden_size=4 * hidden,
+        gated_mlp=draw(st.booleans()), vocab_size=draw(st.sampled_from([8000, 32000])))
+    gpus = draw(st.sampled_from([1, 2, 4]))
+    per_node = draw(st.sampled_from([2, 4]))
+    cluster = cluster_for_gpu(draw(st.sampled_from(["h100-sxm", "a100-40gb"])),
+                              gpus_per_node=per_node).with_gpus(gpus)
+    training = TrainingSpec(seq_len=draw(st.sampled_from([512, 2048])),
+                            global_batch=draw(st.sampled_from([2, 4, 8])))
+    return model, cluster, training
+
+
+OPTIONS = SearchOptions(max_vpp=2)
+
+
+@settings(max_examples=8, deadline=None)
+@given(small_cases())
+def test_frontier_equals_brute_force(case):
+    model, cluster, training = case
+    bt, bm, count = brute_force(model, cluster, training, OPTIONS)
+    res = search(model, cluster, training, options=OPTIONS, refine_slack=float("inf"),
+                 memory_cap_bytes=float("inf"), stage_points=10_000)
+    st_ = np.array([p.step_time_s for p in res.frontier])
+    sm = np.array([p.peak_memory_bytes for p in res.frontier])
+    assert count >= len(res.frontier)
+    # Same frontier: every brute-force point is matched by a searched point and vice versa.
+    assert len(st_) == len(bt), (len(st_), len(bt))
+    np.testing.assert_allclose(st_, bt, rtol=1e-9)
+    np.testing.assert_allclose(sm, bm, rtol=1e-9)
+    # And the reported plans really cost what the frontier says.
+    for p in res.frontier[:3]:
+        est = estimate(model, cluster, training, p.plan)
+        assert np.isclose(est.step_time_s, p.step_time_s, rtol=1e-9)
+        assert np.isclose(est.peak_memory_gib * 2**30, p.peak_memory_bytes, rtol=1e-9)

@@ -1,0 +1,94 @@
+"""The stage-split frontier equals brute force over every split and every recompute count."""
+
+import itertools
+
+import numpy as np
+from hypothesis import given, strategies as st
+
+from meshplan.search.frontier import pareto_indices
+from meshplan.search.stages import StageTable, corner_bounds, relaxed_bounds, stage_frontier
+
+
+def _compositions(total: int, parts: int, low: int):
+    if parts == 1:
+        if total >= low:
+            yield (total,)
+        return
+    for first in range(low, total - low * (parts - 1) + 1):
+        for rest in _compositions(total - first, parts - 1, low):
+            yield (first,) + rest
+
+
+def _brute(tbl: StageTable, i: int) -> set[tuple[float, float]]:
+    one = tbl.take(np.array([i]))
+    ns, rs = [], []
+    for n in _compositions(tbl.num_layers, tbl.num_ranks, tbl.chunks):
+        r_ranges = [range(k + 1) if one.allow_recompute[0] else range(1) for k in n]
+        for r in itertools.product(*r_ranges):
+            ns.append(n)
+            rs.append(r)
+    rows = np.zeros(len(ns), dtype=int)
+    t, m = one.take(rows).rank_costs(np.array(ns, float), np.array(rs, float))
+    pts_t, pts_m = t.max(axis=1), m.max(axis=1)
+    idx = pareto_indices(pts_t, pts_m)
+    return {(round(pts_t[j], 9), round(pts_m[j], 6)) for j in idx}
+
+
+@st.composite
+def tables(draw):
+    C = draw(st.integers(1, 3))
+    p = draw(st.integers(1, 3))
+    v = draw(st.integers(1, 2))
+    L = draw(st.integers(p * v, 7))
+    pos = st.floats(0.1, 10.0, allow_nan=False)
+    ints = lambda lo, hi: np.array(draw(st.lists(st.integers(lo, hi), min_size=C, max_size=C)), float)  # noqa: E731
+    mat = lambda lo, hi: np.array(draw(st.lists(st.integers(lo, hi), min_size=C * p, max_size=C * p)),  # noqa: E731
+                                  float).reshape(C, p)
+    d = ints(1, 40)
+    return StageTable(
+        layer_time_s=ints(1, 9) / 4.0, recompute_time_s=ints(0, 5) / 4.0, layer_static_bytes=ints(0, 30),
+        layer_act_bytes=d, layer_act_recomputed_bytes=np.floor(d * draw(st.floats(0, 1))),
+        rank_time_s=mat(0, 12) / 4.0, rank_bytes=mat(0, 100), inflight=mat(1, 4),
+        allow_recompute=np.array(draw(st.lists(st.booleans(), min_size=C, max_size=C))),
+        num_layers=L, chunks=v, recompute_jump_bytes=ints(0, 3) * draw(st.integers(0, 1)))
+
+
+@given(tables())
+def test_stage_frontier_equals_brute_force(tbl):
+    pts = stage_frontier(tbl, max_points=10_000)
+    for i in range(tbl.num_configs):
+        mine = {(round(t, 9), round(m, 6)) for t, m, c in zip(pts.max_time_s, pts.peak_bytes, pts.config) if c == i}
+        assert mine == _brute(tbl, i)
+        # every reported split is legal and reproduces its point
+        sel = pts.config == i
+        assert np.all(pts.layers[sel].sum(axis=1) == tbl.num_layers)
+        assert np.all(pts.layers[sel] >= tbl.chunks)
+        assert np.all((0 <= pts.recomputed[sel]) & (pts.recomputed[sel] <= pts.layers[sel]))
+
+
+@given(tables())
+def test_corner_bounds_bound_every_point(tbl):
+    t_lb, m_lb = corner_bounds(tbl)
+    pts = stage_frontier(tbl, max_points=10_000)
+    assert np.all(pts.max_time_s >= t_lb[pts.config] - 1e-9)
+    t_rel, m_rel = relaxed_bounds(tbl)
+    assert np.all(t_rel <= t_lb * (1 + 1e-9)) and np.all(m_rel <= m_lb * (1 + 1e-9) + 1e-9)
+    assert np.all(pts.peak_bytes >= m_lb[pts.config] - 1e-6)
+    # both corners are attained: the first point is the fastest, the last the leanest
+    for i in range(tbl.num_configs):
+        sel = pts.config == i
+        assert np.isclose(pts.max_time_s[sel].min(), t_lb[i])
+        assert np.isclose(pts.peak_bytes[sel].min(), m_lb[i])
+
+
+def test_embedding_and_head_ranks_get_fewer_layers():
+    # 4 ranks, 16 layers; rank 0 carries an embedding and rank 3 a large LM head (time and memory).
+    tbl = StageTable(
+        layer_time_s=np.array([1.0]), recompute_time_s=np.array([0.3]), layer_static_bytes=np.array([10.0]),
+        layer_act_bytes=np.array([4.0]), layer_act_recomputed_bytes=np.array([1.0]),
+        rank_time_s=np.array([[1.0, 0.0, 0.0, 3.0]]), rank_bytes=np.array([[20.0, 0.0, 0.0, 40.0]]),
+        inflight=np.array([[4.0, 3.0, 2.0, 1.0]]), allow_recompute=np.array([False]), num_layers=16)
+    pts = stage_frontier(tbl)
+    fastest = np.argmin(pts.max_time_s)
+    n = pts.layers[fastest]
+    assert n[3] < n[1] and n[0] <= n[1] and n.sum() == 16

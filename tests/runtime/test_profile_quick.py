@@ -1,0 +1,44 @@
+"""`meshplan profile --quick` measures this machine and writes a profile the planner can load."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meshplan.spec.cluster import system_preset
+from meshplan.spec.hwprofile import apply_profile, load_profile
+
+pytestmark = pytest.mark.runtime
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def test_profile_quick_writes_a_valid_profile(tmp_path):
+    out = tmp_path / "profile.json"
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "meshplan", "profile", "--quick", "--procs", "2",
+                          "--device", "cpu", "--out", str(out), "--json"],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
+                         timeout=120)
+    elapsed = time.monotonic() - t0
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout) == json.loads(out.read_text())
+    p = load_profile(out)  # the planner's own validation accepts it
+    assert p.meta.device_type == "cpu" and p.meta.backend == "gloo"
+    assert 1e8 < p.peak_flops["fp32"] < 1e13  # a CPU core does GFLOP/s, not TFLOP/s of fp32
+    assert p.device.hbm_bandwidth_bytes_per_s > 1e8
+    assert 5e7 < p.device.framework_baseline_bytes < 4e9  # torch + gloo worker RSS
+    assert {(f.op, f.group_size) for f in p.collective_fits} == {
+        ("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_to_all", 2), ("send_recv", 2)}
+    assert all(f.bandwidth_bytes_per_s > 0 and f.latency_s >= 0 for f in p.collective_fits)
+    # larger messages take longer for every op (the sweep measured something real)
+    for op in ("all_reduce", "all_gather"):
+        times = [s.time_s for s in sorted(p.collectives, key=lambda s: s.message_bytes) if s.op == op]
+        assert times[-1] > times[0]
+    assert [c.group_size for c in p.concurrent] == [1, 2]
+    c = apply_profile(system_preset("cpu").with_gpus(2), out)
+    assert c.intra_node_bandwidth_bytes_per_s == p.link_bandwidth_bytes_per_s
+    print(f"profile --quick --procs 2 took {elapsed:.1f} s")
+    assert elapsed < 90  # --quick is meant to stay under a minute; slack for a loaded CI machine
