@@ -54,7 +54,8 @@ def small_cases(draw):
     model = ModelSpec(
         name="rand", num_layers=draw(st.integers(2, 4)), hidden_size=hidden, num_heads=heads,
         num_kv_heads=draw(st.sampled_from([heads, heads // 2])), ffn_hidden_size=4 * hidden,
-        gated_mlp=draw(st.booleans()), vocab_size=draw(st.sampled_from([8000, 32000])))
+        gated_mlp=draw(st.booleans()), vocab_size=draw(st.sampled_from([8000, 32000])),
+        **(dict(moe_num_experts=4, moe_top_k=2) if draw(st.integers(0, 3)) == 0 else {}))
     gpus = draw(st.sampled_from([1, 2, 4]))
     per_node = draw(st.sampled_from([2, 4]))
     cluster = cluster_for_gpu(draw(st.sampled_from(["h100-sxm", "a100-40gb"])),
