@@ -236,6 +236,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                  peak_memory_bytes=float(m), tokens_per_s_per_gpu=float(tok),
                                  mfu=float(tok * tokens_flops / peak)))
     tick("done", 1.0)
+    if memory_cap_bytes is None and np.isfinite(cap) and not np.any(front.memory_bytes <= budget):
+        # Nothing fits: walk the uneven splits down to the leanest plan, so that the "nothing
+        # fits" message reports the least memory any plan needs, not only the even splits'.
+        return search(model, cluster, training, calib=calib, budget_bytes=budget, options=options,
+                      refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
+                      progress=progress)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
                         global_configs=len(space), refined_configs=refined,
                         plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start)
