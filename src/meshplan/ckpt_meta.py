@@ -225,3 +225,36 @@ def check_same_model(ckpt: Path, saved: ModelSpec, current: ModelSpec) -> None:
 
 def _show(v: Any) -> str:
     return str(v.value) if hasattr(v, "value") else str(v)
+
+
+def check_resume(root: str | Path, model: ModelSpec, *, resume: bool) -> Path | None:
+    """What ``meshplan train --checkpoint-dir root [--resume]`` will load, checked before launching.
+
+    Returns the checkpoint ``--resume`` continues from, or None for a fresh start (no checkpoint
+    yet, or only interrupted saves). Refuses: a file instead of a directory, a non-empty directory
+    that holds no checkpoint, a bad or foreign checkpoint, and (without ``--resume``) a directory
+    whose checkpoints a fresh run would overwrite.
+    """
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise MeshplanError(f"{root}: not a directory (--checkpoint-dir needs a directory)")
+    if (root / META_FILENAME).is_file():
+        raise MeshplanError(
+            f"{root}: is one checkpoint; give its parent directory (--checkpoint-dir {root.parent})"
+        )
+    latest = latest_checkpoint(root)
+    if not resume:
+        if latest is not None:
+            raise MeshplanError(
+                f"{root}: already holds checkpoints (latest {latest.name}); pass --resume to continue "
+                "from it, or choose another --checkpoint-dir"
+            )
+        return None
+    if latest is None:
+        entries = [c.name for c in root.iterdir()] if root.is_dir() else []
+        if entries and not any(n.startswith("step-") for n in entries):
+            raise MeshplanError(f"{root}: not a meshplan checkpoint directory (no step-* checkpoints in it)")
+        return None
+    ckpt, meta = load_meta(latest)
+    check_same_model(ckpt, meta.job.model, model)
+    return ckpt

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -40,6 +40,11 @@ def train(
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and data.")] = 0,
     log: Annotated[Optional[Path], typer.Option("--log", help="JSON-lines log: one object per step, then a summary.")] = None,
     override: OverrideOpt = None,
+    cluster_profile: ClusterProfileOpt = None,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Save sharded checkpoints here (step-NNNNNN directories).")] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and after the last); 0: only after the last.", min=0)] = 0,
+    checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
@@ -52,18 +57,33 @@ def train(
         job = Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
     if lr <= 0:
         raise MeshplanError(f"--lr must be positive, got {lr}")
-    check_runnable(job, pipeline_available())
     data_path = resolve_data(data)
+    check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    if cluster_profile:  # a bad profile fails now, not after training
+        from meshplan.spec.hwprofile import load_profile
+
+        load_profile(cluster_profile)
+    if checkpoint_dir is None and (resume or checkpoint_every or checkpoint_keep):
+        raise MeshplanError("--resume, --checkpoint-every and --checkpoint-keep need --checkpoint-dir")
+    if checkpoint_dir is not None and (not under_torchrun() or _is_rank0()):
+        from meshplan.ckpt_meta import check_resume
+
+        check_resume(checkpoint_dir, job.model, resume=resume)  # refuse a bad checkpoint before launching
 
     from meshplan.runtime.train import TrainConfig  # noqa: E402  (imports torch only here)
 
     with tempfile.TemporaryDirectory(prefix="meshplan-train-") as tmp:
         log_path = str(log) if log else str(Path(tmp) / "log.jsonl")
         cfg = TrainConfig(steps=steps, lr=lr, seed=seed, data=data_path, log_path=log_path,
-                          progress=not json_out)
+                          progress=not json_out,
+                          checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+                          checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return
+        from meshplan.runtime.predict import attach_prediction, comparison_table
+
+        versus = attach_prediction(job, log_path, cluster_profile)  # adds both to the log's summary
         lines = [json.loads(x) for x in Path(log_path).read_text().splitlines()]
     summary = next((x for x in lines if x.get("summary")), None)
     if summary is None:
@@ -74,10 +94,14 @@ def train(
     t = Table(title=f"meshplan train: {job.model.name}  {summary['plan']}  ({summary['world_size']} processes)")
     for col in ("steps", "first loss", "final loss", "step time s", "tokens/s", "peak mem GiB", "MFU"):
         t.add_column(col, justify="right")
+    if not summary["steps"]:
+        console().print(f"nothing to do: the checkpoint in {checkpoint_dir} is already at step {steps}")
+        return
     t.add_row(str(summary["steps"]), f"{summary['first_loss']:.4f}", f"{summary['final_loss']:.4f}",
               f"{summary['mean_step_time_s']:.3f}", f"{summary['mean_tokens_per_s']:,.0f}",
               f"{summary['peak_memory_gib']:.2f}", f"{summary['mfu']:.1%}" if summary["mfu"] else "-")
     console().print(t)
+    console().print(comparison_table(versus))
 
 
 def _is_rank0() -> bool:

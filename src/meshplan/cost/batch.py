@@ -103,7 +103,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * 3.0 * layer.fwd_comm_total_s
     # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
-    head_fwd = gemm_time(calib, peak, T, V / t, D) + 3.0 * T * V / t * ACT_BYTES / hbm
+    # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
+    pad = max(calib.vocab_pad_multiple, 1.0)
+    Vt = np.ceil(V / (t * pad)) * pad
+    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ACT_BYTES / hbm
     compute = compute + np.where(has_head, 3.0 * head_fwd, 0.0)
     compute = compute + np.where(has_embedding, 3.0 * T * D * ACT_BYTES / hbm, 0.0)  # lookup + grad
     # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
@@ -168,7 +171,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    acts = acts + np.where(has_head, T * V / t * calib.logits_bytes_per_element, 0.0)
+    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
+                                                   + calib.loss_transient_bytes_per_element), 0.0)
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond

@@ -28,11 +28,15 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "inter_node_comm_efficiency": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "intra_node_comm_efficiency": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "dp_overlap": (0.0, 0.25, 0.5, 0.75, 0.9, 1.0),
+    "layer_overhead_s": (0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3),
+    "unaligned_matmul_factor": (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0),
 })
 """Factors fitted on throughput, with their grids. Families with few rows fit only the first."""
 MEMORY_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "framework_overhead_gib": tuple(np.round(np.arange(0.0, 12.01, 0.5), 2)),
     "allocator_fragmentation": (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2),
+    "loss_transient_bytes_per_element": (0.0, 2.0, 4.0, 6.0, 8.0),
+    "grad_bytes_per_param_bf16": (4.0, 4.5, 5.0, 5.5, 6.0),
 })
 MIN_ROWS_FOR_ALL = 10
 
@@ -60,7 +64,15 @@ def time_loss(runs: list[Run], calib: Calibration) -> float:
 
 
 def memory_loss(runs: list[Run], calib: Calibration) -> float:
-    errs = [abs(_predict(r, calib)[1] / r.measured_memory_gib - 1) for r in runs]
+    """Mean relative error of peak memory; a row that ran out of memory only says it needed
+    more than the GPU has, so it counts as a one-sided (hinge) error when predicted to fit."""
+    errs = []
+    for r in runs:
+        pred = _predict(r, calib)[1]
+        if r.measured_memory_gib:
+            errs.append(abs(pred / r.measured_memory_gib - 1))
+        elif r.oom:
+            errs.append(max(0.0, r.cluster.gpu.memory_gib / pred - 1))
     return float(np.mean(errs)) if errs else 0.0
 
 
@@ -84,7 +96,7 @@ def fit_family(runs: list[Run], family: str, settings: Mapping[str, Any], rounds
     """Fit the family's factors on its rows; ``settings`` describe the runs' software."""
     rows = [r for r in runs if gpu_family(r.cluster.gpu) == family]
     t_rows = [r for r in rows if r.metric and r.measured]
-    m_rows = [r for r in rows if r.measured_memory_gib]
+    m_rows = [r for r in rows if r.measured_memory_gib or r.oom]
     # Start from the literature defaults, not from FITTED, so that a refit is reproducible.
     start = Calibration().replace_fields(**settings)
     tg = dict(TIME_GRID if time_grid is None else time_grid)
@@ -96,7 +108,7 @@ def fit_family(runs: list[Run], family: str, settings: Mapping[str, Any], rounds
     fitted = [*tg, *(mg if m_rows else ())]
     return FitResult(
         family=family, values={k: getattr(calib, k) for k in fitted if t_rows or k in mg},
-        throughput_rows=len(t_rows), memory_rows=len(m_rows),
+        throughput_rows=len(t_rows), memory_rows=sum(1 for r in m_rows if r.measured_memory_gib),
         throughput_error_before=_median_abs(t_rows, start, 0), throughput_error_after=_median_abs(t_rows, calib, 0),
         memory_error_before=_median_abs(m_rows, start, 1), memory_error_after=_median_abs(m_rows, calib, 1),
     )
@@ -109,7 +121,7 @@ def _median_abs(runs: list[Run], calib: Calibration, which: int) -> float:
     for r in runs:
         pred = _predict(r, calib)[which]
         meas = r.measured if which == 0 else r.measured_memory_gib
-        if pred:
+        if pred and meas:
             errs.append(abs(pred / meas - 1))
     return float(np.median(errs)) if errs else float("nan")
 

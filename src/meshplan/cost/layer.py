@@ -165,7 +165,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     causal = 0.5 if model.arch == Arch.DECODER else 1.0
     attn_flops = 4.0 * T * S * q / t * causal
     if calib.fused_attention:
-        t_attn = attn_flops / (peak * calib.attention_efficiency * H / (H + calib.matmul_half_dim))
+        head_aligned = calib.unaligned_matmul_factor if H % 8 else 1.0  # model constant
+        t_attn = attn_flops / (peak * calib.attention_efficiency * H / (H + calib.matmul_half_dim)
+                               * head_aligned)
         softmax_bytes = 0.0
     else:  # unfused: two batched GEMMs (k = H, then n = H) over full s x s scores + softmax pass
         t_attn = attn_flops / causal / (peak * gemm_efficiency(calib, S, S, H))
@@ -177,7 +179,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     rep_elems = T_rep * D * (4.0 + 6.0 + drop)  # 2 norms (r+w), 2 residual adds (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
     t_mem = (rep_elems + act_elems) * ACT_BYTES / hbm + softmax_bytes / hbm
-    fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem
+    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
+    fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem + calib.layer_overhead_s
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ACT_BYTES  # (b, S/c, D) activation

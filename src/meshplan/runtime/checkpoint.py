@@ -27,7 +27,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +58,13 @@ log = logging.getLogger(__name__)
 # writing its shards and before the commit barrier, and writes its pid to
 # <staging>/sleeping-rank<RANK>.pid first, so a test can SIGKILL it at exactly that point.
 SLEEP_IN_SAVE_ENV = "MESHPLAN_TEST_SLEEP_IN_SAVE"
+
+# Test-only fault injection, "RANK:STEP": that rank SIGKILLs itself in the middle of that step
+# (after forward and backward, before the optimizer step); see kill_for_test.
+KILL_IN_STEP_ENV = "MESHPLAN_TEST_KILL_IN_STEP"
+
+# A tied LM head saved without pipeline parallel lives under the embedding's name only.
+TIED_HEAD = ("output.weight", "tok_embeddings.weight")
 
 _MODEL_OPTS = StateDictOptions(strict=False)  # strict=False: a pipeline part holds some keys only
 _OPTIM_OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -88,8 +97,8 @@ def _state_dict(model_parts: Sequence[nn.Module], optimizers: Sequence[torch.opt
 
 
 def should_save(step: int, every: int | None, last_step: int) -> bool:
-    """Save every ``every`` steps and always after the last step (when checkpointing is on)."""
-    return bool(every) and (step % every == 0 or step == last_step)
+    """Save every ``every`` steps (none when 0 or None) and always after the last step."""
+    return step == last_step or (bool(every) and step % every == 0)
 
 
 def save_checkpoint(
@@ -157,8 +166,9 @@ def load_checkpoint(
     same_layout = meta.world_size == world and meta.job.plan == job.plan
     parts, opts = _as_list(model_parts), _as_list(optimizers)
     sd = _state_dict(parts, opts)
+    aliases = (TIED_HEAD,) if job.model.tied_embeddings else ()
     try:
-        dcp.load(sd, storage_reader=dcp.FileSystemReader(ckpt))
+        _load_with_aliases(sd, ckpt, aliases)
     except Exception as exc:  # DCP wraps per-rank failures; make it one line naming the checkpoint
         raise MeshplanError(f"{ckpt}: could not load ({_first_line(exc)})") from None
     for part, opt in zip(parts, opts, strict=True):
@@ -170,6 +180,38 @@ def load_checkpoint(
         log.info("resuming %s under a new plan (%s on %d ranks, was %s on %d)", ckpt,
                  job.plan.notation(), world, meta.job.plan.notation(), meta.world_size)
     return TrainState(step=meta.step, data_position=meta.data_position, data_seed=meta.data_seed)
+
+
+def _load_with_aliases(sd: dict, ckpt: Path, aliases: Sequence[tuple[str, str]]) -> None:
+    """``dcp.load`` into ``sd``, reading a key the checkpoint lacks from its alias.
+
+    A tied LM head is one parameter without pipeline parallel, saved (with its optimizer state)
+    under ``tok_embeddings.weight``; under pp the last stage holds a copy named ``output.weight``
+    whose Adam moments must come from the embedding's. Non-tensor values (param_groups) are
+    replaced by DCP rather than filled in place, so every aliased value is copied back afterwards.
+    """
+    reader = dcp.FileSystemReader(ckpt)
+    available = set(reader.read_metadata().state_dict_metadata)
+    request = {group: dict(entries) for group, entries in sd.items()}
+    moved: list[tuple[str, str, str]] = []  # (group, key this rank needs, key read instead)
+    for group, entries in sd.items():
+        for key in entries:
+            if f"{group}.{key}" in available:
+                continue
+            for copy, owner in aliases:
+                alt = re.sub(rf"(^|\.){re.escape(copy)}(\.|$)", rf"\g<1>{owner}\g<2>", key)
+                if alt != key and f"{group}.{alt}" in available:
+                    value = request[group].pop(key)
+                    request[group].setdefault(alt, value)  # this rank may hold the owner too
+                    moved.append((group, key, alt))
+                    break
+    dcp.load(request, storage_reader=reader)
+    for group, key, alt in moved:
+        got, mine = request[group][alt], sd[group][key]
+        if isinstance(mine, torch.Tensor) and got is not mine:
+            mine.copy_(got)
+        elif not isinstance(mine, torch.Tensor):
+            sd[group][key] = got
 
 
 def _commit(staging: Path, final: Path, meta: CheckpointMeta) -> None:
@@ -235,6 +277,12 @@ def _maybe_sleep_for_test(staging: Path, rank: int, step: int) -> None:
         return
     (staging / f"sleeping-rank{rank}.pid").write_text(str(os.getpid()))
     time.sleep(600)
+
+
+def kill_for_test(rank: int, step: int) -> None:
+    """SIGKILL this process when ``MESHPLAN_TEST_KILL_IN_STEP`` is ``rank:step`` (fault tests)."""
+    if os.environ.get(KILL_IN_STEP_ENV) == f"{rank}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,15 +12,19 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
+from meshplan.runtime.checkpoint import (
+    TrainState, kill_for_test, load_checkpoint, save_checkpoint, should_save,
+)
 from meshplan.runtime.data import BatchSource, load_text_tokens, local_microbatches
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import model_flops_per_token, peak_memory_gib
@@ -50,6 +54,15 @@ class TrainConfig:
     state_out: str | None = None
     """Save the full final weights (canonical name -> tensor) here (rank 0), for tests."""
     progress: bool = True
+    checkpoint_dir: str | None = None
+    """Write sharded checkpoints under this directory (meshplan.runtime.checkpoint)."""
+    checkpoint_every: int = 0
+    """Save every this many steps, and after the last step; 0 never saves."""
+    checkpoint_keep: int | None = None
+    """Complete checkpoints to keep (None keeps all)."""
+    resume: bool = False
+    """Continue from the latest complete checkpoint in ``checkpoint_dir`` (when it has one);
+    ``steps`` stays the total, so a run resumed at step 40 of 100 runs steps 41..100."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,11 +77,25 @@ class StepRecord:
 
 def pick_device(job: Job) -> torch.device:
     """CPU processes for the `cpu` cluster or without CUDA; else this rank's GPU."""
-    if job.cluster.gpu.name == "cpu" or not torch.cuda.is_available():
+    if job.cluster.gpu.name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        log.warning("no CUDA device: running the %s plan on CPU processes", job.cluster.gpu.name)
         return torch.device("cpu")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     return torch.device("cuda", local)
+
+
+def compute_precision(precision: Precision, device: torch.device) -> Precision:
+    """Matmul precision actually used: fp32 on CPU; on GPU the Job's, with fp8 run as bf16
+    (this runtime has no fp8 matmuls; the log's MFU is then measured against the bf16 peak)."""
+    if device.type != "cuda":
+        return Precision.FP32
+    if precision == Precision.FP8:
+        log.warning("fp8 matmuls are not implemented by the runtime: training in bf16")
+        return Precision.BF16
+    return precision
 
 
 def make_optimizer(job: Job, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -98,8 +125,9 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
     text = load_text_tokens(cfg.data, job.model.vocab_size, training.seq_len) if cfg.data else None
     source = BatchSource(seq_len=training.seq_len, global_batch=training.global_batch,
                          vocab_size=job.model.vocab_size, seed=cfg.seed, text=text)
-    autocast = (device.type == "cuda" and training.precision in (Precision.BF16, Precision.FP16))
-    amp_dtype = torch.bfloat16 if training.precision == Precision.BF16 else torch.float16
+    compute = compute_precision(training.precision, device)
+    autocast = compute != Precision.FP32
+    amp_dtype = torch.float16 if compute == Precision.FP16 else torch.bfloat16
 
     model = build_model(job.model, "meta")
     rows_per_rank = training.global_batch // d.dp
@@ -120,27 +148,34 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             init_stage=init_stage, n_microbatches=plan.num_microbatches(training),
         )
         modules = list(pipe.stage_modules)
-        params = list(pipe.parameters())
     else:
         parallelize(model, plan, mesh, ep_mesh=ep_mesh)
         init_stage(model)
         modules = [model]
-        params = list(model.parameters())
-    optimizer = make_optimizer(job, params, cfg.lr)
+    # One optimizer per model part (virtual pipeline stages): AdamW/SGD are per-parameter, so this
+    # equals one optimizer over all, and checkpoints key each part's state by its own FQNs.
+    optimizers = [make_optimizer(job, list(m.parameters()), cfg.lr) for m in modules]
+    start_step = 0
+    if cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
+        resumed = load_checkpoint(cfg.checkpoint_dir, job=job, model_parts=modules, optimizers=optimizers)
+        start_step = resumed.step
+        if resumed.data_seed != source.seed:  # keep the run's data order, whatever --seed says now
+            source = replace(source, seed=resumed.data_seed)
 
     dp_rank = mesh["dp"].get_local_rank()
     cp_rank = mesh["cp"].get_local_rank()
     flops_per_token = model_flops_per_token(job.model, training.seq_len)
-    peak_flops = job.cluster.gpu.peak_flops(training.precision) if device.type == "cuda" else 0.0
+    peak_flops = job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0
     rank0 = dist.get_rank() == 0
     writer = _LogWriter(cfg.log_path if rank0 else None)
     records: list[StepRecord] = []
     progress = _Progress(cfg.steps, enabled=rank0 and cfg.progress)
     try:
-        for step in range(1, cfg.steps + 1):
+        for step in range(start_step + 1, cfg.steps + 1):
             tokens, targets = source.batch(step)
             start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
             if pipe is not None:
                 x, y = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp,
                                           micro_batch=rows_per_rank, cp_rank=cp_rank, cp=d.cp)[0]
@@ -150,7 +185,9 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             else:
                 local_loss = _accumulate(model, plan, tokens, targets, dp_rank, cp_rank,
                                          local_tokens, device, autocast, amp_dtype)
-            optimizer.step()
+            kill_for_test(dist.get_rank(), step)
+            for optimizer in optimizers:
+                optimizer.step()
             # Mean over ranks of per-rank means; tp replicas (and non-last pp stages, which add 0)
             # are counted out by dividing by world / pp.
             total = local_loss.detach().clone().reshape(1)
@@ -159,8 +196,8 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
-            peak = torch.tensor([peak_memory_gib(device)])
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX) if device.type == "cpu" else None
+            peak = torch.tensor([peak_memory_gib(device)], device=device)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the fullest rank is the one that matters
             tps = training.tokens_per_step / elapsed
             mfu = (flops_per_token * tps / (d.world_size * peak_flops)) if peak_flops else None
             rec = StepRecord(step=step, loss=loss, step_time_s=elapsed, tokens_per_s=tps,
@@ -168,6 +205,10 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             records.append(rec)
             writer.write(rec)
             progress.advance(rec)
+            if cfg.checkpoint_dir and should_save(step, cfg.checkpoint_every, cfg.steps):
+                state = TrainState(step=step, data_position=step * training.global_batch, data_seed=source.seed)
+                save_checkpoint(cfg.checkpoint_dir, state=state, job=job, model_parts=modules,
+                                optimizers=optimizers, keep=cfg.checkpoint_keep)
     finally:
         progress.close()
     writer.summary(records, plan.notation(), d.world_size)

@@ -1,0 +1,120 @@
+"""`meshplan replan`: plan a checkpointed run for a new GPU count and say how to continue it.
+
+Reads only the checkpoint's meshplan metadata (no torch): the model, training spec and plan the
+run was made with. Keeps the model and the batch, searches the best plan for ``--gpus M`` with the
+same search as ``meshplan plan``, writes it as a Job file, and prints the ``meshplan train --resume``
+command that continues the run under it (DCP reshards the checkpoint on load).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from meshplan import ckpt_meta
+from meshplan.cli.common import ClusterOpt, GpusPerNodeOpt, JsonOpt, console, load_cluster, print_json
+from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
+from meshplan.plan import Job
+from meshplan.spec.cluster import GIB, ClusterSpec, system_names, system_preset
+
+
+def new_cluster(saved: ClusterSpec, gpus: int, cluster: str | None, gpus_per_node: int | None) -> ClusterSpec:
+    """``--cluster`` resized to ``gpus``; without it, the checkpoint's own hardware resized."""
+    if cluster is not None:
+        return load_cluster(cluster, None, None, gpus_per_node, gpus=gpus)
+    # A saved cluster was already cut to the old GPU count (e.g. 2 of a node's 4): start again from
+    # its preset's node size when it is one, so 8 GPUs become 2 full nodes, not 4 half ones.
+    base = system_preset(saved.name) if saved.name in system_names() else saved
+    if gpus_per_node is not None:
+        base = base.with_size(gpus_per_node=gpus_per_node)
+    return base.with_gpus(gpus)
+
+
+def pick_runnable(points, old: Job, cluster: ClusterSpec):
+    """The fastest frontier point the runtime can run, and the faster ones it skipped (with why)."""
+    from meshplan.runtime.launch import pipeline_available
+    from meshplan.runtime.support import check_runnable
+
+    skipped = []
+    for p in points:
+        try:
+            job = Job(model=old.model, training=old.training, cluster=cluster, plan=p.plan)
+            check_runnable(job, pipeline_available())
+        except MeshplanError as exc:
+            skipped.append((p.plan, str(exc)))
+            continue
+        return p, skipped
+    return None, skipped
+
+
+def resume_command(plan_path: Path, checkpoint_root: Path) -> str:
+    return " ".join(["meshplan", "train", "--plan", shlex.quote(str(plan_path)), "--resume",
+                     "--checkpoint-dir", shlex.quote(str(checkpoint_root))])
+
+
+@app.command("replan")
+def replan(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A checkpoint directory (or a --checkpoint-dir root: its latest complete checkpoint).")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPU count to continue on.")],
+    cluster: ClusterOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the new plan (a Job file).")] = Path("replan.json"),
+    json_out: JsonOpt = False,
+) -> None:
+    """Plan a checkpointed run for a new GPU count; print the command that resumes it."""
+    from meshplan.search.planner import search
+
+    if gpus < 1:
+        raise MeshplanError(f"--gpus must be a positive integer, got {gpus}")
+    if memory_gib is not None and memory_gib <= 0:
+        raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
+    ckpt, meta = ckpt_meta.load_meta(checkpoint)
+    old = meta.job
+    cl = new_cluster(old.cluster, gpus, cluster, gpus_per_node)
+    result = search(old.model, cl, old.training, budget_bytes=None if memory_gib is None else memory_gib * GIB)
+    best, skipped = pick_runnable(result.fitting, old, cl)
+    if best is None and skipped:
+        raise MeshplanError(f"no plan that fits on {gpus} {cl.gpu.name} can be run by this runtime "
+                            f"(fastest: {skipped[0][0].notation()}: {skipped[0][1]})")
+    if best is None:
+        need = result.min_memory_bytes / GIB
+        raise MeshplanError(
+            f"no plan for {old.model.name} fits {result.budget_bytes / GIB:.1f} GiB per GPU on {gpus} "
+            f"{cl.gpu.name}; the leanest needs {need:.1f} GiB (try more GPUs or --memory-gib)"
+        )
+    job = Job(model=old.model, training=old.training, cluster=cl, plan=best.plan)
+    try:
+        job.save(out)
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
+    root = ckpt.parent
+    command = resume_command(out, root)
+    latest = ckpt_meta.latest_checkpoint(root)
+    if json_out:
+        print_json({
+            "checkpoint": str(ckpt), "step": meta.step,
+            "old": {"num_gpus": meta.world_size, "plan": old.plan.notation()},
+            "new": {"num_gpus": gpus, "plan": best.plan.notation(), "step_time_s": best.step_time_s,
+                    "peak_memory_gib": best.peak_memory_gib},
+            "plan_file": str(out), "command": command,
+            "skipped_unrunnable": [{"plan": p.notation(), "reason": why} for p, why in skipped],
+            "resumes_from_latest": latest == ckpt,
+        })
+        return
+    con = console()
+    con.print(f"checkpoint {ckpt} (step {meta.step}): {old.model.name}, "
+              f"{old.plan.notation()} on {meta.world_size} {old.cluster.gpu.name}")
+    con.print(f"new plan for {gpus} {cl.gpu.name}: {best.plan.notation()}  "
+              f"(est. {best.step_time_s:.3g} s/step, {best.peak_memory_gib:.1f} GiB/GPU)")
+    for p, why in skipped:
+        con.print(f"skipped the faster {p.notation()}: {why}")
+    con.print(f"wrote {out}")
+    if latest != ckpt:
+        con.print(f"note: --resume takes the latest checkpoint in {root} ({latest.name}), not {ckpt.name}")
+    con.print("continue with:")
+    con.print(command, soft_wrap=True, markup=False)
