@@ -241,7 +241,7 @@ def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: La
             tick: Callable[[str, float], None]) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
-    Appends one Front per (pp, vpp) group to ``fronts`` (keys >= 0 index ``splits``) and
+    Appends one Front per pipeline degree to ``fronts`` (keys >= 0 index ``splits``) and
     returns (configurations refined, splits scored).
     """
     model = ctx.model
@@ -256,19 +256,22 @@ def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: La
                                         if r != Recompute.NONE])
     if has_rec.any():
         candidate &= space.recompute != none_code
-    groups = np.unique(np.column_stack([space.pp[candidate], space.vpp[candidate]]), axis=0)
-    # Most promising groups first, so that their plans prune the later groups.
-    best = [even.step_time_s[candidate & (space.pp == g[0]) & (space.vpp == g[1])].min() for g in groups]
+    # One group per pipeline degree (virtual-stage counts share a table: StageTable.chunks per
+    # config), most promising groups first so that their plans prune the later groups; within a
+    # group the configurations go fastest even split first for the same reason.
+    groups = np.unique(space.pp[candidate])
+    best = [even.step_time_s[candidate & (space.pp == g)].min() for g in groups]
     groups = groups[np.argsort(best, kind="stable")]
     next_key = 0
-    for gi, (pp, vpp) in enumerate(groups):
-        idx = np.flatnonzero(candidate & (space.pp == pp) & (space.vpp == vpp))
+    for gi, pp in enumerate(groups):
+        idx = np.flatnonzero(candidate & (space.pp == pp))
+        idx = idx[np.argsort(even.step_time_s[idx], kind="stable")]
         refined += idx.size
         pts_t, pts_m, pts_k = [], [], []
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 4e6)))):
             sub = plans.take(chunk)
             sub_layer = _take_layer(layer, chunk)
-            tbl = stage_table(ctx, sub, int(pp), int(vpp), sub_layer)
+            tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer)
             alpha = pipeline_alpha(ctx, sub)
             known = merge_fronts(*fronts)
 
