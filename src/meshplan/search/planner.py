@@ -241,7 +241,7 @@ def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: La
             tick: Callable[[str, float], None]) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
-    Appends one Front per pipeline degree to ``fronts`` (keys >= 0 index ``splits``) and
+    Appends one Front per group of configurations to ``fronts`` (keys >= 0 index ``splits``) and
     returns (configurations refined, splits scored).
     """
     model = ctx.model
@@ -256,19 +256,24 @@ def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: La
                                         if r != Recompute.NONE])
     if has_rec.any():
         candidate &= space.recompute != none_code
-    # One group per pipeline degree (virtual-stage counts share a table: StageTable.chunks per
-    # config), most promising groups first so that their plans prune the later groups; within a
-    # group the configurations go fastest even split first for the same reason.
-    groups = np.unique(space.pp[candidate])
-    best = [even.step_time_s[candidate & (space.pp == g)].min() for g in groups]
+    # One group per pipeline degree and grid width class: configurations with different
+    # virtual-stage counts share a table (StageTable.chunks per config) when their usable
+    # layer-count ranges (L - p v + 1 values per rank) are within a factor of two, so that no
+    # table is padded to much more than its configurations need. Most promising groups first so
+    # that their plans prune the later groups; within a group fastest even split first.
+    width = model.num_layers - space.pp * space.vpp + 1
+    group_of = space.pp.astype(np.int64) * 64 + np.floor(np.log2(np.maximum(width, 1))).astype(np.int64)
+    groups = np.unique(group_of[candidate])
+    best = [even.step_time_s[candidate & (group_of == g)].min() for g in groups]
     groups = groups[np.argsort(best, kind="stable")]
     next_key = 0
-    for gi, pp in enumerate(groups):
-        idx = np.flatnonzero(candidate & (space.pp == pp))
+    for gi, g in enumerate(groups):
+        idx = np.flatnonzero(candidate & (group_of == g))
         idx = idx[np.argsort(even.step_time_s[idx], kind="stable")]
+        pp = int(space.pp[idx[0]])
         refined += idx.size
         pts_t, pts_m, pts_k = [], [], []
-        for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 4e6)))):
+        for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
             sub = plans.take(chunk)
             sub_layer = _take_layer(layer, chunk)
             tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer)
