@@ -128,23 +128,33 @@ def _mask_grid(values: np.ndarray, tbl: StageTable) -> np.ndarray:
 
 def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool) -> np.ndarray:
     """T_s(n | M): least time of n layers on rank s within memory M (inf if impossible): (C,p,L)."""
+    return _times_given_memory(tbl, mem_limit, (strict,))[0]
+
+
+def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
+                        stricts: tuple[bool, ...]) -> list[np.ndarray]:
+    """:func:`_time_given_memory` for each of ``stricts`` at one limit (shared intermediates)."""
     n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
     lim = mem_limit[:, None, None]
     base = n * (c + k * d) + f  # memory with no recompute
     saving = k * (d - g)  # memory saved per recomputed layer
+    has_saving = saving > 0
     tol = np.maximum(np.abs(lim), 1.0) * _REL
+    out = []
     with np.errstate(divide="ignore", invalid="ignore"):
-        x = (base + jump - lim) / np.where(saving > 0, saving, 1.0)  # recomputed layers needed
+        x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
+    for strict in stricts:
         if strict:  # memory strictly below the limit: r > x
             fits_plain = base < lim - tol
             r_need = np.floor(x + 1e-9) + 1
         else:  # r >= x
             fits_plain = base <= lim + tol
             r_need = np.ceil(x - 1e-9)
-    r_min = np.where(fits_plain, 0.0, np.where(saving > 0, np.maximum(r_need, 1.0), np.inf))
-    r_min = np.where(allow | (r_min == 0), r_min, np.inf)
-    ok = r_min <= n
-    return _mask_grid(np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf), tbl)
+        r_min = np.where(fits_plain, 0.0, np.where(has_saving, np.maximum(r_need, 1.0), np.inf))
+        r_min = np.where(allow | (r_min == 0), r_min, np.inf)
+        ok = r_min <= n
+        out.append(_mask_grid(np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf), tbl))
+    return out
 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) -> np.ndarray:
@@ -190,9 +200,12 @@ def _min_bottleneck(values: np.ndarray, tbl: StageTable) -> np.ndarray:
     return np.maximum(kth, at_v.max(axis=1))
 
 
-def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A concrete (n, r) per rank meeting (T, M); None-free: rows must be feasible."""
-    t_of_n = _time_given_memory(tbl, m_lim, strict=False)
+def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
+                t_of_n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A concrete (n, r) per rank meeting (T, M); None-free: rows must be feasible.
+    ``t_of_n`` is ``_time_given_memory(tbl, m_lim, strict=False)`` when the caller has it."""
+    if t_of_n is None:
+        t_of_n = _time_given_memory(tbl, m_lim, strict=False)
     tol = np.maximum(np.abs(t_lim), 1e-30)[:, None, None] * 1e-9
     n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + int(tbl.chunk_array().min()) - 1
     n = np.minimum(n_max, _n_high(tbl)[:, None])
@@ -245,12 +258,13 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
         sub = tbl.take(rows[active])
         t_a = t_cur[active]
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False), sub)
-        n, r = _assignment(sub, t_a, m_a)
+        loose, strict = _times_given_memory(sub, m_a, (False, True))
+        n, r = _assignment(sub, t_a, m_a, loose)
         t_s, m_s = sub.rank_costs(n, r)
         out.append((rows[active], t_s.max(axis=1), m_s.max(axis=1), n, r))
         m_prev[active] = m_a
         # Next point: the least time that lets memory go strictly below this point's.
-        t_next = _min_bottleneck(_time_given_memory(sub, m_a, strict=True), sub)
+        t_next = _min_bottleneck(strict, sub)
         idx = rows[active]
         t_cur[idx] = t_next
         active[idx] = np.isfinite(t_next)
