@@ -54,7 +54,8 @@ def small_cases(draw):
     model = ModelSpec(
         name="rand", num_layers=draw(st.integers(2, 4)), hidden_size=hidden, num_heads=heads,
         num_kv_heads=draw(st.sampled_from([heads, heads // 2])), ffn_hidden_size=4 * hidden,
-        gated_mlp=draw(st.booleans()), vocab_size=draw(st.sampled_from([8000, 32000])))
+        gated_mlp=draw(st.booleans()), vocab_size=draw(st.sampled_from([8000, 32000])),
+        **(dict(moe_num_experts=4, moe_top_k=2) if draw(st.integers(0, 3)) == 0 else {}))
     gpus = draw(st.sampled_from([1, 2, 4]))
     per_node = draw(st.sampled_from([2, 4]))
     cluster = cluster_for_gpu(draw(st.sampled_from(["h100-sxm", "a100-40gb"])),
@@ -86,3 +87,21 @@ def test_frontier_equals_brute_force(case):
         est = estimate(model, cluster, training, p.plan)
         assert np.isclose(est.step_time_s, p.step_time_s, rtol=1e-9)
         assert np.isclose(est.peak_memory_gib * 2**30, p.peak_memory_bytes, rtol=1e-9)
+
+
+@settings(max_examples=8, deadline=None)
+@given(small_cases())
+def test_default_settings_equal_brute_force_below_gpu_memory(case):
+    # The default work limits (REFINE_SLACK, STAGE_POINTS_PER_CONFIG, the memory cap of the
+    # stage walk) lose nothing on small spaces: the frontier up to the GPU memory (the cap) is
+    # the brute-force one. (Points above it are only even splits, kept for the plot.)
+    model, cluster, training = case
+    bt, bm, _ = brute_force(model, cluster, training, OPTIONS)
+    res = search(model, cluster, training, options=OPTIONS)
+    cap = max(res.budget_bytes, cluster.gpu.memory_bytes)
+    st_ = np.array([p.step_time_s for p in res.frontier if p.peak_memory_bytes <= cap])
+    sm = np.array([p.peak_memory_bytes for p in res.frontier if p.peak_memory_bytes <= cap])
+    keep = bm <= cap
+    assert len(st_) == keep.sum(), (len(st_), keep.sum())
+    np.testing.assert_allclose(st_, bt[keep], rtol=1e-9)
+    np.testing.assert_allclose(sm, bm[keep], rtol=1e-9)

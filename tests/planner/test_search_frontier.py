@@ -59,3 +59,16 @@ def test_merge_equals_frontier_of_union(a, b):
 def test_pareto_indices_fastest_first():
     idx = pareto_indices(np.array([3.0, 1.0, 2.0, 2.0]), np.array([1.0, 5.0, 2.0, 9.0]))
     assert list(idx) == [1, 2, 0]
+
+
+def test_large_inputs_take_the_prefilter_and_give_the_same_mask():
+    # Above _PREFILTER_MIN points pareto_mask drops sample-dominated points first; coarse values
+    # make many exact ties and duplicates, which must resolve as in the plain sort.
+    rng = np.random.default_rng(3)
+    t = np.round(rng.lognormal(size=60_000) * 20) / 20 + 0.05
+    m = np.round((1 / t + rng.random(t.size)) * 50) / 50
+    order = np.lexsort((m, t))
+    ms = m[order]
+    ref = np.zeros(t.size, bool)
+    ref[order[ms < np.minimum.accumulate(np.concatenate(([np.inf], ms[:-1])))]] = True
+    assert np.array_equal(pareto_mask(t, m), ref)

@@ -92,3 +92,23 @@ def test_embedding_and_head_ranks_get_fewer_layers():
     fastest = np.argmin(pts.max_time_s)
     n = pts.layers[fastest]
     assert n[3] < n[1] and n[0] <= n[1] and n.sum() == 16
+
+
+@given(tables(), st.lists(st.integers(1, 3), min_size=3, max_size=3))
+def test_mixed_chunks_per_config_equal_one_table_each(tbl, vs):
+    # A table whose configs have different v (one group per pipeline degree in the planner)
+    # walks the same frontier for each config as a table of that config alone.
+    vs = np.array(vs[: tbl.num_configs])
+    vs = np.minimum(vs, tbl.num_layers // tbl.num_ranks)
+    mixed = StageTable(**{**tbl.__dict__, "chunks": vs})
+    pts = stage_frontier(mixed, max_points=10_000)
+    t_rel, _ = relaxed_bounds(mixed)
+    for i in range(tbl.num_configs):
+        one = StageTable(**{**tbl.take(np.array([i])).__dict__, "chunks": int(vs[i])})
+        alone = stage_frontier(one, max_points=10_000)
+        sel = pts.config == i
+        assert np.allclose(pts.max_time_s[sel], alone.max_time_s)
+        assert np.allclose(pts.peak_bytes[sel], alone.peak_bytes)
+        assert np.array_equal(pts.layers[sel], alone.layers)
+        assert np.all(pts.layers[sel] >= vs[i])
+        assert np.isclose(t_rel[i], relaxed_bounds(one)[0][0])

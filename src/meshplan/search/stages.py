@@ -50,10 +50,14 @@ class StageTable:
     inflight: np.ndarray  # (C, p) k
     allow_recompute: np.ndarray  # (C,) bool: recompute policy is not 'none'
     num_layers: int  # L
-    chunks: int = 1  # v: layers per rank at least v
+    chunks: int | np.ndarray = 1  # v: layers per rank at least v (one int, or (C,) per config)
     recompute_jump_bytes: np.ndarray | None = None
     """(C,) memory added once a rank recomputes any layer (full recompute rematerialises one
     layer's activations during its backward); None means 0."""
+
+    def chunk_array(self) -> np.ndarray:
+        """v per config, (C,) int."""
+        return np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
 
     def jump(self) -> np.ndarray:
         if self.recompute_jump_bytes is None:
@@ -72,7 +76,8 @@ class StageTable:
         return StageTable(self.layer_time_s[idx], self.recompute_time_s[idx], self.layer_static_bytes[idx],
                           self.layer_act_bytes[idx], self.layer_act_recomputed_bytes[idx],
                           self.rank_time_s[idx], self.rank_bytes[idx], self.inflight[idx],
-                          self.allow_recompute[idx], self.num_layers, self.chunks,
+                          self.allow_recompute[idx], self.num_layers,
+                          self.chunks if np.ndim(self.chunks) == 0 else self.chunks[idx],
                           self.jump()[idx])
 
     # ---- the per-rank cost of a concrete choice ------------------------------------------
@@ -98,9 +103,10 @@ class StagePoints:
 
 
 def _grid(tbl: StageTable) -> tuple[np.ndarray, ...]:
-    """Broadcast helpers of shape (C, p, G) over the usable layer counts n = v .. L - (p-1) v
-    (every other rank needs v layers, and fewer than v is never a choice)."""
-    n = np.arange(tbl.chunks, _n_high(tbl) + 1, dtype=float)[None, None, :]
+    """Broadcast helpers of shape (C, p, G) over the layer counts n = v_min .. L - (p-1) v_min,
+    v_min the least v of the table (see :func:`_mask_grid` for configs with a larger v)."""
+    v_min = int(tbl.chunk_array().min()) if tbl.num_configs else 1
+    n = np.arange(v_min, tbl.num_layers - (tbl.num_ranks - 1) * v_min + 1, dtype=float)[None, None, :]
     col = lambda x: x[:, None, None]  # noqa: E731
     return (n, col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes),
             col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes),
@@ -108,25 +114,47 @@ def _grid(tbl: StageTable) -> tuple[np.ndarray, ...]:
             col(tbl.allow_recompute), col(tbl.jump()))
 
 
+def _mask_grid(values: np.ndarray, tbl: StageTable) -> np.ndarray:
+    """Per-config usable range of a (C, p, G) grid of levels: fewer than v layers is free
+    (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf)."""
+    v = tbl.chunk_array()
+    if v.size == 0 or v.min() == v.max():
+        return values  # the grid is exactly v .. L - (p-1) v
+    n = np.arange(values.shape[2])[None, None, :] + int(v.min())
+    vc = v[:, None, None]
+    values = np.where(n < vc, -np.inf, values)
+    return np.where(n > tbl.num_layers - (tbl.num_ranks - 1) * vc, np.inf, values)
+
+
 def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool) -> np.ndarray:
     """T_s(n | M): least time of n layers on rank s within memory M (inf if impossible): (C,p,L)."""
+    return _times_given_memory(tbl, mem_limit, (strict,))[0]
+
+
+def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
+                        stricts: tuple[bool, ...]) -> list[np.ndarray]:
+    """:func:`_time_given_memory` for each of ``stricts`` at one limit (shared intermediates)."""
     n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
     lim = mem_limit[:, None, None]
     base = n * (c + k * d) + f  # memory with no recompute
     saving = k * (d - g)  # memory saved per recomputed layer
+    has_saving = saving > 0
     tol = np.maximum(np.abs(lim), 1.0) * _REL
+    out = []
     with np.errstate(divide="ignore", invalid="ignore"):
-        x = (base + jump - lim) / np.where(saving > 0, saving, 1.0)  # recomputed layers needed
+        x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
+    for strict in stricts:
         if strict:  # memory strictly below the limit: r > x
             fits_plain = base < lim - tol
             r_need = np.floor(x + 1e-9) + 1
         else:  # r >= x
             fits_plain = base <= lim + tol
             r_need = np.ceil(x - 1e-9)
-    r_min = np.where(fits_plain, 0.0, np.where(saving > 0, np.maximum(r_need, 1.0), np.inf))
-    r_min = np.where(allow | (r_min == 0), r_min, np.inf)
-    ok = r_min <= n
-    return np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf)
+        r_min = np.where(fits_plain, 0.0, np.where(has_saving, np.maximum(r_need, 1.0), np.inf))
+        r_min = np.where(allow | (r_min == 0), r_min, np.inf)
+        ok = r_min <= n
+        out.append(_mask_grid(np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf), tbl))
+    return out
 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) -> np.ndarray:
@@ -145,32 +173,42 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) ->
     r_max = np.where(ok, np.maximum(r_max, 0.0), 0.0)
     mem = n * c + k * ((n - r_max) * d + r_max * g) + f + np.where(r_max > 0, jump, 0.0)
     mem = np.minimum(mem, n * (c + k * d) + f)  # recomputing nothing may be leaner (jump)
-    return np.where(ok, mem, np.inf)
+    return _mask_grid(np.where(ok, mem, np.inf), tbl)
 
 
-def _n_high(tbl: StageTable) -> int:
-    return tbl.num_layers - (tbl.num_ranks - 1) * tbl.chunks
+def _n_high(tbl: StageTable) -> np.ndarray:
+    """Most layers one rank can hold, (C,): every other rank needs v."""
+    return tbl.num_layers - (tbl.num_ranks - 1) * tbl.chunk_array()
 
 
 def _min_bottleneck(values: np.ndarray, tbl: StageTable) -> np.ndarray:
     """Smallest bottleneck level at which the ranks can hold L layers, >= v each: (C,).
 
-    ``values[c, s, j]`` is rank s's level for n = v + j layers (increasing in j). Once every
-    rank can hold v layers (its first value), the ranks hold p (v - 1) layers below the grid
-    for free, so the grid must supply L - p (v - 1): the (L - p (v - 1))-th smallest value.
+    ``values[c, s, j]`` is rank s's level for n = v_min + j layers (increasing in j; -inf below
+    the config's own v, see :func:`_mask_grid`). Once every rank can hold v layers, the ranks
+    hold p (v_min - 1) layers below the grid for free, so the grid must supply L - p (v_min - 1):
+    the (L - p (v_min - 1))-th smallest value.
     """
     C, p, G = values.shape
-    k = tbl.num_layers - p * (tbl.chunks - 1) - 1
+    if C == 0:
+        return np.empty(0)
+    v = tbl.chunk_array()
+    v_min = int(v.min())
+    k = tbl.num_layers - p * (v_min - 1) - 1
     kth = np.partition(values.reshape(C, p * G), k, axis=1)[:, k]
-    return np.maximum(kth, values[:, :, 0].max(axis=1))
+    at_v = np.take_along_axis(values, (v - v_min)[:, None, None].repeat(p, axis=1), axis=2)[:, :, 0]
+    return np.maximum(kth, at_v.max(axis=1))
 
 
-def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A concrete (n, r) per rank meeting (T, M); None-free: rows must be feasible."""
-    t_of_n = _time_given_memory(tbl, m_lim, strict=False)
+def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
+                t_of_n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A concrete (n, r) per rank meeting (T, M); None-free: rows must be feasible.
+    ``t_of_n`` is ``_time_given_memory(tbl, m_lim, strict=False)`` when the caller has it."""
+    if t_of_n is None:
+        t_of_n = _time_given_memory(tbl, m_lim, strict=False)
     tol = np.maximum(np.abs(t_lim), 1e-30)[:, None, None] * 1e-9
-    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + tbl.chunks - 1
-    n = np.minimum(n_max, _n_high(tbl))
+    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + int(tbl.chunk_array().min()) - 1
+    n = np.minimum(n_max, _n_high(tbl)[:, None])
     excess = n.sum(axis=1) - tbl.num_layers
     # Give back surplus layers from the ranks holding the most (keeps both limits: downward closed).
     while np.any(excess > 0):
@@ -220,12 +258,13 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
         sub = tbl.take(rows[active])
         t_a = t_cur[active]
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False), sub)
-        n, r = _assignment(sub, t_a, m_a)
+        loose, strict = _times_given_memory(sub, m_a, (False, True))
+        n, r = _assignment(sub, t_a, m_a, loose)
         t_s, m_s = sub.rank_costs(n, r)
         out.append((rows[active], t_s.max(axis=1), m_s.max(axis=1), n, r))
         m_prev[active] = m_a
         # Next point: the least time that lets memory go strictly below this point's.
-        t_next = _min_bottleneck(_time_given_memory(sub, m_a, strict=True), sub)
+        t_next = _min_bottleneck(strict, sub)
         idx = rows[active]
         t_cur[idx] = t_next
         active[idx] = np.isfinite(t_next)
@@ -247,7 +286,7 @@ def relaxed_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:
     solves sum_s (M - f_s) / slope_s = L (water filling).
     """
     a = tbl.layer_time_s
-    p, L, v = tbl.num_ranks, tbl.num_layers, tbl.chunks
+    p, L, v = tbl.num_ranks, tbl.num_layers, tbl.chunk_array()[:, None]
     e, f, k = tbl.rank_time_s, tbl.rank_bytes, tbl.inflight
     t_lb = np.maximum((L * a + e.sum(axis=1)) / p, (e + v * a[:, None]).max(axis=1))
     slope = tbl.layer_static_bytes[:, None] + k * np.minimum(tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes)[:, None]

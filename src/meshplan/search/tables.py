@@ -74,9 +74,10 @@ def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
     return pipeline_time(1.0, m, plans.pp, plans.vpp, plans.schedule, ctx.calib)[0] * np.ones(len(plans))
 
 
-def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int,
+def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
                 layer: LayerCost | None = None) -> StageTable:
-    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank."""
+    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank
+    (one int, or the plans' own ``vpp`` column)."""
     C = len(plans)
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last = pp - 1

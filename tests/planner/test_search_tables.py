@@ -1,0 +1,58 @@
+"""The bridge to the cost model: shared layer costs, rank-total to virtual-stage splits, exact
+re-scoring of uneven splits."""
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from meshplan.cost import calibration_for, estimate
+from meshplan.cost.layer import LayerCost, layer_cost
+from meshplan.search.planner import _plan_arrays
+from meshplan.search.space import enumerate_space
+from meshplan.search.tables import CostContext, chunk_split, score_splits, shared_layer_cost
+from meshplan.spec.cluster import system_preset
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+
+@pytest.mark.parametrize("name,gpus", [("llama2-7b", 16), ("mixtral-8x7b", 16)])
+def test_shared_layer_cost_equals_layer_cost(name, gpus):
+    model = model_preset(name)
+    cluster = system_preset("dgx-h100", num_nodes=gpus // 8)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    plans = _plan_arrays(enumerate_space(model, training, gpus))
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    idx = np.random.default_rng(1).choice(len(plans), 3000, replace=False)
+    sub = plans.take(idx)
+    shared, direct = shared_layer_cost(ctx, sub), layer_cost(model, cluster, training, sub, ctx.calib)
+    for f in fields(LayerCost):
+        np.testing.assert_allclose(np.broadcast_to(getattr(shared, f.name), (idx.size,)),
+                                   np.broadcast_to(getattr(direct, f.name), (idx.size,)), rtol=1e-12,
+                                   err_msg=f.name)
+
+
+def test_chunk_split_round_trip():
+    layers, rec = chunk_split(np.array([7, 5, 6]), np.array([3, 0, 6]), 2)
+    assert layers == (4, 3, 3, 3, 2, 3) and rec == (3, 0, 3, 0, 0, 3)
+    pp = 3
+    assert [sum(layers[i::pp]) for i in range(pp)] == [7, 5, 6]
+    assert [sum(rec[i::pp]) for i in range(pp)] == [3, 0, 6]
+    assert all(r <= n for r, n in zip(rec, layers))
+
+
+def test_score_splits_matches_estimate_for_uneven_splits():
+    model = model_preset("llama2-13b")
+    cluster = system_preset("dgx-a100", num_nodes=2)
+    training = TrainingSpec(seq_len=4096, global_batch=32)
+    space = enumerate_space(model, training, 16)
+    pick = np.flatnonzero((space.pp == 4) & (space.recompute == 2))[:5]
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    n = np.array([[8, 11, 11, 10]] * pick.size)
+    r = np.array([[8, 3, 0, 1]] * pick.size)
+    got = score_splits(ctx, _plan_arrays(space).take(pick), n, r)
+    for j, i in enumerate(pick):
+        layers, rec = chunk_split(n[j], r[j], int(space.vpp[i]))
+        est = estimate(model, cluster, training, space.plan(int(i), layers, rec))
+        assert got.step_time_s[j] == pytest.approx(est.step_time_s, rel=1e-12)
+        assert got.peak_memory_bytes[j] == pytest.approx(est.peak_memory_gib * 2**30, rel=1e-12)
