@@ -101,6 +101,9 @@ def test_good_checkpoint_loads_step_and_weights(saved):
     for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), k
     assert opt.state  # AdamW moments came back
+    other_lr = make_optimizer(job, list(again.parameters()), 5e-2)
+    load_checkpoint(saved["ckpt"], job=job, model_parts=again, optimizers=other_lr)
+    assert other_lr.param_groups[0]["lr"] == 1e-3  # hyperparameters are the checkpoint's
 
 
 def _train_cli(*args, cwd):
