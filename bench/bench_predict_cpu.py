@@ -32,7 +32,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule  # noqa: E402
-from meshplan.runtime.predict import compare, predict  # noqa: E402
+from meshplan.runtime.predict import compare, predict, warmup_steps  # noqa: E402
 from meshplan.spec.cluster import system_preset  # noqa: E402
 from meshplan.spec.presets import model_preset  # noqa: E402
 from meshplan.spec.training import Precision, TrainingSpec  # noqa: E402
@@ -108,6 +108,9 @@ def main() -> None:
     ap.add_argument("--profile", help="Use this profile instead of measuring one.")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--only", help="Comma-separated case names to run.")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="Run every plan this many times, in interleaved rounds; measured = median over runs "
+                         "(spreads a shared host's slow spells over all plans).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
@@ -119,47 +122,60 @@ def main() -> None:
             t0 = time.monotonic()
             run_profile(Path(profile))
             con.print(f"profiled the CPU in {time.monotonic() - t0:.0f} s")
-        rows = []
         chosen = [c for c in cases() if not args.only or c.name in args.only.split(",")]
+        runs: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in chosen}
+        errors: dict[str, str] = {}
+        for r in range(args.repeats):
+            for case in chosen:
+                t0 = time.monotonic()
+                times, peak, err = run_train(make_job(case.plan), work, args.steps)
+                if err:
+                    errors[case.name] = err
+                else:
+                    kept = times[warmup_steps(len(times)):]
+                    runs[case.name].append((statistics.median(kept), peak, os.getloadavg()[0]))
+                con.print(f"round {r + 1}: {case.name}: {time.monotonic() - t0:.0f} s" + (f" (failed: {err})" if err else ""))
+        rows = []
         for case in chosen:
             job = make_job(case.plan)
             pred = predict(job, profile, "cpu")
-            t0 = time.monotonic()
-            times, peak, err = run_train(job, work, args.steps)
             row = {"case": case.name, "plan": job.plan.notation(), "procs": job.plan.dims.world_size,
                    "predicted_step_time_s": pred.step_time_s, "predicted_peak_memory_gib": pred.peak_memory_gib,
                    "compute_s": pred.estimate.time.compute_s,
                    "exposed_comm_s": pred.estimate.time.exposed_communication_s,
                    "bubble_s": pred.estimate.time.bubble_s, "optimizer_s": pred.estimate.time.optimizer_s,
-                   "error": err}
-            if times:
-                cmp = compare(pred, times, peak)
+                   "error": errors.get(case.name, "")}
+            if runs[case.name]:
+                measured = statistics.median(t for t, _, _ in runs[case.name])
+                cmp = compare(pred, [measured], max(p for _, p, _ in runs[case.name]))
                 row.update(measured_step_time_s=cmp.measured_step_time_s, step_time_error=cmp.step_time_error,
                            measured_peak_memory_gib=cmp.measured_peak_memory_gib,
-                           peak_memory_error=cmp.peak_memory_error)
+                           peak_memory_error=cmp.peak_memory_error,
+                           runs_step_time_s=[t for t, _, _ in runs[case.name]],
+                           load_avg=[a for _, _, a in runs[case.name]])
             rows.append(row)
-            con.print(f"{case.name}: {time.monotonic() - t0:.0f} s" + (f" (failed: {err})" if err else ""))
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return
-    render(rows, Console(highlight=False))
+    render(rows, Console(highlight=False, width=190))
 
 
 def render(rows: list[dict], con: Console) -> None:
     t = Table(title=f"Predicted vs measured, CPU, toy-llama {MODEL_OVERRIDES} S={SEQ_LEN} B={GLOBAL_BATCH} fp32")
     for col in ("case", "procs", "pred s", "meas s", "err", "pred GiB", "meas GiB", "err",
-                "compute", "comm", "bubble", "optim"):
+                "compute", "comm", "bubble", "optim", "runs s", "load"):
         t.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
         if "measured_step_time_s" not in r:
             t.add_row(r["case"], str(r["procs"]), f"{r['predicted_step_time_s']:.3f}", "-", "-",
-                      f"{r['predicted_peak_memory_gib']:.3f}", "-", "-", "", "", "", r["error"][:40])
+                      f"{r['predicted_peak_memory_gib']:.3f}", "-", "-", "", "", "", "", "", r["error"][:40])
             continue
         t.add_row(r["case"], str(r["procs"]), f"{r['predicted_step_time_s']:.3f}", f"{r['measured_step_time_s']:.3f}",
                   f"{r['step_time_error']:+.0%}", f"{r['predicted_peak_memory_gib']:.3f}",
                   f"{r['measured_peak_memory_gib']:.3f}", f"{r['peak_memory_error']:+.0%}",
                   f"{r['compute_s']:.3f}", f"{r['exposed_comm_s']:.3f}", f"{r['bubble_s']:.3f}",
-                  f"{r['optimizer_s']:.3f}")
+                  f"{r['optimizer_s']:.3f}", " ".join(f"{x:.2f}" for x in r["runs_step_time_s"]),
+                  " ".join(f"{x:.0f}" for x in r["load_avg"]))
     con.print(t)
     done = [r for r in rows if "measured_step_time_s" in r]
     if done:

@@ -100,3 +100,38 @@ def test_import_with_hf_config_model(tmp_path):
     data = json.loads(r.stdout)
     assert data["model"]["name"] == "meta-llama/Meta-Llama-3-8B"
     assert data["notation"] == "dp8 tp2sp pp1 cp1 mb2 ckpt=sel:all"
+
+
+def test_export_best_expressible(tmp_path):
+    """--best searches the job's setting and exports the fastest fitting plan DeepSpeed can run."""
+    job = tmp_path / "mine.json"
+    r = run("import", "--from", "megatron", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+            "--num-layers-per-virtual-pipeline-stage 3 --micro-batch-size 1 --global-batch-size 32 "
+            "--seq-length 1024 --bf16", "--model", "gpt2", "--gpu", "a100-80gb", "--gpus-per-node", "4",
+            "--gpus", "4", "--out", str(job))
+    assert r.returncode == 0, r.stderr
+    assert run("export", str(job), "--to", "deepspeed").returncode == 2  # interleaved: refused
+    r = run("export", str(job), "--to", "deepspeed", "--best", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    cfg = json.loads(data["text"])
+    assert cfg["train_batch_size"] == 32
+    assert cfg["train_batch_size"] % (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]) == 0
+    assert data["best"]["plan"] and data["best"]["peak_memory_gib"] < 80
+
+
+def test_unreadable_and_unwritable_paths(gpt3_job, tmp_path):
+    r = run("import", "--from", "megatron", "@" + str(tmp_path / "none.txt"), "--model", "gpt2",
+            "--gpu", "a100-80gb", "--gpus", "8")
+    assert r.returncode == 2 and "cannot read the Megatron arguments" in r.stderr
+    r = run("export", str(gpt3_job), "--to", "megatron", "--out", str(tmp_path / "no" / "dir" / "x.args"))
+    assert r.returncode == 2 and r.stderr.startswith("error: cannot write")
+
+
+def test_import_torchtitan_flavor_preset():
+    toml = Path(__file__).resolve().parents[1] / "fixtures" / "torchtitan" / "llama3_8b.toml"
+    r = run("import", "--from", "torchtitan", str(toml), "--cluster", "dgx-h100", "--nodes", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model"]["name"] == "llama3-8b"
+    assert data["notation"] == "dp1 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"

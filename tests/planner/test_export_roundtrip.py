@@ -161,9 +161,27 @@ def test_megatron_uneven_split_uses_first_last_flags():
     assert import_megatron(text, num_gpus=1536).plan == plan
 
 
-def test_megatron_refuses_ragged_split():
+def test_megatron_ragged_split_uses_layout():
+    """A split Megatron's first/last counts cannot express (here with virtual stages) goes
+    through --pipeline-model-parallel-layout, with a warning, and imports back unchanged."""
     job = cases.gpt3_narayanan()
-    plan = Plan(dims=ParallelDims(dp_replicate=24, tp=8, pp=8), micro_batch=1,
-                stage_layers=(10, 12, 14, 12, 12, 12, 12, 12))
-    with pytest.raises(MeshplanError, match="cannot express the layer split"):
-        export_job(replace(job, plan=plan), "megatron")
+    layers = (3, 4, 4, 4, 4, 4, 4, 4) + (4,) * 15 + (5,)
+    plan = replace(job.plan, stage_layers=layers)
+    exp = export_job(replace(job, plan=plan), "megatron")
+    assert "--pipeline-model-parallel-layout Et*3|t*4|" in exp.text and exp.text.count("|") == 23
+    assert "t*5L" in exp.text and "--num-layers-per-virtual-pipeline-stage" not in exp.text
+    assert any("experimental" in w for w in exp.warnings)
+    back = import_megatron(exp.text, num_gpus=1536)
+    assert back.plan.vpp == 3 and back.plan.stage_layers == layers
+    assert back.plan == plan
+
+
+@pytest.mark.parametrize("layout,msg", [
+    ("Et*2|t*2m|tL", "layer kind 'm'"),
+    ("t*2|Et*2|tL", "not in the first chunk"),
+    ("Et*2||t*2L", "no transformer layer"),
+])
+def test_megatron_bad_layouts(layout, msg):
+    with pytest.raises(MeshplanError, match=msg):
+        import_megatron(f"--pipeline-model-parallel-size 3 --global-batch-size 8 --seq-length 128 "
+                        f"--pipeline-model-parallel-layout '{layout}'", num_gpus=3)

@@ -29,11 +29,13 @@ def test_makespan_by_hand(schedule, vpp, expected):
     assert tl.bubble_s(0) == pytest.approx(expected - 24)
 
 
-def test_zero_bubble_between_zb_h1_and_1f1b():
-    tl = simulate([StageTimes(1, 2)] * 4, 4, 1, 8, Schedule.ZERO_BUBBLE)
-    # ZB-H1's bubble (p-1)(F+B-W) = 3 with B=W=1; 1F1B's is 9
-    assert 24 + 3 <= tl.makespan_s < 33
-    assert sum(o.kind == OpKind.WEIGHT_GRAD for o in tl.ops) == 32
+@pytest.mark.parametrize("pp,m", [(4, 8), (8, 16)])
+def test_zero_bubble_matches_zb_h1(pp, m):
+    """F = B = W = 1: ZB-H1's bubble is (p-1)(F+B-W) = p-1 (Qi et al. 2024, Sec. 3.1), against
+    1F1B's (p-1)(F+B+W) = 3(p-1)."""
+    tl = simulate([StageTimes(1, 2)] * pp, pp, 1, m, Schedule.ZERO_BUBBLE)
+    assert tl.makespan_s == pytest.approx(3 * m + (pp - 1))
+    assert sum(o.kind == OpKind.WEIGHT_GRAD for o in tl.ops) == pp * m
 
 
 def test_1f1b_keeps_at_most_p_minus_r_in_flight():
@@ -59,6 +61,8 @@ def test_dependencies_and_no_overlap(pp, vpp, groups, schedule, f, b):
     for o in tl.ops:
         if o.kind == OpKind.FORWARD and o.stage > 0:
             assert o.start_s >= end[(OpKind.FORWARD, o.stage - 1, o.microbatch)] - 1e-9
+        if o.kind == OpKind.WEIGHT_GRAD:
+            assert o.start_s >= end[(OpKind.BACKWARD, o.stage, o.microbatch)] - 1e-9
         if o.kind == OpKind.BACKWARD:
             assert o.start_s >= end[(OpKind.FORWARD, o.stage, o.microbatch)] - 1e-9
             if o.stage < pp * vpp - 1:

@@ -72,7 +72,8 @@ OPTIONS = SearchOptions(max_vpp=2)
 def test_frontier_equals_brute_force(case):
     model, cluster, training = case
     bt, bm, count = brute_force(model, cluster, training, OPTIONS)
-    res = search(model, cluster, training, options=OPTIONS, refine_slack=float("inf"))
+    res = search(model, cluster, training, options=OPTIONS, refine_slack=float("inf"),
+                 memory_cap_bytes=float("inf"), stage_points=10_000)
     st_ = np.array([p.step_time_s for p in res.frontier])
     sm = np.array([p.peak_memory_bytes for p in res.frontier])
     assert count >= len(res.frontier)

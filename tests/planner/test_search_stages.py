@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from meshplan.search.frontier import pareto_indices
-from meshplan.search.stages import StageTable, corner_bounds, stage_frontier
+from meshplan.search.stages import StageTable, corner_bounds, relaxed_bounds, stage_frontier
 
 
 def _compositions(total: int, parts: int, low: int):
@@ -71,6 +71,8 @@ def test_corner_bounds_bound_every_point(tbl):
     t_lb, m_lb = corner_bounds(tbl)
     pts = stage_frontier(tbl, max_points=10_000)
     assert np.all(pts.max_time_s >= t_lb[pts.config] - 1e-9)
+    t_rel, m_rel = relaxed_bounds(tbl)
+    assert np.all(t_rel <= t_lb * (1 + 1e-9)) and np.all(m_rel <= m_lb * (1 + 1e-9) + 1e-9)
     assert np.all(pts.peak_bytes >= m_lb[pts.config] - 1e-6)
     # both corners are attained: the first point is the fastest, the last the leanest
     for i in range(tbl.num_configs):

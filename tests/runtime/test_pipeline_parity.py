@@ -65,8 +65,8 @@ FOUR_RANKS = [
          batch=8),
     real("llama-pp2xcp2-a2a", "toy-llama", {"dims": {"pp": 2, "cp": 2}, "cp_method": "all-to-all",
                                             "schedule": "1f1b"}),
-    real("moe-pp2v2xfsdp2-zero2", "toy-moe", {"dims": {"pp": 2, "dp_shard": 2}, "zero": 2,
-                                               "schedule": "interleaved-1f1b", "vpp": 2}, batch=8),
+    real("moe-pp2v2xfsdp2xep2-zero2", "toy-moe", {"dims": {"pp": 2, "dp_shard": 2, "ep": 2}, "zero": 2,
+                                                   "schedule": "interleaved-1f1b", "vpp": 2}, batch=8),
     # global grad-norm clipping across stages and shards; n_microbatches taken from the batch
     toy("toy-pp2xfsdp2-tied-clip", {"dims": {"pp": 2, "dp_shard": 2}, "zero": 3, "schedule": "1f1b"},
         tied=True, batch=8, clip=0.05, lazy_n_mb=True),

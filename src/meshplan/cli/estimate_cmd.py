@@ -71,7 +71,7 @@ def estimate_cmd(
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
     recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recomputation.")] = Recompute.NONE,
     schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.ONE_F_ONE_B,
-    vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaved).")] = 1,
+    vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (implies --schedule interleaved-1f1b when 1f1b).")] = 1,
     sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallel (default: on when tp > 1).")] = None,
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above.")] = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,10 +10,9 @@ import typer
 
 from meshplan.cli.common import JsonOpt, err_console, print_json
 from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
 from meshplan.export.common import ExportTarget, export_job
 from meshplan.plan import Job
-
-log = logging.getLogger(__name__)
 
 
 @app.command("export")
@@ -22,20 +20,55 @@ def export(
     plan_file: Annotated[Path, typer.Argument(help="A Job file from `meshplan plan --out` or `meshplan import`.")],
     to: Annotated[ExportTarget, typer.Option("--to", help="Target framework.")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the config here instead of stdout.")] = None,
+    best: Annotated[bool, typer.Option("--best", help="Search the job's model, batch and cluster, and export the fastest plan that fits and that the target can express.")] = False,
+    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="With --best: memory budget per GPU (default: the search's).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
     job = Job.load(plan_file)
-    result = export_job(job, to)
+    chosen = None
+    if best:
+        chosen = _best_for_target(job, to, memory_gib)
+        result = chosen["export"]
+    else:
+        result = export_job(job, to)
     if out is not None:
-        out.write_text(result.text)
+        try:
+            out.write_text(result.text)
+        except OSError as exc:
+            raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
     if json_out:
         print_json({"target": result.target.value, "text": result.text, "warnings": list(result.warnings),
-                    "out": str(out) if out else None})
+                    "out": str(out) if out else None,
+                    **({"best": {k: v for k, v in chosen.items() if k != "export"}} if chosen else {})})
         return
+    if chosen is not None:
+        err_console().print(chosen["summary"])
     for w in result.warnings:
         err_console().print(f"[yellow]warning:[/yellow] {w}")
     if out is None:
         sys.stdout.write(result.text)
     else:
         err_console().print(f"wrote {result.target.value} config to {out}")
+
+
+def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None) -> dict:
+    from meshplan.export.common import best_expressible
+    from meshplan.search.planner import search
+    from meshplan.spec.cluster import GIB
+
+    res = search(job.model, job.cluster, job.training,
+                 budget_bytes=None if memory_gib is None else memory_gib * GIB)
+    budget = res.budget_bytes / GIB
+    found = best_expressible(job, res.frontier, target, budget)
+    if found is None:
+        raise MeshplanError(f"no frontier plan within {budget:.1f} GiB per GPU can be expressed in {target.value}")
+    i, export = found
+    point, top = res.frontier[i], res.recommended
+    loss = 1 - point.tokens_per_s_per_gpu / top.tokens_per_s_per_gpu if top else 0.0
+    summary = (f"frontier point {i}: {point.plan.notation()} ({point.tokens_per_s_per_gpu:,.0f} tok/s/GPU, "
+               f"{point.peak_memory_gib:.1f} GiB)" + (f", {loss:.0%} slower than the best plan "
+               f"{top.plan.notation()} that {target.value} cannot express" if i != res.recommended_index else
+               ", the recommended plan"))
+    return {"index": i, "plan": point.plan.notation(), "tokens_per_s_per_gpu": point.tokens_per_s_per_gpu,
+            "peak_memory_gib": point.peak_memory_gib, "summary": summary, "export": export}

@@ -35,6 +35,23 @@ def _cluster(cluster: str | None, gpu: str | None, nodes: int | None, gpus_per_n
     return load_cluster(cluster, gpu, nodes, gpus_per_node, gpus)
 
 
+def _read_args(config: str) -> str:
+    """The argument string itself, or the contents of ``@file``."""
+    if not config.startswith("@"):
+        return config
+    try:
+        return Path(config[1:]).read_text()
+    except OSError as exc:
+        raise MeshplanError(f"{config[1:]}: cannot read the Megatron arguments ({exc.strerror})") from None
+
+
+def _save(job: Job, out: Path) -> None:
+    try:
+        job.save(out)
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
+
+
 @app.command("import", context_settings={"ignore_unknown_options": True})
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
@@ -55,7 +72,7 @@ def import_(
     if source == ImportSource.MEGATRON:
         from meshplan.export.import_megatron import import_megatron, launcher_size
 
-        text = Path(config[1:]).read_text() if config.startswith("@") else config
+        text = _read_args(config)
         spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, *launcher_size(text))
         imp = import_megatron(text, num_gpus=spec_cluster.num_gpus, model=base_model,
                               name=base_model.name if base_model else "megatron-model")
@@ -81,7 +98,7 @@ def import_(
         plan, training = imp_t.plan, imp_t.training
     job = Job(model=spec, training=training, cluster=spec_cluster, plan=plan)
     if out is not None:
-        job.save(out)
+        _save(job, out)
     if json_out:
         print_json({**job.to_dict(), "notation": plan.notation(), "ignored_flags": list(ignored),
                     "out": str(out) if out else None})

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from meshplan.cli.common import (
     ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, console, err_console,
+    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, console, err_console,
     load_cluster, load_model, make_training, print_json,
 )
 from meshplan.cli.main import app
@@ -20,6 +20,9 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+
+OVER_BUDGET_ROWS = 3
+"""Frontier rows shown above the recommended plan (faster, but over the budget)."""
 
 PROGRESS_AFTER_S = 1.0
 """Show a progress bar only once a search has run this long (short searches stay quiet)."""
@@ -84,10 +87,10 @@ def plan_cmd(
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")] = 2048,
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
-    precision: PrecisionOpt = Precision.BF16,
+    precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
-    top: Annotated[int, typer.Option("--top", help="Frontier rows to print (0: all).")] = 20,
+    top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
@@ -99,10 +102,11 @@ def plan_cmd(
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
 
     spec = load_model(model, override)
-    training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
     counts = parse_gpu_counts(gpus) if gpus else None
     base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
                         gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
+    training = make_training(seq_len, global_batch, global_batch_tokens,
+                             precision or _default_precision(base), optimizer)
     clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     if memory_gib is not None and memory_gib <= 0:
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
@@ -162,6 +166,17 @@ def plan_cmd(
         con.print(f"wrote the {which} to {written}")
     if plot is not None:
         con.print(f"wrote the frontier plot to {plot}")
+
+
+def _default_precision(cluster: ClusterSpec) -> Precision:
+    """bf16 where the GPU has it, else fp16, else fp32 (the ``cpu`` preset computes in fp32)."""
+    for p in (Precision.BF16, Precision.FP16, Precision.FP32):
+        try:
+            cluster.gpu.peak_flops(p)
+            return p
+        except MeshplanError:
+            continue
+    return Precision.FP32
 
 
 def _best_time(res) -> float:
@@ -240,8 +255,9 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
         t.add_column(col, justify="left" if col in ("", "plan") else "right")
     rows = list(enumerate(res.frontier))
     if top and len(rows) > top:
-        keep = set(range(top)) | ({rec} if rec is not None else set())
-        rows = [(i, p) for i, p in rows if i in keep]
+        # Around the budget: a few faster plans that do not fit, then the fitting ones.
+        first = max(0, (rec if rec is not None else len(rows)) - OVER_BUDGET_ROWS)
+        rows = rows[first:first + top]
     for i, p in rows:
         fits = p.peak_memory_bytes <= res.budget_bytes
         mark = "[bold green]*best[/]" if i == rec else ("" if fits else "[dim]over[/]")
@@ -251,8 +267,11 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
     con.print(t)
     if rec is not None:
         p = res.frontier[rec]
-        con.print(f"recommended (#{rec}): {p.plan.notation()}  layers/stage {list(p.plan.stage_layers)}"
-                  f"  recomputed/stage {list(p.plan.recompute_layers)}")
+        pp = p.plan.dims.pp
+        per_rank = [sum(p.plan.stage_layers[i::pp]) for i in range(pp)]
+        rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
+        con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
+                  + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
 
 
 def _print_scaling(con, results, training) -> None:

@@ -51,7 +51,10 @@ def report(
         spec_cluster = load_cluster(cluster, gpu, nodes, gpus_per_node)
         training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
     built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
-    out.write_text(built.html)
+    try:
+        out.write_text(built.html)
+    except OSError as exc:
+        raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
     if json_out:
         print_json({"out": str(out), "chosen": built.chosen.notation(), "frontier_size": built.frontier_size,
                     "budget_gib": built.budget_gib,

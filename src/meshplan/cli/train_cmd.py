@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -40,6 +40,7 @@ def train(
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and data.")] = 0,
     log: Annotated[Optional[Path], typer.Option("--log", help="JSON-lines log: one object per step, then a summary.")] = None,
     override: OverrideOpt = None,
+    cluster_profile: ClusterProfileOpt = None,
     checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Save sharded checkpoints here (step-NNNNNN directories).")] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and after the last); 0: only after the last.", min=0)] = 0,
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
@@ -56,8 +57,12 @@ def train(
         job = Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
     if lr <= 0:
         raise MeshplanError(f"--lr must be positive, got {lr}")
-    check_runnable(job, pipeline_available())
     data_path = resolve_data(data)
+    check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    if cluster_profile:  # a bad profile fails now, not after training
+        from meshplan.spec.hwprofile import load_profile
+
+        load_profile(cluster_profile)
     if checkpoint_dir is None and (resume or checkpoint_every or checkpoint_keep):
         raise MeshplanError("--resume, --checkpoint-every and --checkpoint-keep need --checkpoint-dir")
     if checkpoint_dir is not None and (not under_torchrun() or _is_rank0()):
@@ -76,6 +81,9 @@ def train(
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return
+        from meshplan.runtime.predict import attach_prediction, comparison_table
+
+        versus = attach_prediction(job, log_path, cluster_profile)  # adds both to the log's summary
         lines = [json.loads(x) for x in Path(log_path).read_text().splitlines()]
     summary = next((x for x in lines if x.get("summary")), None)
     if summary is None:
@@ -93,6 +101,7 @@ def train(
               f"{summary['mean_step_time_s']:.3f}", f"{summary['mean_tokens_per_s']:,.0f}",
               f"{summary['peak_memory_gib']:.2f}", f"{summary['mfu']:.1%}" if summary["mfu"] else "-")
     console().print(t)
+    console().print(comparison_table(versus))
 
 
 def _is_rank0() -> bool:

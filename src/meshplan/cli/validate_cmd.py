@@ -13,6 +13,17 @@ from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
 
 
+def _finite(obj):
+    """NaN (no rows to take a median of) becomes null: strict JSON readers reject NaN."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _fmt(v: float | None, spec: str) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -27,7 +38,7 @@ def validate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
-    from meshplan.cost.calibration import calibration_for, gpu_family
+    from meshplan.cost.calibration import Calibration, gpu_family
     from meshplan.cost.validate import evaluate, load_runs
 
     settings = {"fused_attention": fused_attention, "dropout": dropout}
@@ -47,7 +58,7 @@ def validate_cmd(
 
         def calib_for(run):  # noqa: F811 - the fitted calibration of the run's family
             values = fitted[gpu_family(run.cluster.gpu)]["values"]
-            return calibration_for(run.cluster.gpu).replace_fields(**values, source="fitted just now")
+            return Calibration().replace_fields(**values, source="fitted just now")
 
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
     if json_out:
@@ -56,7 +67,7 @@ def validate_cmd(
             out["fit"] = fitted
         if loso:
             out["leave_one_source_out"] = loso_out
-        print_json(out)
+        print_json(_finite(out))
         return
     con = console()
     if not con.is_terminal or con.width < 160:

@@ -10,7 +10,9 @@ Public API (stable; the search helper codes against it):
 * :func:`rank_cost` -- one pipeline rank holding ``layers`` layers (``recomputed`` of them under the
   plan's policy), with the embedding and/or LM head when asked: per-micro-batch time, step-level
   DP communication and optimizer time, and memory by category. A layer-split search calls it
-  with its own per-rank layer counts.
+  with its own per-rank layer counts; ``rank_cost(..., layers=0, has_head=True)`` is the extra of
+  the LM-head stage alone (and ``has_embedding=True`` of the embedding stage), fixed per-GPU
+  overheads (framework, buffers) included.
 * :func:`~meshplan.cost.pipeline.pipeline_time` and :func:`~meshplan.cost.pipeline.in_flight_chunks`
   -- schedule composition (bubble, activations in flight per rank).
 * :func:`estimate_batch` -- even layer split, all-layer recompute policy: step time, peak memory,
@@ -101,7 +103,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * 3.0 * layer.fwd_comm_total_s
     # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
-    head_fwd = gemm_time(calib, peak, T, V / t, D) + 3.0 * T * V / t * ACT_BYTES / hbm
+    # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
+    pad = max(calib.vocab_pad_multiple, 1.0)
+    Vt = np.ceil(V / (t * pad)) * pad
+    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ACT_BYTES / hbm
     compute = compute + np.where(has_head, 3.0 * head_fwd, 0.0)
     compute = compute + np.where(has_embedding, 3.0 * T * D * ACT_BYTES / hbm, 0.0)  # lookup + grad
     # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
@@ -166,7 +171,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    acts = acts + np.where(has_head, T * V / t * calib.logits_bytes_per_element, 0.0)
+    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
+                                                   + calib.loss_transient_bytes_per_element), 0.0)
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond

@@ -33,8 +33,22 @@ class Calibration:
     the smallest per-GPU GEMM dimension. Tiles of 128-256 leave small GEMMs under-occupied
     (NVIDIA matrix-multiplication background guide, 'wave quantization / tile quantization')."""
     unaligned_matmul_factor: float = 0.5
-    """Extra factor for a GEMM with a dimension not a multiple of 8 (fp16/bf16 tensor cores need
-    multiples of 8 elements; NVIDIA Deep Learning Performance guide, 'Tensor Core requirements')."""
+    """Extra factor for a GEMM with a dimension not a multiple of 8, e.g. the attention GEMMs of
+    a head dim of 108 (fp16/bf16 tensor cores need multiples of 8 elements, else cuBLAS falls
+    back to slower or non-tensor-core kernels; NVIDIA Deep Learning Performance guide, 'Matrix
+    Multiplication Background', 'Tensor Core requirements'). Applied to the attention core too
+    (fused attention kernels also need head dims that are multiples of 8)."""
+    vocab_pad_multiple: float = 128.0
+    """The LM head's vocabulary is padded to a multiple of this per tensor-parallel rank
+    (Megatron-LM --make-vocab-size-divisible-by, default 128, times tp), which keeps the
+    head GEMM aligned for tensor cores (e.g. BLOOM's 250,000 -> 250,880). 1 = no padding."""
+    layer_overhead_s: float = 0.0
+    """Fixed time per transformer layer per micro-batch forward (backward 2x), independent of
+    the tokens: CUDA kernel launches and host-side framework work (a Megatron layer forward is
+    ~30-60 kernels at ~5-20 us of launch / Python dispatch each; the reason CUDA graphs help
+    small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
+    latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
+    micro-batches, which is why measured throughput grows with the micro-batch size."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
     peak forward+backward, Dao 2023 Sec. 4.1)."""
@@ -94,8 +108,13 @@ class Calibration:
     sgd_bytes_per_param: float = 4.0
     """SGD momentum in fp32."""
     logits_bytes_per_element: float = 6.0
-    """LM-head logits kept for the loss: fp16/bf16 output plus fp32 softmax copy (Megatron's
-    vocab-parallel cross entropy upcasts)."""
+    """LM-head logits (S*b*V/t elements per micro-batch) kept for the loss: fp16/bf16 output
+    plus the fp32 softmax copy of Megatron's vocab-parallel cross entropy (2 + 4 bytes)."""
+    loss_transient_bytes_per_element: float = 0.0
+    """Extra bytes per logit element alive only around the loss forward/backward (fp32
+    temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
+    gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
+    V = 250k. Counted on the LM-head rank on top of the kept activations."""
     framework_overhead_gib: float = 3.0
     """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
     allocator_fragmentation: float = 0.05
@@ -154,9 +173,11 @@ FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     # Megatron-LM README 2020), fitted with fused_attention=False, dropout=True.
     "a100": MappingProxyType({
         "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
-        "matmul_efficiency": 0.725, "matmul_half_dim": 64.0, "inter_node_comm_efficiency": 0.8,
-        "intra_node_comm_efficiency": 0.5,
-        "dp_overlap": 0.9, "framework_overhead_gib": 10.5, "allocator_fragmentation": 0.05,
+        "matmul_efficiency": 0.675, "matmul_half_dim": 96.0, "inter_node_comm_efficiency": 0.9,
+        "intra_node_comm_efficiency": 0.4, "dp_overlap": 1.0, "layer_overhead_s": 0.0,
+        "unaligned_matmul_factor": 0.1,
+        "framework_overhead_gib": 10.0, "allocator_fragmentation": 0.05,
+        "loss_transient_bytes_per_element": 8.0, "grad_bytes_per_param_bf16": 4.5,
     }),
     # 4 throughput rows (Megatron-LM README 2020, DGX-2): only the GEMM efficiency is fitted.
     "v100": MappingProxyType({

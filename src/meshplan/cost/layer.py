@@ -31,7 +31,7 @@ from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import Arch, ModelSpec
-from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training import Optimizer, TrainingSpec
 
 ACT_BYTES = 2.0  # activations are kept in the 16-bit compute dtype (fp8 training keeps bf16)
 
@@ -86,8 +86,6 @@ def gemm_time(calib: Calibration, peak_flops: float, m, n, k):
 
 def optimizer_state_bytes_per_param(calib: Calibration, training: TrainingSpec) -> float:
     """fp32 master weights + optimizer moments (Adam 2, SGD 1)."""
-    from meshplan.spec.training import Optimizer
-
     moments = calib.sgd_bytes_per_param if training.optimizer == Optimizer.SGD else calib.adam_bytes_per_param
     return calib.master_bytes_per_param + moments
 
@@ -167,7 +165,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     causal = 0.5 if model.arch == Arch.DECODER else 1.0
     attn_flops = 4.0 * T * S * q / t * causal
     if calib.fused_attention:
-        t_attn = attn_flops / (peak * calib.attention_efficiency * H / (H + calib.matmul_half_dim))
+        head_aligned = calib.unaligned_matmul_factor if H % 8 else 1.0  # model constant
+        t_attn = attn_flops / (peak * calib.attention_efficiency * H / (H + calib.matmul_half_dim)
+                               * head_aligned)
         softmax_bytes = 0.0
     else:  # unfused: two batched GEMMs (k = H, then n = H) over full s x s scores + softmax pass
         t_attn = attn_flops / causal / (peak * gemm_efficiency(calib, S, S, H))
@@ -179,7 +179,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     rep_elems = T_rep * D * (4.0 + 6.0 + drop)  # 2 norms (r+w), 2 residual adds (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
     t_mem = (rep_elems + act_elems) * ACT_BYTES / hbm + softmax_bytes / hbm
-    fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem
+    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
+    fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem + calib.layer_overhead_s
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ACT_BYTES  # (b, S/c, D) activation
@@ -198,6 +199,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ulysses = comms.all_to_all_time(T * (2 * q / t + 2 * kv_local) * ACT_BYTES, c, cp_link)
     cp_fwd = np.where(plans.cp_method == CP_RING, ring, ulysses)
     cp_overlap = np.where(plans.cp_method == CP_RING, calib.cp_overlap, 0.0)
+    cp_bwd = np.where(plans.cp_method == CP_RING, 2 * ring, ulysses)  # ring: K/V and dK/dV
     if moe:
         ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
         ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ACT_BYTES, ep, ep_link)
@@ -211,7 +213,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     bwd_compute = 2.0 * fwd_compute
     bwd_comm_exposed = (comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
-                        + comms.exposed(2 * cp_fwd, cp_overlap, 2 * t_attn)
+                        + comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
                         + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute))
     rec_sel = t_attn + softmax_bytes / hbm
     rec_full = fwd_compute + fwd_comm_exposed

@@ -18,7 +18,8 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -269,12 +270,12 @@ def predicted_metric(run: Run, step_time_s: float) -> float | None:
     return None
 
 
-def setting_calibration(run: Run, base: Calibration | None, settings: dict[str, Any]) -> Calibration:
+def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[str, Any]) -> Calibration:
     calib = base or calibration_for(run.cluster.gpu)
     return calib.replace_fields(**settings) if settings else calib
 
 
-def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: dict[str, Any] | None = None,
+def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, Any] | None = None,
              calib_for: Callable[[Run], Calibration] | None = None) -> ValidationReport:
     """Estimate every run. ``settings`` are calibration fields describing the runs' software
     (e.g. fused_attention=False); ``calib_for`` replaces the per-GPU calibration (fitting)."""
@@ -296,6 +297,6 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: dict[str, Any
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 
-RUN_SETTINGS: dict[str, Any] = {"fused_attention": False, "dropout": True}
+RUN_SETTINGS: Mapping[str, Any] = MappingProxyType({"fused_attention": False, "dropout": True})
 """What the runs in runs_calibration.csv used (Megatron-LM / Megatron-DeepSpeed 2020-2022):
 no FlashAttention (scaled-masked-softmax kernels on materialised scores) and dropout 0.1."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from meshplan.plan import Recompute
 
@@ -52,3 +52,24 @@ def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
     every = all(r == n for r, n in zip(plan.recompute_layers, plan.stage_layers))
     counts = set(plan.recompute_layers)
     return every, counts.pop() if len(counts) == 1 else -1
+
+
+def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarget | str",
+                     budget_gib: float) -> "tuple[int, Export] | None":
+    """Fastest frontier point within the budget that ``target`` can express: (index, export).
+
+    ``frontier`` holds the search's points (fastest first; each has ``plan`` and
+    ``peak_memory_gib``); ``job`` supplies the model, batch and cluster they were searched for.
+    """
+    from dataclasses import replace
+
+    from meshplan.errors import MeshplanError
+
+    for i, point in enumerate(frontier):
+        if point.peak_memory_gib > budget_gib:  # type: ignore[attr-defined]
+            continue
+        try:
+            return i, export_job(replace(job, plan=point.plan), target)  # type: ignore[attr-defined]
+        except MeshplanError:
+            continue
+    return None

@@ -8,6 +8,7 @@ with ``--nnodes`` and ``--nproc-per-node`` gives the GPU count when present.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--normalization", default=None)
     add("--fp8-format", default=None)
     add("--moe-layer-freq", default=None)
+    add("--pipeline-model-parallel-layout", default=None)
     return p
 
 
@@ -134,6 +136,42 @@ def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str
     )
 
 
+def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
+    """Transformer layers per chunk of a ``--pipeline-model-parallel-layout`` string.
+
+    Grammar read: chunks separated by ``|``; in a chunk ``E`` (embedding, first chunk only),
+    ``t`` or ``t*N`` (transformer layers), ``L`` (loss and head, last chunk only); ``(...)*N``
+    repeats a group, separators included. Other layer kinds (``m`` for MTP) are refused.
+    """
+    text = layout.replace("\\", "").replace(" ", "")
+    group = re.compile(r"\(([^()]*)\)\*(\d+)")
+    while group.search(text):
+        text = group.sub(lambda g: g.group(1) * int(g.group(2)), text)
+    chunks = text.split("|")
+    if chunks and chunks[-1] == "" and len(chunks) > 1:
+        raise MeshplanError(f"pipeline layout {layout!r} ends with an empty chunk")
+    counts = []
+    for i, chunk in enumerate(chunks):
+        body = chunk
+        if body.startswith("E"):
+            if i:
+                raise MeshplanError(f"pipeline layout {layout!r}: the embedding E is not in the first chunk")
+            body = body[1:]
+        if body.endswith("L"):
+            if i != len(chunks) - 1:
+                raise MeshplanError(f"pipeline layout {layout!r}: the loss L is not in the last chunk")
+            body = body[:-1]
+        n = 0
+        for item in re.findall(r"t(?:\*\d+)?|.", body):
+            if not item.startswith("t"):
+                raise MeshplanError(f"pipeline layout {layout!r}: layer kind {item!r} is not supported")
+            n += int(item[2:]) if "*" in item else 1
+        if n == 0:
+            raise MeshplanError(f"pipeline layout {layout!r}: chunk {i} has no transformer layer")
+        counts.append(n)
+    return tuple(counts)
+
+
 def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
@@ -178,7 +216,12 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     dp = gpus // (tp * pp * cp)
 
     vpp = 1
-    if a.num_virtual_stages_per_pipeline_rank:
+    layout = parse_pipeline_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else ()
+    if layout:
+        if len(layout) % pp:
+            raise MeshplanError(f"the pipeline layout has {len(layout)} chunks, not a multiple of pp={pp}")
+        vpp = len(layout) // pp
+    elif a.num_virtual_stages_per_pipeline_rank:
         vpp = a.num_virtual_stages_per_pipeline_rank
     elif a.num_layers_per_virtual_pipeline_stage:
         if spec is None:
@@ -189,7 +232,12 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
             raise MeshplanError(f"{spec.num_layers} layers over pp={pp} do not split into virtual stages "
                                 f"of {a.num_layers_per_virtual_pipeline_stage} layers")
         vpp = per_rank // a.num_layers_per_virtual_pipeline_stage
-    stage_layers = _stage_layers(a, spec.num_layers, pp, vpp) if spec is not None else ()
+    if layout:
+        if spec is not None and sum(layout) != spec.num_layers:
+            raise MeshplanError(f"the pipeline layout holds {sum(layout)} layers, the model {spec.num_layers}")
+        stage_layers = layout
+    else:
+        stage_layers = _stage_layers(a, spec.num_layers, pp, vpp) if spec is not None else ()
 
     if a.use_torch_fsdp2:
         zero, dims = 3, dict(dp_shard=dp)

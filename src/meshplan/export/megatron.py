@@ -67,8 +67,18 @@ def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[st
     return args
 
 
-def _stage_split_args(job: Job) -> list[list[str]]:
-    """Uniform split, or Megatron's first/last-stage layer counts with even middle stages."""
+def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout``: one ``|``-separated chunk per virtual
+    stage in model order (chunk i on pipeline rank i % pp, as in meshplan), ``E`` the embedding
+    (first chunk), ``t*N`` N transformer layers, ``L`` the final norm, LM head and loss (last)."""
+    chunks = [f"t*{n}" if n > 1 else "t" for n in stage_layers]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] += "L"
+    return "|".join(chunks)
+
+
+def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
+    """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout."""
     plan = job.plan.with_defaults(job.model)
     layers, pp, vpp = plan.stage_layers, plan.dims.pp, plan.vpp
     if pp == 1:
@@ -78,17 +88,16 @@ def _stage_split_args(job: Job) -> list[list[str]]:
     if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
         return [["--decoder-first-pipeline-num-layers", str(layers[0])],
                 ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
-    raise MeshplanError(
-        f"Megatron-LM cannot express the layer split {list(layers)}: it takes an even split "
-        "(per virtual stage with vpp), or only the first and last stages differing with vpp=1"
-    )
+    warnings.append(f"layer split {list(layers)} written as --pipeline-model-parallel-layout, which "
+                    "Megatron-Core marks experimental (recent versions only)")
+    return [["--pipeline-model-parallel-layout", pipeline_layout(layers)]]
 
 
 def _recompute_args(job: Job) -> list[list[str]]:
     plan = job.plan.with_defaults(job.model)
     if plan.recompute == Recompute.NONE:
         return []
-    every, count = uniform_recompute(plan)
+    every, _ = uniform_recompute(plan)
     if plan.recompute == Recompute.SELECTIVE:
         if not every:
             raise MeshplanError(
@@ -100,12 +109,13 @@ def _recompute_args(job: Job) -> list[list[str]]:
         # uniform with 1 layer per group: every layer's input kept, every layer recomputed
         return [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
                 ["--recompute-num-layers", "1"]]
-    if count < 0:
+    # block: the first k layers of each (virtual) stage are recomputed (all of a shorter stage)
+    count = max(plan.recompute_layers)
+    if any(min(count, n) != r for r, n in zip(plan.recompute_layers, plan.stage_layers)):
         raise MeshplanError(
-            "Megatron-LM recomputes the same number of layers on every (virtual) stage; the plan "
-            f"recomputes {list(plan.recompute_layers)}"
+            "Megatron-LM recomputes the first k layers of every (virtual) stage; the plan recomputes "
+            f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
         )
-    # block: the first `count` layers of each (virtual) stage are recomputed, the rest are not
     return [["--recompute-granularity", "full"], ["--recompute-method", "block"],
             ["--recompute-num-layers", str(count)]]
 
@@ -130,7 +140,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
     if d.pp > 1 and plan.schedule == Schedule.GPIPE:
         warnings.append("Megatron-LM has no GPipe schedule: 1F1B runs instead (same bubble, "
                         "fewer micro-batches in flight, so less activation memory)")
-    args += _stage_split_args(job)
+    args += _stage_split_args(job, warnings)
     args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(t.global_batch)],
              ["--seq-length", str(t.seq_len)]]
     args += _recompute_args(job)

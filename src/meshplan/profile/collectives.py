@@ -27,6 +27,10 @@ from meshplan.spec.hwfit import CollectiveOp
 from meshplan.spec.hwprofile import CollectiveSample, ConcurrentSample
 
 
+CPU_THREADS_PER_PROC = 1
+"""torchrun's default for several CPU workers, and what `meshplan train` gives every CPU rank."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CollectiveConfig:
     world_size: int
@@ -35,6 +39,8 @@ class CollectiveConfig:
     group_sizes: tuple[int, ...]
     concurrent_dim: int
     """Square matmul size of the concurrent-compute probe."""
+    window_s: float
+    """Length of one sustained-throughput window of that probe."""
     threads_per_proc: int
 
 
@@ -49,13 +55,12 @@ def collective_config(world_size: int, device_type: str, quick: bool) -> Collect
     if device_type == "cuda":
         sizes = tuple(1 << e for e in (range(16, 31, 3) if quick else range(12, 32, 2)))
         return CollectiveConfig(world_size=world_size, device_type=device_type, message_bytes=sizes,
-                                group_sizes=_group_sizes(world_size, quick), concurrent_dim=8192,
+                                group_sizes=_group_sizes(world_size, quick), concurrent_dim=8192, window_s=0.3,
                                 threads_per_proc=1)
     sizes = tuple(1 << e for e in ((14, 18, 22) if quick else range(12, 25, 2)))
-    # torchrun gives each of several CPU workers one intra-op thread (OMP_NUM_THREADS=1); do the same
     return CollectiveConfig(world_size=world_size, device_type=device_type, message_bytes=sizes,
-                            group_sizes=_group_sizes(world_size, quick), concurrent_dim=512,
-                            threads_per_proc=1)
+                            group_sizes=_group_sizes(world_size, quick), concurrent_dim=512, window_s=0.5,
+                            threads_per_proc=CPU_THREADS_PER_PROC)
 
 
 def _group_sizes(world: int, quick: bool) -> tuple[int, ...]:
@@ -159,19 +164,34 @@ def _worker(rank: int, cfg: CollectiveConfig, port: int, q: Any) -> None:
 
 
 def _concurrent(rank: int, cfg: CollectiveConfig, device: torch.device) -> list[dict[str, Any]]:
-    """Per-process matmul FLOP/s while the first g ranks compute together, g = 1..N."""
+    """Sustained per-process matmul FLOP/s while the first g ranks compute together, g = 1..N.
+
+    Sustained, not burst: each rank multiplies for a fixed window of ``cfg.window_s`` (three
+    windows, median), long enough to span many scheduler time slices, so on a shared host the
+    figure is the share of the cores a long training step really gets.
+    """
     d = cfg.concurrent_dim
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(d, d, device=device, dtype=dtype)
     b = torch.randn(d, d, device=device, dtype=dtype)
+    torch.mm(a, b)
     out = []
     for g in range(1, cfg.world_size + 1):
-        dist.barrier()
-        flops = 0.0
-        if rank < g:
-            t = time_op(lambda: torch.mm(a, b), device, warmup=2, iters=6, repeats=5)
-            flops = 2.0 * d**3 / t
-        total = torch.tensor([flops], dtype=torch.float64)
+        rates = []
+        for _ in range(3):
+            dist.barrier()
+            rate = 0.0
+            if rank < g:
+                calls, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < cfg.window_s:
+                    torch.mm(a, b)
+                    calls += 1
+                    if device.type == "cuda" and calls % 16 == 0:
+                        sync(device)
+                sync(device)
+                rate = 2.0 * d**3 * calls / (time.perf_counter() - t0)
+            rates.append(rate)
+        total = torch.tensor([sorted(rates)[1]], dtype=torch.float64)
         dist.all_reduce(total)
         out.append(asdict(ConcurrentSample(group_size=g, dim=d, flops_per_s_per_process=float(total.item()) / g)))
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +53,9 @@ def sweep_plan(device: torch.device, quick: bool) -> SweepPlan:
     return SweepPlan(precisions=("fp32",), matmul_shapes=tuple((d, d, d) for d in squares) + rect,
                      attention_shapes=attn,
                      bandwidth_bytes=(1 << 25,) if quick else (1 << 25, 1 << 27, 1 << 28),
-                     budget_s=0.05 if quick else 0.25)
+                     # windows of 50-100 ms: long enough to see the share of the cores a training
+                     # step gets on a shared host, not a lucky burst inside one time slice
+                     budget_s=0.25 if quick else 0.5)
 
 
 def _timed(fn, device: torch.device, budget_s: float) -> float:
@@ -61,19 +64,39 @@ def _timed(fn, device: torch.device, budget_s: float) -> float:
     return time_op(fn, device, warmup=1, iters=iters_for(probe, budget_s / 5), repeats=5)
 
 
-def bench_matmul(device: torch.device, precision: str, m: int, n: int, k: int, budget_s: float) -> MatmulSample:
+def _matmul_fn(device: torch.device, precision: str, m: int, n: int, k: int):
     if precision == "fp8":
         a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
         one = torch.ones((), device=device)
-        fn = lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)  # noqa: E731
-    else:
-        dtype = _DTYPES[precision]
-        a = torch.randn(m, k, device=device, dtype=dtype)  # (m, k)
-        b = torch.randn(k, n, device=device, dtype=dtype)  # (k, n)
-        fn = lambda: torch.mm(a, b)  # noqa: E731
-    t = _timed(fn, device, budget_s)
-    return MatmulSample(precision=precision, m=m, n=n, k=k, time_s=t, flops_per_s=2.0 * m * n * k / t)
+        return lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+    dtype = _DTYPES[precision]
+    a = torch.randn(m, k, device=device, dtype=dtype)  # (m, k)
+    b = torch.randn(k, n, device=device, dtype=dtype)  # (k, n)
+    return lambda: torch.mm(a, b)
+
+
+def bench_matmuls(device: torch.device, precision: str, shapes, budget_s: float, rounds: int = 5,
+                  advance=lambda label: None) -> list[MatmulSample]:
+    """Every shape timed in ``rounds`` interleaved rounds, median per shape.
+
+    Interleaving spreads any slow spell of the host (another process taking the cores) over all
+    shapes instead of letting it bend the efficiency curve of the few measured during it.
+    """
+    fns = [_matmul_fn(device, precision, m, n, k) for m, n, k in shapes]
+    iters = [iters_for(time_op(fn, device, warmup=2, iters=1, repeats=3), budget_s / rounds) for fn in fns]
+    times: list[list[float]] = [[] for _ in shapes]
+    for r in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(time_op(fn, device, warmup=0, iters=iters[i], repeats=1))
+            if r == rounds - 1:
+                m, n, k = shapes[i]
+                advance(f"matmul {precision} {m}x{n}x{k}")
+    out = []
+    for (m, n, k), ts in zip(shapes, times):
+        t = statistics.median(ts)
+        out.append(MatmulSample(precision=precision, m=m, n=n, k=k, time_s=t, flops_per_s=2.0 * m * n * k / t))
+    return out
 
 
 def bench_attention(device: torch.device, precision: str, batch: int, heads: int, seq_len: int,

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from meshplan.profile import collectives as coll
-from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_matmul, device_memory_bytes,
+from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_matmuls, device_memory_bytes,
                                       device_name, sweep_plan)
 from meshplan.spec.cluster import GIB
 from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
@@ -42,7 +42,8 @@ def planned_steps(req: ProfileRequest) -> int:
     """Progress-bar total: one step per measured shape plus one per collective (op, group)."""
     device = torch.device(req.device_type)
     plan = sweep_plan(device, req.quick)
-    n = len(plan.precisions) * len(plan.matmul_shapes) + len(plan.attention_shapes) * len(plan.precisions)
+    n = len(plan.precisions) * len(plan.matmul_shapes)
+    n += sum(1 if p == "fp8" else len(plan.attention_shapes) for p in plan.precisions)
     n += 2 * len(plan.bandwidth_bytes)
     if req.procs >= 2:
         n += coll.progress_steps(coll.collective_config(req.procs, req.device_type, req.quick))
@@ -53,11 +54,13 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
     """Measure everything; ``advance(label)`` is called after each step (for a progress bar)."""
     device = torch.device(req.device_type, 0) if req.device_type == "cuda" else torch.device("cpu")
     plan = sweep_plan(device, req.quick)
+    if device.type == "cpu":
+        # one intra-op thread, as each CPU rank of `meshplan train` (and of torchrun) has; several
+        # OpenMP threads on a shared host also stall whenever one of them loses its core
+        torch.set_num_threads(coll.CPU_THREADS_PER_PROC)
     matmul = []
     for precision in plan.precisions:
-        for m, n, k in plan.matmul_shapes:
-            matmul.append(bench_matmul(device, precision, m, n, k, plan.budget_s))
-            advance(f"matmul {precision} {m}x{n}x{k}")
+        matmul += bench_matmuls(device, precision, plan.matmul_shapes, plan.budget_s, advance=advance)
     attention = []
     for precision in plan.precisions:
         if precision == "fp8":  # no fp8 SDPA kernel to measure

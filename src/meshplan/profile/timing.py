@@ -42,6 +42,6 @@ def time_op(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, 
     return statistics.median(samples)
 
 
-def iters_for(seconds_per_call: float, budget_s: float, lo: int = 1, hi: int = 50) -> int:
+def iters_for(seconds_per_call: float, budget_s: float, lo: int = 1, hi: int = 100_000) -> int:
     """How many calls fit a time budget, from a first measured call."""
     return max(lo, min(hi, int(budget_s / max(seconds_per_call, 1e-9))))

@@ -71,7 +71,8 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              f"plans evaluated in {result.elapsed_s:.1f} s."]
     html = render_html(ReportInput(
         title=title or f"meshplan report: {model.name} on {cluster.num_gpus} x {cluster.gpu.name}",
-        job=job, estimate=est, frontier=frontier, chosen_index=chosen_index, budget_gib=budget,
+        job=job, estimate=est, frontier=frontier, chosen_index=chosen_index,
+        recommended_index=result.recommended_index, budget_gib=budget,
         frontier_png=_frontier_png(result, f"{model.name}, seq {training.seq_len}, batch {training.global_batch}")
         if frontier else None, comparison=comparison, notes=notes))
     return BuiltReport(html=html, chosen=est.plan, comparison=comparison, frontier_size=len(frontier),

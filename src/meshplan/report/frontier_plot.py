@@ -42,7 +42,8 @@ def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str
             ax.text(b, ax.get_ylim()[1], f" budget {b:.1f} GiB", color="crimson", fontsize=8,
                     va="top", ha="left")
         ax.set_xlabel("peak memory per GPU (GiB)")
-        ax.set_ylabel("step time (s)")
+        ax.set_ylabel("step time (s, log scale)")
+        ax.set_yscale("log")  # the leanest plans are often 10-100x slower than the fastest
         ax.set_title(title or "Pareto frontier of plans (star: recommended)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -44,6 +44,8 @@ class ReportInput:
     frontier: Sequence["CostPoint"] = ()
     chosen_index: int | None = None
     """Row of the frontier that is the chosen plan (highlighted), if it is on it."""
+    recommended_index: int | None = None
+    """Row of the fastest plan within the budget (marked)."""
     budget_gib: float | None = None
     frontier_png: bytes | None = None
     comparison: "Comparison | None" = None
@@ -62,7 +64,7 @@ def _kv_table(rows: list[tuple[str, str]]) -> str:
 
 
 def _frontier_table(data: ReportInput) -> str:
-    head = ("<tr><th>#</th><th class='l'>plan</th><th>step s</th><th>tok/s/GPU</th><th>MFU</th>"
+    head = ("<tr><th>#</th><th class='l'></th><th class='l'>plan</th><th>step s</th><th>tok/s/GPU</th><th>MFU</th>"
             "<th>peak GiB</th><th>fits</th></tr>")
     rows = []
     for i, p in enumerate(data.frontier):
@@ -70,11 +72,21 @@ def _frontier_table(data: ReportInput) -> str:
         cls = "chosen" if i == data.chosen_index else ("" if fits else "over")
         mfu = getattr(p, "mfu", None)
         rows.append(
-            f'<tr class="{cls}"><td>{i}</td><td class="l">{html.escape(p.plan.notation())}</td>'
+            f'<tr class="{cls}"><td>{i}</td><td class="l">{_marks(i, data)}</td>'
+            f'<td class="l">{html.escape(p.plan.notation())}</td>'
             f"<td>{p.step_time_s:.3f}</td><td>{p.tokens_per_s_per_gpu:,.0f}</td>"
             f"<td>{'' if mfu is None else f'{mfu:.1%}'}</td><td>{p.peak_memory_gib:.1f}</td>"
             f"<td>{'yes' if fits else 'no'}</td></tr>")
     return f'<table id="frontier-table">{head}{"".join(rows)}</table>'
+
+
+def _marks(i: int, data: ReportInput) -> str:
+    marks = []
+    if i == data.recommended_index:
+        marks.append("&#9733; recommended")
+    if i == data.chosen_index:
+        marks.append("charted below")
+    return ", ".join(marks)
 
 
 def _stage_table(est: "Estimate") -> str:

@@ -11,10 +11,11 @@ stage s-1 (same micro-batch), backward of s needs the backward of s+1 and its ow
   backward alternately, then the remaining backwards.
 - Interleaved 1F1B (Megatron-LM): micro-batches go through the rank's v chunks in groups of p;
   warm-up ``2 (p - r - 1) + (v - 1) p`` forwards, then 1F1B over (micro-batch, chunk) pairs.
-- Zero bubble (Qi et al. 2024, ZB-H1 style): the 1F1B or interleaved order with each backward
-  split into the input-gradient part B and the weight-gradient part W (half each); W follows its
-  B except in the cool-down, where the B run first and their W fill the bubble at the end. This
-  is a simple stand-in for ZB-H1: its bubble lies between ZB-H1's and 1F1B's.
+- Zero bubble (Qi et al. 2024, ZB-H1): each backward splits into the input-gradient part B and
+  the weight-gradient part W (half the backward each). Forwards and B follow the 1F1B (or
+  interleaved) sequences, but each rank picks greedily when free: a ready B first, then the next
+  forward while fewer than the 1F1B count are in flight (counted until B, as in 1F1B), and W only
+  to fill time when neither is ready. With F = B = W this gives ZB-H1's bubble (p-1)(F+B-W).
 
 Idle time between operations on a rank is the bubble. The simulator is pure Python over tiny
 lists (pp * vpp * m operations), so it runs for any plan the report shows.
@@ -123,19 +124,75 @@ def rank_order(rank: int, pp: int, vpp: int, m: int, schedule: Schedule) -> list
         warmup = min(2 * (pp - rank - 1) + (vpp - 1) * pp, total)
         order = _one_f_one_b(warmup, [chunk_mb(k, False) for k in range(total)],
                              [chunk_mb(k, True) for k in range(total)])
-    if schedule != Schedule.ZERO_BUBBLE:
-        return order
-    # Zero bubble: W right after its B, except the W of the last warm-up-count backwards, which
-    # run after every B (the B pass down the pipeline in the cool-down without waiting for W).
-    backwards = [(s, mb) for kind, s, mb in order if kind == OpKind.BACKWARD]
-    deferred = set(backwards[len(backwards) - warmup:]) if warmup else set()
-    out: list[tuple[OpKind, int, int]] = []
-    for kind, s, mb in order:
-        out.append((kind, s, mb))
-        if kind == OpKind.BACKWARD and (s, mb) not in deferred:
-            out.append((OpKind.WEIGHT_GRAD, s, mb))
-    out += [(OpKind.WEIGHT_GRAD, s, mb) for s, mb in backwards if (s, mb) in deferred]
-    return out
+    return order
+
+
+def _simulate_zero_bubble(stage_times: list[StageTimes], pp: int, vpp: int, m: int) -> Timeline:
+    """Greedy ZB-H1 (see the module docstring): B > F (in-flight limit) > W on each free rank,
+    decided in global time order so that no rank starts an operation before it is ready."""
+    n_stages = pp * vpp
+    base = Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B
+    fwd, bwd, limit = [], [], []
+    for r in range(pp):
+        order = rank_order(r, pp, vpp, m, base)
+        fwd.append([(s, mb) for k, s, mb in order if k == OpKind.FORWARD])
+        bwd.append([(s, mb) for k, s, mb in order if k == OpKind.BACKWARD])
+        warmup = next((i for i, (k, _, _) in enumerate(order) if k != OpKind.FORWARD), len(order))
+        limit.append(warmup + 1)
+    done: dict[tuple[OpKind, int, int], float] = {}
+    free_at = [0.0] * pp
+    next_f, next_b, in_flight = [0] * pp, [0] * pp, [0] * pp
+    pending_w: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    ops: list[Op] = []
+    total = 3 * sum(len(f) for f in fwd)
+
+    def ready(deps: list[tuple[OpKind, int, int]], r: int) -> float | None:
+        if any(d not in done for d in deps):
+            return None
+        return max([free_at[r]] + [done[d] for d in deps])
+
+    while len(ops) < total:
+        best: tuple[float, int, OpKind, int, int, int] | None = None
+        for r in range(pp):
+            cands = []
+            if next_b[r] < len(bwd[r]):
+                s, mb = bwd[r][next_b[r]]
+                deps = [(OpKind.FORWARD, s, mb)] + ([(OpKind.BACKWARD, s + 1, mb)] if s < n_stages - 1 else [])
+                t = ready(deps, r)
+                if t is not None:
+                    cands.append((t, 0, OpKind.BACKWARD, s, mb, r))
+            if next_f[r] < len(fwd[r]) and in_flight[r] < limit[r]:
+                s, mb = fwd[r][next_f[r]]
+                t = ready([(OpKind.FORWARD, s - 1, mb)] if s > 0 else [], r)
+                if t is not None:
+                    cands.append((t, 1, OpKind.FORWARD, s, mb, r))
+            if pending_w[r]:
+                s, mb = pending_w[r][0]
+                cands.append((free_at[r], 2, OpKind.WEIGHT_GRAD, s, mb, r))
+            if cands:
+                c = min(cands)  # earliest start; at equal start B before F before W
+                best = c if best is None or c < best else best
+        if best is None:
+            raise MeshplanError(f"zero-bubble schedule deadlocks for pp={pp}, vpp={vpp}, m={m}")
+        start, _, kind, s, mb, r = best
+        st = stage_times[s]
+        if kind == OpKind.FORWARD:
+            compute, comm = st.forward_s, st.forward_comm_s
+            next_f[r] += 1
+            in_flight[r] += 1
+        elif kind == OpKind.BACKWARD:  # B carries the backward's communication
+            compute, comm = st.backward_s / 2, st.backward_comm_s
+            next_b[r] += 1
+            in_flight[r] -= 1
+            pending_w[r].append((s, mb))
+        else:
+            compute, comm = st.backward_s / 2, 0.0
+            pending_w[r].pop(0)
+        op = Op(rank=r, stage=s, microbatch=mb, kind=kind, start_s=start, compute_s=compute, comm_s=comm)
+        ops.append(op)
+        done[(kind, s, mb)] = op.end_s
+        free_at[r] = op.end_s
+    return Timeline(pp=pp, vpp=vpp, num_microbatches=m, schedule=Schedule.ZERO_BUBBLE, ops=tuple(ops))
 
 
 def simulate(stage_times: list[StageTimes], pp: int, vpp: int, num_microbatches: int,
@@ -145,7 +202,8 @@ def simulate(stage_times: list[StageTimes], pp: int, vpp: int, num_microbatches:
     if len(stage_times) != n_stages:
         raise MeshplanError(f"{len(stage_times)} stage times for pp*vpp={n_stages} stages")
     m = num_microbatches
-    zb = schedule == Schedule.ZERO_BUBBLE
+    if schedule == Schedule.ZERO_BUBBLE:
+        return _simulate_zero_bubble(stage_times, pp, vpp, m)
     orders = [rank_order(r, pp, vpp, m, schedule) for r in range(pp)]
     done: dict[tuple[OpKind, int, int], float] = {}
     cursor = [0] * pp
@@ -160,8 +218,6 @@ def simulate(stage_times: list[StageTimes], pp: int, vpp: int, num_microbatches:
             deps.append(((OpKind.FORWARD, s, mb), 0.0))
             if s < n_stages - 1:
                 deps.append(((OpKind.BACKWARD, s + 1, mb), p2p_s))
-        if kind == OpKind.WEIGHT_GRAD:
-            deps.append(((OpKind.BACKWARD, s, mb), 0.0))
         t = 0.0
         for key, delay in deps:
             if key not in done:
@@ -182,8 +238,6 @@ def simulate(stage_times: list[StageTimes], pp: int, vpp: int, num_microbatches:
             st = stage_times[s]
             if kind == OpKind.FORWARD:
                 compute, comm = st.forward_s, st.forward_comm_s
-            elif zb:  # B and W each take half of the backward math; B carries the communication
-                compute, comm = st.backward_s / 2, (st.backward_comm_s if kind == OpKind.BACKWARD else 0.0)
             else:
                 compute, comm = st.backward_s, st.backward_comm_s
             start = max(ready, free_at[r])

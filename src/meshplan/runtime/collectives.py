@@ -46,3 +46,23 @@ class _ScaleGrad(torch.autograd.Function):
 def scale_grad(x: torch.Tensor, factor: float) -> torch.Tensor:
     """Identity in forward; multiplies the gradient by ``factor`` in backward."""
     return _ScaleGrad.apply(x, factor)
+
+
+class _AllReduceGrad(torch.autograd.Function):
+    """Identity in forward, gradient summed over ``group`` in backward (Megatron's ``f``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_grad(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Use ``x`` as is; its gradient becomes the sum of every rank's in ``group``."""
+    return _AllReduceGrad.apply(x, group)

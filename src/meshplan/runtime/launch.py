@@ -81,5 +81,6 @@ def _failure_line(proc: subprocess.CompletedProcess) -> str:
     for line in text.splitlines():
         if line.startswith("error: "):
             return line[len("error: "):]
-    tail = [ln for ln in text.splitlines() if "Error" in ln]
+    # torchrun ends with its own ChildFailedError; the worker's exception is the line before it.
+    tail = [ln for ln in text.splitlines() if "Error" in ln and "ChildFailedError" not in ln]
     return f"training failed (exit {proc.returncode})" + (f": {tail[-1].strip()}" if tail else "")

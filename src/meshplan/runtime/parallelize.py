@@ -2,7 +2,7 @@
 
 1. ``apply_tp``   tensor (+ sequence) parallel, declarative plans over module names (Megatron:
                   Shoeybi et al. 2019, Sec. 3; sequence parallel: Korthikanti et al. 2022, Sec. 4.2.2).
-2. ``apply_cp``   context parallel (Ulysses all-to-all around the attention core).
+2. ``apply_cp``   context parallel: Ulysses all-to-all around the attention core, or ring attention.
 3. ``apply_positions``  shift learned position ids by this rank's sequence offset (CP and/or SP).
 4. ``apply_ep``   expert parallel (experts split over the ep group, all-to-all dispatch).
 5. ``apply_ac``   activation checkpointing of the planned layers (full or selective).
@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshplan.plan import Plan, Recompute
+from meshplan.plan import CPMethod, Plan, Recompute
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 
 
@@ -39,7 +39,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
     if d.tp > 1:
         apply_tp(model, mesh["tp"], plan.sp)
     if d.cp > 1:
-        apply_cp(model, mesh["cp"])
+        apply_cp(model, mesh["cp"], plan.cp_method)
     apply_positions(model, mesh, plan)
     if d.ep > 1:
         if ep_mesh is None:
@@ -54,8 +54,12 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Column-split wq/wk/wv/w1/w3, row-split wo/w2; with sp the norms run on sequence shards.
 
-    GQA: wk/wv are split by KV head like wq by query head (K % tp == 0 is checked before launch),
-    and attention reads its local head counts from the weight shapes.
+    MoE layers (router, experts, shared experts) are not split: without sp their input is the same
+    on every tp rank, so each rank computes them whole and their gradients agree (no expert
+    tensor parallel; experts then cost tp times their planned share; sp with MoE is refused).
+    GQA: wk/wv are split by KV head like wq by query head when K % tp == 0; with fewer KV heads
+    than tp ranks each rank computes the KV head its query heads use (kv_replication). Attention
+    reads its local head counts from the weight shapes.
     """
     seq = Shard(1)  # activations between blocks: (B, S/tp, D) with sp, replicated without
     between = seq if sp else Replicate()
@@ -64,6 +68,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
     if model.norm is not None and sp:
         top["norm"] = SequenceParallel()
+    if model.pos_embeddings is not None and sp:
+        # Each tp rank looks up its own positions (a chunk of the sequence): replicate the table as
+        # a DTensor so its gradient, partial per rank, is summed over tp like a norm's weight.
+        top["pos_embeddings"] = SequenceParallel(sequence_dim=0, use_local_output=True)
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
     tied = (model.tok_embeddings is not None and model.output is not None
@@ -73,12 +81,20 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     if tied:  # both are vocab-sharded (Shard(0)) DTensors: make them one parameter again
         model.output.weight = model.tok_embeddings.weight
     for layer in model.layers.values():
+        att = layer.attention
+        shard_kv = (att.wk.weight.shape[0] // att.head_dim) % tp_mesh.size() == 0
         block: dict[str, object] = {
             "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=between),
         }
+        if shard_kv:
+            block.update({"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
+        else:  # fewer KV heads than tp ranks: each rank computes the one KV head it needs
+            from meshplan.runtime.kv_replication import ReplicatedKVProjection
+
+            rank, size, group = tp_mesh.get_local_rank(), tp_mesh.size(), tp_mesh.get_group()
+            att.wk = ReplicatedKVProjection(att.wk, att.head_dim, rank, size, group)
+            att.wv = ReplicatedKVProjection(att.wv, att.head_dim, rank, size, group)
         if layer.feed_forward is not None:
             block.update({
                 "feed_forward.w1": ColwiseParallel(),
@@ -96,13 +112,18 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
 
 
 # ---- 2. context parallel --------------------------------------------------------------------
-def apply_cp(model: nn.Module, cp_mesh: DeviceMesh) -> None:
-    """Wrap every attention core in the Ulysses all-to-all (ring plans are refused before launch)."""
+def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, method: CPMethod) -> None:
+    """Replace every attention core: Ulysses all-to-all, or ring attention (send/recv)."""
     from meshplan.runtime.context_parallel import UlyssesAttention
+    from meshplan.runtime.ring_attention import RingAttention
 
-    group, size = cp_mesh.get_group(), cp_mesh.size()
+    group, rank, size = cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size()
     for layer in model.layers.values():
-        layer.attention.core = UlyssesAttention(layer.attention.core, group, size)
+        core = layer.attention.core
+        if method == CPMethod.ALL_TO_ALL:
+            layer.attention.core = UlyssesAttention(core, group, size)
+        else:
+            layer.attention.core = RingAttention(core, group, rank, size)
 
 
 # ---- 3. learned positions -------------------------------------------------------------------
@@ -124,7 +145,7 @@ def apply_positions(model: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
         (positions,) = args
         return (positions + chunk * positions.shape[0],)
 
-    emb.register_forward_pre_hook(shift)
+    emb.register_forward_pre_hook(shift, prepend=True)  # before TP's input hook: local ids
 
 
 # ---- 4. expert parallel ---------------------------------------------------------------------

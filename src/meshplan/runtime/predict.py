@@ -169,7 +169,7 @@ def comparison_table(cmp: PredictedVsMeasured):
               f"{cmp.peak_memory_error:+.1%}")
     if cmp.measured_reserved_gib is not None:
         t.add_row("reserved memory (GiB)", "", f"{cmp.measured_reserved_gib:.3f}", "")
-    t.caption = f"memory: {cmp.memory_basis}; calibration: {cmp.calibration_source}"
+    t.caption = f"memory: {cmp.memory_basis}; calibration: {cmp.calibration_source.split(' (')[0]}"
     return t
 
 

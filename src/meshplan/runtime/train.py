@@ -77,11 +77,25 @@ class StepRecord:
 
 def pick_device(job: Job) -> torch.device:
     """CPU processes for the `cpu` cluster or without CUDA; else this rank's GPU."""
-    if job.cluster.gpu.name == "cpu" or not torch.cuda.is_available():
+    if job.cluster.gpu.name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        log.warning("no CUDA device: running the %s plan on CPU processes", job.cluster.gpu.name)
         return torch.device("cpu")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     return torch.device("cuda", local)
+
+
+def compute_precision(precision: Precision, device: torch.device) -> Precision:
+    """Matmul precision actually used: fp32 on CPU; on GPU the Job's, with fp8 run as bf16
+    (this runtime has no fp8 matmuls; the log's MFU is then measured against the bf16 peak)."""
+    if device.type != "cuda":
+        return Precision.FP32
+    if precision == Precision.FP8:
+        log.warning("fp8 matmuls are not implemented by the runtime: training in bf16")
+        return Precision.BF16
+    return precision
 
 
 def make_optimizer(job: Job, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -111,8 +125,9 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
     text = load_text_tokens(cfg.data, job.model.vocab_size, training.seq_len) if cfg.data else None
     source = BatchSource(seq_len=training.seq_len, global_batch=training.global_batch,
                          vocab_size=job.model.vocab_size, seed=cfg.seed, text=text)
-    autocast = (device.type == "cuda" and training.precision in (Precision.BF16, Precision.FP16))
-    amp_dtype = torch.bfloat16 if training.precision == Precision.BF16 else torch.float16
+    compute = compute_precision(training.precision, device)
+    autocast = compute != Precision.FP32
+    amp_dtype = torch.float16 if compute == Precision.FP16 else torch.bfloat16
 
     model = build_model(job.model, "meta")
     rows_per_rank = training.global_batch // d.dp
@@ -150,7 +165,7 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
     dp_rank = mesh["dp"].get_local_rank()
     cp_rank = mesh["cp"].get_local_rank()
     flops_per_token = model_flops_per_token(job.model, training.seq_len)
-    peak_flops = job.cluster.gpu.peak_flops(training.precision) if device.type == "cuda" else 0.0
+    peak_flops = job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0
     rank0 = dist.get_rank() == 0
     writer = _LogWriter(cfg.log_path if rank0 else None)
     records: list[StepRecord] = []
@@ -181,8 +196,8 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
-            peak = torch.tensor([peak_memory_gib(device)])
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX) if device.type == "cpu" else None
+            peak = torch.tensor([peak_memory_gib(device)], device=device)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the fullest rank is the one that matters
             tps = training.tokens_per_step / elapsed
             mfu = (flops_per_token * tps / (d.world_size * peak_flops)) if peak_flops else None
             rec = StepRecord(step=step, loss=loss, step_time_s=elapsed, tokens_per_s=tps,

@@ -31,7 +31,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
 from meshplan.search.space import RECOMPUTES, GlobalConfigs, SearchOptions, enumerate_space
-from meshplan.search.stages import corner_bounds, stage_frontier
+from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, _take_layer, chunk_split, pipeline_alpha, score_splits,
                                     shared_layer_cost, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
@@ -51,8 +51,17 @@ split removes at most the stage imbalance of the even split (the embedding/LM-he
 the in-flight activations of the first rank), which the cost model puts well under 15% for
 every preset; tests set it to infinity (refine all) to check exactness against brute force."""
 
-STAGE_POINTS_PER_CONFIG = 48
-"""Most frontier points kept per configuration by the stage search (fastest first)."""
+PRUNE_MARGIN = 0.05
+"""Bounds from the affine per-rank tables are lowered by this fraction before they are compared
+with known plans. The tables are exact for the cost model's linear terms, but the overlap of
+data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of two lines) is
+read off at one or two layers and extrapolated, which can overstate a rank's time by a few
+percent; the margin keeps such configurations in the search."""
+
+STAGE_POINTS_PER_CONFIG = 12
+"""Most frontier points walked per configuration by the stage search (fastest first). A global
+frontier point rarely comes from deep in one configuration's staircase (the next configuration
+with more recompute or sharding takes over); tests walk every point to check exactness."""
 
 
 @dataclass(frozen=True)
@@ -119,12 +128,16 @@ def _plan_arrays(cfg: GlobalConfigs) -> PlanArrays:
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
+           memory_cap_bytes: float | None = None, stage_points: int = STAGE_POINTS_PER_CONFIG,
            progress: Callable[[str, float], None] | None = None) -> SearchResult:
     """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring)."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
     budget = default_budget_bytes(cluster) if budget_bytes is None else float(budget_bytes)
+    # Uneven splits are searched up to this memory (plans above the GPU memory cannot run; the
+    # even-split points above it stay on the frontier for the plot).
+    cap = max(budget, cluster.gpu.memory_bytes) if memory_cap_bytes is None else float(memory_cap_bytes)
     tick = progress or (lambda what, frac: None)
     num_gpus = cluster.num_gpus
 
@@ -158,6 +171,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         if has_rec.any():
             candidate &= space.recompute != none_code
         groups = np.unique(np.column_stack([space.pp[candidate], space.vpp[candidate]]), axis=0)
+        # Most promising groups first, so that their plans prune the later groups.
+        best = [even.step_time_s[candidate & (space.pp == g[0]) & (space.vpp == g[1])].min() for g in groups]
+        groups = groups[np.argsort(best, kind="stable")]
         next_key = 0
         for gi, (pp, vpp) in enumerate(groups):
             idx = np.flatnonzero(candidate & (space.pp == pp) & (space.vpp == vpp))
@@ -173,16 +189,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 def keep_going(rows, t_next, m_floor, alpha=alpha, known=known):
                     # alpha * max(t + x/alpha) = max(alpha t + x) bounds the step from below.
                     return ~dominated_by(known.time_s, known.memory_bytes,
-                                         alpha[rows] * t_next * (1 - 1e-9), m_floor * (1 - 1e-9))
+                                         alpha[rows] * t_next * (1 - PRUNE_MARGIN),
+                                         m_floor * (1 - PRUNE_MARGIN))
 
-                t_lb, m_lb = corner_bounds(tbl)
-                live = keep_going(np.arange(len(sub)), t_lb, m_lb)
+                t_lb, m_lb = relaxed_bounds(tbl)
+                live = keep_going(np.arange(len(sub)), t_lb, m_lb) & (m_lb <= cap)
                 if not live.any():
                     continue
                 chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
                 sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
                 alpha = alpha[live]
-                pts = stage_frontier(tbl, max_points=STAGE_POINTS_PER_CONFIG,
+                pts = stage_frontier(tbl, max_points=stage_points, memory_cap_bytes=cap,
                                      keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a))
                 if pts.config.size == 0:
                     continue

@@ -225,15 +225,17 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
 
 def canonical(plan: Plan) -> Plan:
     """The plan the space holds for an equivalent one: ZeRO over a single shard is stage 0, a
-    schedule with pp == 1 is 1F1B, the CP method with cp == 1 is ring."""
+    schedule with pp == 1 (or interleaved 1F1B with one chunk) is 1F1B, the CP method with
+    cp == 1 is ring."""
     from dataclasses import replace
 
     d = plan.dims
     out = plan
     if d.dp_shard == 1 and plan.zero:
         out = replace(out, zero=0)
-    if d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B:
-        out = replace(out, schedule=Schedule.ONE_F_ONE_B, vpp=1)
+    if (d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B) or (
+            out.schedule == Schedule.INTERLEAVED_1F1B and out.vpp == 1):
+        out = replace(out, schedule=Schedule.ONE_F_ONE_B, vpp=1)  # interleaving one chunk is 1F1B
     if d.cp == 1 and out.cp_method != CPMethod.RING:
         out = replace(out, cp_method=CPMethod.RING)
     return out

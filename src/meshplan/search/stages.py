@@ -98,8 +98,9 @@ class StagePoints:
 
 
 def _grid(tbl: StageTable) -> tuple[np.ndarray, ...]:
-    """Broadcast helpers of shape (C, p, L) over n = 1..L."""
-    n = np.arange(1, tbl.num_layers + 1, dtype=float)[None, None, :]
+    """Broadcast helpers of shape (C, p, G) over the usable layer counts n = v .. L - (p-1) v
+    (every other rank needs v layers, and fewer than v is never a choice)."""
+    n = np.arange(tbl.chunks, _n_high(tbl) + 1, dtype=float)[None, None, :]
     col = lambda x: x[:, None, None]  # noqa: E731
     return (n, col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes),
             col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes),
@@ -147,20 +148,29 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) ->
     return np.where(ok, mem, np.inf)
 
 
+def _n_high(tbl: StageTable) -> int:
+    return tbl.num_layers - (tbl.num_ranks - 1) * tbl.chunks
+
+
 def _min_bottleneck(values: np.ndarray, tbl: StageTable) -> np.ndarray:
-    """Smallest bottleneck level at which the ranks can hold L layers, >= v each: (C,)."""
-    C, p, L = values.shape
-    v = tbl.chunks
-    kth = np.partition(values.reshape(C, p * L), L - 1, axis=1)[:, L - 1]
-    return np.maximum(kth, values[:, :, v - 1].max(axis=1))
+    """Smallest bottleneck level at which the ranks can hold L layers, >= v each: (C,).
+
+    ``values[c, s, j]`` is rank s's level for n = v + j layers (increasing in j). Once every
+    rank can hold v layers (its first value), the ranks hold p (v - 1) layers below the grid
+    for free, so the grid must supply L - p (v - 1): the (L - p (v - 1))-th smallest value.
+    """
+    C, p, G = values.shape
+    k = tbl.num_layers - p * (tbl.chunks - 1) - 1
+    kth = np.partition(values.reshape(C, p * G), k, axis=1)[:, k]
+    return np.maximum(kth, values[:, :, 0].max(axis=1))
 
 
 def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A concrete (n, r) per rank meeting (T, M); None-free: rows must be feasible."""
     t_of_n = _time_given_memory(tbl, m_lim, strict=False)
     tol = np.maximum(np.abs(t_lim), 1e-30)[:, None, None] * 1e-9
-    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64)  # (C, p)
-    n = np.minimum(n_max, tbl.num_layers)
+    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + tbl.chunks - 1
+    n = np.minimum(n_max, _n_high(tbl))
     excess = n.sum(axis=1) - tbl.num_layers
     # Give back surplus layers from the ranks holding the most (keeps both limits: downward closed).
     while np.any(excess > 0):
@@ -184,11 +194,13 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray) -> tuple[
 
 def stage_frontier(tbl: StageTable, max_points: int = 64,
                    keep_going: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
-                   ) -> StagePoints:
+                   memory_cap_bytes: float = np.inf) -> StagePoints:
     """Every Pareto point (max rank time, peak rank memory) of each config, fastest first.
 
     ``max_points`` bounds the staircase per config (the fastest points are kept; exact when the
-    frontier is shorter). ``keep_going(rows, next_time, least_memory)`` may stop configs early:
+    frontier is shorter). Only points with peak memory <= ``memory_cap_bytes`` are walked (the
+    walk starts at the fastest such point). ``keep_going(rows, next_time, least_memory)`` may
+    stop configs early:
     given the config rows still walking, the time of their next point and their least possible
     memory, it returns which are still worth walking (e.g. not dominated by known plans).
     """
@@ -197,7 +209,7 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     if C == 0:
         return _empty_points(tbl.num_ranks)
     inf = np.full(C, np.inf)
-    t_cur = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
+    t_cur = _min_bottleneck(_time_given_memory(tbl, np.full(C, float(memory_cap_bytes)), strict=False), tbl)
     active = np.isfinite(t_cur)
     m_floor = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl) if keep_going else None
     m_prev = inf.copy()
@@ -224,6 +236,25 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
         return _empty_points(tbl.num_ranks)
     cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
     return StagePoints(cfg, t, m, n, r)
+
+
+def relaxed_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:
+    """Cheap lower bounds (O(C p)) on :func:`corner_bounds`: let layer counts be real numbers.
+
+    Time: the slowest rank is at least the average, (L a + sum_s e_s) / p, and at least any
+    rank holding its minimum v layers. Memory: every choice costs at least n (c + k_s g) + f_s
+    on rank s (g <= d and the jump >= 0), and the least max over real splits of these lines
+    solves sum_s (M - f_s) / slope_s = L (water filling).
+    """
+    a = tbl.layer_time_s
+    p, L, v = tbl.num_ranks, tbl.num_layers, tbl.chunks
+    e, f, k = tbl.rank_time_s, tbl.rank_bytes, tbl.inflight
+    t_lb = np.maximum((L * a + e.sum(axis=1)) / p, (e + v * a[:, None]).max(axis=1))
+    slope = tbl.layer_static_bytes[:, None] + k * np.minimum(tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes)[:, None]
+    slope = np.maximum(slope, 1e-30)
+    water = (L + (f / slope).sum(axis=1)) / (1.0 / slope).sum(axis=1)
+    m_lb = np.maximum(water, (f + v * slope).max(axis=1))
+    return t_lb, m_lb
 
 
 def corner_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:

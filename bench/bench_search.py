@@ -1,0 +1,61 @@
+"""Search speed: wall time, CPU time and plans evaluated per second for the issue's three cases.
+
+    PYTHONPATH=src python bench/bench_search.py            # all cases
+    PYTHONPATH=src python bench/bench_search.py 70b        # one case
+
+Run it pinned to one core (``taskset -c 0``) for the figures in the README; on a loaded machine
+compare the CPU time column, which other processes do not inflate.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from meshplan.search.planner import search
+from meshplan.spec.cluster import system_preset
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+CASES = {
+    # name: (model, nodes of dgx-h100, seq_len, global batch, target seconds)
+    "7b": ("llama2-7b", 1, 2048, 64, 0.1),
+    "70b": ("llama3-70b", 128, 8192, 1024, 1.0),
+    "405b": ("llama3.1-405b", 2048, 8192, 2048, 10.0),
+}
+
+
+def run(name: str) -> dict:
+    model, nodes, seq, batch, target = CASES[name]
+    spec = model_preset(model)
+    cluster = system_preset("dgx-h100", num_nodes=nodes)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    res = search(spec, cluster, training)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    rec = res.recommended
+    return {
+        "case": f"{model} on {cluster.num_gpus} GPUs, seq {seq}, batch {batch}",
+        "wall_s": wall, "cpu_s": cpu, "target_s": target,
+        "global_configs": res.global_configs, "refined": res.refined_configs,
+        "plans_evaluated": res.plans_evaluated, "plans_per_s": res.plans_evaluated / max(cpu, 1e-9),
+        "frontier": len(res.frontier),
+        "recommended": rec.plan.notation() if rec else "nothing fits",
+        "mfu": rec.mfu if rec else float("nan"),
+    }
+
+
+def main(argv: list[str]) -> None:
+    names = argv or list(CASES)
+    search(model_preset("toy-llama"), system_preset("dgx-h100"), TrainingSpec(seq_len=128, global_batch=8))  # warm-up
+    print(f"{'case':55s} {'wall s':>8s} {'cpu s':>8s} {'target':>7s} {'configs':>9s} {'evaluated':>10s} "
+          f"{'plans/s':>10s} {'front':>6s}  recommended (MFU)")
+    for n in names:
+        r = run(n)
+        print(f"{r['case']:55s} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} {r['target_s']:7.1f} {r['global_configs']:9,d} "
+              f"{r['plans_evaluated']:10,d} {r['plans_per_s']:10,.0f} {r['frontier']:6d}  "
+              f"{r['recommended']} ({100 * r['mfu']:.1f}%)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,104 @@
+"""The accuracy-pass factors: vocabulary padding, head-dim alignment, per-layer fixed overhead,
+loss temporaries and the OOM hinge of the memory fit. Golden values derived in each test."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.batch import rank_cost
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.fit import memory_loss
+from meshplan.cost.layer import layer_cost
+from meshplan.cost.validate import build_run
+from meshplan.plan import ParallelDims, Plan
+from meshplan.spec.cluster import system_preset
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+CLUSTER = system_preset("dgx-a100")
+BASE = Calibration(fused_attention=False, dropout=True)
+
+
+def gpt(D=4096, N=32, V=51200, L=4) -> ModelSpec:
+    return ModelSpec(name="gpt", num_layers=L, hidden_size=D, num_heads=N, vocab_size=V,
+                     tied_embeddings=True, max_position=2048)
+
+
+def _plans(t=1, b=1):
+    return PlanArrays.from_plans([Plan(dims=ParallelDims(tp=t), micro_batch=b)])
+
+
+def _head(model, calib, t=8, b=1):
+    plans = _plans(t, b)
+    tr = TrainingSpec(seq_len=2048, global_batch=b)
+    lc = layer_cost(model, CLUSTER, tr, plans, calib)
+    return rank_cost(model, CLUSTER, tr, plans, calib, lc, rank=0, layers=0, recomputed=0,
+                     has_embedding=False, has_head=True)
+
+
+def test_vocab_padding_per_tp_rank():
+    # 250,000 / 8 = 31,250 per rank is not a multiple of 8 (slow tensor-core path); Megatron pads
+    # to a multiple of 128 per rank: 31,360 = 245 x 128 (= 250,880 in all, BLOOM's vocabulary).
+    padded = _head(gpt(V=250_000), BASE)
+    exact = _head(gpt(V=250_880), BASE)
+    assert padded.compute_s[0] == pytest.approx(exact.compute_s[0])
+    assert padded.activations_bytes[0] == pytest.approx(2048 * 31_360 * BASE.logits_bytes_per_element)
+    unpadded = _head(gpt(V=250_000), replace(BASE, vocab_pad_multiple=1.0))
+    # without padding the head GEMM runs at unaligned_matmul_factor (0.5 by default): slower
+    assert unpadded.compute_s[0] > 1.5 * padded.compute_s[0]
+
+
+def test_loss_temporaries_on_the_head_rank():
+    extra = 4.0
+    with_tmp = _head(gpt(V=51200), replace(BASE, loss_transient_bytes_per_element=extra), t=4, b=2)
+    without = _head(gpt(V=51200), BASE, t=4, b=2)
+    # S * b * V/t elements: 2048 * 2 * 12800
+    assert with_tmp.activations_bytes[0] - without.activations_bytes[0] == pytest.approx(
+        2048 * 2 * 12800 * extra)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_head_dim_not_multiple_of_8_slows_attention(fused):
+    calib = replace(BASE, fused_attention=fused, dropout=not fused, unaligned_matmul_factor=0.1)
+    tr = TrainingSpec(seq_len=2048, global_batch=1)
+    # D = 13824: 128 heads -> head dim 108 (108 % 8 = 4); 96 heads -> 144 (aligned).
+    bad = layer_cost(gpt(D=13824, N=128), CLUSTER, tr, _plans(), calib)
+    good = layer_cost(gpt(D=13824, N=96), CLUSTER, tr, _plans(), calib)
+    assert bad.fwd_compute_s[0] > good.fwd_compute_s[0] * 1.05
+    assert bad.recompute_selective_s[0] > 5 * good.recompute_selective_s[0]
+
+
+def test_layer_overhead_amortises_with_micro_batch():
+    over = 1e-3
+    tr = lambda b: TrainingSpec(seq_len=2048, global_batch=b)  # noqa: E731
+    for b in (1, 4):
+        base = layer_cost(gpt(), CLUSTER, tr(b), _plans(8, b), BASE)
+        more = layer_cost(gpt(), CLUSTER, tr(b), _plans(8, b), replace(BASE, layer_overhead_s=over))
+        assert more.fwd_compute_s[0] - base.fwd_compute_s[0] == pytest.approx(over)
+        assert more.bwd_compute_s[0] - base.bwd_compute_s[0] == pytest.approx(2 * over)
+    # tokens per second of one layer: the overhead costs mb=1 more than mb=4 (relative)
+    def rel_loss(b):
+        base = layer_cost(gpt(), CLUSTER, tr(b), _plans(8, b), BASE)
+        more = layer_cost(gpt(), CLUSTER, tr(b), _plans(8, b), replace(BASE, layer_overhead_s=over))
+        return float(more.fwd_compute_s[0] / base.fwd_compute_s[0])
+    assert rel_loss(1) > rel_loss(4) > 1.0
+
+
+ROW = dict(id="1", source="Synth", model="GPT", num_layers="8", hidden_size="2048", num_heads="16",
+           vocab_size="51200", seq_len="2048", gpu="a100-80gb", num_gpus="8", gpus_per_node="8",
+           global_batch_size="64", micro_batch_size="2", tp="2", recompute="full", precision="fp16",
+           flops_basis="hardware", measured_tflops_per_gpu="100", notes="OOM")
+
+
+def test_memory_loss_counts_oom_rows_one_sided():
+    run = build_run(ROW)
+    assert run.oom and run.measured_memory_gib is None
+    small = BASE  # a 0.4B model on an 80 GB GPU: predicted to fit, so the OOM row costs error
+    big = replace(BASE, framework_overhead_gib=200.0)  # predicted not to fit: no error
+    assert memory_loss([run], small) > 0.5
+    assert memory_loss([run], big) == 0.0
+    assert np.isfinite(memory_loss([run], small))

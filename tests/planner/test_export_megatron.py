@@ -1,0 +1,78 @@
+"""Megatron-LM export details: MoE and GQA shape arguments, mappings that warn, refusals."""
+
+from dataclasses import replace
+
+import pytest
+
+import export_cases as cases
+from meshplan.errors import MeshplanError
+from meshplan.export import export_job
+from meshplan.export.import_megatron import import_megatron
+from meshplan.export.megatron import megatron_args
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.spec.presets import model_preset
+
+
+def flags(job) -> dict[str, list[str]]:
+    args, _ = megatron_args(job)
+    return {a[0]: a[1:] for a in args}
+
+
+def test_moe_arguments_and_roundtrip():
+    job = cases.mixtral_ep()
+    job = replace(job, plan=Plan(dims=ParallelDims(dp_shard=8, ep=8, tp=2, pp=2), zero=1, sp=True,
+                                 stage_layers=(15, 17), cp_method=CPMethod.RING))
+    f = flags(job)
+    assert f["--num-experts"] == ["8"] and f["--moe-router-topk"] == ["2"]
+    assert f["--moe-ffn-hidden-size"] == ["14336"] and f["--expert-model-parallel-size"] == ["8"]
+    assert f["--num-query-groups"] == ["8"] and "--group-query-attention" in f
+    assert f["--decoder-first-pipeline-num-layers"] == ["15"] and f["--decoder-last-pipeline-num-layers"] == ["17"]
+    back = import_megatron(export_job(job, "megatron").text, num_gpus=job.cluster.num_gpus)
+    assert back.model.num_params() == model_preset("mixtral-8x7b").num_params()
+    assert back.model.num_params(active_only=True) == model_preset("mixtral-8x7b").num_params(active_only=True)
+    assert back.plan.with_defaults(back.model) == job.plan.with_defaults(job.model)
+
+
+def test_biases_and_encoder_warn():
+    job = cases.gpt3_narayanan()
+    bert = replace(job, model=model_preset("bert-large"),
+                   training=replace(job.training, seq_len=512))
+    _, warnings = megatron_args(bert)
+    assert any("pretrain_bert.py" in w for w in warnings)
+    qwen = replace(job, model=model_preset("qwen2.5-7b"), plan=Plan(dims=ParallelDims(dp_replicate=1536)))
+    f = flags(qwen)
+    assert "--disable-bias-linear" in f and "--add-qkv-bias" in f  # q/k/v bias only
+
+
+def test_gpipe_warns_zero_bubble_refused():
+    job = cases.gpt3_narayanan()
+    gpipe = replace(job, plan=replace(job.plan, schedule=Schedule.GPIPE, vpp=1))
+    assert any("1F1B runs instead" in w for w in export_job(gpipe, "megatron").warnings)
+    zb = replace(job, plan=replace(job.plan, schedule=Schedule.ZERO_BUBBLE))
+    with pytest.raises(MeshplanError, match="no zero-bubble"):
+        export_job(zb, "megatron")
+
+
+def test_partial_selective_refused_everywhere_but_torchtitan_every_kth():
+    job = cases.llama8b_zero2()
+    plan = replace(job.plan, recompute_layers=(16,))
+    partial = replace(job, plan=plan)
+    text = export_job(partial, "megatron").text  # full, 16 of 32 layers: block method
+    assert "--recompute-method block \\" in text and "--recompute-num-layers 16 \\" in text
+    assert 'selective_ac_option = "2"' in export_job(partial, "torchtitan").text  # every 2nd of 32
+    odd = replace(job, plan=replace(job.plan, recompute_layers=(7,)))  # 32 // k is never 7
+    with pytest.raises(MeshplanError, match="every k-th block"):
+        export_job(odd, "torchtitan")
+
+
+def test_block_recompute_covers_short_stages():
+    """block k recomputes min(k, n) layers of an n-layer stage: (3, 4) of (3, 5) is block 4."""
+    job = cases.gpt3_narayanan()
+    plan = Plan(dims=ParallelDims(dp_replicate=24, tp=8, pp=8), micro_batch=1, recompute=Recompute.FULL,
+                stage_layers=(10, 13, 13, 13, 13, 13, 13, 8), recompute_layers=(9,) * 7 + (8,))
+    text = export_job(replace(job, plan=plan), "megatron").text
+    assert "--recompute-method block \\" in text and "--recompute-num-layers 9 \\" in text
+    assert import_megatron(text, num_gpus=1536).plan == plan
+    bad = replace(plan, recompute_layers=(9,) * 7 + (7,))
+    with pytest.raises(MeshplanError, match="first k layers"):
+        export_job(replace(job, plan=bad), "megatron")

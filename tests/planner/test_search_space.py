@@ -1,0 +1,92 @@
+"""The enumerated space: every legal global configuration, nothing illegal, no duplicates."""
+
+import itertools
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from meshplan.errors import MeshplanError
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.search.space import (
+    GlobalConfigs, SearchOptions, canonical, divisors, enumerate_space, factorisations, in_space,
+)
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+
+def test_factorisations_count_and_product():
+    f = factorisations(12, 5)
+    brute = [t for t in itertools.product(divisors(12), repeat=5) if np.prod(t) == 12]
+    assert sorted(map(tuple, f.tolist())) == sorted(brute)
+    assert len(factorisations(2**14, 5)) == 3060  # C(14 + 4, 4)
+
+
+def test_every_row_is_a_valid_plan_and_rows_are_distinct():
+    model = model_preset("llama2-7b")
+    training = TrainingSpec(seq_len=2048, global_batch=64)
+    space = enumerate_space(model, training, 8)
+    rows = {tuple(int(getattr(space, f.name)[i]) for f in fields(GlobalConfigs)) for i in range(len(space))}
+    assert len(rows) == len(space)
+    for i in np.random.default_rng(0).choice(len(space), 200, replace=False):
+        space.plan(int(i)).validate_for(model, training, 8)  # raises if illegal
+
+
+@st.composite
+def cases(draw):
+    heads = draw(st.sampled_from([4, 6, 8]))
+    model = ModelSpec(name="m", num_layers=draw(st.integers(1, 5)), hidden_size=heads * 16,
+                      num_heads=heads, num_kv_heads=draw(st.sampled_from([heads, 2, 1])), vocab_size=1000)
+    training = TrainingSpec(seq_len=draw(st.sampled_from([6, 8, 12, 64])),
+                            global_batch=draw(st.sampled_from([1, 2, 3, 4, 6])))
+    gpus = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    return model, training, gpus
+
+
+def _all_plans(gpus, batch):
+    """Every Plan object the Plan contract accepts for this GPU count (small cases)."""
+    for pp, r, s, cp, tp in factorisations(gpus, 5).tolist():
+        for zero, sp, cpm, (sched, vpp), mb, rec in itertools.product(
+                range(4), (False, True), tuple(CPMethod),
+                [(s_, 1) for s_ in Schedule] + [(Schedule.INTERLEAVED_1F1B, 2), (Schedule.ZERO_BUBBLE, 2)],
+                divisors(batch), tuple(Recompute)):
+            try:
+                yield Plan(dims=ParallelDims(pp=pp, dp_replicate=r, dp_shard=s, cp=cp, tp=tp), zero=zero,
+                           sp=sp, cp_method=cpm, schedule=sched, vpp=vpp, micro_batch=mb, recompute=rec)
+            except MeshplanError:
+                continue
+
+
+@settings(max_examples=10, deadline=None)
+@given(cases())
+def test_space_is_exactly_the_legal_canonical_plans(case):
+    model, training, gpus = case
+    opts = SearchOptions(max_vpp=2)
+    space = enumerate_space(model, training, gpus, opts)
+    listed = {space.plan(i) for i in range(len(space))}
+    legal = set()
+    for plan in _all_plans(gpus, training.global_batch):
+        if plan.schedule == Schedule.ZERO_BUBBLE:
+            continue  # not searched by default (SearchOptions.schedules)
+        try:
+            plan.validate_for(model, training, gpus)
+        except MeshplanError:
+            assert not in_space(model, training, gpus, plan, opts)
+            continue
+        legal.add(canonical(plan))
+        assert in_space(model, training, gpus, canonical(plan), opts)
+    assert listed == legal
+
+
+def test_rules_prune_illegal_degrees():
+    model = model_preset("llama3-70b")  # 64 heads, 8 KV heads, 80 layers
+    training = TrainingSpec(seq_len=8192, global_batch=1024)
+    s = enumerate_space(model, training, 1024)
+    assert np.all(64 % s.tp == 0) and np.all(s.pp <= 80)
+    assert np.all(1024 % (s.dp_replicate * s.dp_shard * s.micro_batch) == 0)
+    assert np.all((s.dp_shard > 1) == (s.zero > 0))
+    assert not np.any(s.sp & (s.tp == 1))
+    with pytest.raises(MeshplanError):
+        enumerate_space(model, training, 0)
