@@ -111,7 +111,8 @@ def test_tied_embeddings_across_pipeline_replans(tmp_path):
     assert sorted(got) == [3, 4, 5, 6]
     for step in got:
         assert got[step] == pytest.approx(ref[step], rel=1e-5), step
-    final, want = checkpoint_tensors(ckpt / "step-000006", tmp_path), checkpoint_tensors(ref_ckpt / "step-000006", tmp_path)
+    final = checkpoint_tensors(ckpt / "step-000006", tmp_path)
+    want = checkpoint_tensors(ref_ckpt / "step-000006", tmp_path)
     assert final.keys() == want.keys()
     for k, v in want.items():
         torch.testing.assert_close(final[k], v, rtol=1e-4, atol=1e-5, msg=k)

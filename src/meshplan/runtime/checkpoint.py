@@ -157,8 +157,8 @@ def load_checkpoint(
     """Load a checkpoint (or the latest one under a root) into models parallelised under ``job``.
 
     Every check runs before any tensor is touched: metadata, same model, every file present with
-    its committed size. Under the same world size each rank's RNG state is restored too (under
-    another layout RNG streams do not map rank to rank, so they are left as seeded).
+    its committed size. Under the same plan and world size each rank's RNG state is restored too
+    (under another layout RNG streams do not map rank to rank, so they are left as seeded).
     """
     ckpt, meta = ckpt_meta.load_meta(path)
     ckpt_meta.check_same_model(ckpt, meta.job.model, job.model)
