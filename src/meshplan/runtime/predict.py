@@ -98,7 +98,8 @@ def runtime_calibration(calib: Calibration, precision: Precision, device_type: s
     """
     changes: dict[str, Any] = {}
     if precision is Precision.FP32:
-        changes.update(weight_bytes_per_param=FP32_BYTES, grad_bytes_per_param=FP32_BYTES,
+        # fp32 gradients: Calibration.grad_bytes_per_param(FP32) is already 4 bytes
+        changes.update(weight_bytes_per_param=FP32_BYTES,
                        master_bytes_per_param=0.0,
                        # logits and their log-softmax, 2 x fp32 per element once ``predict`` scales
                        # all activations by FP32_BYTES / ACT_BYTES
