@@ -129,5 +129,8 @@ def test_train_resume_refuses_before_launch(saved, tmp_path):
     r = _train_cli("--plan", job, "--resume", "--checkpoint-dir", str(not_ckpt), cwd=tmp_path)
     assert r.returncode == 2 and "not a meshplan checkpoint directory" in r.stderr
 
+    r = _train_cli("--plan", job, "--resume", "--checkpoint-dir", str(saved["ckpt"]), "--steps", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "nothing to do" in r.stdout  # already at step 2: no launch
+
     r = _train_cli("--plan", job, "--checkpoint-dir", str(saved["ckpt"]), cwd=tmp_path)  # would overwrite
     assert r.returncode == 2 and "already holds checkpoints (latest step-000002); pass --resume" in r.stderr
