@@ -1,7 +1,7 @@
 """Checkpoint save/load time and size for one model and plan (prints figures; not a test).
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 bench/bench_checkpoint.py \
-        --model toy-llama --override num_layers=4,hidden_size=256,num_heads=8,vocab_size=4096 --dp-shard 4
+        --model toy-llama --override num_layers=8,hidden_size=512,num_heads=8,vocab_size=8192 --dp-shard 4
 
 Builds the runtime's model under an FSDP (zero 3) or TP plan, takes one optimizer step so AdamW
 has its moments, then times ``save_checkpoint`` and ``load_checkpoint`` (rank 0 prints the slowest
@@ -11,6 +11,7 @@ rank's time, the checkpoint's size, and bytes per second).
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -79,6 +80,7 @@ def main() -> None:
         print(f"{model_spec.name} {model_spec.num_params() / 1e6:.1f}M params, {plan.notation()} on "
               f"{dims.world_size} CPU ranks: checkpoint {size / 2**20:.1f} MiB; save {save_s:.2f} s "
               f"({size / save_s / 2**20:.0f} MiB/s), load {load_s:.2f} s ({size / load_s / 2**20:.0f} MiB/s)")
+        shutil.rmtree(root)
     dist.destroy_process_group()
 
 
