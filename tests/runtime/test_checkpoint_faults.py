@@ -70,6 +70,7 @@ def test_kill_in_save_then_mid_step_resumes_exactly(reference, tmp_path):
     for k, v in reference["final"].items():
         assert torch.equal(final[k], v), k
     assert [s for s, _ in ckpt_meta.complete_checkpoints(ckpt)] == [4, 6]
+    assert ckpt_meta.read_meta(ckpt / "step-000006").data_position == STEPS * 8  # counted across resumes
 
 
 @pytest.mark.parametrize("name,nproc,dims", [("tp2", 2, {"tp": 2}), ("pp2xfsdp4", 8, {"pp": 2, "dp_shard": 4})])

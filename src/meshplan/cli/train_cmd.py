@@ -69,7 +69,11 @@ def train(
         from meshplan.ckpt_meta import check_resume, read_meta
 
         resume_from = check_resume(checkpoint_dir, job.model, resume=resume)  # refuse a bad one before launching
-        done = read_meta(resume_from).step if resume_from else 0
+        saved = read_meta(resume_from) if resume_from else None
+        done = saved.step if saved else 0
+        if saved and saved.job.training != job.training:
+            console().print(f"note: {resume_from} was trained with {saved.job.training.to_dict()}; "
+                            f"continuing with {job.training.to_dict()}")
         if done >= steps:
             console().print(f"nothing to do: {resume_from} is at step {done}, --steps is {steps}")
             return
