@@ -102,3 +102,12 @@ def test_memory_loss_counts_oom_rows_one_sided():
     assert memory_loss([run], small) > 0.5
     assert memory_loss([run], big) == 0.0
     assert np.isfinite(memory_loss([run], small))
+
+
+def test_small_tp_messages_reach_less_bandwidth():
+    # tp_comm scales by (1 + M_half / M) with M = b*S*D*2 bytes: at b=1, D=4096 M = 16 MiB.
+    half = 16 * 2**20 * 1.0
+    tr = TrainingSpec(seq_len=2048, global_batch=1)
+    base = layer_cost(gpt(), CLUSTER, tr, _plans(8, 1), BASE)
+    slow = layer_cost(gpt(), CLUSTER, tr, _plans(8, 1), replace(BASE, comm_half_message_bytes=half))
+    assert slow.fwd_comm_total_s[0] == pytest.approx(2.0 * base.fwd_comm_total_s[0])

@@ -65,6 +65,8 @@ FOUR_RANKS = [
          batch=8),
     real("llama-pp2xcp2-a2a", "toy-llama", {"dims": {"pp": 2, "cp": 2}, "cp_method": "all-to-all",
                                             "schedule": "1f1b"}),
+    real("llama-pp2xcp2-ring", "toy-llama", {"dims": {"pp": 2, "cp": 2}, "cp_method": "ring",
+                                             "schedule": "gpipe"}),
     real("moe-pp2v2xfsdp2xep2-zero2", "toy-moe", {"dims": {"pp": 2, "dp_shard": 2, "ep": 2}, "zero": 2,
                                                    "schedule": "interleaved-1f1b", "vpp": 2}, batch=8),
     # global grad-norm clipping across stages and shards; n_microbatches taken from the batch
@@ -72,6 +74,13 @@ FOUR_RANKS = [
         tied=True, batch=8, clip=0.05, lazy_n_mb=True),
     toy("toy-pp4-tied-recompute-clip", {"dims": {"pp": 4}, "schedule": "1f1b", "micro_batch": 2,
                                          "recompute": "full"}, tied=True, batch=8, clip=0.05),
+]
+EIGHT_RANKS = [
+    real("llama-pp2xhsdp2x2-zero3", "toy-llama", {"dims": {"pp": 2, "dp_replicate": 2, "dp_shard": 2},
+                                                  "zero": 3, "schedule": "1f1b"}, batch=8),
+    real("gpt-pp2v2xcp2xtp2sp-tied", "toy-gpt", {"dims": {"pp": 2, "cp": 2, "tp": 2}, "sp": True,
+                                                 "cp_method": "all-to-all", "schedule": "interleaved-1f1b",
+                                                 "vpp": 2}),
 ]
 
 
@@ -107,3 +116,11 @@ def test_pipeline_schedules_match_one_process(tmp_path: Path) -> None:
 
 def test_pipeline_with_dp_fsdp_tp_match_one_process(tmp_path: Path) -> None:
     check(run_worker(FOUR_RANKS, 4, tmp_path), FOUR_RANKS)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("MESHPLAN_SLOW_TESTS") != "1",
+                    reason="8 processes take about a minute on 2 cores; set MESHPLAN_SLOW_TESTS=1")
+def test_pipeline_with_hsdp_and_cp_tp_on_eight_ranks(tmp_path: Path) -> None:
+    """pp x HSDP and pp x cp x tp(sp) with tied embeddings: opt-in, outside CI's time budget."""
+    check(run_worker(EIGHT_RANKS, 8, tmp_path), EIGHT_RANKS)

@@ -12,6 +12,7 @@ from meshplan.cli.common import (
     JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, SeqLenOpt, console,
     load_cluster, load_model, make_training, print_json,
 )
+from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule
@@ -121,16 +122,7 @@ def _render(est, model_name: str, clus) -> None:
                  ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
     con.print(s)
-    t = Table(title="Step time breakdown (critical path)")
-    t.add_column("part")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
-    tb = est.time
-    for k, v in (("compute (incl. recompute)", tb.compute_s), ("  of which recompute", tb.recompute_s),
-                 ("exposed communication", tb.exposed_communication_s), ("pipeline bubble", tb.bubble_s),
-                 ("optimizer", tb.optimizer_s)):
-        t.add_row(k, f"{v:.3f}", f"{v / est.step_time_s:.1%}")
-    con.print(t)
+    con.print(time_breakdown_table(est, "Step time breakdown (critical path)"))
     m = Table(title="Memory of the most loaded GPU (GiB)")
     m.add_column("part")
     m.add_column("GiB", justify="right")

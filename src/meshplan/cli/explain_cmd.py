@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.plan import Job
 
@@ -43,16 +44,7 @@ def explain_cmd(
               f"{est.tflops_per_gpu:.0f}", f"{100 * est.mfu:.1f}%", f"{est.peak_memory_gib:.1f}",
               f"{est.gpu_memory_gib:.1f}", "yes" if est.fits else f"no (short {est.memory_shortfall_gib:.1f} GiB)")
     con.print(s)
-    t = Table(title=f"Time per step ({est.time.num_microbatches} micro-batches)")
-    t.add_column("part")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
-    tm = est.time
-    for name, v in (("compute (incl. recompute)", tm.compute_s), ("  of which recompute", tm.recompute_s),
-                    ("exposed communication", tm.exposed_communication_s), ("pipeline bubble", tm.bubble_s),
-                    ("optimizer", tm.optimizer_s)):
-        t.add_row(name, f"{v:.3f}", f"{100 * v / est.step_time_s:.1f}%")
-    con.print(t)
+    con.print(time_breakdown_table(est, f"Time per step ({est.time.num_microbatches} micro-batches)"))
     m = Table(title="Memory of the most loaded GPU (GiB)")
     for col in ("parameters", "gradients", "optimizer", "activations", "other", "total"):
         m.add_column(col, justify="right")

@@ -12,17 +12,21 @@ from rich.table import Table
 
 from meshplan.cli.common import (
     ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, console, err_console,
+    JsonOpt, NodesOpt, OverrideOpt, console, err_console,
     load_cluster, load_model, make_training, print_json,
 )
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
+from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
 
 OVER_BUDGET_ROWS = 3
 """Frontier rows shown above the recommended plan (faster, but over the budget)."""
+
+DEFAULT_SEQ_LEN = 2048
+"""Sequence length when neither --seq-len nor a --compare Job file gives one."""
 
 PROGRESS_AFTER_S = 1.0
 """Show a progress bar only once a search has run this long (short searches stay quiet)."""
@@ -77,43 +81,52 @@ class _LazyProgress:
 
 @app.command("plan")
 def plan_cmd(
-    model: ModelOpt,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path (default with --compare: the Job file's model).")] = None,
     override: OverrideOpt = None,
     cluster: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, 64,128,256 or 64-256 (powers of 2).")] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")] = 2048,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help=f"Sequence length in tokens (default: {DEFAULT_SEQ_LEN}, or the --compare Job file's).")] = None,
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
     precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
-    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    optimizer: Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer (its states set the memory; default: adamw, or the --compare Job file's).")] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
-    compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier.")] = None,
+    compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
 
-    spec = load_model(model, override)
+    mine = Job.load(compare_file) if compare_file is not None else None
+    spec = _model(model, override, mine)
     counts = parse_gpu_counts(gpus) if gpus else None
-    base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
-                        gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
-    training = make_training(seq_len, global_batch, global_batch_tokens,
-                             precision or _default_precision(base), optimizer)
+    if mine is not None and not (cluster or gpu or nodes or gpus_per_node):
+        base = _job_cluster(mine, counts, cluster_profile)
+    else:
+        base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
+                            gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
+    job_training = mine.training if mine is not None else None
+    if job_training is not None and global_batch is None and global_batch_tokens is None:
+        global_batch = job_training.global_batch
+    training = make_training(
+        seq_len if seq_len is not None else (job_training.seq_len if job_training else DEFAULT_SEQ_LEN),
+        global_batch, global_batch_tokens,
+        precision or (job_training.precision if job_training else _default_precision(base)),
+        optimizer or (job_training.optimizer if job_training else Optimizer.ADAMW))
     clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     if memory_gib is not None and memory_gib <= 0:
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
     budget = None if memory_gib is None else memory_gib * GIB
-    mine = Job.load(compare_file) if compare_file is not None else None
     results = []
     for cl in clusters:
         bar = _LazyProgress(not json_out, f"{cl.num_gpus} GPUs")
@@ -166,6 +179,26 @@ def plan_cmd(
         con.print(f"wrote the {which} to {written}")
     if plot is not None:
         con.print(f"wrote the frontier plot to {plot}")
+
+
+def _model(model: str | None, override: str | None, mine: Job | None) -> ModelSpec:
+    """--model wins; with --compare and no --model, the Job file's model (--override applies)."""
+    if model is not None:
+        return load_model(model, override)
+    if mine is None:
+        raise MeshplanError("give --model (a preset or config.json), or --compare JOB.json to plan for its model")
+    return mine.model.with_overrides(parse_overrides(override)) if override else mine.model
+
+
+def _job_cluster(mine: Job, counts: list[int] | None, profile: str | None) -> ClusterSpec:
+    """The --compare Job file's cluster (no --cluster/--gpu/--nodes/--gpus-per-node given):
+    its hardware, resized when --gpus gives one count, and a --cluster-profile applied on top."""
+    base = mine.cluster if not counts or len(counts) > 1 else mine.cluster.with_gpus(counts[0])
+    if profile:
+        from meshplan.spec.hwprofile import apply_profile
+
+        base = apply_profile(base, profile)
+    return base
 
 
 def _default_precision(cluster: ClusterSpec) -> Precision:

@@ -33,7 +33,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
-from meshplan.cost.layer import ACT_BYTES, LayerCost, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
@@ -95,6 +95,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
     T = plans.micro_batch * training.seq_len / c
     D, V = float(model.hidden_size), float(model.vocab_size)
+    ab = activation_bytes(training.precision)  # bytes per activation element
 
     # ---- time per micro-batch ------------------------------------------------------------
     rec_one = np.where(plans.recompute == RC_FULL, layer.recompute_full_s,
@@ -106,13 +107,13 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
     pad = max(calib.vocab_pad_multiple, 1.0)
     Vt = np.ceil(V / (t * pad)) * pad
-    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ACT_BYTES / hbm
+    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ab / hbm
     compute = compute + np.where(has_head, 3.0 * head_fwd, 0.0)
-    compute = compute + np.where(has_embedding, 3.0 * T * D * ACT_BYTES / hbm, 0.0)  # lookup + grad
+    compute = compute + np.where(has_embedding, 3.0 * T * D * ab / hbm, 0.0)  # lookup + grad
     # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
     # Sec. 4.1 scatter/gather splits the message over the TP ranks).
     pp_link = comms.group_link(cluster, calib, p, plans.tp * plans.cp * plans.dp_shard * plans.dp_replicate)
-    p2p = 2.0 * v * comms.p2p_time(T * D * ACT_BYTES / t, p > 1, pp_link)
+    p2p = 2.0 * v * comms.p2p_time(T * D * ab / t, p > 1, pp_link)
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
     comm_tot = comm_tot + p2p
 

@@ -68,6 +68,11 @@ class Calibration:
     DGX A100/H100 is ~70-80% of the link rate)."""
     inter_node_comm_efficiency: float = 0.80
     """Fraction of the NIC line rate reached by NCCL across nodes (nccl-tests on InfiniBand)."""
+    comm_half_message_bytes: float = 0.0
+    """Message size at which a per-layer collective (TP, CP, EP) reaches half its bandwidth:
+    effective bandwidth = W * M / (M + comm_half_message_bytes). NCCL's bus bandwidth ramps up
+    with the message size and saturates only at hundreds of MB on 8 GPUs (nccl-tests curves,
+    NCCL performance docs), so smaller micro-batches send smaller, slower messages."""
     tp_overlap: float = 0.0
     """Fraction of tensor-parallel communication hidden behind compute (0 for Megatron 2021-22;
     async TP / TE userbuffers overlap some)."""
@@ -169,13 +174,14 @@ class Calibration:
 # search minimising the median absolute log error of throughput (time fields) and the median
 # absolute error of peak memory (memory fields), per GPU family. Filled in below.
 FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    # 136 throughput rows, 65 memory rows (Narayanan 2021, Korthikanti 2022, BLOOM tr11 sweeps,
-    # Megatron-LM README 2020), fitted with fused_attention=False, dropout=True.
+    # 136 throughput rows, 65 memory rows + 6 OOM rows (one-sided) (Narayanan 2021, Korthikanti
+    # 2022, BLOOM tr11 sweeps, Megatron-LM README 2020), fitted with fused_attention=False,
+    # dropout=True. layer_overhead_s and comm_half_message_bytes fit to 0 on these runs.
     "a100": MappingProxyType({
         "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
         "matmul_efficiency": 0.675, "matmul_half_dim": 96.0, "inter_node_comm_efficiency": 0.9,
         "intra_node_comm_efficiency": 0.4, "dp_overlap": 1.0, "layer_overhead_s": 0.0,
-        "unaligned_matmul_factor": 0.1,
+        "unaligned_matmul_factor": 0.1, "comm_half_message_bytes": 0.0,
         "framework_overhead_gib": 10.0, "allocator_fragmentation": 0.05,
         "loss_transient_bytes_per_element": 8.0, "grad_bytes_per_param_bf16": 4.5,
     }),

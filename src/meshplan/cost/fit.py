@@ -30,6 +30,7 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "dp_overlap": (0.0, 0.25, 0.5, 0.75, 0.9, 1.0),
     "layer_overhead_s": (0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3),
     "unaligned_matmul_factor": (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0),
+    "comm_half_message_bytes": (0.0, 16e6, 32e6, 64e6, 128e6, 256e6),
 })
 """Factors fitted on throughput, with their grids. Families with few rows fit only the first."""
 MEMORY_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({

@@ -31,9 +31,22 @@ from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import Arch, ModelSpec
-from meshplan.spec.training import Optimizer, TrainingSpec
+from meshplan.spec.training import Optimizer, Precision, TrainingSpec
 
-ACT_BYTES = 2.0  # activations are kept in the 16-bit compute dtype (fp8 training keeps bf16)
+ACT_BYTES = 2.0  # one element of a 16-bit (bf16/fp16) activation; see activation_bytes()
+
+
+def activation_bytes(precision: Precision) -> float:
+    """Bytes of one activation / activation-gradient element for this training precision.
+
+    fp32 training keeps 4-byte activations; bf16/fp16 (mixed precision) keep 2. fp8 keeps 2 as
+    well: Transformer Engine's fp8_autocast (what Megatron-LM's --fp8-format uses) runs only the
+    GEMMs in FP8, casting their inputs inside each module, while the tensors passed between
+    modules, the residual stream, the attention core and the TP/CP/PP/EP collectives stay in the
+    bf16 compute dtype (TE "Using FP8 with Transformer Engine"; Micikevicius et al. 2022 Sec. 4).
+    This is the conservative choice for memory: TE may save some GEMM inputs as FP8 copies.
+    """
+    return 4.0 if precision == Precision.FP32 else 2.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     T = plans.micro_batch * S / c  # (b*S/c) tokens on this GPU
     T_rep = np.where(sp, T / t, T)  # tokens seen by the replicated ops (norms, residual, dropout)
     m_mlp = 3.0 if model.gated_mlp else 2.0
+    ab = activation_bytes(training.precision)  # bytes per activation element
 
     # ---- forward math: GEMMs (per GPU shapes) ------------------------------------------
     t_qkv = gemm_time(calib, peak, T, q / t + 2 * kv_local, D)
@@ -173,17 +187,17 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         t_attn = attn_flops / causal / (peak * gemm_efficiency(calib, S, S, H))
         scores = plans.micro_batch * heads_local * (S / c) * S  # elements (Megatron masks, not skips)
         passes = 2.0 + (3.0 if calib.dropout else 0.0)  # softmax read+write; dropout r+w+mask
-        softmax_bytes = scores * passes * ACT_BYTES
+        softmax_bytes = scores * passes * ab
     # ---- memory-bound elementwise ops (bytes read + written) ---------------------------
     drop = 5.0 if calib.dropout else 0.0  # two hidden dropouts: read, write, half-size mask
     rep_elems = T_rep * D * (4.0 + 6.0 + drop)  # 2 norms (r+w), 2 residual adds (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
-    t_mem = (rep_elems + act_elems) * ACT_BYTES / hbm + softmax_bytes / hbm
+    t_mem = (rep_elems + act_elems) * ab / hbm + softmax_bytes / hbm
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
     fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem + calib.layer_overhead_s
 
     # ---- communication of the forward -------------------------------------------------
-    act_msg = T * D * ACT_BYTES  # (b, S/c, D) activation
+    act_msg = T * D * ab  # (b, S/c, D) activation
     tp_link = comms.group_link(cluster, calib, plans.tp, 1)
     # Megatron f/g: two all-reduces per layer forward; with SP two all-gathers + two
     # reduce-scatters moving the same bytes (Korthikanti et al. 2022 Sec. 4.2.2).
@@ -193,18 +207,20 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         2 * comms.all_reduce_time(act_msg, t, tp_link),
     )
     cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
-    kv_msg = T * 2 * kv_local * ACT_BYTES  # this rank's K and V chunk
+    kv_msg = T * 2 * kv_local * ab  # this rank's K and V chunk
     ring = (c - 1) * comms.p2p_time(kv_msg, c > 1, cp_link)
     # Ulysses (Jacobs et al. 2023): all-to-all of Q, K, V in and of the output back.
-    ulysses = comms.all_to_all_time(T * (2 * q / t + 2 * kv_local) * ACT_BYTES, c, cp_link)
+    ulysses = comms.all_to_all_time(T * (2 * q / t + 2 * kv_local) * ab, c, cp_link)
     cp_fwd = np.where(plans.cp_method == CP_RING, ring, ulysses)
     cp_overlap = np.where(plans.cp_method == CP_RING, calib.cp_overlap, 0.0)
     cp_bwd = np.where(plans.cp_method == CP_RING, 2 * ring, ulysses)  # ring: K/V and dK/dV
     if moe:
         ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
-        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ACT_BYTES, ep, ep_link)
+        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ab, ep, ep_link)
     else:
         ep_fwd = np.zeros_like(T)
+    # Smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes).
+    tp_comm = tp_comm * (1.0 + calib.comm_half_message_bytes / act_msg)
     tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_compute)
     cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
@@ -228,16 +244,16 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- activations (Korthikanti et al. 2022 Sec. 4.1, generalised; bytes) ------------
     drop_masks = 2.0 if calib.dropout else 0.0  # attention-out and MLP-out dropout masks (1 B each)
-    replicated = T_rep * D * (4 * ACT_BYTES + drop_masks)  # LN1/LN2 inputs, QKV and MLP inputs
+    replicated = T_rep * D * (4 * ab + drop_masks)  # LN1/LN2 inputs, QKV and MLP inputs
     mlp_kept = (3.0 if model.gated_mlp else 2.0) * mlp_width  # GELU in+out, or gate, up, product
-    parallel = T * ACT_BYTES * (2 * q + 2 * kv_local * t + mlp_kept) / t  # Q,out-in, K,V, MLP
+    parallel = T * ab * (2 * q + 2 * kv_local * t + mlp_kept) / t  # Q,out-in, K,V, MLP
     # softmax output (2 B), + dropout mask (1 B) and dropout output (2 B): the 5as^2b term
-    per_score = ACT_BYTES + ((1.0 + ACT_BYTES) if calib.dropout else 0.0)
+    per_score = ab + ((1.0 + ab) if calib.dropout else 0.0)
     score_bytes = 0.0 if calib.fused_attention else (
         plans.micro_batch * heads_local * (S / c) * S * per_score)
     act_none = replicated + parallel + score_bytes
     act_sel = replicated + parallel
-    act_full = T_rep * D * ACT_BYTES
+    act_full = T_rep * D * ab
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,
         fwd_comm_exposed_s=fwd_comm_exposed, bwd_comm_exposed_s=bwd_comm_exposed,

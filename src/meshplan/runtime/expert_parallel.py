@@ -40,11 +40,14 @@ class ExpertParallelExperts(GroupedExperts):
         out_splits = recv_counts.sum(1).tolist()
         recv = all_to_all(x_sorted, out_splits, in_splits, self.group)  # grouped (source j, expert e)
 
-        # Regroup rows from (source, expert) order to (expert, source) order.
+        # Regroup rows from (source j, expert e) blocks to (expert e, source j) blocks.
         rc = recv_counts.tolist()
-        starts = torch.tensor([0] + rc_flat_cumsum(rc)[:-1]).view(ep, E_local).tolist()
-        perm = [torch.arange(starts[j][e], starts[j][e] + rc[j][e]) for e in range(E_local) for j in range(ep)]
-        perm_t = torch.cat(perm).to(x_sorted.device) if perm else torch.zeros(0, dtype=torch.long)
+        offsets, start = [[0] * E_local for _ in range(ep)], 0
+        for j in range(ep):
+            for e in range(E_local):
+                offsets[j][e], start = start, start + rc[j][e]
+        blocks = [torch.arange(offsets[j][e], offsets[j][e] + rc[j][e]) for e in range(E_local) for j in range(ep)]
+        perm_t = torch.cat(blocks).to(x_sorted.device)
         per_expert = [sum(rc[j][e] for j in range(ep)) for e in range(E_local)]
         w1, w2 = scale_grad(self.w1, 1.0 / ep), scale_grad(self.w2, 1.0 / ep)
         w3 = scale_grad(self.w3, 1.0 / ep) if self.w3 is not None else None
@@ -52,12 +55,3 @@ class ExpertParallelExperts(GroupedExperts):
         y = y[torch.argsort(perm_t)]  # back to (source, expert) order
         return all_to_all(y, in_splits, out_splits, self.group)
 
-
-def rc_flat_cumsum(rows: list[list[int]]) -> list[int]:
-    """Running sums of a row-major flattened count matrix."""
-    out, total = [], 0
-    for row in rows:
-        for v in row:
-            total += v
-            out.append(total)
-    return out

@@ -290,8 +290,12 @@ def build_pipeline(
         if tied is not None:
             tied.sync_weight()
 
-    if plan.schedule == Schedule.ZERO_BUBBLE and any(_uses_composable_checkpoint(m) for m in modules):
-        raise MeshplanError(ZERO_BUBBLE_RECOMPUTE)
+    if plan.schedule == Schedule.ZERO_BUBBLE:
+        # Decided over the whole pipeline: a rank that refused alone would leave the others hanging.
+        flag = torch.tensor([float(any(_uses_composable_checkpoint(m) for m in modules))], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=pp_group)
+        if flag.item():
+            raise MeshplanError(ZERO_BUBBLE_RECOMPUTE)
     stages = [
         PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, local)
     ]

@@ -7,8 +7,8 @@ cluster's rates and the cost model's factors come from a hardware profile when o
 * CPU: peak resident memory of the process (ru_maxrss). The profile's framework baseline (a
   torch worker's RSS) is the cost model's framework overhead; the runtime trains in fp32 on CPU,
   so weights and gradients are 4-byte with no master copy, activations are 4-byte (the cost
-  model keeps them in a 16-bit compute dtype, ``ACT_BYTES``), and there is no caching allocator
-  to fragment.
+  model sizes them from the training precision, ``cost.layer.activation_bytes``), and there is
+  no caching allocator to fragment.
 * GPU: torch.cuda.max_memory_allocated, which excludes the CUDA context: the estimate less the
   calibration's framework overhead (reserved memory is reported beside it).
 
@@ -25,7 +25,6 @@ from typing import Any, Sequence
 
 from meshplan.cost import Estimate, estimate
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.layer import ACT_BYTES
 from meshplan.plan import Job
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.training import Precision
@@ -98,12 +97,10 @@ def runtime_calibration(calib: Calibration, precision: Precision, device_type: s
     """
     changes: dict[str, Any] = {}
     if precision is Precision.FP32:
-        # fp32 gradients: Calibration.grad_bytes_per_param(FP32) is already 4 bytes
-        changes.update(weight_bytes_per_param=FP32_BYTES,
+        changes.update(weight_bytes_per_param=FP32_BYTES,  # fp32 gradients: Calibration.grad_bytes_per_param gives 4
                        master_bytes_per_param=0.0,
-                       # logits and their log-softmax, 2 x fp32 per element once ``predict`` scales
-                       # all activations by FP32_BYTES / ACT_BYTES
-                       logits_bytes_per_element=2 * ACT_BYTES)
+                       # logits and their log-softmax, 2 x fp32 per element
+                       logits_bytes_per_element=2 * FP32_BYTES)
     if device_type == "cpu":
         changes.update(allocator_fragmentation=0.0)
     if not changes:
@@ -128,8 +125,7 @@ def predict(job: Job, profile_path: str | None = None, device_type: str = "cpu")
     calib = runtime_calibration(calib, training.precision, device_type)
     est = estimate(job.model, cluster, training, job_plan, calib)
     mem = est.memory
-    act_scale = FP32_BYTES / ACT_BYTES if training.precision is Precision.FP32 else 1.0
-    peak_bytes = mem.total_bytes + (act_scale - 1.0) * mem.activations_bytes
+    peak_bytes = mem.total_bytes
     if device_type == "cpu":
         basis = "process resident peak (ru_maxrss), max over ranks"
     else:

@@ -6,10 +6,9 @@ A profile replaces preset (datasheet) figures with measured ones:
   matmul throughput seen), its memory capacity and memory bandwidth, and the intra-node link
   (alpha-beta fit over every collective sample), so the cost model's ``T = quantity / rate`` uses
   rates of this machine.
-* ``profile_fit(profile)``: the fitted factors a Calibration needs (matmul efficiency curve,
-  attention efficiency, per-collective efficiency relative to the link, framework memory baseline),
-  each with its source ``profile:<file>:<date>``. ``calibration_from_profile`` maps them onto the
-  cost model's Calibration.
+* ``meshplan.spec.hwcalib``: the fitted factors a Calibration needs (matmul efficiency curve,
+  attention and memory-bound efficiency, framework memory baseline), each with its source
+  ``profile:<file>:<date>``, mapped onto the cost model's Calibration.
 
 The format is versioned; a malformed file raises MeshplanError naming the file and the field.
 """
@@ -267,8 +266,9 @@ def _single_process_flops_at(profile: HardwareProfile, dim: int) -> float:
 def joint_link_fit(samples: tuple[CollectiveSample, ...]) -> tuple[float, float]:
     """(latency_s, bandwidth_bytes_per_s) of one alpha-beta line through every collective sample.
 
-    The cost model has one intra-node link figure; per-op departures from it become the
-    per-collective efficiencies of ``profile_fit``.
+    The cost model has one intra-node link figure (and one comm efficiency); the per-op,
+    per-group-size fits stay in the profile (``collective_fits``) to show how far each op departs
+    from it.
     """
     if len(samples) < 2:
         raise MeshplanError("profile needs at least two collective samples to fit the link")

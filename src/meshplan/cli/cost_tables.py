@@ -1,0 +1,19 @@
+"""Rich tables shared by the commands that print one cost estimate (`estimate`, `explain`)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def time_breakdown_table(est, title: str) -> Table:
+    """The critical-path parts of one step (``Estimate.time``), in seconds and share of the step."""
+    t = Table(title=title)
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    tb = est.time
+    for name, v in (("compute (incl. recompute)", tb.compute_s), ("  of which recompute", tb.recompute_s),
+                    ("exposed communication", tb.exposed_communication_s), ("pipeline bubble", tb.bubble_s),
+                    ("optimizer", tb.optimizer_s)):
+        t.add_row(name, f"{v:.3f}", f"{v / est.step_time_s:.1%}")
+    return t
