@@ -101,6 +101,9 @@ def test_good_checkpoint_loads_step_and_weights(saved):
     for (k, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), k
     assert opt.state  # AdamW moments came back
+    other_lr = make_optimizer(job, list(again.parameters()), 5e-2)
+    load_checkpoint(saved["ckpt"], job=job, model_parts=again, optimizers=other_lr)
+    assert other_lr.param_groups[0]["lr"] == 1e-3  # hyperparameters are the checkpoint's
 
 
 def _train_cli(*args, cwd):
@@ -125,6 +128,9 @@ def test_train_resume_refuses_before_launch(saved, tmp_path):
     (not_ckpt / "readme.txt").write_text("hello")
     r = _train_cli("--plan", job, "--resume", "--checkpoint-dir", str(not_ckpt), cwd=tmp_path)
     assert r.returncode == 2 and "not a meshplan checkpoint directory" in r.stderr
+
+    r = _train_cli("--plan", job, "--resume", "--checkpoint-dir", str(saved["ckpt"]), "--steps", "2", cwd=tmp_path)
+    assert r.returncode == 0 and "nothing to do" in r.stdout  # already at step 2: no launch
 
     r = _train_cli("--plan", job, "--checkpoint-dir", str(saved["ckpt"]), cwd=tmp_path)  # would overwrite
     assert r.returncode == 2 and "already holds checkpoints (latest step-000002); pass --resume" in r.stderr

@@ -66,9 +66,17 @@ def train(
     if checkpoint_dir is None and (resume or checkpoint_every or checkpoint_keep):
         raise MeshplanError("--resume, --checkpoint-every and --checkpoint-keep need --checkpoint-dir")
     if checkpoint_dir is not None and (not under_torchrun() or _is_rank0()):
-        from meshplan.ckpt_meta import check_resume
+        from meshplan.ckpt_meta import check_resume, read_meta
 
-        check_resume(checkpoint_dir, job.model, resume=resume)  # refuse a bad checkpoint before launching
+        resume_from = check_resume(checkpoint_dir, job.model, resume=resume)  # refuse a bad one before launching
+        saved = read_meta(resume_from) if resume_from else None
+        done = saved.step if saved else 0
+        if saved and saved.job.training != job.training:
+            console().print(f"note: {resume_from} was trained with {saved.job.training.to_dict()}; "
+                            f"continuing with {job.training.to_dict()}")
+        if done >= steps:
+            console().print(f"nothing to do: {resume_from} is at step {done}, --steps is {steps}")
+            return
 
     from meshplan.runtime.train import TrainConfig  # noqa: E402  (imports torch only here)
 
@@ -94,9 +102,6 @@ def train(
     t = Table(title=f"meshplan train: {job.model.name}  {summary['plan']}  ({summary['world_size']} processes)")
     for col in ("steps", "first loss", "final loss", "step time s", "tokens/s", "peak mem GiB", "MFU"):
         t.add_column(col, justify="right")
-    if not summary["steps"]:
-        console().print(f"nothing to do: the checkpoint in {checkpoint_dir} is already at step {steps}")
-        return
     t.add_row(str(summary["steps"]), f"{summary['first_loss']:.4f}", f"{summary['final_loss']:.4f}",
               f"{summary['mean_step_time_s']:.3f}", f"{summary['mean_tokens_per_s']:,.0f}",
               f"{summary['peak_memory_gib']:.2f}", f"{summary['mfu']:.1%}" if summary["mfu"] else "-")

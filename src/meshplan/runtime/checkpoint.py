@@ -157,8 +157,8 @@ def load_checkpoint(
     """Load a checkpoint (or the latest one under a root) into models parallelised under ``job``.
 
     Every check runs before any tensor is touched: metadata, same model, every file present with
-    its committed size. Under the same world size each rank's RNG state is restored too (under
-    another layout RNG streams do not map rank to rank, so they are left as seeded).
+    its committed size. Under the same plan and world size each rank's RNG state is restored too
+    (under another layout RNG streams do not map rank to rank, so they are left as seeded).
     """
     ckpt, meta = ckpt_meta.load_meta(path)
     ckpt_meta.check_same_model(ckpt, meta.job.model, job.model)
@@ -187,8 +187,8 @@ def _load_with_aliases(sd: dict, ckpt: Path, aliases: Sequence[tuple[str, str]])
 
     A tied LM head is one parameter without pipeline parallel, saved (with its optimizer state)
     under ``tok_embeddings.weight``; under pp the last stage holds a copy named ``output.weight``
-    whose Adam moments must come from the embedding's. Non-tensor values (param_groups) are
-    replaced by DCP rather than filled in place, so every aliased value is copied back afterwards.
+    whose Adam moments must come from the embedding's. Non-tensor values (param_groups: lr, betas)
+    are replaced by DCP in ``request`` rather than filled in place, so they are copied back.
     """
     reader = dcp.FileSystemReader(ckpt)
     available = set(reader.read_metadata().state_dict_metadata)
@@ -206,6 +206,10 @@ def _load_with_aliases(sd: dict, ckpt: Path, aliases: Sequence[tuple[str, str]])
                     moved.append((group, key, alt))
                     break
     dcp.load(request, storage_reader=reader)
+    for group, entries in sd.items():  # tensors were filled in place; other values were replaced
+        for key in entries:
+            if key in request[group] and not isinstance(entries[key], torch.Tensor):
+                entries[key] = request[group][key]
     for group, key, alt in moved:
         got, mine = request[group][alt], sd[group][key]
         if isinstance(mine, torch.Tensor) and got is not mine:

@@ -155,10 +155,10 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
     # One optimizer per model part (virtual pipeline stages): AdamW/SGD are per-parameter, so this
     # equals one optimizer over all, and checkpoints key each part's state by its own FQNs.
     optimizers = [make_optimizer(job, list(m.parameters()), cfg.lr) for m in modules]
-    start_step = 0
+    start_step, start_position = 0, 0
     if cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
         resumed = load_checkpoint(cfg.checkpoint_dir, job=job, model_parts=modules, optimizers=optimizers)
-        start_step = resumed.step
+        start_step, start_position = resumed.step, resumed.data_position
         if resumed.data_seed != source.seed:  # keep the run's data order, whatever --seed says now
             source = replace(source, seed=resumed.data_seed)
 
@@ -206,7 +206,8 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             writer.write(rec)
             progress.advance(rec)
             if cfg.checkpoint_dir and should_save(step, cfg.checkpoint_every, cfg.steps):
-                state = TrainState(step=step, data_position=step * training.global_batch, data_seed=source.seed)
+                position = start_position + (step - start_step) * training.global_batch
+                state = TrainState(step=step, data_position=position, data_seed=source.seed)
                 save_checkpoint(cfg.checkpoint_dir, state=state, job=job, model_parts=modules,
                                 optimizers=optimizers, keep=cfg.checkpoint_keep)
     finally:
