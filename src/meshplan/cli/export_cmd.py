@@ -53,11 +53,11 @@ def export(
 
 
 def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None) -> dict:
-    from meshplan.export.common import best_expressible
+    from meshplan.export.common import best_expressible, search_options_for
     from meshplan.search.planner import search
     from meshplan.spec.cluster import GIB
 
-    res = search(job.model, job.cluster, job.training,
+    res = search(job.model, job.cluster, job.training, options=search_options_for(target),
                  budget_bytes=None if memory_gib is None else memory_gib * GIB)
     budget = res.budget_bytes / GIB
     found = best_expressible(job, res.frontier, target, budget)

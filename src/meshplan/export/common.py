@@ -54,6 +54,30 @@ def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
     return every, counts.pop() if len(counts) == 1 else -1
 
 
+def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
+    """The part of the search space a target can express at all, so that ``--best`` searches
+    it instead of hoping the unrestricted frontier holds an expressible point. Conditional
+    limits (DeepSpeed: ZeRO <= 1 with a pipeline) are still checked by the exporter itself."""
+    from meshplan.plan import Recompute, Schedule
+    from meshplan.search.space import SearchOptions
+
+    if ExportTarget(target) == ExportTarget.DEEPSPEED:
+        # DeepSpeed's pipeline engine runs 1F1B, has no virtual stages, no context parallel and
+        # checkpoints whole layers (docs/interop.md).
+        # Its pipeline engine takes ZeRO 0-1 only and AutoTP ZeRO 0-2 (the exporter's own rules).
+        return SearchOptions(schedules=(Schedule.ONE_F_ONE_B,), max_vpp=1, max_cp=1,
+                             recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs)
+    return SearchOptions()
+
+
+def _deepspeed_runs(space) -> "object":
+    # AutoTP has no sequence parallel, so sp plans would need more activation memory than planned;
+    # hybrid sharding (replicas of shards) exists only as ZeRO-3 MiCS.
+    hybrid = (space.dp_replicate > 1) & (space.dp_shard > 1)
+    return (((space.pp == 1) | (space.zero <= 1)) & ((space.tp == 1) | (space.zero <= 2))
+            & ~space.sp & (~hybrid | (space.zero == 3)))
+
+
 def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarget | str",
                      budget_gib: float) -> "tuple[int, Export] | None":
     """Fastest frontier point within the budget that ``target`` can express: (index, export).

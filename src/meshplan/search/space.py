@@ -14,6 +14,7 @@ it duplicates another row exactly (e.g. a schedule with ``pp == 1``, a ZeRO stag
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import numpy as np
 
@@ -59,6 +60,11 @@ class SearchOptions:
     max_vpp: int = MAX_VPP
     nonuniform_stages: bool = True
     """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
+    max_cp: int | None = None
+    """Largest context-parallel degree (None: any); 1 for a target without context parallel."""
+    allow: "Callable[[GlobalConfigs], np.ndarray] | None" = None
+    """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
+    not a pruning rule: the frontier is then the restricted space's frontier."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,11 @@ def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
     return ok
 
 
+def _rule_max_cp(c, options: SearchOptions) -> np.ndarray:
+    """A caller's restriction (e.g. an export target without context parallel), not a pruning rule."""
+    return np.ones(c["cp"].shape, dtype=bool) if options.max_cp is None else c["cp"] <= options.max_cp
+
+
 def _rule_zero(c) -> np.ndarray:
     """dp_shard > 1 needs ZeRO >= 1; over a single shard every stage equals plain DP (stage 0)."""
     return np.where(c["dp_shard"] > 1, c["zero"] >= 1, c["zero"] == 0)
@@ -203,7 +214,7 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
         raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
     f = factorisations(num_gpus, 5)
     c = {"pp": f[:, 0], "dp_replicate": f[:, 1], "dp_shard": f[:, 2], "cp": f[:, 3], "tp": f[:, 4]}
-    c = _keep(c, _rule_degrees(c, model, training))
+    c = _keep(c, _rule_degrees(c, model, training) & _rule_max_cp(c, options))
     c = _cross(c, "zero", np.arange(4))
     c = _keep(c, _rule_zero(c))
     c = _cross(c, "sp", np.array([False, True]))
@@ -220,7 +231,10 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
     c = _keep(c, _rule_micro_batch(c, training))
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
-    return GlobalConfigs(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(GlobalConfigs)})
+    space = GlobalConfigs(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(GlobalConfigs)})
+    if options.allow is not None:
+        space = space.take(np.flatnonzero(options.allow(space)))
+    return space
 
 
 def canonical(plan: Plan) -> Plan:
@@ -250,7 +264,7 @@ def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan
     d = plan.dims
     if d.world_size != num_gpus or plan.recompute not in options.recomputes:
         return False
-    ok = (_rule_degrees(c, model, training) & _rule_zero(c) & _rule_sp(c, training)
+    ok = (_rule_degrees(c, model, training) & _rule_max_cp(c, options) & _rule_zero(c) & _rule_sp(c, training)
           & _rule_cp_method(c, model, options) & _rule_ep(c, model)
           & _rule_schedule(c, model, options) & _rule_micro_batch(c, training))
     return bool(ok[0]) and training.global_batch % plan.micro_batch == 0

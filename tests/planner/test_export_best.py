@@ -1,0 +1,39 @@
+"""`export --best`: the search is restricted to what the target can run, so the fastest fitting
+plan of that restricted space is exported (not a far-down point of the unrestricted frontier)."""
+
+from meshplan.export.common import ExportTarget, best_expressible, export_job, search_options_for
+from meshplan.plan import Job, Schedule
+from meshplan.search.planner import search
+from meshplan.spec.cluster import GIB, resolve_cluster
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+
+def _job():
+    model = model_preset("llama2-7b")
+    cluster = resolve_cluster("dgx-a100", nodes=2)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    res = search(model, cluster, training)
+    return Job(model=model, training=training, cluster=cluster, plan=res.recommended.plan), res
+
+
+def test_deepspeed_search_space_holds_only_what_deepspeed_runs():
+    job, full = _job()
+    res = search(job.model, job.cluster, job.training, options=search_options_for("deepspeed"))
+    assert res.frontier
+    for p in res.frontier:
+        d = p.plan.dims
+        assert d.cp == 1 and not p.plan.sp and p.plan.vpp == 1
+        assert d.pp == 1 or (p.plan.schedule == Schedule.ONE_F_ONE_B and p.plan.zero <= 1)
+    # the recommended point of the restricted search exports as it is
+    found = best_expressible(job, res.frontier, ExportTarget.DEEPSPEED, res.budget_bytes / GIB)
+    assert found is not None and found[0] == res.recommended_index
+    # and a restriction can only cost speed, never gain it
+    assert res.recommended.step_time_s >= full.recommended.step_time_s * (1 - 1e-9)
+
+
+def test_other_targets_search_everything():
+    assert search_options_for("megatron") == search_options_for("torchtitan")
+    assert search_options_for("megatron").allow is None
+    job, _ = _job()
+    export_job(job, "megatron")  # the unrestricted recommendation is expressible there
