@@ -19,6 +19,8 @@ from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta, fit_matmul_curve
 from meshplan.spec.hwprofile import apply_profile, host_share, joint_link_fit, load_profile
+from meshplan.spec.hwcalib import profile_fit
+from meshplan.spec.training import Precision
 
 GOLDEN = Path(__file__).parent / "data" / "hwprofile_small.json"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -192,3 +194,17 @@ def test_estimate_with_cluster_profile_uses_measured_rates(tmp_path):
     out = _cli(*args, "--cluster-profile", str(bad))
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert "link_bandwidth_bytes_per_s" in out.stderr
+
+
+def test_profile_without_layer_overhead_loads_with_zero(tmp_path):
+    """Profiles written before the layer dispatch overhead was measured still load (0: not fitted)."""
+    data = json.loads(GOLDEN.read_text())
+    del data["device"]["layer_overhead_s"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    assert load_profile(old).device.layer_overhead_s == 0.0
+    data["device"]["layer_overhead_s"] = 2e-4
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(data))
+    fitted = {f.field: f.value for f in profile_fit(load_profile(new), "test", Precision.FP32)}
+    assert fitted["layer_overhead_s"] == 2e-4

@@ -107,6 +107,9 @@ def train(
               f"{summary['peak_memory_gib']:.2f}", f"{summary['mfu']:.1%}" if summary["mfu"] else "-")
     console().print(t)
     console().print(comparison_table(versus))
+    if not cluster_profile:
+        console().print("[dim]no hardware profile: the prediction uses preset rates; run `meshplan profile "
+                        "--out profile.json` and pass --cluster-profile profile.json for a calibrated one[/dim]")
 
 
 def _is_rank0() -> bool:

@@ -190,6 +190,13 @@ FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
         "source": "fitted on runs_calibration.csv (v100-32gb rows) by meshplan validate --fit",
         "matmul_efficiency": 0.85,
     }),
+    # Local CPU processes (the `cpu` preset): a torch + gloo worker's resident memory before any
+    # model, as `meshplan profile` measured it on the 2-core CI machine (docs/accuracy.md); the
+    # GPU default (CUDA context, NCCL buffers) would overstate it tenfold. Rates need a profile.
+    "cpu": MappingProxyType({
+        "source": "cpu preset: worker baseline measured by meshplan profile on the 2-core CI machine",
+        "framework_overhead_gib": 0.33,
+    }),
 })
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from meshplan.profile import collectives as coll
-from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_matmuls, device_memory_bytes,
+from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_layer_overhead, bench_matmuls, device_memory_bytes,
                                       device_name, sweep_plan)
 from meshplan.spec.cluster import GIB
 from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
@@ -44,7 +44,7 @@ def planned_steps(req: ProfileRequest) -> int:
     plan = sweep_plan(device, req.quick)
     n = len(plan.precisions) * len(plan.matmul_shapes)
     n += sum(1 if p == "fp8" else len(plan.attention_shapes) for p in plan.precisions)
-    n += 2 * len(plan.bandwidth_bytes)
+    n += 2 * len(plan.bandwidth_bytes) + 1  # + the layer dispatch overhead
     if req.procs >= 2:
         n += coll.progress_steps(coll.collective_config(req.procs, req.device_type, req.quick))
     return n
@@ -74,6 +74,8 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
         for op in ("copy", "add"):
             bandwidth.append(bench_bandwidth(device, op, nbytes, plan.budget_s))
             advance(f"{op} {nbytes >> 20} MiB")
+    layer_overhead = bench_layer_overhead(device, plan.budget_s)
+    advance("layer dispatch overhead")
     samples, concurrent, fits = (), (), ()
     link_latency, link_bw = None, None
     baseline = _own_rss_bytes()
@@ -93,7 +95,7 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
     )
     figures = DeviceFigures(name=device_name(device), memory_gib=device_memory_bytes(device) / GIB,
                             hbm_bandwidth_bytes_per_s=max(b.bytes_per_s for b in bandwidth),
-                            framework_baseline_bytes=baseline)
+                            framework_baseline_bytes=baseline, layer_overhead_s=layer_overhead)
     return HardwareProfile(meta=meta, device=figures, peak_flops=peaks, matmul=tuple(matmul),
                            attention=tuple(attention), bandwidth=tuple(bandwidth), concurrent=concurrent,
                            collectives=samples, collective_fits=fits, link_latency_s=link_latency,

@@ -71,6 +71,9 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
     if profile.link_bandwidth_bytes_per_s is not None:
         out.append(FittedValue(field="intra_node_comm_efficiency", value=1.0, source=source,
                                how="link bandwidth is the measured bus bandwidth of the collectives"))
+    if profile.device.layer_overhead_s > 0:
+        out.append(FittedValue(field="layer_overhead_s", value=profile.device.layer_overhead_s,
+                               source=source, how="forward+backward of 5 vs 1 tiny reference layers, / 4 / 3"))
     if profile.meta.device_type == "cpu":
         out.append(FittedValue(field="framework_overhead_gib",
                                value=profile.device.framework_baseline_bytes / GIB, source=source,

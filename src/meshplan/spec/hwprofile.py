@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,10 @@ class DeviceFigures:
     """Best memory-bound bandwidth measured (copy or elementwise, bytes read + written)."""
     framework_baseline_bytes: float
     """Resident memory of a torch worker that has joined its process group and done nothing else."""
+    layer_overhead_s: float = 0.0
+    """Fixed time of one Transformer layer's forward, apart from its FLOPs and bytes: the
+    per-layer dispatch cost of the runtime's own model, measured on a layer too small for its
+    math to count (0 in profiles written before it was measured)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,6 +305,9 @@ def _optional(v: Any, where: str, *, positive: bool = False) -> float | None:
 
 def _record(cls: type, data: Any, where: str) -> Any:
     """Build a flat record dataclass from a JSON mapping, checking each field's type."""
+    optional = {f.name for f in fields(cls) if f.default is not MISSING}
+    if isinstance(data, dict):  # fields added later keep their default in older profiles
+        data = {**{k: getattr(cls, k) for k in optional if k not in data}, **data}
     _check_keys(data, {f.name for f in fields(cls)}, where)
     values: dict[str, Any] = {}
     for f in fields(cls):
