@@ -146,15 +146,15 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     w_bytes = total_p * calib.weight_bytes_per_param
     # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
     # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
+    rs_grads = comms.reduce_scatter_time(g_bytes, n1, lvl1)  # shared by ZeRO-1/2 and ZeRO-3
+    ag_weights = comms.all_gather_time(w_bytes, n1, lvl1)
     step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
-                         np.where(z <= 2, comms.reduce_scatter_time(g_bytes, n1, lvl1)
-                                  + comms.all_gather_time(w_bytes, n1, lvl1), 0.0))
+                         np.where(z <= 2, rs_grads + ag_weights, 0.0))
     step_lvl2 = comms.all_reduce_time(g_bytes / np.where(z >= 1, n1, 1.0), plans.dp_replicate, lvl2)
     dp_total = step_lvl1 + step_lvl2
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
-    z3 = np.where(z >= 3, 2 * comms.all_gather_time(w_bytes, n1, lvl1)
-                  + comms.reduce_scatter_time(g_bytes, n1, lvl1), 0.0)
+    z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
     comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
     comm_tot = comm_tot + z3
 
