@@ -179,17 +179,30 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) ->
     """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
     n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
     lim = time_limit[:, None, None]
-    slack = lim - (n * a + e)
+    # In-place passes over the (C, p, G) grid, each the plain expression's operations in order.
+    slack = n * a + e
+    np.subtract(lim, slack, out=slack)
     if strict:
-        slack = slack - np.maximum(np.abs(lim), 1e-30) * _REL
+        slack -= np.maximum(np.abs(lim), 1e-30) * _REL
     else:
-        slack = slack + np.maximum(np.abs(lim), 1e-30) * _REL
+        slack += np.maximum(np.abs(lim), 1e-30) * _REL
     with np.errstate(divide="ignore", invalid="ignore"):
-        r_max = np.where(b > 0, np.floor(slack / b), np.inf)
-    r_max = np.where(allow, np.minimum(r_max, n), 0.0)
+        r_max = slack / b
+    np.floor(r_max, out=r_max)
+    np.copyto(r_max, np.inf, where=~(b > 0))
+    np.minimum(r_max, n, out=r_max)
+    np.copyto(r_max, 0.0, where=~allow)
     ok = slack >= 0
-    r_max = np.where(ok, np.maximum(r_max, 0.0), 0.0)
-    mem = n * c + k * ((n - r_max) * d + r_max * g) + f + np.where(r_max > 0, jump, 0.0)
+    np.maximum(r_max, 0.0, out=r_max)
+    np.copyto(r_max, 0.0, where=~ok)
+    # n c + k ((n - r) d + r g) + f + [r > 0] jump
+    mem = n - r_max
+    mem *= d
+    mem += r_max * g
+    mem *= k
+    np.add(n * c, mem, out=mem)
+    mem += f
+    np.add(mem, jump, out=mem, where=r_max > 0)
     np.minimum(mem, n * (c + k * d) + f, out=mem)  # recomputing nothing may be leaner (jump)
     np.copyto(mem, np.inf, where=~ok)
     return _mask_grid(mem, tbl)
