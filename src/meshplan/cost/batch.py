@@ -102,6 +102,11 @@ class PlanTerms:
     lvl2: comms.Link
     act_policy: np.ndarray
     m: np.ndarray
+    dense_shards: tuple[np.ndarray, ...]
+    """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
+    the plan's ZeRO stage reaches it, else 1)."""
+    expert_shards: tuple[np.ndarray, ...]
+    """The same for expert states (n1 / ep, at least 1)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -134,10 +139,14 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
                           np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
                                    layer.act_none_bytes))
+    n1_e = np.maximum(n1 / plans.ep, 1.0)
+    z = plans.zero
     return PlanTerms(
+        dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
+        expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
         hbm=hbm, t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
-        embed_p=embed_p, head_p=head_p, n1=n1, n1_e=np.maximum(n1 / plans.ep, 1.0),
+        embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
         lvl1=comms.group_link(cluster, calib, n1, plans.tp),
         lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
         act_policy=act_policy, m=num_microbatches(training, plans))
@@ -173,13 +182,12 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                + np.where(has_head, terms.head_p, 0.0))
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
-    n1, n1_e = terms.n1, terms.n1_e
+    n1 = terms.n1
     z = plans.zero
     opt_pp = optimizer_state_bytes_per_param(calib, training)
 
     def shard(dense_bytes, expert_bytes, stage):
-        return (dense_bytes / np.where(z >= stage, n1, 1.0)
-                + expert_bytes / np.where(z >= stage, n1_e, 1.0))
+        return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
     gb = calib.grad_bytes_per_param(training.precision)
@@ -196,7 +204,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     ag_weights = comms.all_gather_time(w_bytes, n1, lvl1)
     step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
                          np.where(z <= 2, rs_grads + ag_weights, 0.0))
-    step_lvl2 = comms.all_reduce_time(g_bytes / np.where(z >= 1, n1, 1.0), plans.dp_replicate, lvl2)
+    step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, lvl2)
     dp_total = step_lvl1 + step_lvl2
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
@@ -205,7 +213,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     comm_tot = comm_tot + z3
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
-    opt_bytes = total_p / np.where(z >= 1, n1, 1.0) * (
+    opt_bytes = total_p / terms.dense_shards[1] * (
         2 * opt_pp + gb + calib.weight_bytes_per_param)
     optimizer_s = opt_bytes / hbm
 
