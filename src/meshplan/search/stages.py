@@ -28,6 +28,7 @@ staircase point by point (each point a vectorised partition over all configs at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -56,7 +57,11 @@ class StageTable:
     layer's activations during its backward); None means 0."""
 
     def chunk_array(self) -> np.ndarray:
-        """v per config, (C,) int."""
+        """v per config, (C,) int (read-only; built once per table)."""
+        return self._chunk_array
+
+    @cached_property
+    def _chunk_array(self) -> np.ndarray:
         return np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
 
     def jump(self) -> np.ndarray:
