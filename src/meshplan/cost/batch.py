@@ -102,6 +102,8 @@ class PlanTerms:
     lvl2: comms.Link
     act_policy: np.ndarray
     m: np.ndarray
+    m_float: np.ndarray
+    pp_float: np.ndarray
     dense_shards: tuple[np.ndarray, ...]
     """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
     the plan's ZeRO stage reaches it, else 1)."""
@@ -141,6 +143,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
                                    layer.act_none_bytes))
     n1_e = np.maximum(n1 / plans.ep, 1.0)
     z = plans.zero
+    m = num_microbatches(training, plans)
     return PlanTerms(
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
@@ -149,7 +152,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
         embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
         lvl1=comms.group_link(cluster, calib, n1, plans.tp),
         lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
-        act_policy=act_policy, m=num_microbatches(training, plans))
+        act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))
 
 
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -220,7 +223,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- activations ------------------------------------------------------------------------
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
-    held = in_flight_chunks(rank, p, plans.vpp, m, plans.schedule)
+    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule)  # floats: no re-conversion
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)

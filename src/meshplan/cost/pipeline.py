@@ -42,7 +42,7 @@ def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule):
     m = np.asarray(num_microbatches, dtype=float)
     sched = np.asarray(schedule)
     one_f_one_b = p - r
-    interleaved = 2 * (p - r - 1) + (v - 1) * p + 1
+    interleaved = 2 * (one_f_one_b - 1) + (v - 1) * p + 1
     all_chunks = m * v
     held = np.where(sched == GPIPE, all_chunks,
                     np.where((sched == INTERLEAVED) & (v > 1), interleaved, one_f_one_b * v))
