@@ -79,60 +79,118 @@ def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
     return np.maximum(training.global_batch // np.maximum(plans.dp * plans.micro_batch, 1), 1)
 
 
-def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-              calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
-              has_embedding, has_head) -> RankCost:
-    """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
-    plan's recompute policy (arrays or scalars; booleans for the embedding / LM head)."""
+@dataclass(frozen=True)
+class PlanTerms:
+    """What :func:`rank_cost` computes from the plans alone (not the rank, its layers or its
+    embedding / head): the same for every rank of a plan, so a caller scoring several ranks of the
+    same plans computes it once (:func:`plan_terms`) and passes it to each call."""
+
+    hbm: float
+    t: np.ndarray
+    v: np.ndarray
+    T: np.ndarray
+    rec_one: np.ndarray
+    Vt: np.ndarray
+    head_compute_s: np.ndarray
+    embed_compute_s: np.ndarray
+    p2p_s: np.ndarray
+    embed_p: float
+    head_p: np.ndarray
+    n1: np.ndarray
+    n1_e: np.ndarray
+    lvl1: comms.Link
+    lvl2: comms.Link
+    act_policy: np.ndarray
+    m: np.ndarray
+    m_float: np.ndarray
+    pp_float: np.ndarray
+    dense_shards: tuple[np.ndarray, ...]
+    """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
+    the plan's ZeRO stage reaches it, else 1)."""
+    expert_shards: tuple[np.ndarray, ...]
+    """The same for expert states (n1 / ep, at least 1)."""
+
+
+def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+               calib: Calibration, layer: LayerCost) -> PlanTerms:
+    """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
     peak = cluster.gpu.peak_flops(training.precision)
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     p = plans.pp
     v = plans.vpp.astype(float)
-    m = num_microbatches(training, plans)
-    layers = np.asarray(layers, dtype=float)
-    recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
     T = plans.micro_batch * training.seq_len / c
     D, V = float(model.hidden_size), float(model.vocab_size)
     ab = activation_bytes(training.precision)  # bytes per activation element
-
-    # ---- time per micro-batch ------------------------------------------------------------
     rec_one = np.where(plans.recompute == RC_FULL, layer.recompute_full_s,
                        np.where(plans.recompute == RC_SELECTIVE, layer.recompute_selective_s, 0.0))
-    compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
-    comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
-    comm_tot = layers * 3.0 * layer.fwd_comm_total_s
     # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
     # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
     pad = max(calib.vocab_pad_multiple, 1.0)
     Vt = np.ceil(V / (t * pad)) * pad
     head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ab / hbm
-    compute = compute + np.where(has_head, 3.0 * head_fwd, 0.0)
-    compute = compute + np.where(has_embedding, 3.0 * T * D * ab / hbm, 0.0)  # lookup + grad
     # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
     # Sec. 4.1 scatter/gather splits the message over the TP ranks).
     pp_link = comms.group_link(cluster, calib, p, plans.tp * plans.cp * plans.dp_shard * plans.dp_replicate)
     p2p = 2.0 * v * comms.p2p_time(T * D * ab / t, p > 1, pp_link)
+    embed_p = model.embedding_params() / t
+    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
+    head_p = (model.head_params() + np.where(p > 1, tied_copy, 0)) / t
+    n1 = (plans.dp_shard * plans.cp).astype(float)  # ZeRO shards over dp_shard x cp (torchtitan)
+    act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
+                          np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
+                                   layer.act_none_bytes))
+    n1_e = np.maximum(n1 / plans.ep, 1.0)
+    z = plans.zero
+    m = num_microbatches(training, plans)
+    return PlanTerms(
+        dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
+        expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
+        hbm=hbm, t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
+        embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
+        embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
+        lvl1=comms.group_link(cluster, calib, n1, plans.tp),
+        lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
+        act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))
+
+
+def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+              calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
+              has_embedding, has_head, terms: PlanTerms | None = None) -> RankCost:
+    """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
+    plan's recompute policy (arrays or scalars; booleans for the embedding / LM head).
+    ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it."""
+    if terms is None:
+        terms = plan_terms(model, cluster, training, plans, calib, layer)
+    hbm, v, T, Vt = terms.hbm, terms.v, terms.T, terms.Vt
+    p = plans.pp
+    m = terms.m
+    layers = np.asarray(layers, dtype=float)
+    recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
+
+    # ---- time per micro-batch ------------------------------------------------------------
+    rec_one = terms.rec_one
+    compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
+    comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
+    comm_tot = layers * 3.0 * layer.fwd_comm_total_s
+    compute = compute + np.where(has_head, terms.head_compute_s, 0.0)
+    compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
+    p2p = terms.p2p_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
     comm_tot = comm_tot + p2p
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
-    embed_p = model.embedding_params() / t
-    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
-    head_p = (model.head_params() + np.where(p > 1, tied_copy, 0)) / t
-    dense_p = (layers * layer.dense_params_per_gpu + np.where(has_embedding, embed_p, 0.0)
-               + np.where(has_head, head_p, 0.0))
+    dense_p = (layers * layer.dense_params_per_gpu + np.where(has_embedding, terms.embed_p, 0.0)
+               + np.where(has_head, terms.head_p, 0.0))
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
-    n1 = (plans.dp_shard * plans.cp).astype(float)  # ZeRO shards over dp_shard x cp (torchtitan)
-    n1_e = np.maximum(n1 / plans.ep, 1.0)
+    n1 = terms.n1
     z = plans.zero
     opt_pp = optimizer_state_bytes_per_param(calib, training)
 
     def shard(dense_bytes, expert_bytes, stage):
-        return (dense_bytes / np.where(z >= stage, n1, 1.0)
-                + expert_bytes / np.where(z >= stage, n1_e, 1.0))
+        return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
     gb = calib.grad_bytes_per_param(training.precision)
@@ -140,35 +198,32 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
 
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
-    lvl1 = comms.group_link(cluster, calib, n1, plans.tp)
-    lvl2 = comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard)
+    lvl1, lvl2 = terms.lvl1, terms.lvl2
     g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
     w_bytes = total_p * calib.weight_bytes_per_param
     # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
     # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
+    rs_grads = comms.reduce_scatter_time(g_bytes, n1, lvl1)  # shared by ZeRO-1/2 and ZeRO-3
+    ag_weights = comms.all_gather_time(w_bytes, n1, lvl1)
     step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
-                         np.where(z <= 2, comms.reduce_scatter_time(g_bytes, n1, lvl1)
-                                  + comms.all_gather_time(w_bytes, n1, lvl1), 0.0))
-    step_lvl2 = comms.all_reduce_time(g_bytes / np.where(z >= 1, n1, 1.0), plans.dp_replicate, lvl2)
+                         np.where(z <= 2, rs_grads + ag_weights, 0.0))
+    step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, lvl2)
     dp_total = step_lvl1 + step_lvl2
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
-    z3 = np.where(z >= 3, 2 * comms.all_gather_time(w_bytes, n1, lvl1)
-                  + comms.reduce_scatter_time(g_bytes, n1, lvl1), 0.0)
+    z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
     comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
     comm_tot = comm_tot + z3
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
-    opt_bytes = total_p / np.where(z >= 1, n1, 1.0) * (
+    opt_bytes = total_p / terms.dense_shards[1] * (
         2 * opt_pp + gb + calib.weight_bytes_per_param)
     optimizer_s = opt_bytes / hbm
 
     # ---- activations ------------------------------------------------------------------------
-    act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
-                          np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
-                                   layer.act_none_bytes))
+    act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
-    held = in_flight_chunks(rank, p, plans.vpp, m, plans.schedule)
+    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule)  # floats: no re-conversion
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
@@ -213,6 +268,7 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     layer = layer_cost(model, cluster, training, plans, calib)
     last = plans.pp - 1
     kw = dict(model=model, cluster=cluster, training=training, plans=plans, calib=calib, layer=layer)
+    kw["terms"] = plan_terms(**kw)  # shared by both ranks
     l0 = rank_layers_even(model.num_layers, 0, plans.pp, plans.vpp)
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)

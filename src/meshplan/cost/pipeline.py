@@ -42,10 +42,11 @@ def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule):
     m = np.asarray(num_microbatches, dtype=float)
     sched = np.asarray(schedule)
     one_f_one_b = p - r
-    interleaved = 2 * (p - r - 1) + (v - 1) * p + 1
-    held = np.where(sched == GPIPE, m * v,
+    interleaved = 2 * (one_f_one_b - 1) + (v - 1) * p + 1
+    all_chunks = m * v
+    held = np.where(sched == GPIPE, all_chunks,
                     np.where((sched == INTERLEAVED) & (v > 1), interleaved, one_f_one_b * v))
-    return np.minimum(held, m * v)
+    return np.minimum(held, all_chunks)
 
 
 def rank_layers_even(num_layers: int, rank, pp, vpp):

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import BatchEstimate, compose, rank_cost
+from meshplan.cost.batch import BatchEstimate, compose, plan_terms, rank_cost
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.cost.calibration import Calibration, calibration_for
@@ -207,6 +207,7 @@ def _even_estimate(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> Bat
     last rank bound the step and the peak), with the layer costs shared between rows."""
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
+    kw["terms"] = plan_terms(**kw)  # shared by both ranks
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)

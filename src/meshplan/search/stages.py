@@ -28,6 +28,7 @@ staircase point by point (each point a vectorised partition over all configs at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -56,7 +57,11 @@ class StageTable:
     layer's activations during its backward); None means 0."""
 
     def chunk_array(self) -> np.ndarray:
-        """v per config, (C,) int."""
+        """v per config, (C,) int (read-only; built once per table)."""
+        return self._chunk_array
+
+    @cached_property
+    def _chunk_array(self) -> np.ndarray:
         return np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
 
     def jump(self) -> np.ndarray:
@@ -116,14 +121,17 @@ def _grid(tbl: StageTable) -> tuple[np.ndarray, ...]:
 
 def _mask_grid(values: np.ndarray, tbl: StageTable) -> np.ndarray:
     """Per-config usable range of a (C, p, G) grid of levels: fewer than v layers is free
-    (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf)."""
+    (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf).
+    Overwrites and returns ``values`` (callers pass a fresh array)."""
     v = tbl.chunk_array()
     if v.size == 0 or v.min() == v.max():
         return values  # the grid is exactly v .. L - (p-1) v
     n = np.arange(values.shape[2])[None, None, :] + int(v.min())
     vc = v[:, None, None]
-    values = np.where(n < vc, -np.inf, values)
-    return np.where(n > tbl.num_layers - (tbl.num_ranks - 1) * vc, np.inf, values)
+    # The masks are (C, 1, G): write through them in place (values is the caller's scratch).
+    np.copyto(values, -np.inf, where=n < vc)
+    np.copyto(values, np.inf, where=n > tbl.num_layers - (tbl.num_ranks - 1) * vc)
+    return values
 
 
 def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool) -> np.ndarray:
@@ -143,17 +151,32 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
     out = []
     with np.errstate(divide="ignore", invalid="ignore"):
         x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
+    na = n * a  # (C, 1, G): the same for every rank and every strictness
+    no_saving = ~has_saving
     for strict in stricts:
+        # In-place passes over the (C, p, G) grid; each step computes what the plain
+        # expression would (same operations, same order), without the temporaries.
+        r_min = x + 1e-9 if strict else x - 1e-9
         if strict:  # memory strictly below the limit: r > x
             fits_plain = base < lim - tol
-            r_need = np.floor(x + 1e-9) + 1
+            np.floor(r_min, out=r_min)
+            r_min += 1
         else:  # r >= x
             fits_plain = base <= lim + tol
-            r_need = np.ceil(x - 1e-9)
-        r_min = np.where(fits_plain, 0.0, np.where(has_saving, np.maximum(r_need, 1.0), np.inf))
-        r_min = np.where(allow | (r_min == 0), r_min, np.inf)
-        ok = r_min <= n
-        out.append(_mask_grid(np.where(ok, n * a + np.where(ok, r_min, 0.0) * b + e, np.inf), tbl))
+            np.ceil(r_min, out=r_min)
+        np.maximum(r_min, 1.0, out=r_min)
+        np.copyto(r_min, np.inf, where=no_saving)
+        np.copyto(r_min, 0.0, where=fits_plain)
+        blocked = r_min != 0
+        blocked &= ~allow
+        np.copyto(r_min, np.inf, where=blocked)
+        bad = ~(r_min <= n)
+        np.copyto(r_min, 0.0, where=bad)
+        r_min *= b
+        t = np.add(na, r_min, out=r_min)
+        t += e
+        np.copyto(t, np.inf, where=bad)
+        out.append(_mask_grid(t, tbl))
     return out
 
 
@@ -161,19 +184,33 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool) ->
     """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
     n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl)
     lim = time_limit[:, None, None]
-    slack = lim - (n * a + e)
+    # In-place passes over the (C, p, G) grid, each the plain expression's operations in order.
+    slack = n * a + e
+    np.subtract(lim, slack, out=slack)
     if strict:
-        slack = slack - np.maximum(np.abs(lim), 1e-30) * _REL
+        slack -= np.maximum(np.abs(lim), 1e-30) * _REL
     else:
-        slack = slack + np.maximum(np.abs(lim), 1e-30) * _REL
+        slack += np.maximum(np.abs(lim), 1e-30) * _REL
     with np.errstate(divide="ignore", invalid="ignore"):
-        r_max = np.where(b > 0, np.floor(slack / b), np.inf)
-    r_max = np.where(allow, np.minimum(r_max, n), 0.0)
+        r_max = slack / b
+    np.floor(r_max, out=r_max)
+    np.copyto(r_max, np.inf, where=~(b > 0))
+    np.minimum(r_max, n, out=r_max)
+    np.copyto(r_max, 0.0, where=~allow)
     ok = slack >= 0
-    r_max = np.where(ok, np.maximum(r_max, 0.0), 0.0)
-    mem = n * c + k * ((n - r_max) * d + r_max * g) + f + np.where(r_max > 0, jump, 0.0)
-    mem = np.minimum(mem, n * (c + k * d) + f)  # recomputing nothing may be leaner (jump)
-    return _mask_grid(np.where(ok, mem, np.inf), tbl)
+    np.maximum(r_max, 0.0, out=r_max)
+    np.copyto(r_max, 0.0, where=~ok)
+    # n c + k ((n - r) d + r g) + f + [r > 0] jump
+    mem = n - r_max
+    mem *= d
+    mem += r_max * g
+    mem *= k
+    np.add(n * c, mem, out=mem)
+    mem += f
+    np.add(mem, jump, out=mem, where=r_max > 0)
+    np.minimum(mem, n * (c + k * d) + f, out=mem)  # recomputing nothing may be leaner (jump)
+    np.copyto(mem, np.inf, where=~ok)
+    return _mask_grid(mem, tbl)
 
 
 def _n_high(tbl: StageTable) -> np.ndarray:

@@ -139,11 +139,11 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
                    has_embedding=rank == 0, has_head=rank == pp - 1)
+    full = {f.name: np.broadcast_to(getattr(rc, f.name), (pp * P,)) for f in fields(RankCost)}
     per_rank = []
     for j in range(pp):
         sl = slice(j * P, (j + 1) * P)
-        per_rank.append(RankCost(**{f.name: np.broadcast_to(getattr(rc, f.name), (pp * P,))[sl]
-                                    for f in fields(RankCost)}))
+        per_rank.append(RankCost(**{name: x[sl] for name, x in full.items()}))
     return compose(ctx.model, ctx.cluster, ctx.training, plans, per_rank, ctx.calib)
 
 
