@@ -49,11 +49,6 @@ def profile(
     except ImportError as exc:
         raise MeshplanError(f"meshplan profile needs torch ({exc})") from None
     device_type = resolve_device_type(device)
-    if device_type == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise MeshplanError("--device cuda but no CUDA device is visible")
     req = ProfileRequest(procs=procs or default_procs(device_type), quick=quick, device_type=device_type)
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console(),

@@ -12,6 +12,7 @@ import torch
 from meshplan.profile import collectives as coll
 from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_layer_overhead, bench_matmuls, device_memory_bytes,
                                       device_name, sweep_plan)
+from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GIB
 from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
 from meshplan.spec.hwprofile import (CollectiveFit, DeviceFigures, HardwareProfile, ProfileMeta,
@@ -33,8 +34,11 @@ def default_procs(device_type: str) -> int:
 
 
 def resolve_device_type(name: str) -> str:
+    """'auto' -> cuda when visible, else cpu; an explicit 'cuda' without a device is refused."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise MeshplanError("--device cuda but no CUDA device is visible")
     return name
 
 
