@@ -21,13 +21,13 @@ so a missing or truncated shard is named before any rank loads anything.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.jsonfile import load_json_file
 from meshplan.plan import Job
 from meshplan.spec.model import ModelSpec
 
@@ -167,17 +167,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def read_meta(ckpt: str | Path) -> CheckpointMeta:
     """Parse one checkpoint's metadata file; errors name the file."""
-    meta_path = Path(ckpt) / META_FILENAME
-    try:
-        data = json.loads(meta_path.read_text())
-    except FileNotFoundError:
-        raise MeshplanError(f"{meta_path}: missing (not a meshplan checkpoint)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MeshplanError(f"{meta_path}: not valid JSON ({exc})") from None
-    try:
-        return CheckpointMeta.from_dict(data)
-    except MeshplanError as exc:
-        raise MeshplanError(f"{meta_path}: {exc}") from None
+    return load_json_file(Path(ckpt) / META_FILENAME, CheckpointMeta.from_dict,
+                          missing="missing (not a meshplan checkpoint)")
 
 
 def verify_files(ckpt: str | Path, meta: CheckpointMeta) -> None:

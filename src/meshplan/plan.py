@@ -414,14 +414,6 @@ class Job:
 
     @classmethod
     def load(cls, path: str | Path) -> "Job":
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise MeshplanError(f"{p}: no such plan file") from None
-        except json.JSONDecodeError as exc:
-            raise MeshplanError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        try:
-            return cls.from_dict(data)
-        except MeshplanError as exc:
-            raise MeshplanError(f"{p}: {exc}") from None
+        from meshplan.jsonfile import load_json_file
+
+        return load_json_file(path, cls.from_dict, missing="no such plan file")

@@ -16,16 +16,8 @@ from meshplan.search.tables import chunk_split
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from _compositions import compositions
 
-
-def _compositions(total, parts, low):
-    if parts == 1:
-        if total >= low:
-            yield (total,)
-        return
-    for first in range(low, total - low * (parts - 1) + 1):
-        for rest in _compositions(total - first, parts - 1, low):
-            yield (first,) + rest
 
 
 def brute_force(model, cluster, training, options):
@@ -35,7 +27,7 @@ def brute_force(model, cluster, training, options):
     for i in range(len(space)):
         pp, vpp = int(space.pp[i]), int(space.vpp[i])
         policy = RECOMPUTES[int(space.recompute[i])]
-        for n in _compositions(model.num_layers, pp, vpp):
+        for n in compositions(model.num_layers, pp, vpp):
             rs = itertools.product(*[range(k + 1) for k in n]) if policy != Recompute.NONE else [(0,) * pp]
             for r in rs:
                 layers, rec = chunk_split(np.array(n), np.array(r), vpp)

@@ -7,22 +7,14 @@ from hypothesis import given, strategies as st
 
 from meshplan.search.frontier import pareto_indices
 from meshplan.search.stages import StageTable, corner_bounds, relaxed_bounds, stage_frontier
+from _compositions import compositions
 
-
-def _compositions(total: int, parts: int, low: int):
-    if parts == 1:
-        if total >= low:
-            yield (total,)
-        return
-    for first in range(low, total - low * (parts - 1) + 1):
-        for rest in _compositions(total - first, parts - 1, low):
-            yield (first,) + rest
 
 
 def _brute(tbl: StageTable, i: int) -> set[tuple[float, float]]:
     one = tbl.take(np.array([i]))
     ns, rs = [], []
-    for n in _compositions(tbl.num_layers, tbl.num_ranks, tbl.chunks):
+    for n in compositions(tbl.num_layers, tbl.num_ranks, tbl.chunks):
         r_ranges = [range(k + 1) if one.allow_recompute[0] else range(1) for k in n]
         for r in itertools.product(*r_ranges):
             ns.append(n)

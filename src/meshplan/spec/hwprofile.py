@@ -15,13 +15,13 @@ The format is versioned; a malformed file raises MeshplanError naming the file a
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.jsonfile import load_json_file
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
 
@@ -192,17 +192,9 @@ class HardwareProfile:
 
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read and validate a profile; every problem is one MeshplanError naming the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such profile file")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MeshplanError(f"{p}: not valid JSON ({str(exc).splitlines()[0]})") from None
-    try:
-        return HardwareProfile.from_dict(data)
-    except MeshplanError as exc:
-        raise MeshplanError(f"{p}: {exc}") from None
+    if Path(path).is_dir():
+        raise MeshplanError(f"{path}: no such profile file")
+    return load_json_file(path, HardwareProfile.from_dict, missing="no such profile file")
 
 
 def profile_source(profile: HardwareProfile, path: str | Path) -> str:
