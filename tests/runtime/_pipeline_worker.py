@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshplan.plan import MESH_AXIS_ORDER, ParallelDims, Plan, Recompute
 from meshplan.runtime.pipeline import build_pipeline
+from meshplan.runtime.train import loss_context
 
 
 class ToyBlock(nn.Module):
@@ -228,7 +229,8 @@ def run_config(cfg: dict) -> dict:
         rows = slice(dp_rank * n_mb * plan.micro_batch, (dp_rank + 1) * n_mb * plan.micro_batch)
         s_cp = cfg["seq_len"] // dims.cp  # context parallel: contiguous sequence chunks
         cols = slice(cp_rank * s_cp, (cp_rank + 1) * s_cp)
-        loss = pipe.step(tokens[rows, cols].contiguous(), targets[rows, cols].contiguous())
+        with loss_context(plan):  # runtime models under tp: vocab-sharded logits (loss_parallel)
+            loss = pipe.step(tokens[rows, cols].contiguous(), targets[rows, cols].contiguous())
         if cfg.get("clip"):
             norms.append(pipe.clip_grad_norm_(cfg["clip"]).item())
         opt.step()

@@ -211,6 +211,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     dp_total = step_lvl1 + step_lvl2
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
+    if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step
+        dp_ranks = plans.dp_replicate * n1
+        dp_exposed = dp_exposed + np.where(z <= 1, layers * (dp_ranks - 1) * calib.dp_layer_overhead_s, 0.0)
     z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
     comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
     comm_tot = comm_tot + z3

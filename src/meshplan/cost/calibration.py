@@ -73,6 +73,42 @@ class Calibration:
     effective bandwidth = W * M / (M + comm_half_message_bytes). NCCL's bus bandwidth ramps up
     with the message size and saturates only at hundreds of MB on 8 GPUs (nccl-tests curves,
     NCCL performance docs), so smaller micro-batches send smaller, slower messages."""
+    # Per-collective factors on the link's alpha and W. The link figures (cluster) are one
+    # alpha-beta line for all collectives; NCCL's ring collectives all reach about the same bus
+    # bandwidth (nccl-tests doc/PERFORMANCE.md), hence 1. A profile measures each op (gloo's
+    # reduce-scatter, for one, runs at a third of its all-gather's rate): meshplan.spec.hwcalib.
+    all_reduce_latency_factor: float = 1.0
+    """alpha of one ring step of an all-reduce, over the link's alpha."""
+    all_gather_latency_factor: float = 1.0
+    reduce_scatter_latency_factor: float = 1.0
+    all_to_all_latency_factor: float = 1.0
+    send_recv_latency_factor: float = 1.0
+    all_reduce_bandwidth_factor: float = 1.0
+    """Bus bandwidth of an all-reduce over the link's W."""
+    all_gather_bandwidth_factor: float = 1.0
+    reduce_scatter_bandwidth_factor: float = 1.0
+    all_to_all_bandwidth_factor: float = 1.0
+    send_recv_bandwidth_factor: float = 1.0
+    # Time the runtime's own path spends per layer around its collectives beyond alpha + bytes/W
+    # (DTensor / FSDP2 dispatch, functional-collective wrapping, the copies around each call,
+    # and the wake-up of the rank that waited), per layer, per forward+backward of one
+    # micro-batch, per extra rank of the group (group of n: n - 1 times). 0 on GPUs: the host
+    # enqueues NCCL kernels asynchronously and runs ahead of the device, so this host time hides
+    # behind device work (PyTorch CUDA semantics, 'Asynchronous execution'). `meshplan profile`
+    # measures it on the runtime's own model (profile/layer_probe.py): a layer too small for
+    # its math or bytes to count, under each parallelism, less what the formulas predict for it.
+    tp_layer_overhead_s: float = 0.0
+    """Tensor (+ sequence) parallel layer: DTensor-sharded linears and their 4+4 collectives."""
+    cp_layer_overhead_s: float = 0.0
+    """Context-parallel layer, all-to-all (Ulysses) attention."""
+    cp_ring_layer_overhead_s: float = 0.0
+    """Context-parallel layer, ring attention (send/recv per step)."""
+    fsdp_layer_overhead_s: float = 0.0
+    """ZeRO-2/3 (FSDP2) layer: its parameter all-gathers and gradient reduce-scatter, charged per
+    micro-batch."""
+    dp_layer_overhead_s: float = 0.0
+    """Data-parallel layer (zero 0/1): its gradient reduction, once per step (per layer, not per
+    micro-batch: gradients accumulate locally until the last micro-batch)."""
     tp_overlap: float = 0.0
     """Fraction of tensor-parallel communication hidden behind compute (0 for Megatron 2021-22;
     async TP / TE userbuffers overlap some)."""
@@ -137,6 +173,18 @@ class Calibration:
             return 4.0
         return self.grad_bytes_per_param_bf16
 
+    def collective_factors(self, op: str) -> tuple[float, float]:
+        """(latency factor, bandwidth factor) of a collective op ('all_reduce', 'all_gather',
+        'reduce_scatter', 'all_to_all', 'send_recv'; the names of meshplan.spec.hwfit.CollectiveOp)."""
+        table = {
+            "all_reduce": (self.all_reduce_latency_factor, self.all_reduce_bandwidth_factor),
+            "all_gather": (self.all_gather_latency_factor, self.all_gather_bandwidth_factor),
+            "reduce_scatter": (self.reduce_scatter_latency_factor, self.reduce_scatter_bandwidth_factor),
+            "all_to_all": (self.all_to_all_latency_factor, self.all_to_all_bandwidth_factor),
+            "send_recv": (self.send_recv_latency_factor, self.send_recv_bandwidth_factor),
+        }
+        return table[op]
+
     def replace_fields(self, **changes: Any) -> "Calibration":
         known = {f.name for f in fields(self)}
         extra = set(changes) - known
@@ -164,6 +212,9 @@ class Calibration:
                   "intra_node_comm_efficiency", "inter_node_comm_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in (0, 1], got {getattr(self, f)!r}")
+        for f in (f.name for f in fields(self) if f.name.endswith("_bandwidth_factor")):
+            if not getattr(self, f) > 0:
+                raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor"):
             if not 0 <= getattr(self, f) <= 1:

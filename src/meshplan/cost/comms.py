@@ -26,10 +26,17 @@ from meshplan.spec.cluster import ClusterSpec
 
 @dataclass(frozen=True)
 class Link:
-    """Effective per-GPU bandwidth W (bytes/s) and latency alpha (s) of a group, as arrays."""
+    """Effective per-GPU bandwidth W (bytes/s) and latency alpha (s) of a group, as arrays, and
+    the calibration whose per-op factors scale them for each collective."""
 
     bandwidth_bytes_per_s: np.ndarray
     latency_s: np.ndarray
+    calib: Calibration = Calibration()
+
+    def rates(self, op: str) -> tuple[np.ndarray, np.ndarray]:
+        """(alpha, W) of collective ``op`` on this link (Calibration.collective_factors)."""
+        lat_f, bw_f = self.calib.collective_factors(op)
+        return self.latency_s * lat_f, self.bandwidth_bytes_per_s * bw_f
 
 
 def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
@@ -43,35 +50,42 @@ def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
         cluster.inter_node_bandwidth_bytes_per_s * calib.inter_node_comm_efficiency,
     )
     lat = np.where(inside, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
-    return Link(bandwidth_bytes_per_s=bw, latency_s=lat)
+    return Link(bandwidth_bytes_per_s=bw, latency_s=lat, calib=calib)
 
 
 def all_reduce_time(nbytes, size, link: Link):
     """Ring all-reduce of an ``nbytes`` buffer: 2(n-1)/n * B / W + 2(n-1) alpha."""
     n = np.asarray(size, dtype=float)
-    return 2.0 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2.0 * (n - 1) * link.latency_s
+    alpha, w = link.rates("all_reduce")
+    return 2.0 * (n - 1) / n * nbytes / w + 2.0 * (n - 1) * alpha
+
+
+def _ring_time(op: str, nbytes, size, link: Link):
+    """(n-1)/n * B / W + (n-1) alpha with the op's own alpha and W."""
+    n = np.asarray(size, dtype=float)
+    alpha, w = link.rates(op)
+    return (n - 1) / n * nbytes / w + (n - 1) * alpha
 
 
 def all_gather_time(nbytes, size, link: Link):
     """Ring all-gather producing an ``nbytes`` buffer: (n-1)/n * B / W + (n-1) alpha."""
-    n = np.asarray(size, dtype=float)
-    return (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+    return _ring_time("all_gather", nbytes, size, link)
 
 
 def reduce_scatter_time(nbytes, size, link: Link):
-    """Ring reduce-scatter of an ``nbytes`` buffer: same traffic as an all-gather."""
-    return all_gather_time(nbytes, size, link)
+    """Ring reduce-scatter of an ``nbytes`` buffer: the traffic of an all-gather."""
+    return _ring_time("reduce_scatter", nbytes, size, link)
 
 
 def all_to_all_time(nbytes, size, link: Link):
     """All-to-all of ``nbytes`` held per rank: (n-1)/n of it leaves the rank."""
-    n = np.asarray(size, dtype=float)
-    return (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+    return _ring_time("all_to_all", nbytes, size, link)
 
 
 def p2p_time(nbytes, active, link: Link):
     """One send/recv of ``nbytes``; zero where ``active`` is False (no peer)."""
-    return np.where(active, nbytes / link.bandwidth_bytes_per_s + link.latency_s, 0.0)
+    alpha, w = link.rates("send_recv")
+    return np.where(active, nbytes / w + alpha, 0.0)
 
 
 def ring_bytes_moved(kind: str, nbytes: float, size: int) -> float:

@@ -122,6 +122,19 @@ def _layer_params(model: ModelSpec, moe: bool):
     return model.dense_layer_params(), 0
 
 
+def framework_overhead_s(calib: Calibration, plans: PlanArrays):
+    """Per layer and micro-batch, forward + backward: the tp, cp and ZeRO-2/3 per-layer overheads
+    of the runtime's path (Calibration), each times (group size - 1). 0 when none is set."""
+    if not (calib.tp_layer_overhead_s or calib.cp_layer_overhead_s or calib.cp_ring_layer_overhead_s
+            or calib.fsdp_layer_overhead_s):
+        return 0.0
+    t, c = plans.tp.astype(float), plans.cp.astype(float)
+    shards = plans.dp_shard * c  # ZeRO shards over dp_shard x cp (torchtitan)
+    cp_each = np.where(plans.cp_method == CP_RING, calib.cp_ring_layer_overhead_s, calib.cp_layer_overhead_s)
+    return ((t - 1) * calib.tp_layer_overhead_s + (c - 1) * cp_each
+            + np.where(plans.zero >= 2, (shards - 1) * calib.fsdp_layer_overhead_s, 0.0))
+
+
 def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration) -> LayerCost:
     """The average layer: MoE layers and leading dense layers weighted by their counts."""
@@ -221,16 +234,20 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         ep_fwd = np.zeros_like(T)
     # Smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes).
     tp_comm = tp_comm * (1.0 + calib.comm_half_message_bytes / act_msg)
+    # Host time of the runtime's collectives beyond alpha-beta (Calibration.*_layer_overhead_s),
+    # never overlapped; a third in the forward, two thirds in the backward, like the math.
+    framework = framework_overhead_s(calib, plans)
     tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_compute)
     cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
-    fwd_comm_exposed = tp_exp + cp_exp + ep_exp
-    fwd_comm_total = tp_comm + cp_fwd + ep_fwd
+    fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
+    fwd_comm_total = tp_comm + cp_fwd + ep_fwd + framework / 3.0
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     bwd_compute = 2.0 * fwd_compute
     bwd_comm_exposed = (comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
                         + comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
-                        + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute))
+                        + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
+                        + framework * (2.0 / 3.0))
     rec_sel = t_attn + softmax_bytes / hbm
     rec_full = fwd_compute + fwd_comm_exposed
 

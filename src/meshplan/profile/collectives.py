@@ -76,11 +76,22 @@ def run_collectives(cfg: CollectiveConfig, on_progress: Callable[[str], None]) -
     if cfg.device_type == "cuda" and torch.cuda.device_count() < cfg.world_size:
         raise MeshplanError(f"--procs {cfg.world_size} needs as many GPUs; "
                             f"{torch.cuda.device_count()} visible")
+    result = spawn_and_collect(_worker, (cfg, _free_port()), cfg.world_size, on_progress, "collective benchmark")
+    return CollectiveResult(
+        samples=tuple(CollectiveSample(**s) for s in result["samples"]),
+        concurrent=tuple(ConcurrentSample(**s) for s in result["concurrent"]),
+        framework_baseline_bytes=result["baseline"],
+    )
+
+
+def spawn_and_collect(worker: Callable[..., None], args: tuple, nprocs: int,
+                      on_progress: Callable[[str], None], what: str) -> Any:
+    """Run ``worker(rank, *args, queue)`` in ``nprocs`` spawned processes; relay its
+    ("progress", label) messages and return the payload of its ("result", payload) message."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    pc = mp.start_processes(_worker, args=(cfg, _free_port(), q), nprocs=cfg.world_size,
-                            join=False, start_method="spawn")
-    result: dict[str, Any] | None = None
+    pc = mp.start_processes(worker, args=(*args, q), nprocs=nprocs, join=False, start_method="spawn")
+    result: Any = None
     try:
         done = False
         while not done or result is None:
@@ -88,9 +99,9 @@ def run_collectives(cfg: CollectiveConfig, on_progress: Callable[[str], None]) -
                 done = pc.join(timeout=0.2) or done
             except mp.ProcessRaisedException as exc:
                 last = str(exc).strip().splitlines()[-1]
-                raise MeshplanError(f"collective benchmark failed: {last}") from None
+                raise MeshplanError(f"{what} failed: {last}") from None
             except mp.ProcessExitedException as exc:
-                raise MeshplanError(f"collective benchmark worker died: {exc}") from None
+                raise MeshplanError(f"{what} worker died: {exc}") from None
             while True:
                 try:
                     kind, payload = q.get(timeout=0.01)
@@ -101,16 +112,12 @@ def run_collectives(cfg: CollectiveConfig, on_progress: Callable[[str], None]) -
                 else:
                     result = payload
             if done and result is None:
-                raise MeshplanError("collective benchmark ended without a result")
+                raise MeshplanError(f"{what} ended without a result")
     finally:
         for p in pc.processes:
             if p.is_alive():
                 p.terminate()
-    return CollectiveResult(
-        samples=tuple(CollectiveSample(**s) for s in result["samples"]),
-        concurrent=tuple(ConcurrentSample(**s) for s in result["concurrent"]),
-        framework_baseline_bytes=result["baseline"],
-    )
+    return result
 
 
 def progress_steps(cfg: CollectiveConfig) -> int:

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from meshplan.profile import collectives as coll
+from meshplan.profile import layer_probe
 from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_layer_overhead, bench_matmuls, device_memory_bytes,
                                       device_name, sweep_plan)
 from meshplan.errors import MeshplanError
@@ -51,6 +52,8 @@ def planned_steps(req: ProfileRequest) -> int:
     n += 2 * len(plan.bandwidth_bytes) + 1  # + the layer dispatch overhead
     if req.procs >= 2:
         n += coll.progress_steps(coll.collective_config(req.procs, req.device_type, req.quick))
+        if req.device_type == "cpu":
+            n += layer_probe.progress_steps()
     return n
 
 
@@ -80,7 +83,7 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
             advance(f"{op} {nbytes >> 20} MiB")
     layer_overhead = bench_layer_overhead(device, plan.budget_s)
     advance("layer dispatch overhead")
-    samples, concurrent, fits = (), (), ()
+    samples, concurrent, fits, probes = (), (), (), ()
     link_latency, link_bw = None, None
     baseline = _own_rss_bytes()
     if req.procs >= 2:
@@ -88,6 +91,8 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
         samples, concurrent, baseline = res.samples, res.concurrent, res.framework_baseline_bytes
         fits = _fit_collectives(samples)
         link_latency, link_bw = joint_link_fit(samples)
+        if device.type == "cpu":  # on a GPU the host's per-layer time hides behind the device's
+            probes = layer_probe.run_layer_probes(plan.budget_s * 2, advance)
     peaks: dict[str, float] = {}
     for s in matmul:
         peaks[s.precision] = max(peaks.get(s.precision, 0.0), s.flops_per_s)
@@ -103,7 +108,7 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
     return HardwareProfile(meta=meta, device=figures, peak_flops=peaks, matmul=tuple(matmul),
                            attention=tuple(attention), bandwidth=tuple(bandwidth), concurrent=concurrent,
                            collectives=samples, collective_fits=fits, link_latency_s=link_latency,
-                           link_bandwidth_bytes_per_s=link_bw)
+                           link_bandwidth_bytes_per_s=link_bw, layer_probes=probes)
 
 
 def _fit_collectives(samples) -> tuple[CollectiveFit, ...]:

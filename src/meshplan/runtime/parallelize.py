@@ -73,7 +73,11 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
         # a DTensor so its gradient, partial per rank, is summed over tp like a norm's weight.
         top["pos_embeddings"] = SequenceParallel(sequence_dim=0, use_local_output=True)
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Replicate())
+        # Logits stay vocab-sharded, (B, S, V/tp) per rank, as a DTensor: the loss is computed
+        # under torch's loss_parallel (train.loss_context), so neither the (B, S, V) logits are
+        # gathered nor the cross-entropy repeated on every tp rank (Megatron's vocab-parallel
+        # cross-entropy, Shoeybi et al. 2019 Sec. 3; the cost model's LM head assumes it).
+        top["output"] = ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False)
     tied = (model.tok_embeddings is not None and model.output is not None
             and model.output.weight is model.tok_embeddings.weight)
     if top:

@@ -8,6 +8,7 @@ Gradient accumulation: ``plan.num_microbatches`` micro-batches of ``plan.micro_b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -107,8 +108,26 @@ def make_optimizer(job: Job, params: list[torch.nn.Parameter], lr: float) -> tor
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of cross-entropy over the (B, S) tokens; logits (B, S, V)."""
+    """Sum of cross-entropy over the (B, S) tokens; logits (B, S, V), or under tp a DTensor
+    sharded on V (then inside ``loss_context``)."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+
+
+def replicated_value(t: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor: under loss_parallel it is a DTensor replicated over tp."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def loss_context(plan) -> contextlib.AbstractContextManager:
+    """torch's loss_parallel when the LM head is tensor parallel (its logits are vocab-sharded
+    DTensors, see parallelize.apply_tp); forward and backward of the loss must both run inside."""
+    if plan.dims.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
 
 
 def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
@@ -179,9 +198,9 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
             if pipe is not None:
                 x, y = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp,
                                           micro_batch=rows_per_rank, cp_rank=cp_rank, cp=d.cp)[0]
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), loss_context(plan):
                     out = pipe.step(x.to(device), y.to(device))
-                local_loss = out.detach().float() if out is not None else torch.zeros((), device=device)
+                local_loss = replicated_value(out.detach()).float() if out is not None else torch.zeros((), device=device)
             else:
                 local_loss = _accumulate(model, plan, tokens, targets, dp_rank, cp_rank,
                                          local_tokens, device, autocast, amp_dtype)
@@ -228,11 +247,12 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
         last = i == len(mbs) - 1
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
         set_gradient_sync(model, last or plan.zero >= 2)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
-            logits = model(x.to(device))
-        loss = token_loss_sum(logits, y.to(device)) / local_tokens
-        loss.backward()
-        total += loss.detach()
+        with loss_context(plan):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
+                logits = model(x.to(device))
+            loss = token_loss_sum(logits, y.to(device)) / local_tokens
+            loss.backward()
+        total += replicated_value(loss.detach())
     return total
 
 

@@ -13,7 +13,16 @@ the factors fitted here are relative to those measured rates:
   intra_node_comm_efficiency           1: the link bandwidth already is the measured bus bandwidth;
   framework_overhead_gib               CPU only: resident memory of a torch worker that has joined
                                        its process group (on GPU the CUDA context is outside
-                                       max_memory_allocated, so the default stays).
+                                       max_memory_allocated, so the default stays);
+  <op>_latency_factor,                 each collective's own alpha-beta fit (per ring step, the
+  <op>_bandwidth_factor                cost model's convention) over the joint link line, median
+                                       over the group sizes measured;
+  <kind>_layer_overhead_s              CPU only: the layer probe (meshplan.spec.layer_probe): the
+                                       runtime's measured time per extra layer under each
+                                       parallelism less what the cost model, with every factor
+                                       above, predicts for the same probe job; fitted in the
+                                       order dp, fsdp, tp, cp, cp_ring so each residual is net of
+                                       the overheads already fitted.
 
 Every fitted value is returned in a ``FittedValue`` with its source ``profile:<file>:<date>``;
 the Calibration's ``source`` names the profile and the fields it changed.
@@ -28,7 +37,7 @@ from pathlib import Path
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GIB, GPUSpec
-from meshplan.spec.hwfit import fit_matmul_curve
+from meshplan.spec.hwfit import CollectiveOp, fit_matmul_curve
 from meshplan.spec.hwprofile import HardwareProfile, load_profile, profile_source
 from meshplan.spec.training import Precision
 
@@ -74,11 +83,74 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
     if profile.device.layer_overhead_s > 0:
         out.append(FittedValue(field="layer_overhead_s", value=profile.device.layer_overhead_s,
                                source=source, how="forward+backward of 5 vs 1 tiny reference layers, / 4 / 3"))
+    out += _collective_factors(profile, source)
     if profile.meta.device_type == "cpu":
         out.append(FittedValue(field="framework_overhead_gib",
                                value=profile.device.framework_baseline_bytes / GIB, source=source,
                                how="resident memory of a torch worker after joining its process group"))
     return tuple(out)
+
+
+def _ring_steps(op: CollectiveOp, n: int) -> float:
+    """How many alphas the cost model charges one call (cost/comms.py)."""
+    if op is CollectiveOp.SEND_RECV:
+        return 1.0
+    return (2.0 if op is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1)
+
+
+def _collective_factors(profile: HardwareProfile, source: str) -> list[FittedValue]:
+    if profile.link_latency_s is None or not profile.collective_fits:
+        return []
+    out = []
+    for op in CollectiveOp:
+        fits = [f for f in profile.collective_fits if f.op == op.value]
+        if not fits:
+            continue
+        sizes = ", ".join(str(f.group_size) for f in fits)
+        bw = statistics.median(f.bandwidth_bytes_per_s for f in fits) / profile.link_bandwidth_bytes_per_s
+        out.append(FittedValue(field=f"{op.value}_bandwidth_factor", value=bw, source=source,
+                               how=f"{op.value} bus bandwidth over the joint link fit, median over {sizes} ranks"))
+        if profile.link_latency_s > 0:
+            alpha = statistics.median(f.latency_s / _ring_steps(op, f.group_size) for f in fits)
+            out.append(FittedValue(field=f"{op.value}_latency_factor", value=alpha / profile.link_latency_s,
+                                   source=source, how=f"{op.value} alpha per ring step over the joint link "
+                                                      f"alpha, median over {sizes} ranks"))
+    return out
+
+
+def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> list[FittedValue]:
+    """The per-layer overheads of each parallelism (module docstring), given ``calib``."""
+    from meshplan.cost import estimate
+    from meshplan.spec.cluster import system_preset
+    from meshplan.spec.hwprofile import apply_profile_data
+    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind, probe_job, probe_plan
+
+    few, many = PROBE_LAYERS
+    out = []
+    for kind in ProbeKind:
+        rows = {p.layers: p for p in profile.layer_probes if p.kind == kind.value}
+        if few not in rows or many not in rows:
+            continue
+        g = rows[few].group_size
+        plan = probe_plan(kind, g)
+        cluster = apply_profile_data(system_preset("cpu").with_gpus(g), profile)
+
+        def modeled_s(layers: int) -> float:
+            est = estimate(*_job_parts(probe_job(plan, layers, cluster)), calib)
+            return est.step_time_s - est.time.optimizer_s  # the probe times forward + backward only
+
+        measured = (rows[many].time_s - rows[few].time_s) / (many - few)
+        modeled = (modeled_s(many) - modeled_s(few)) / (many - few)
+        value = max(0.0, measured - modeled) / (g - 1)
+        calib = calib.replace_fields(**{kind.calibration_field: value})
+        out.append(FittedValue(field=kind.calibration_field, value=value, source=source,
+                               how=f"layer probe over {g} processes: {measured * 1e3:.2f} ms per layer measured, "
+                                   f"{modeled * 1e3:.2f} ms predicted without it"))
+    return out
+
+
+def _job_parts(job):
+    return job.model, job.cluster, job.training, job.plan
 
 
 def calibration_from_profile(path: str | Path, precision: Precision, base: Calibration | None = None,
@@ -93,6 +165,10 @@ def calibration_from_profile_data(profile: HardwareProfile, source: str, precisi
                                   ) -> tuple[Calibration, tuple[FittedValue, ...]]:
     base = base or Calibration()
     fitted = profile_fit(profile, source, precision)
+    if profile.meta.device_type == "cpu" and profile.layer_probes:
+        # On a CPU the host is the device: its per-layer framework time is on the critical path
+        # (on a GPU it hides behind the device's work, Calibration.tp_layer_overhead_s).
+        fitted += tuple(_probe_fits(profile, source, base.replace_fields(**{f.field: f.value for f in fitted})))
     changes = {f.field: f.value for f in fitted}
     names = ", ".join(changes)
     calib = base.replace_fields(source=f"{source} ({names}); other fields: {base.source}", **changes)

@@ -123,6 +123,18 @@ class CollectiveFit:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LayerProbeSample:
+    """Forward + backward of the probe model (meshplan.spec.layer_probe) with ``layers`` layers
+    through the runtime: "single" on one process, else a ProbeKind over ``group_size`` processes
+    (slowest rank)."""
+
+    kind: str
+    group_size: int
+    layers: int
+    time_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
     meta: ProfileMeta
     device: DeviceFigures
@@ -138,11 +150,15 @@ class HardwareProfile:
     """Alpha of one alpha-beta fit over every collective sample (all ops, all group sizes);
     None when no collective was measured (one process, one GPU)."""
     link_bandwidth_bytes_per_s: float | None
+    layer_probes: tuple[LayerProbeSample, ...] = ()
+    """The runtime's per-layer cost under each parallelism (empty in profiles written before the
+    probe existed, and with one process)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **out}
-        for key in ("matmul", "attention", "bandwidth", "concurrent", "collectives", "collective_fits"):
+        for key in ("matmul", "attention", "bandwidth", "concurrent", "collectives", "collective_fits",
+                    "layer_probes"):
             out[key] = list(out[key])
         return out
 
@@ -156,6 +172,7 @@ class HardwareProfile:
             raise MeshplanError(f"profile version {data.get('version')!r} is not supported "
                                 f"(this meshplan reads version {PROFILE_VERSION})")
         body = {k: v for k, v in data.items() if k not in ("format", "version")}
+        body.setdefault("layer_probes", [])  # added after version 1 was first written
         known = {f.name for f in fields(cls)}
         _check_keys(body, known, "profile")
         peaks = body["peak_flops"]
@@ -167,7 +184,7 @@ class HardwareProfile:
             _number(v, f"peak_flops.{p}", positive=True)
         tables = {"matmul": MatmulSample, "attention": AttentionSample, "bandwidth": BandwidthSample,
                   "concurrent": ConcurrentSample, "collectives": CollectiveSample,
-                  "collective_fits": CollectiveFit}
+                  "collective_fits": CollectiveFit, "layer_probes": LayerProbeSample}
         parsed: dict[str, Any] = {}
         for key, rec in tables.items():
             rows = body[key]
@@ -183,6 +200,15 @@ class HardwareProfile:
                                                  "link_bandwidth_bytes_per_s", positive=True),
             **parsed,
         )
+        from meshplan.spec.layer_probe import ProbeKind
+
+        kinds = {"single"} | {k.value for k in ProbeKind}
+        for i, probe in enumerate(profile.layer_probes):
+            if probe.kind not in kinds:
+                raise MeshplanError(f"profile: layer_probes[{i}].kind {probe.kind!r} is not one of "
+                                    f"{', '.join(sorted(kinds))}")
+            if probe.group_size < 1 or probe.layers < 1:
+                raise MeshplanError(f"profile: layer_probes[{i}] needs group_size and layers >= 1")
         if (profile.link_latency_s is None) != (profile.link_bandwidth_bytes_per_s is None):
             raise MeshplanError("profile: link_latency_s and link_bandwidth_bytes_per_s go together")
         if profile.device.memory_gib <= 0 or profile.device.hbm_bandwidth_bytes_per_s <= 0:

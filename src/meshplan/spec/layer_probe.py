@@ -1,0 +1,66 @@
+"""The layer probe: what `meshplan profile` runs to measure the runtime's own per-layer overhead.
+
+A layer too small for its math or bytes to count (D=32, 8 tokens a rank) is trained forward +
+backward through meshplan's runtime (its model, its ``parallelize``) with 1 and with 5 layers,
+on one process and under each parallelism over 2 processes. The time per extra layer is what one
+layer costs on that path; the part the cost model's formulas do not predict (alpha-beta
+collectives, math, memory-bound ops, the single-process dispatch ``layer_overhead_s``) is the
+parallelism's per-layer overhead (``Calibration.*_layer_overhead_s``, fitted in
+``meshplan.spec.hwcalib``). Both sides build their jobs here, so they measure and predict the same
+thing. Pure Python: the planner reads profiles without torch.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from meshplan.plan import CPMethod, Job, ParallelDims, Plan
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import Precision, TrainingSpec
+
+PROBE_MODEL = "toy-llama"
+PROBE_OVERRIDES = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 2, "ffn_hidden_size": 64,
+                   "vocab_size": 64}
+PROBE_SEQ_LEN = 8
+"""Tokens of one row; each rank gets one row (one micro-batch)."""
+PROBE_LAYERS = (1, 5)
+PROBE_GROUP_SIZE = 2
+
+
+class ProbeKind(str, enum.Enum):
+    """One parallelism of the probe, in the order the overheads are fitted: each later kind's
+    plan may include an earlier one's collectives (cp with zero 0 reduces gradients over cp)."""
+
+    DP = "dp"
+    FSDP = "fsdp"
+    TP = "tp"
+    CP = "cp"
+    CP_RING = "cp_ring"
+
+    @property
+    def calibration_field(self) -> str:
+        return {"dp": "dp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s", "tp": "tp_layer_overhead_s",
+                "cp": "cp_layer_overhead_s", "cp_ring": "cp_ring_layer_overhead_s"}[self.value]
+
+
+def probe_plan(kind: ProbeKind, group_size: int = PROBE_GROUP_SIZE) -> Plan:
+    """The plan of one probe: the parallelism alone, over ``group_size`` processes."""
+    d = ParallelDims
+    n = group_size
+    return {
+        ProbeKind.DP: Plan(dims=d(dp_replicate=n), zero=0, micro_batch=1),
+        ProbeKind.FSDP: Plan(dims=d(dp_shard=n), zero=3, micro_batch=1),
+        ProbeKind.TP: Plan(dims=d(tp=n), sp=True, micro_batch=1),
+        ProbeKind.CP: Plan(dims=d(cp=n), cp_method=CPMethod.ALL_TO_ALL, micro_batch=1),
+        ProbeKind.CP_RING: Plan(dims=d(cp=n), cp_method=CPMethod.RING, micro_batch=1),
+    }[kind]
+
+
+def probe_job(plan: Plan, layers: int, cluster: ClusterSpec) -> Job:
+    """The probe model with ``layers`` layers under ``plan``: one row of PROBE_SEQ_LEN tokens per
+    data-parallel rank, fp32 (what CPU ranks compute in), on ``cluster`` sized to the plan."""
+    model = model_preset(PROBE_MODEL).with_overrides({**PROBE_OVERRIDES, "num_layers": layers})
+    training = TrainingSpec(seq_len=PROBE_SEQ_LEN, global_batch=plan.dims.dp, precision=Precision.FP32)
+    return Job(model=model, training=training, cluster=cluster.with_gpus(plan.dims.world_size),
+               plan=plan.with_defaults(model))
