@@ -98,7 +98,7 @@ def estimate_cmd(
     if cluster_profile:  # the measured rates came with apply_profile; the factors come from the same file
         from meshplan.spec.hwcalib import profile_calibration
 
-        calib = profile_calibration(cluster_profile, clus.gpu, train.precision)
+        calib = profile_calibration(cluster_profile, clus.gpu, train.precision, clus.num_gpus)
     est = estimate(spec, clus, train, plan, calib)
     if json_out:
         out = est.to_dict()

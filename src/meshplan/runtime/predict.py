@@ -119,7 +119,7 @@ def predict(job: Job, profile_path: str | None = None, device_type: str = "cpu")
     if profile_path:
         from meshplan.spec.hwcalib import profile_calibration
 
-        calib = profile_calibration(profile_path, cluster.gpu, training.precision)
+        calib = profile_calibration(profile_path, cluster.gpu, training.precision, cluster.num_gpus)
     else:
         calib = calibration_for(cluster.gpu)
     calib = runtime_calibration(calib, training.precision, device_type)

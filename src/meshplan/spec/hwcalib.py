@@ -175,9 +175,34 @@ def calibration_from_profile_data(profile: HardwareProfile, source: str, precisi
     return calib, fitted
 
 
-def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision) -> Calibration:
+def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision, num_procs: int = 1) -> Calibration:
     """What a command with ``--cluster-profile`` passes to ``estimate``: the GPU family's
-    calibration (overlaps, memory sizes) with the factors this profile measured."""
+    calibration (overlaps, memory sizes) with the factors this profile measured, for a job of
+    ``num_procs`` processes (on a CPU: see ``host_time_scaled``)."""
     from meshplan.cost.calibration import calibration_for
 
-    return calibration_from_profile(path, precision, calibration_for(gpu))[0]
+    profile = load_profile(path)
+    calib = calibration_from_profile_data(profile, profile_source(profile, path), precision, calibration_for(gpu))[0]
+    return host_time_scaled(calib, profile, num_procs)
+
+
+HOST_TIME_FIELDS = ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "cp_ring_layer_overhead_s",
+                    "fsdp_layer_overhead_s", "dp_layer_overhead_s")
+"""Calibration fields that are host CPU time (dispatch, framework work around collectives)."""
+
+
+def host_time_scaled(calib: Calibration, profile: HardwareProfile, num_procs: int) -> Calibration:
+    """On a CPU, host time runs at the share of the cores a process gets: the overheads measured
+    with 1 (layer_overhead_s) and PROBE_GROUP_SIZE processes take share(measured) / share(N) as
+    long with N processes (4 ranks on 2 cores: about twice). On a GPU the share is 1."""
+    from meshplan.spec.hwprofile import host_share
+    from meshplan.spec.layer_probe import PROBE_GROUP_SIZE
+
+    if profile.meta.device_type != "cpu" or not profile.concurrent:
+        return calib
+    now = host_share(profile, num_procs).compute
+    changes = {}
+    for name in HOST_TIME_FIELDS:
+        measured_with = 1 if name == "layer_overhead_s" else PROBE_GROUP_SIZE
+        changes[name] = getattr(calib, name) * host_share(profile, measured_with).compute / now
+    return calib.replace_fields(**changes)
