@@ -173,7 +173,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     rec_one = terms.rec_one
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
-    comm_tot = layers * 3.0 * layer.fwd_comm_total_s
+    comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
     compute = compute + np.where(has_head, terms.head_compute_s, 0.0)
     compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
     p2p = terms.p2p_s

@@ -100,9 +100,7 @@ class Calibration:
     tp_layer_overhead_s: float = 0.0
     """Tensor (+ sequence) parallel layer: DTensor-sharded linears and their 4+4 collectives."""
     cp_layer_overhead_s: float = 0.0
-    """Context-parallel layer, all-to-all (Ulysses) attention."""
-    cp_ring_layer_overhead_s: float = 0.0
-    """Context-parallel layer, ring attention (send/recv per step)."""
+    """Context-parallel layer (measured with all-to-all attention, applied to ring CP too)."""
     fsdp_layer_overhead_s: float = 0.0
     """ZeRO-2/3 (FSDP2) layer: its parameter all-gathers and gradient reduce-scatter, charged per
     micro-batch."""

@@ -61,6 +61,8 @@ class LayerCost:
     bwd_comm_exposed_s: np.ndarray
     fwd_comm_total_s: np.ndarray
     """All TP/CP/EP communication time of the forward, hidden or not."""
+    bwd_comm_total_s: np.ndarray
+    """The same for the backward (TP/EP: the forward's collectives again; CP ring: K/V and dK/dV)."""
     recompute_selective_s: np.ndarray
     """Extra backward-time work of selective recompute (attention core forward again)."""
     recompute_full_s: np.ndarray
@@ -125,13 +127,11 @@ def _layer_params(model: ModelSpec, moe: bool):
 def framework_overhead_s(calib: Calibration, plans: PlanArrays):
     """Per layer and micro-batch, forward + backward: the tp, cp and ZeRO-2/3 per-layer overheads
     of the runtime's path (Calibration), each times (group size - 1). 0 when none is set."""
-    if not (calib.tp_layer_overhead_s or calib.cp_layer_overhead_s or calib.cp_ring_layer_overhead_s
-            or calib.fsdp_layer_overhead_s):
+    if not (calib.tp_layer_overhead_s or calib.cp_layer_overhead_s or calib.fsdp_layer_overhead_s):
         return 0.0
     t, c = plans.tp.astype(float), plans.cp.astype(float)
     shards = plans.dp_shard * c  # ZeRO shards over dp_shard x cp (torchtitan)
-    cp_each = np.where(plans.cp_method == CP_RING, calib.cp_ring_layer_overhead_s, calib.cp_layer_overhead_s)
-    return ((t - 1) * calib.tp_layer_overhead_s + (c - 1) * cp_each
+    return ((t - 1) * calib.tp_layer_overhead_s + (c - 1) * calib.cp_layer_overhead_s
             + np.where(plans.zero >= 2, (shards - 1) * calib.fsdp_layer_overhead_s, 0.0))
 
 
@@ -274,7 +274,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,
         fwd_comm_exposed_s=fwd_comm_exposed, bwd_comm_exposed_s=bwd_comm_exposed,
-        fwd_comm_total_s=fwd_comm_total,
+        fwd_comm_total_s=fwd_comm_total, bwd_comm_total_s=tp_comm + cp_bwd + ep_fwd + framework * (2.0 / 3.0),
         recompute_selective_s=rec_sel, recompute_full_s=rec_full,
         params_per_gpu=dense_g + expert_g, dense_params_per_gpu=dense_g + 0 * T,
         state_bytes=states, act_none_bytes=act_none, act_selective_bytes=act_sel,

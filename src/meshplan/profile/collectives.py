@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue as queue_mod
 import resource
 import socket
+import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -59,7 +60,7 @@ def collective_config(world_size: int, device_type: str, quick: bool) -> Collect
                                 threads_per_proc=1)
     sizes = tuple(1 << e for e in ((14, 18, 22) if quick else range(12, 25, 2)))
     return CollectiveConfig(world_size=world_size, device_type=device_type, message_bytes=sizes,
-                            group_sizes=_group_sizes(world_size, quick), concurrent_dim=512, window_s=0.5,
+                            group_sizes=_group_sizes(world_size, quick), concurrent_dim=512, window_s=0.3,
                             threads_per_proc=CPU_THREADS_PER_PROC)
 
 
@@ -170,22 +171,26 @@ def _worker(rank: int, cfg: CollectiveConfig, port: int, q: Any) -> None:
         dist.destroy_process_group()
 
 
+CONCURRENT_ROUNDS = 5
+"""Interleaved rounds of the concurrent-compute probe (g = 1..N, then again): a slow spell of
+the host lands on every g alike instead of bending the curve of the one measured during it."""
+
+
 def _concurrent(rank: int, cfg: CollectiveConfig, device: torch.device) -> list[dict[str, Any]]:
     """Sustained per-process matmul FLOP/s while the first g ranks compute together, g = 1..N.
 
-    Sustained, not burst: each rank multiplies for a fixed window of ``cfg.window_s`` (three
-    windows, median), long enough to span many scheduler time slices, so on a shared host the
-    figure is the share of the cores a long training step really gets.
+    Sustained, not burst: each rank multiplies for a fixed window of ``cfg.window_s``, long
+    enough to span many scheduler time slices, so on a shared host the figure is the share of the
+    cores a long training step really gets; median over CONCURRENT_ROUNDS interleaved rounds.
     """
     d = cfg.concurrent_dim
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a = torch.randn(d, d, device=device, dtype=dtype)
     b = torch.randn(d, d, device=device, dtype=dtype)
     torch.mm(a, b)
-    out = []
-    for g in range(1, cfg.world_size + 1):
-        rates = []
-        for _ in range(3):
+    rates: dict[int, list[float]] = {g: [] for g in range(1, cfg.world_size + 1)}
+    for _ in range(CONCURRENT_ROUNDS):
+        for g in rates:
             dist.barrier()
             rate = 0.0
             if rank < g:
@@ -197,11 +202,11 @@ def _concurrent(rank: int, cfg: CollectiveConfig, device: torch.device) -> list[
                         sync(device)
                 sync(device)
                 rate = 2.0 * d**3 * calls / (time.perf_counter() - t0)
-            rates.append(rate)
-        total = torch.tensor([sorted(rates)[1]], dtype=torch.float64)
-        dist.all_reduce(total)
-        out.append(asdict(ConcurrentSample(group_size=g, dim=d, flops_per_s_per_process=float(total.item()) / g)))
-    return out
+            total = torch.tensor([rate], dtype=torch.float64)
+            dist.all_reduce(total)
+            rates[g].append(float(total.item()) / g)
+    return [asdict(ConcurrentSample(group_size=g, dim=d, flops_per_s_per_process=statistics.median(r)))
+            for g, r in rates.items()]
 
 
 def _iters(nbytes: int, device_type: str) -> int:

@@ -144,22 +144,21 @@ def device_memory_bytes(device: torch.device) -> int:
 def bench_layer_overhead(device: torch.device, budget_s: float) -> float:
     """Fixed forward time of one layer of the runtime's own model, apart from its math.
 
-    Times forward + backward of the reference Llama block at a width where FLOPs and bytes are
-    negligible (D=32, 8 tokens), with 1 and with 5 layers: the difference per layer is the
+    Times forward + backward of the layer probe's model (meshplan.spec.layer_probe: D=32,
+    8 tokens, FLOPs and bytes negligible) on one process, with 1 and with 5 layers: the difference per layer is the
     dispatch cost of its ~30 operators. The cost model charges ``layer_overhead_s`` once per
     forward and twice per backward (cost/layer.py), hence the division by 3.
     """
     from meshplan.runtime.models.init import init_parameters
     from meshplan.runtime.models.transformer import build_model
+    from meshplan.spec.layer_probe import PROBE_MODEL, PROBE_OVERRIDES, PROBE_SEQ_LEN
     from meshplan.spec.presets import model_preset
 
     def fwd_bwd_s(layers: int) -> float:
-        spec = model_preset("toy-llama").with_overrides(
-            {"num_layers": layers, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
-             "ffn_hidden_size": 64, "vocab_size": 64})
+        spec = model_preset(PROBE_MODEL).with_overrides({**PROBE_OVERRIDES, "num_layers": layers})
         model = build_model(spec, device="cpu").to(device)
         init_parameters(model, seed=0)
-        tokens = torch.randint(0, spec.vocab_size, (1, 8), device=device)
+        tokens = torch.randint(0, spec.vocab_size, (1, PROBE_SEQ_LEN), device=device)
 
         def step() -> None:
             model(tokens).float().sum().backward()

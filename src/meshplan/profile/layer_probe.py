@@ -44,8 +44,8 @@ def _worker(rank: int, budget_s: float, port: int, q: Any) -> None:
             for layers in PROBE_LAYERS:
                 t = torch.tensor([_time_probe(kind, layers, budget_s)], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the time
-                rows.append(asdict(LayerProbeSample(kind=kind.value, group_size=PROBE_GROUP_SIZE,
-                                                    layers=layers, time_s=float(t.item()))))
+                rows.append(asdict(LayerProbeSample(kind=kind.value, group_size=PROBE_GROUP_SIZE, layers=layers,
+                                                    time_s=float(t.item()))))
             if rank == 0:
                 q.put(("progress", f"layer probe {kind.value}"))
         if rank == 0:

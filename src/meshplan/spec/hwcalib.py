@@ -21,7 +21,7 @@ the factors fitted here are relative to those measured rates:
                                        runtime's measured time per extra layer under each
                                        parallelism less what the cost model, with every factor
                                        above, predicts for the same probe job; fitted in the
-                                       order dp, fsdp, tp, cp, cp_ring so each residual is net of
+                                       order dp, fsdp, tp, cp so each residual is net of
                                        the overheads already fitted.
 
 Every fitted value is returned in a ``FittedValue`` with its source ``profile:<file>:<date>``;
@@ -40,6 +40,9 @@ from meshplan.spec.cluster import GIB, GPUSpec
 from meshplan.spec.hwfit import CollectiveOp, fit_matmul_curve
 from meshplan.spec.hwprofile import HardwareProfile, load_profile, profile_source
 from meshplan.spec.training import Precision
+
+
+CPU_SERIAL_OVERLAPS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap", "pp_p2p_overlap")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,11 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
                                source=source, how="forward+backward of 5 vs 1 tiny reference layers, / 4 / 3"))
     out += _collective_factors(profile, source)
     if profile.meta.device_type == "cpu":
+        # Every core runs a rank (meshplan train gives each CPU rank one thread): a collective's
+        # progress (gloo's thread: copies, socket calls) takes the core the math would use.
+        for name in CPU_SERIAL_OVERLAPS:
+            out.append(FittedValue(field=name, value=0.0, source=source,
+                                   how="CPU ranks: communication runs on the cores of the computation"))
         out.append(FittedValue(field="framework_overhead_gib",
                                value=profile.device.framework_baseline_bytes / GIB, source=source,
                                how="resident memory of a torch worker after joining its process group"))
@@ -119,11 +127,9 @@ def _collective_factors(profile: HardwareProfile, source: str) -> list[FittedVal
 
 
 def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> list[FittedValue]:
-    """The per-layer overheads of each parallelism (module docstring), given ``calib``."""
-    from meshplan.cost import estimate
-    from meshplan.spec.cluster import system_preset
-    from meshplan.spec.hwprofile import apply_profile_data
-    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind, probe_job, probe_plan
+    """Each parallelism's per-layer overhead (module docstring), given ``calib``: the measured
+    time per extra layer less the modeled one (the kind's own field at 0), per extra rank."""
+    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind
 
     few, many = PROBE_LAYERS
     out = []
@@ -132,21 +138,31 @@ def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> li
         if few not in rows or many not in rows:
             continue
         g = rows[few].group_size
-        plan = probe_plan(kind, g)
-        cluster = apply_profile_data(system_preset("cpu").with_gpus(g), profile)
-
-        def modeled_s(layers: int) -> float:
-            est = estimate(*_job_parts(probe_job(plan, layers, cluster)), calib)
-            return est.step_time_s - est.time.optimizer_s  # the probe times forward + backward only
-
         measured = (rows[many].time_s - rows[few].time_s) / (many - few)
-        modeled = (modeled_s(many) - modeled_s(few)) / (many - few)
+        modeled, comm = _probe_model(profile, kind, g, calib)
         value = max(0.0, measured - modeled) / (g - 1)
-        calib = calib.replace_fields(**{kind.calibration_field: value})
-        out.append(FittedValue(field=kind.calibration_field, value=value, source=source,
+        calib = calib.replace_fields(**{kind.overhead_field: value})
+        out.append(FittedValue(field=kind.overhead_field, value=value, source=source,
                                how=f"layer probe over {g} processes: {measured * 1e3:.2f} ms per layer measured, "
-                                   f"{modeled * 1e3:.2f} ms predicted without it"))
+                                   f"{modeled * 1e3:.2f} ms predicted without it ({comm * 1e3:.2f} ms of it collectives)"))
     return out
+
+
+def _probe_model(profile: HardwareProfile, kind, g: int, calib: Calibration) -> tuple[float, float]:
+    """(modeled forward + backward time, modeled time of the kind's collectives), per extra layer."""
+    from meshplan.cost import estimate
+    from meshplan.spec.cluster import system_preset
+    from meshplan.spec.hwprofile import apply_profile_data
+    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind, probe_job, probe_plan
+
+    plan = probe_plan(kind, g)
+    cluster = apply_profile_data(system_preset("cpu").with_gpus(g), profile)
+    few, many = PROBE_LAYERS
+    ests = [estimate(*_job_parts(probe_job(plan, layers, cluster)), calib) for layers in (few, many)]
+    # forward + backward only (the probe runs no optimizer step)
+    step = [e.step_time_s - e.time.optimizer_s for e in ests]
+    comm = [e.time.dp_comm_total_s if kind is ProbeKind.DP else e.time.microbatch_comm_total_s for e in ests]
+    return (step[1] - step[0]) / (many - few), (comm[1] - comm[0]) / (many - few)
 
 
 def _job_parts(job):
@@ -186,8 +202,8 @@ def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision, nu
     return host_time_scaled(calib, profile, num_procs)
 
 
-HOST_TIME_FIELDS = ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "cp_ring_layer_overhead_s",
-                    "fsdp_layer_overhead_s", "dp_layer_overhead_s")
+HOST_TIME_FIELDS = ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
+                    "dp_layer_overhead_s")
 """Calibration fields that are host CPU time (dispatch, framework work around collectives)."""
 
 

@@ -264,13 +264,15 @@ def host_share(profile: HardwareProfile, num_procs: int) -> HostShare:
 
     The compute share is measured, not assumed: the profile timed the same matmul with g = 1..N
     processes at once, one thread each, as ``meshplan train`` runs its CPU workers (even one:
-    OMP_NUM_THREADS=1), against the single-process sweep that used torch's default threads.
+    OMP_NUM_THREADS=1), against the same probe with one process, in interleaved rounds.
     """
     if profile.meta.device_type != "cpu" or not profile.concurrent:
         return HostShare(compute=1.0, memory=1.0)
     by_size = {c.group_size: c for c in profile.concurrent}
     probe = by_size.get(num_procs) or by_size[max(by_size)]
-    single = _single_process_flops_at(profile, probe.dim)
+    # The same probe with one process is the reference (measured in the same interleaved rounds);
+    # profiles without it fall back on the single-process sweep.
+    single = by_size[1].flops_per_s_per_process if 1 in by_size else _single_process_flops_at(profile, probe.dim)
     # More processes than measured: the cores are split further (time-sliced).
     extra = num_procs / probe.group_size if num_procs > probe.group_size else 1.0
     return HostShare(compute=min(1.0, probe.flops_per_s_per_process / single) / extra, memory=1.0 / num_procs)

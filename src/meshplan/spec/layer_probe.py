@@ -1,12 +1,13 @@
 """The layer probe: what `meshplan profile` runs to measure the runtime's own per-layer overhead.
 
 A layer too small for its math or bytes to count (D=32, 8 tokens a rank) is trained forward +
-backward through meshplan's runtime (its model, its ``parallelize``) with 1 and with 5 layers,
-on one process and under each parallelism over 2 processes. The time per extra layer is what one
-layer costs on that path; the part the cost model's formulas do not predict (alpha-beta
-collectives, math, memory-bound ops, the single-process dispatch ``layer_overhead_s``) is the
-parallelism's per-layer overhead (``Calibration.*_layer_overhead_s``, fitted in
-``meshplan.spec.hwcalib``). Both sides build their jobs here, so they measure and predict the same
+backward through meshplan's runtime (its model, its ``parallelize``, its loss) with 1 and with 5
+layers under each parallelism over 2 processes. The time per extra layer is what one layer costs
+on that path; the part the cost model's formulas do not predict (alpha-beta collectives with the
+profile's per-op rates, math, memory-bound ops, the single-process dispatch
+``layer_overhead_s``) is what the runtime's path adds per layer: DTensor / FSDP2 dispatch, the
+wrapping and copies around each collective, the wake-up of the rank that waited
+(``Calibration.<kind>_layer_overhead_s``, fitted in ``meshplan.spec.hwcalib``). Both sides build their jobs here, so they measure and predict the same
 thing. Pure Python: the planner reads profiles without torch.
 """
 
@@ -20,28 +21,34 @@ from meshplan.spec.presets import model_preset
 from meshplan.spec.training import Precision, TrainingSpec
 
 PROBE_MODEL = "toy-llama"
+
+
 PROBE_OVERRIDES = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 2, "ffn_hidden_size": 64,
                    "vocab_size": 64}
 PROBE_SEQ_LEN = 8
-"""Tokens of one row; each rank gets one row (one micro-batch)."""
+"""Tokens of one row; each data-parallel rank gets one row (one micro-batch)."""
 PROBE_LAYERS = (1, 5)
 PROBE_GROUP_SIZE = 2
 
 
 class ProbeKind(str, enum.Enum):
     """One parallelism of the probe, in the order the overheads are fitted: each later kind's
-    plan may include an earlier one's collectives (cp with zero 0 reduces gradients over cp)."""
+    plan may include an earlier one's collectives (cp with zero 0 reduces gradients over cp).
+
+    Context parallel is probed with all-to-all (Ulysses) attention only: the runtime's ring
+    attention is a reference implementation (unfused blocks, contiguous split), slower than the
+    load-balanced fused kernels the cost model assumes for ring CP, and is not what its fields
+    should describe."""
 
     DP = "dp"
     FSDP = "fsdp"
     TP = "tp"
     CP = "cp"
-    CP_RING = "cp_ring"
 
     @property
-    def calibration_field(self) -> str:
-        return {"dp": "dp_layer_overhead_s", "fsdp": "fsdp_layer_overhead_s", "tp": "tp_layer_overhead_s",
-                "cp": "cp_layer_overhead_s", "cp_ring": "cp_ring_layer_overhead_s"}[self.value]
+    def overhead_field(self) -> str:
+        """The Calibration field of its fixed per-layer overhead."""
+        return f"{self.value}_layer_overhead_s"
 
 
 def probe_plan(kind: ProbeKind, group_size: int = PROBE_GROUP_SIZE) -> Plan:
@@ -53,7 +60,6 @@ def probe_plan(kind: ProbeKind, group_size: int = PROBE_GROUP_SIZE) -> Plan:
         ProbeKind.FSDP: Plan(dims=d(dp_shard=n), zero=3, micro_batch=1),
         ProbeKind.TP: Plan(dims=d(tp=n), sp=True, micro_batch=1),
         ProbeKind.CP: Plan(dims=d(cp=n), cp_method=CPMethod.ALL_TO_ALL, micro_batch=1),
-        ProbeKind.CP_RING: Plan(dims=d(cp=n), cp_method=CPMethod.RING, micro_batch=1),
     }[kind]
 
 
