@@ -112,6 +112,7 @@ def main() -> None:
                     help="Run every plan this many times, in interleaved rounds; measured = median over runs "
                          "(spreads a shared host's slow spells over all plans).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
+    ap.add_argument("--save-profile", help="Keep the profile this run measured at this path.")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,6 +123,8 @@ def main() -> None:
             t0 = time.monotonic()
             run_profile(Path(profile))
             con.print(f"profiled the CPU in {time.monotonic() - t0:.0f} s")
+            if args.save_profile:
+                Path(args.save_profile).write_text(Path(profile).read_text())
         chosen = [c for c in cases() if not args.only or c.name in args.only.split(",")]
         runs: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in chosen}
         errors: dict[str, str] = {}

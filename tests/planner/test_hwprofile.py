@@ -175,7 +175,10 @@ def test_calibration_fitted_from_golden_profile():
     assert calib.intra_node_comm_efficiency == 1.0
     assert calib.framework_overhead_gib == pytest.approx(3e8 / 2**30)
     assert {f.field for f in fitted} == {"matmul_efficiency", "matmul_half_dim", "attention_efficiency",
-                                         "hbm_efficiency", "intra_node_comm_efficiency", "framework_overhead_gib"}
+                                         "hbm_efficiency", "intra_node_comm_efficiency", "framework_overhead_gib",
+                                         "all_reduce_latency_factor", "all_reduce_bandwidth_factor",
+                                         "tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
+                                         "pp_p2p_overlap"}
     assert all(f.source == "profile:hwprofile_small.json:2026-11-23T00:00:00Z" for f in fitted)
     assert "profile:hwprofile_small.json" in calib.source
     with pytest.raises(MeshplanError, match="no bf16 matmul"):

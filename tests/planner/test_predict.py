@@ -25,7 +25,7 @@ def test_cpu_prediction_uses_profile_and_fp32_storage():
     job = _job()
     pred = predict(job, str(GOLDEN), "cpu")
     cluster = apply_profile(job.cluster, GOLDEN)
-    calib = runtime_calibration(profile_calibration(GOLDEN, cluster.gpu, Precision.FP32), Precision.FP32, "cpu")
+    calib = runtime_calibration(profile_calibration(GOLDEN, cluster.gpu, Precision.FP32, 2), Precision.FP32, "cpu")
     est = estimate(job.model, cluster, job.training, job.plan.with_defaults(job.model), calib)
     assert pred.step_time_s == pytest.approx(est.step_time_s)
     # fp32 weights and grads, no master copy: 4 + 4 bytes, then Adam's 8 (dp without ZeRO: no sharding)

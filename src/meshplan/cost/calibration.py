@@ -83,12 +83,19 @@ class Calibration:
     reduce_scatter_latency_factor: float = 1.0
     all_to_all_latency_factor: float = 1.0
     send_recv_latency_factor: float = 1.0
+    tp_all_gather_latency_factor: float = 1.0
+    """TP + SP's all-gather along the sequence through DTensor (Shard(1) -> Replicate); on NCCL
+    the same collective plus a device-side copy, hence 1."""
+    tp_reduce_scatter_latency_factor: float = 1.0
+    """TP + SP's reduce-scatter to sequence shards through DTensor (Partial -> Shard(1))."""
     all_reduce_bandwidth_factor: float = 1.0
     """Bus bandwidth of an all-reduce over the link's W."""
     all_gather_bandwidth_factor: float = 1.0
     reduce_scatter_bandwidth_factor: float = 1.0
     all_to_all_bandwidth_factor: float = 1.0
     send_recv_bandwidth_factor: float = 1.0
+    tp_all_gather_bandwidth_factor: float = 1.0
+    tp_reduce_scatter_bandwidth_factor: float = 1.0
     # Time the runtime's own path spends per layer around its collectives beyond alpha + bytes/W
     # (DTensor / FSDP2 dispatch, functional-collective wrapping, the copies around each call,
     # and the wake-up of the rank that waited), per layer, per forward+backward of one
@@ -173,13 +180,16 @@ class Calibration:
 
     def collective_factors(self, op: str) -> tuple[float, float]:
         """(latency factor, bandwidth factor) of a collective op ('all_reduce', 'all_gather',
-        'reduce_scatter', 'all_to_all', 'send_recv'; the names of meshplan.spec.hwfit.CollectiveOp)."""
+        'reduce_scatter', 'all_to_all', 'send_recv', 'tp_all_gather', 'tp_reduce_scatter'; the
+        names of meshplan.spec.hwfit.CollectiveOp)."""
         table = {
             "all_reduce": (self.all_reduce_latency_factor, self.all_reduce_bandwidth_factor),
             "all_gather": (self.all_gather_latency_factor, self.all_gather_bandwidth_factor),
             "reduce_scatter": (self.reduce_scatter_latency_factor, self.reduce_scatter_bandwidth_factor),
             "all_to_all": (self.all_to_all_latency_factor, self.all_to_all_bandwidth_factor),
             "send_recv": (self.send_recv_latency_factor, self.send_recv_bandwidth_factor),
+            "tp_all_gather": (self.tp_all_gather_latency_factor, self.tp_all_gather_bandwidth_factor),
+            "tp_reduce_scatter": (self.tp_reduce_scatter_latency_factor, self.tp_reduce_scatter_bandwidth_factor),
         }
         return table[op]
 

@@ -67,14 +67,15 @@ def _ring_time(op: str, nbytes, size, link: Link):
     return (n - 1) / n * nbytes / w + (n - 1) * alpha
 
 
-def all_gather_time(nbytes, size, link: Link):
-    """Ring all-gather producing an ``nbytes`` buffer: (n-1)/n * B / W + (n-1) alpha."""
-    return _ring_time("all_gather", nbytes, size, link)
+def all_gather_time(nbytes, size, link: Link, op: str = "all_gather"):
+    """Ring all-gather producing an ``nbytes`` buffer: (n-1)/n * B / W + (n-1) alpha (``op``:
+    "tp_all_gather" for TP + SP's gather along the sequence, with its own rates)."""
+    return _ring_time(op, nbytes, size, link)
 
 
-def reduce_scatter_time(nbytes, size, link: Link):
+def reduce_scatter_time(nbytes, size, link: Link, op: str = "reduce_scatter"):
     """Ring reduce-scatter of an ``nbytes`` buffer: the traffic of an all-gather."""
-    return _ring_time("reduce_scatter", nbytes, size, link)
+    return _ring_time(op, nbytes, size, link)
 
 
 def all_to_all_time(nbytes, size, link: Link):

@@ -216,7 +216,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # reduce-scatters moving the same bytes (Korthikanti et al. 2022 Sec. 4.2.2).
     tp_comm = np.where(
         sp,
-        2 * (comms.all_gather_time(act_msg, t, tp_link) + comms.reduce_scatter_time(act_msg, t, tp_link)),
+        2 * (comms.all_gather_time(act_msg, t, tp_link, "tp_all_gather")
+             + comms.reduce_scatter_time(act_msg, t, tp_link, "tp_reduce_scatter")),
         2 * comms.all_reduce_time(act_msg, t, tp_link),
     )
     cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)

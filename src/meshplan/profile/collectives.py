@@ -229,10 +229,40 @@ def _time_collective(op: CollectiveOp, g: int, group: Any, nbytes: int, rank: in
     elif op is CollectiveOp.ALL_TO_ALL:
         y = torch.empty_like(x)
         fn = lambda: dist.all_to_all_single(y, x, group=group)  # noqa: E731
+    elif not op.raw:
+        fn = _tp_path_fn(op, g, group, n, device)
     else:
         return _time_send_recv(x, rank, device, _iters(nbytes, device.type)) if rank < 2 else 0.0
     dist.barrier(group=group)
     return time_op(fn, device, warmup=1, iters=_iters(nbytes, device.type), repeats=3)
+
+
+TP_PATH_HIDDEN = 64
+"""Hidden size of the (1, S, D) activation that the tensor-parallel path benchmarks move."""
+
+
+def _tp_path_fn(op: CollectiveOp, g: int, group: Any, n: int, device: torch.device) -> Callable[[], object]:
+    """TP + SP's collectives as the runtime issues them: a DTensor redistribute of a (1, S, D)
+    activation between sequence shards and Replicate (all-gather) / Partial (reduce-scatter)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    mesh = DeviceMesh.from_group(group, device.type)
+    seq = max(g, n // TP_PATH_HIDDEN // g * g)  # a multiple of g: even sequence shards
+    if op is CollectiveOp.TP_ALL_GATHER:
+        src = DTensor.from_local(torch.rand(1, seq // g, TP_PATH_HIDDEN, device=device), mesh, [Shard(1)],
+                                 run_check=False)
+        target = [Replicate()]
+    else:
+        src = DTensor.from_local(torch.rand(1, seq, TP_PATH_HIDDEN, device=device), mesh, [Partial()],
+                                 run_check=False)
+        target = [Shard(1)]
+
+    def run() -> object:
+        out = src.redistribute(mesh, target).to_local()
+        return out.wait() if hasattr(out, "wait") else out  # functional collectives return lazily
+
+    return run
 
 
 def _time_send_recv(x: torch.Tensor, rank: int, device: torch.device, iters: int) -> float:

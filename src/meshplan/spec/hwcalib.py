@@ -103,7 +103,7 @@ def _ring_steps(op: CollectiveOp, n: int) -> float:
     """How many alphas the cost model charges one call (cost/comms.py)."""
     if op is CollectiveOp.SEND_RECV:
         return 1.0
-    return (2.0 if op is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1)
+    return (2.0 if op is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1)  # tp_* ops: as all-gather / reduce-scatter
 
 
 def _collective_factors(profile: HardwareProfile, source: str) -> list[FittedValue]:
@@ -210,7 +210,8 @@ HOST_TIME_FIELDS = ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhea
 def host_time_scaled(calib: Calibration, profile: HardwareProfile, num_procs: int) -> Calibration:
     """On a CPU, host time runs at the share of the cores a process gets: the overheads measured
     with 1 (layer_overhead_s) and PROBE_GROUP_SIZE processes take share(measured) / share(N) as
-    long with N processes (4 ranks on 2 cores: about twice). On a GPU the share is 1."""
+    long with N processes (4 ranks on 2 cores: about twice), and so do the collectives beyond
+    what a pair of ranks measured. On a GPU the share is 1."""
     from meshplan.spec.hwprofile import host_share
     from meshplan.spec.layer_probe import PROBE_GROUP_SIZE
 
@@ -221,4 +222,10 @@ def host_time_scaled(calib: Calibration, profile: HardwareProfile, num_procs: in
     for name in HOST_TIME_FIELDS:
         measured_with = 1 if name == "layer_overhead_s" else PROBE_GROUP_SIZE
         changes[name] = getattr(calib, name) * host_share(profile, measured_with).compute / now
+    # gloo's collectives are host work too (copies, socket calls): measured while only the group's
+    # ranks ran (mostly pairs), they slow down as much when more ranks share the cores.
+    slower = max(1.0, host_share(profile, PROBE_GROUP_SIZE).compute / now)
+    for op in CollectiveOp:
+        changes[f"{op.value}_latency_factor"] = getattr(calib, f"{op.value}_latency_factor") * slower
+        changes[f"{op.value}_bandwidth_factor"] = getattr(calib, f"{op.value}_bandwidth_factor") / slower
     return calib.replace_fields(**changes)

@@ -29,6 +29,16 @@ class CollectiveOp(str, enum.Enum):
     REDUCE_SCATTER = "reduce_scatter"
     ALL_TO_ALL = "all_to_all"
     SEND_RECV = "send_recv"
+    # Through the runtime's tensor-parallel path: a DTensor redistribute of a (B, S, D) activation
+    # between Shard(1) (sequence shards) and Replicate / Partial, what TP + SP does around each
+    # attention and MLP block (the gather along dim 1 adds a chunk + cat to the collective).
+    TP_ALL_GATHER = "tp_all_gather"
+    TP_REDUCE_SCATTER = "tp_reduce_scatter"
+
+    @property
+    def raw(self) -> bool:
+        """A plain torch.distributed collective (the link's own figures are fitted on these)."""
+        return self not in (CollectiveOp.TP_ALL_GATHER, CollectiveOp.TP_REDUCE_SCATTER)
 
 
 def bus_factor(op: CollectiveOp, group_size: int) -> float:

@@ -294,6 +294,7 @@ def joint_link_fit(samples: tuple[CollectiveSample, ...]) -> tuple[float, float]
     per-group-size fits stay in the profile (``collective_fits``) to show how far each op departs
     from it.
     """
+    samples = tuple(s for s in samples if CollectiveOp(s.op).raw)
     if len(samples) < 2:
         raise MeshplanError("profile needs at least two collective samples to fit the link")
     x = [bus_factor(CollectiveOp(s.op), s.group_size) * s.message_bytes for s in samples]
