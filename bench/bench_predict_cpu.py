@@ -2,7 +2,8 @@
 
     PYTHONPATH=src python bench/bench_predict_cpu.py [--profile FILE] [--steps 6] [--json]
 
-1. ``meshplan profile --quick --procs 4`` (skipped with --profile FILE);
+1. ``meshplan profile --quick --procs 4`` at the start of every round (skipped with --profile
+   FILE): each round's runs are predicted with the profile measured just before them;
 2. for each plan of a small Llama-style model over 1 to 4 processes (single, pure DP, FSDP,
    TP+SP, PP with two schedules, CP, recompute on/off, two micro-batch sizes, DPxTP): the
    estimate with the profile (meshplan.runtime.predict) and a real run (``meshplan train`` for a
@@ -112,23 +113,25 @@ def main() -> None:
                     help="Run every plan this many times, in interleaved rounds; measured = median over runs "
                          "(spreads a shared host's slow spells over all plans).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
-    ap.add_argument("--save-profile", help="Keep the profile this run measured at this path.")
+    ap.add_argument("--save-profile", help="Keep the profile the first round measured at this path.")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        profile = args.profile
-        if profile is None:
-            profile = str(work / "profile.json")
-            t0 = time.monotonic()
-            run_profile(Path(profile))
-            con.print(f"profiled the CPU in {time.monotonic() - t0:.0f} s")
-            if args.save_profile:
-                Path(args.save_profile).write_text(Path(profile).read_text())
         chosen = [c for c in cases() if not args.only or c.name in args.only.split(",")]
-        runs: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in chosen}
+        # (profile, step time, peak GiB, load) per round: each round's runs are predicted with the
+        # profile measured just before them, so a slow or fast spell of the host lands on both.
+        runs: dict[str, list[tuple[str, float, float, float]]] = {c.name: [] for c in chosen}
         errors: dict[str, str] = {}
         for r in range(args.repeats):
+            profile = args.profile
+            if profile is None:
+                profile = str(work / f"profile-{r}.json")
+                t0 = time.monotonic()
+                run_profile(Path(profile))
+                con.print(f"round {r + 1}: profiled the CPU in {time.monotonic() - t0:.0f} s")
+                if args.save_profile and r == 0:
+                    Path(args.save_profile).write_text(Path(profile).read_text())
             for case in chosen:
                 t0 = time.monotonic()
                 times, peak, err = run_train(make_job(case.plan), work, args.steps)
@@ -136,37 +139,46 @@ def main() -> None:
                     errors[case.name] = err
                 else:
                     kept = times[warmup_steps(len(times)):]
-                    runs[case.name].append((statistics.median(kept), peak, os.getloadavg()[0]))
+                    runs[case.name].append((profile, statistics.median(kept), peak, os.getloadavg()[0]))
                 con.print(f"round {r + 1}: {case.name}: {time.monotonic() - t0:.0f} s" + (f" (failed: {err})" if err else ""))
-        rows = []
-        for case in chosen:
-            job = make_job(case.plan)
-            pred = predict(job, profile, "cpu")
-            row = {"case": case.name, "plan": job.plan.notation(), "procs": job.plan.dims.world_size,
-                   "predicted_step_time_s": pred.step_time_s, "predicted_peak_memory_gib": pred.peak_memory_gib,
-                   "compute_s": pred.estimate.time.compute_s,
-                   "exposed_comm_s": pred.estimate.time.exposed_communication_s,
-                   "bubble_s": pred.estimate.time.bubble_s, "optimizer_s": pred.estimate.time.optimizer_s,
-                   "error": errors.get(case.name, "")}
-            if runs[case.name]:
-                measured = statistics.median(t for t, _, _ in runs[case.name])
-                cmp = compare(pred, [measured], max(p for _, p, _ in runs[case.name]))
-                row.update(measured_step_time_s=cmp.measured_step_time_s, step_time_error=cmp.step_time_error,
-                           measured_peak_memory_gib=cmp.measured_peak_memory_gib,
-                           peak_memory_error=cmp.peak_memory_error,
-                           runs_step_time_s=[t for t, _, _ in runs[case.name]],
-                           load_avg=[a for _, _, a in runs[case.name]])
-            rows.append(row)
+        rows = [_row(case, runs[case.name], errors.get(case.name, ""), args.profile or str(work / "profile-0.json"))
+                for case in chosen]
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return
     render(rows, Console(highlight=False, width=190))
 
 
+def _row(case: Case, runs: list[tuple[str, float, float, float]], error: str, first_profile: str) -> dict:
+    """Predicted vs measured for one plan: per round, the prediction from that round's profile
+    against that round's run; the medians over rounds (the error is the median of the rounds')."""
+    job = make_job(case.plan)
+    preds = [predict(job, prof, "cpu") for prof, _, _, _ in runs] or [predict(job, first_profile, "cpu")]
+    pred = preds[0]
+    row = {"case": case.name, "plan": job.plan.notation(), "procs": job.plan.dims.world_size,
+           "predicted_step_time_s": statistics.median(p.step_time_s for p in preds),
+           "predicted_peak_memory_gib": pred.peak_memory_gib,
+           "compute_s": pred.estimate.time.compute_s,
+           "exposed_comm_s": pred.estimate.time.exposed_communication_s,
+           "bubble_s": pred.estimate.time.bubble_s, "optimizer_s": pred.estimate.time.optimizer_s,
+           "error": error}
+    if runs:
+        cmps = [compare(p, [t], peak) for p, (_, t, peak, _) in zip(preds, runs)]
+        row.update(measured_step_time_s=statistics.median(c.measured_step_time_s for c in cmps),
+                   step_time_error=statistics.median(c.step_time_error for c in cmps),
+                   measured_peak_memory_gib=max(c.measured_peak_memory_gib for c in cmps),
+                   peak_memory_error=(pred.peak_memory_gib - max(c.measured_peak_memory_gib for c in cmps))
+                   / max(c.measured_peak_memory_gib for c in cmps),
+                   runs_predicted_s=[p.step_time_s for p in preds],
+                   runs_step_time_s=[t for _, t, _, _ in runs],
+                   load_avg=[a for _, _, _, a in runs])
+    return row
+
+
 def render(rows: list[dict], con: Console) -> None:
     t = Table(title=f"Predicted vs measured, CPU, toy-llama {MODEL_OVERRIDES} S={SEQ_LEN} B={GLOBAL_BATCH} fp32")
     for col in ("case", "procs", "pred s", "meas s", "err", "pred GiB", "meas GiB", "err",
-                "compute", "comm", "bubble", "optim", "runs s", "load"):
+                "compute", "comm", "bubble", "optim", "rounds pred/meas s", "load"):
         t.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
         if "measured_step_time_s" not in r:
@@ -177,7 +189,7 @@ def render(rows: list[dict], con: Console) -> None:
                   f"{r['step_time_error']:+.0%}", f"{r['predicted_peak_memory_gib']:.3f}",
                   f"{r['measured_peak_memory_gib']:.3f}", f"{r['peak_memory_error']:+.0%}",
                   f"{r['compute_s']:.3f}", f"{r['exposed_comm_s']:.3f}", f"{r['bubble_s']:.3f}",
-                  f"{r['optimizer_s']:.3f}", " ".join(f"{x:.2f}" for x in r["runs_step_time_s"]),
+                  f"{r['optimizer_s']:.3f}", " ".join(f"{p:.2f}/{m:.2f}" for p, m in zip(r["runs_predicted_s"], r["runs_step_time_s"])),
                   " ".join(f"{x:.0f}" for x in r["load_avg"]))
     con.print(t)
     done = [r for r in rows if "measured_step_time_s" in r]

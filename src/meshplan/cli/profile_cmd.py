@@ -90,5 +90,21 @@ def _render(p, out: Path | None) -> None:
             c.add_row(f.op, str(f.group_size), f"{f.latency_s * 1e6:.1f}", f"{f.bandwidth_bytes_per_s / 1e9:.2f}",
                       f"{f.max_rel_error:.0%}")
         con.print(c)
+    if p.layer_probes:
+        _render_probes(p, con)
     if out is not None:
         con.print(f"wrote {out}")
+
+
+def _render_probes(p, con) -> None:
+    """The layer probe's times and the per-layer overheads fitted from them."""
+    from meshplan.spec.hwcalib import calibration_from_profile_data, probe_table
+    from meshplan.spec.training import Precision
+
+    calib = calibration_from_profile_data(p, "shown", Precision.FP32)[0]
+    t = Table(title="Layer probe: the runtime's own path, per extra layer (forward + backward)")
+    for col in ("parallelism", "ranks", "measured ms", "formulas ms", "overhead ms per extra rank"):
+        t.add_column(col, justify="left" if col == "parallelism" else "right")
+    for kind, ranks, measured, modeled, overhead in probe_table(p, calib):
+        t.add_row(kind, str(ranks), f"{measured * 1e3:.2f}", f"{modeled * 1e3:.2f}", f"{overhead * 1e3:.2f}")
+    con.print(t)

@@ -49,6 +49,12 @@ class Calibration:
     small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
     latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
     micro-batches, which is why measured throughput grows with the micro-batch size."""
+    elementwise_time_factor: float = 1.0
+    """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
+    bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
+    torch.compile): 1. Eager PyTorch runs more passes (rotary embedding, GQA's repeated K/V, the
+    saved tensors of autograd); a CPU profile measures meshplan's runtime modules (the
+    elementwise probe, meshplan.spec.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
     peak forward+backward, Dao 2023 Sec. 4.1)."""

@@ -205,7 +205,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     drop = 5.0 if calib.dropout else 0.0  # two hidden dropouts: read, write, half-size mask
     rep_elems = T_rep * D * (4.0 + 6.0 + drop)  # 2 norms (r+w), 2 residual adds (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
-    t_mem = (rep_elems + act_elems) * ab / hbm + softmax_bytes / hbm
+    t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + softmax_bytes / hbm
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
     fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem + calib.layer_overhead_s
 

@@ -168,3 +168,34 @@ def bench_layer_overhead(device: torch.device, budget_s: float) -> float:
 
     few, many = fwd_bwd_s(1), fwd_bwd_s(5)
     return max(0.0, (many - few) / 4 / 3)
+
+
+def bench_elementwise(device: torch.device, budget_s: float) -> float:
+    """Forward + backward of the memory-bound ops of one runtime layer (the elementwise probe):
+    the runtime's own modules, as its Transformer block calls them, on (1, T, D) activations.
+
+    Two RMSNorms and residual adds, SwiGLU's silu * up on (1, T, F), the rotary embedding of q and
+    k and GQA's repeat of k and v: what the cost model counts as a layer's memory-bound bytes
+    (and the rotary / repeat passes it does not), with no matmul in between.
+    """
+    from meshplan.runtime.models.layers import RMSNorm, apply_rope
+    from meshplan.spec.layer_probe import ELEMENTWISE_PROBE, ELEMENTWISE_TOKENS
+
+    D, F, N, K = (ELEMENTWISE_PROBE[k] for k in ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads"))
+    H, T = D // N, ELEMENTWISE_TOKENS
+    norms = [RMSNorm(D).to(device) for _ in range(2)]
+    x = torch.randn(1, T, D, device=device, requires_grad=True)
+    gate, up = (torch.randn(1, T, F, device=device, requires_grad=True) for _ in range(2))
+    q = torch.randn(1, T, N, H, device=device, requires_grad=True)
+    k, v = (torch.randn(1, T, K, H, device=device, requires_grad=True) for _ in range(2))
+    pos = torch.arange(T, device=device)
+
+    def step() -> None:
+        h = x + norms[0](x)  # attention_norm, residual add
+        out = h + norms[1](h)  # ffn_norm, residual add
+        act = torch.nn.functional.silu(gate) * up
+        qr, kr = apply_rope(q, pos), apply_rope(k, pos)
+        kr, vr = kr.repeat_interleave(N // K, dim=2), v.repeat_interleave(N // K, dim=2)
+        (out.sum() + act.sum() + qr.sum() + kr.sum() + vr.sum()).backward()
+
+    return _timed(step, device, budget_s * 2)

@@ -11,8 +11,8 @@ import torch
 
 from meshplan.profile import collectives as coll
 from meshplan.profile import layer_probe
-from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_layer_overhead, bench_matmuls, device_memory_bytes,
-                                      device_name, sweep_plan)
+from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_elementwise, bench_layer_overhead,
+                                      bench_matmuls, device_memory_bytes, device_name, sweep_plan)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GIB
 from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
@@ -49,7 +49,7 @@ def planned_steps(req: ProfileRequest) -> int:
     plan = sweep_plan(device, req.quick)
     n = len(plan.precisions) * len(plan.matmul_shapes)
     n += sum(1 if p == "fp8" else len(plan.attention_shapes) for p in plan.precisions)
-    n += 2 * len(plan.bandwidth_bytes) + 1  # + the layer dispatch overhead
+    n += 2 * len(plan.bandwidth_bytes) + 2  # + the layer dispatch overhead and the elementwise probe
     if req.procs >= 2:
         n += coll.progress_steps(coll.collective_config(req.procs, req.device_type, req.quick))
         if req.device_type == "cpu":
@@ -83,6 +83,8 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
             advance(f"{op} {nbytes >> 20} MiB")
     layer_overhead = bench_layer_overhead(device, plan.budget_s)
     advance("layer dispatch overhead")
+    elementwise = bench_elementwise(device, plan.budget_s)
+    advance("elementwise ops of a layer")
     samples, concurrent, fits, probes = (), (), (), ()
     link_latency, link_bw = None, None
     baseline = _own_rss_bytes()
@@ -104,7 +106,8 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
     )
     figures = DeviceFigures(name=device_name(device), memory_gib=device_memory_bytes(device) / GIB,
                             hbm_bandwidth_bytes_per_s=max(b.bytes_per_s for b in bandwidth),
-                            framework_baseline_bytes=baseline, layer_overhead_s=layer_overhead)
+                            framework_baseline_bytes=baseline, layer_overhead_s=layer_overhead,
+                            elementwise_probe_s=elementwise)
     return HardwareProfile(meta=meta, device=figures, peak_flops=peaks, matmul=tuple(matmul),
                            attention=tuple(attention), bandwidth=tuple(bandwidth), concurrent=concurrent,
                            collectives=samples, collective_fits=fits, link_latency_s=link_latency,

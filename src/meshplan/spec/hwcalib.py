@@ -17,6 +17,9 @@ the factors fitted here are relative to those measured rates:
   <op>_latency_factor,                 each collective's own alpha-beta fit (per ring step, the
   <op>_bandwidth_factor                cost model's convention) over the joint link line, median
                                        over the group sizes measured;
+  elementwise_time_factor              CPU only: the elementwise probe (the runtime's norms,
+                                       residuals, SwiGLU, rotary embedding, GQA repeat, forward +
+                                       backward) over the cost model's memory-bound time for it;
   <kind>_layer_overhead_s              CPU only: the layer probe (meshplan.spec.layer_probe): the
                                        runtime's measured time per extra layer under each
                                        parallelism less what the cost model, with every factor
@@ -36,10 +39,12 @@ from pathlib import Path
 
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
+from meshplan.plan import Plan
 from meshplan.spec.cluster import GIB, GPUSpec
 from meshplan.spec.hwfit import CollectiveOp, fit_matmul_curve
-from meshplan.spec.hwprofile import HardwareProfile, load_profile, profile_source
-from meshplan.spec.training import Precision
+from meshplan.spec.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import Precision, TrainingSpec
 
 
 CPU_SERIAL_OVERLAPS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap", "pp_p2p_overlap")
@@ -87,6 +92,8 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
         out.append(FittedValue(field="layer_overhead_s", value=profile.device.layer_overhead_s,
                                source=source, how="forward+backward of 5 vs 1 tiny reference layers, / 4 / 3"))
     out += _collective_factors(profile, source)
+    if profile.meta.device_type == "cpu" and profile.device.elementwise_probe_s > 0:
+        out.append(_elementwise_fit(profile, source, {f.field: f.value for f in out}))
     if profile.meta.device_type == "cpu":
         # Every core runs a rank (meshplan train gives each CPU rank one thread): a collective's
         # progress (gloo's thread: copies, socket calls) takes the core the math would use.
@@ -97,6 +104,28 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
                                value=profile.device.framework_baseline_bytes / GIB, source=source,
                                how="resident memory of a torch worker after joining its process group"))
     return tuple(out)
+
+
+def _elementwise_fit(profile: HardwareProfile, source: str, fitted: dict) -> FittedValue:
+    """elementwise_time_factor: the probe's time over the cost model's memory-bound time for the
+    same layer (its fwd compute with the factor at 1 less at 0, times 3 for forward + backward)."""
+    from meshplan.cost.arrays import PlanArrays
+    from meshplan.cost.layer import layer_cost
+    from meshplan.spec.cluster import system_preset
+    from meshplan.spec.layer_probe import ELEMENTWISE_PROBE, ELEMENTWISE_TOKENS, PROBE_MODEL
+
+    model = model_preset(PROBE_MODEL).with_overrides({**ELEMENTWISE_PROBE, "num_layers": 1})
+    training = TrainingSpec(seq_len=ELEMENTWISE_TOKENS, global_batch=1, precision=Precision.FP32)
+    cluster = apply_profile_data(system_preset("cpu").with_gpus(1), profile)
+    plans = PlanArrays.from_plans([Plan(micro_batch=1).with_defaults(model)])
+    calib = Calibration().replace_fields(**{k: v for k, v in fitted.items() if k == "hbm_efficiency"})
+    one, zero = (layer_cost(model, cluster, training, plans, calib.replace_fields(elementwise_time_factor=f))
+                 for f in (1.0, 0.0))
+    modeled = 3.0 * float(one.fwd_compute_s[0] - zero.fwd_compute_s[0])
+    measured = profile.device.elementwise_probe_s
+    return FittedValue(field="elementwise_time_factor", value=measured / modeled, source=source,
+                       how=f"runtime's norms, residuals, SwiGLU, rotary, GQA repeat: {measured * 1e3:.2f} ms "
+                           f"measured, {modeled * 1e3:.2f} ms of bytes / bandwidth")
 
 
 def _ring_steps(op: CollectiveOp, n: int) -> float:
@@ -145,6 +174,24 @@ def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> li
         out.append(FittedValue(field=kind.overhead_field, value=value, source=source,
                                how=f"layer probe over {g} processes: {measured * 1e3:.2f} ms per layer measured, "
                                    f"{modeled * 1e3:.2f} ms predicted without it ({comm * 1e3:.2f} ms of it collectives)"))
+    return out
+
+
+def probe_table(profile: HardwareProfile, calib: Calibration) -> list[tuple[str, int, float, float, float]]:
+    """(kind, ranks, measured, modeled without the kind's overhead, overhead) per extra layer, in
+    seconds, for a calibration fitted from ``profile`` (for ``meshplan profile --show``)."""
+    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind
+
+    few, many = PROBE_LAYERS
+    out = []
+    for kind in ProbeKind:
+        rows = {p.layers: p for p in profile.layer_probes if p.kind == kind.value}
+        if few not in rows or many not in rows:
+            continue
+        g = rows[few].group_size
+        measured = (rows[many].time_s - rows[few].time_s) / (many - few)
+        modeled, _ = _probe_model(profile, kind, g, calib.replace_fields(**{kind.overhead_field: 0.0}))
+        out.append((kind.value, g, measured, modeled, getattr(calib, kind.overhead_field)))
     return out
 
 

@@ -59,6 +59,9 @@ class DeviceFigures:
     """Fixed time of one Transformer layer's forward, apart from its FLOPs and bytes: the
     per-layer dispatch cost of the runtime's own model, measured on a layer too small for its
     math to count (0 in profiles written before it was measured)."""
+    elementwise_probe_s: float = 0.0
+    """Forward + backward of the memory-bound ops of one runtime layer at the elementwise probe's
+    shape (meshplan.spec.layer_probe.ELEMENTWISE_PROBE); 0: not measured."""
 
 
 @dataclass(frozen=True, kw_only=True)

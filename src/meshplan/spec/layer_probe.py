@@ -28,6 +28,10 @@ PROBE_OVERRIDES = {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 2, "ffn_hi
 PROBE_SEQ_LEN = 8
 """Tokens of one row; each data-parallel rank gets one row (one micro-batch)."""
 PROBE_LAYERS = (1, 5)
+ELEMENTWISE_PROBE = {"hidden_size": 512, "num_heads": 8, "num_kv_heads": 4, "ffn_hidden_size": 1536}
+"""Layer shape of the elementwise probe: the runtime's norms, residual adds, SwiGLU, rotary
+embedding and GQA K/V repeat, forward + backward, without the matmuls, on ELEMENTWISE_TOKENS."""
+ELEMENTWISE_TOKENS = 2048
 PROBE_GROUP_SIZE = 2
 
 
