@@ -91,7 +91,8 @@ def run_train(job: Job, work: Path, steps: int) -> tuple[list[float], float, str
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     if res.returncode != 0:
         lines = (res.stderr or res.stdout).strip().splitlines()
-        return [], 0.0, lines[-1] if lines else f"exit {res.returncode}"
+        causes = [ln for ln in lines if "Error" in ln or "error:" in ln]  # the worker's own exception
+        return [], 0.0, (causes[0] if causes else lines[-1] if lines else f"exit {res.returncode}")
     records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     steps_rec = [r for r in records if "step" in r and "step_time_s" in r]
     peaks = [r["peak_memory_gib"] for r in records if r.get("peak_memory_gib") is not None]

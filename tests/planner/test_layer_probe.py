@@ -143,3 +143,35 @@ def test_profiles_without_probes_load_and_bad_probes_are_named(tmp_path):
     bad.write_text(json.dumps(data))
     with pytest.raises(MeshplanError, match=r"layer_probes\[0\]\.kind 'pp'"):
         load_profile(bad)
+
+
+def test_elementwise_factor_scales_the_memory_bound_time_only():
+    from meshplan.cost.arrays import PlanArrays
+    from meshplan.cost.layer import layer_cost
+
+    model = model_preset("toy-llama")
+    training = TrainingSpec(seq_len=64, global_batch=8, precision=Precision.FP32)
+    cluster = system_preset("cpu").with_gpus(1)
+    plans = PlanArrays.from_plans([Plan(micro_batch=2).with_defaults(model)])
+    f0, f1, f3 = (layer_cost(model, cluster, training, plans, Calibration(elementwise_time_factor=f)).fwd_compute_s[0]
+                  for f in (0.0, 1.0, 3.0))
+    # fwd = math + memory-bound * factor: linear in the factor, and the memory-bound part is the
+    # bytes of 2 norms (r+w), 2 residual adds (2r+w) and SwiGLU (3 F-wide tensors) over W_hbm * eff
+    assert f3 - f0 == pytest.approx(3.0 * (f1 - f0))
+    T, D, F = 2 * 64, model.hidden_size, model.ffn_hidden_size
+    bytes_moved = (T * D * 10 + T * F * 3) * 4
+    hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * Calibration().hbm_efficiency
+    assert f1 - f0 == pytest.approx(bytes_moved / hbm)
+
+
+def test_elementwise_probe_fits_the_factor():
+    from meshplan.spec.hwcalib import _elementwise_fit
+
+    golden = load_profile(GOLDEN)
+    assert "elementwise_time_factor" not in {f.field for f in calibration_from_profile(GOLDEN, Precision.FP32)[1]}
+    base = _elementwise_fit(replace(golden, device=replace(golden.device, elementwise_probe_s=1.0)), "t",
+                            {"hbm_efficiency": 0.8})
+    modeled = 1.0 / base.value  # what the formulas give for the probe layer
+    probe = replace(golden, device=replace(golden.device, elementwise_probe_s=4.0 * modeled))
+    calib, _ = calibration_from_profile_data(probe, "t", Precision.FP32)
+    assert calib.elementwise_time_factor == pytest.approx(4.0)

@@ -47,7 +47,9 @@ def test_profile_quick_writes_a_valid_profile(tmp_path):
     from meshplan.spec.training import Precision
 
     fitted = {f.field for f in calibration_from_profile(out, Precision.FP32)[1]}
-    assert {"tp_layer_overhead_s", "dp_layer_overhead_s", "fsdp_layer_overhead_s", "cp_layer_overhead_s"} <= fitted
+    assert {"tp_layer_overhead_s", "dp_layer_overhead_s", "fsdp_layer_overhead_s", "cp_layer_overhead_s",
+            "elementwise_time_factor"} <= fitted
+    assert p.device.elementwise_probe_s > 0
     c = apply_profile(system_preset("cpu").with_gpus(2), out)
     assert c.intra_node_bandwidth_bytes_per_s == p.link_bandwidth_bytes_per_s
     print(f"profile --quick --procs 2 took {elapsed:.1f} s")  # a figure, not a test: see bench/

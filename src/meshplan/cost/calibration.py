@@ -260,7 +260,7 @@ FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
     # GPU default (CUDA context, NCCL buffers) would overstate it tenfold. Rates need a profile.
     "cpu": MappingProxyType({
         "source": "cpu preset: worker baseline measured by meshplan profile on the 2-core CI machine",
-        "framework_overhead_gib": 0.33,
+        "framework_overhead_gib": 0.29,
     }),
 })
 

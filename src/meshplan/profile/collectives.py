@@ -3,8 +3,8 @@
 One launch of N processes measures every group size 2..N: sub-groups are the first g ranks.
 Message-size convention (see meshplan.spec.hwfit.bus_factor): all-reduce and all-to-all take the
 per-rank buffer, all-gather its full output, reduce-scatter its full input, send/recv the message.
-Each rank also reports its resident memory right after joining the group (the framework baseline
-of a training worker) and its matmul throughput while g ranks compute at once (shared cores).
+Each rank also reports its resident memory right after joining the group and importing the
+runtime (the framework baseline of a training worker) and its matmul throughput while g ranks compute at once (shared cores).
 """
 
 from __future__ import annotations
@@ -127,6 +127,17 @@ def progress_steps(cfg: CollectiveConfig) -> int:
     return 1 + sum(ops_per_group + (1 if g == 2 else 0) for g in cfg.group_sizes)
 
 
+def resident_bytes() -> float:
+    """This process's resident memory now. Not ru_maxrss: a spawned child starts with its parent's
+    high-water mark (Linux keeps it across fork and exec), so a profile that has already swept
+    large matmuls would report the parent's peak instead of a fresh worker's baseline."""
+    try:
+        with open("/proc/self/statm") as f:
+            return float(f.read().split()[1]) * resource.getpagesize()
+    except OSError:  # not Linux: the high-water mark is the best there is
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -144,7 +155,12 @@ def _worker(rank: int, cfg: CollectiveConfig, port: int, q: Any) -> None:
                             world_size=cfg.world_size)
     try:
         dist.barrier()
-        baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux: KiB
+        # what a training worker holds before its model: torch, gloo, and the runtime's modules
+        import meshplan.runtime.parallelize  # noqa: F401
+        import meshplan.runtime.pipeline  # noqa: F401
+        import meshplan.runtime.train  # noqa: F401
+
+        baseline = resident_bytes()
         groups = {g: dist.new_group(list(range(g))) for g in cfg.group_sizes}
         concurrent = _concurrent(rank, cfg, device)
         if rank == 0:

@@ -155,19 +155,22 @@ def _collective_factors(profile: HardwareProfile, source: str) -> list[FittedVal
     return out
 
 
-def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> list[FittedValue]:
-    """Each parallelism's per-layer overhead (module docstring), given ``calib``: the measured
-    time per extra layer less the modeled one (the kind's own field at 0), per extra rank."""
+def _probe_slopes(profile: HardwareProfile):
+    """(kind, ranks, measured time per extra layer) for every probe kind the profile holds."""
     from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind
 
     few, many = PROBE_LAYERS
-    out = []
     for kind in ProbeKind:
         rows = {p.layers: p for p in profile.layer_probes if p.kind == kind.value}
-        if few not in rows or many not in rows:
-            continue
-        g = rows[few].group_size
-        measured = (rows[many].time_s - rows[few].time_s) / (many - few)
+        if few in rows and many in rows:
+            yield kind, rows[few].group_size, (rows[many].time_s - rows[few].time_s) / (many - few)
+
+
+def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> list[FittedValue]:
+    """Each parallelism's per-layer overhead (module docstring), given ``calib``: the measured
+    time per extra layer less the modeled one (the kind's own field at 0), per extra rank."""
+    out = []
+    for kind, g, measured in _probe_slopes(profile):
         modeled, comm = _probe_model(profile, kind, g, calib)
         value = max(0.0, measured - modeled) / (g - 1)
         calib = calib.replace_fields(**{kind.overhead_field: value})
@@ -180,19 +183,10 @@ def _probe_fits(profile: HardwareProfile, source: str, calib: Calibration) -> li
 def probe_table(profile: HardwareProfile, calib: Calibration) -> list[tuple[str, int, float, float, float]]:
     """(kind, ranks, measured, modeled without the kind's overhead, overhead) per extra layer, in
     seconds, for a calibration fitted from ``profile`` (for ``meshplan profile --show``)."""
-    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind
-
-    few, many = PROBE_LAYERS
-    out = []
-    for kind in ProbeKind:
-        rows = {p.layers: p for p in profile.layer_probes if p.kind == kind.value}
-        if few not in rows or many not in rows:
-            continue
-        g = rows[few].group_size
-        measured = (rows[many].time_s - rows[few].time_s) / (many - few)
-        modeled, _ = _probe_model(profile, kind, g, calib.replace_fields(**{kind.overhead_field: 0.0}))
-        out.append((kind.value, g, measured, modeled, getattr(calib, kind.overhead_field)))
-    return out
+    return [(kind.value, g, measured,
+             _probe_model(profile, kind, g, calib.replace_fields(**{kind.overhead_field: 0.0}))[0],
+             getattr(calib, kind.overhead_field))
+            for kind, g, measured in _probe_slopes(profile)]
 
 
 def _probe_model(profile: HardwareProfile, kind, g: int, calib: Calibration) -> tuple[float, float]:
