@@ -47,6 +47,8 @@ def test_link_rates_apply_the_op_factors():
     assert comms.all_gather_time(2e6, 2, link) == pytest.approx(1e6 / 1e9 + 2e-3)
     assert comms.all_gather_time(2e6, 2, link, "tp_all_gather") == pytest.approx(1e6 / 0.5e9 + 1e-3)
     assert comms.reduce_scatter_time(2e6, 2, link) == pytest.approx(1e6 / 1e9 + 1e-3)
+    with pytest.raises(MeshplanError, match="unknown collective 'broadcast'"):
+        calib.collective_factors("broadcast")
 
 
 def test_joint_link_fit_ignores_the_runtime_path_ops():
@@ -170,7 +172,7 @@ def test_elementwise_probe_fits_the_factor():
     golden = load_profile(GOLDEN)
     assert "elementwise_time_factor" not in {f.field for f in calibration_from_profile(GOLDEN, Precision.FP32)[1]}
     base = _elementwise_fit(replace(golden, device=replace(golden.device, elementwise_probe_s=1.0)), "t",
-                            {"hbm_efficiency": 0.8})
+                            0.8)
     modeled = 1.0 / base.value  # what the formulas give for the probe layer
     probe = replace(golden, device=replace(golden.device, elementwise_probe_s=4.0 * modeled))
     calib, _ = calibration_from_profile_data(probe, "t", Precision.FP32)

@@ -188,16 +188,9 @@ class Calibration:
         """(latency factor, bandwidth factor) of a collective op ('all_reduce', 'all_gather',
         'reduce_scatter', 'all_to_all', 'send_recv', 'tp_all_gather', 'tp_reduce_scatter'; the
         names of meshplan.spec.hwfit.CollectiveOp)."""
-        table = {
-            "all_reduce": (self.all_reduce_latency_factor, self.all_reduce_bandwidth_factor),
-            "all_gather": (self.all_gather_latency_factor, self.all_gather_bandwidth_factor),
-            "reduce_scatter": (self.reduce_scatter_latency_factor, self.reduce_scatter_bandwidth_factor),
-            "all_to_all": (self.all_to_all_latency_factor, self.all_to_all_bandwidth_factor),
-            "send_recv": (self.send_recv_latency_factor, self.send_recv_bandwidth_factor),
-            "tp_all_gather": (self.tp_all_gather_latency_factor, self.tp_all_gather_bandwidth_factor),
-            "tp_reduce_scatter": (self.tp_reduce_scatter_latency_factor, self.tp_reduce_scatter_bandwidth_factor),
-        }
-        return table[op]
+        if not hasattr(self, f"{op}_latency_factor"):
+            raise MeshplanError(f"unknown collective {op!r}")
+        return getattr(self, f"{op}_latency_factor"), getattr(self, f"{op}_bandwidth_factor")
 
     def replace_fields(self, **changes: Any) -> "Calibration":
         known = {f.name for f in fields(self)}

@@ -93,7 +93,8 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
                                source=source, how="forward+backward of 5 vs 1 tiny reference layers, / 4 / 3"))
     out += _collective_factors(profile, source)
     if profile.meta.device_type == "cpu" and profile.device.elementwise_probe_s > 0:
-        out.append(_elementwise_fit(profile, source, {f.field: f.value for f in out}))
+        hbm = next((f.value for f in out if f.field == "hbm_efficiency"), Calibration().hbm_efficiency)
+        out.append(_elementwise_fit(profile, source, hbm))
     if profile.meta.device_type == "cpu":
         # Every core runs a rank (meshplan train gives each CPU rank one thread): a collective's
         # progress (gloo's thread: copies, socket calls) takes the core the math would use.
@@ -106,7 +107,7 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
     return tuple(out)
 
 
-def _elementwise_fit(profile: HardwareProfile, source: str, fitted: dict) -> FittedValue:
+def _elementwise_fit(profile: HardwareProfile, source: str, hbm_efficiency: float) -> FittedValue:
     """elementwise_time_factor: the probe's time over the cost model's memory-bound time for the
     same layer (its fwd compute with the factor at 1 less at 0, times 3 for forward + backward)."""
     from meshplan.cost.arrays import PlanArrays
@@ -118,7 +119,7 @@ def _elementwise_fit(profile: HardwareProfile, source: str, fitted: dict) -> Fit
     training = TrainingSpec(seq_len=ELEMENTWISE_TOKENS, global_batch=1, precision=Precision.FP32)
     cluster = apply_profile_data(system_preset("cpu").with_gpus(1), profile)
     plans = PlanArrays.from_plans([Plan(micro_batch=1).with_defaults(model)])
-    calib = Calibration().replace_fields(**{k: v for k, v in fitted.items() if k == "hbm_efficiency"})
+    calib = Calibration(hbm_efficiency=hbm_efficiency)
     one, zero = (layer_cost(model, cluster, training, plans, calib.replace_fields(elementwise_time_factor=f))
                  for f in (1.0, 0.0))
     modeled = 3.0 * float(one.fwd_compute_s[0] - zero.fwd_compute_s[0])
