@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec, resolve_cluster
@@ -30,12 +31,38 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 ClusterProfileOpt = Annotated[Optional[str], typer.Option("--cluster-profile", help="Hardware profile JSON from `meshplan profile` to replace preset figures.")]
 
 
+PIPE_WIDTH_COLUMNS = 10_000
+"""Width of the page when the output is not a terminal (a pipe, a file): wide enough that no table
+is squeezed, so ``meshplan models | grep llama3-70b`` finds whole rows. Rich pads a table to its
+own width, not to the page's, so a wide page adds no blanks."""
+
+
+class _UncutConsole(Console):
+    """A console whose tables never cut a value: on a narrow terminal a cell folds onto more lines
+    instead of ending in an ellipsis (rich's default ``overflow``)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's own name
+        for obj in objects:
+            if isinstance(obj, Table):
+                for column in obj.columns:
+                    column.overflow = "fold"
+        super().print(*objects, **kwargs)
+
+
+def _console(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else PIPE_WIDTH_COLUMNS
+    return _UncutConsole(stderr=stderr, highlight=False, width=width)
+
+
 def console() -> Console:
-    return Console(highlight=False)
+    """Where tables go: the terminal's width on a terminal, full width in a pipe or a file."""
+    return _console(stderr=False)
 
 
 def err_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    """Messages and progress on stderr, with the same rule as :func:`console`."""
+    return _console(stderr=True)
 
 
 def load_model(model: str, override: str | None) -> ModelSpec:
