@@ -16,17 +16,18 @@ from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.presets import resolve_model
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path (with a Job file: default the file's).")]
 OverrideOpt = Annotated[Optional[str], typer.Option("--override", help="Change model fields, e.g. num_layers=2,hidden_size=64.")]
-ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="System preset (dgx-h100, ...), or a YAML/JSON cluster file.")]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="System preset (dgx-h100, ...), or a YAML/JSON cluster file (`meshplan clusters --example`).")]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="A bare GPU type instead of --cluster (h100-sxm, a100-80gb, ...).")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", "-n", help="Number of nodes.")]
 GpusPerNodeOpt = Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the preset's).")]
-SeqLenOpt = Annotated[int, typer.Option("--seq-len", "-s", help="Sequence length in tokens.")]
+SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Sequence length in tokens (default: 2048, or the Job file's).")]
 GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch in sequences.")]
 GlobalBatchTokensOpt = Annotated[Optional[int], typer.Option("--global-batch-tokens", help="Global batch in tokens (instead of --global-batch).")]
-PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Matmul precision.")]
-OptimizerOpt = Annotated[Optimizer, typer.Option("--optimizer", help="Optimizer (its states set the memory).")]
+PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or the Job file's; `plan`: what the GPU supports, bf16, fp16 or fp32).")]
+OptimizerOpt = Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer, its states set the memory (default: adamw, or the Job file's).")]
+MemoryGibOpt = Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU in GiB (default: GPU memory less the search's safety margin).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 ClusterProfileOpt = Annotated[Optional[str], typer.Option("--cluster-profile", help="Hardware profile JSON from `meshplan profile` to replace preset figures.")]
 
