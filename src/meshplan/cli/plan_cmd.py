@@ -13,6 +13,7 @@ from rich.table import Table
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, console, err_console, print_json
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
+from meshplan.cli.plan_flags import plan_argv
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
@@ -208,7 +209,7 @@ def _nothing_fits(results, model_name: str, margin_gib: float, memory_gib: float
 
 def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
     return {
-        "plan": p.plan.notation(), "step_time_s": p.step_time_s,
+        "plan": p.plan.notation(), "flags": plan_argv(p.plan), "step_time_s": p.step_time_s,
         "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
         "peak_memory_gib": p.peak_memory_gib, "fits": p.peak_memory_bytes <= budget_bytes,
         "gpu_hours_per_billion_tokens": p.gpu_hours_per_billion_tokens(training),
@@ -277,6 +278,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
         rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
         con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
                   + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
+        con.print(f"as flags (meshplan estimate ...): {plan_argv(p.plan)}", soft_wrap=True, markup=False)
 
 
 def _print_scaling(con, results, training) -> None:
