@@ -74,3 +74,21 @@ def test_cluster_file_error_is_one_line(tmp_path):
     assert e.stderr.strip().splitlines() == [
         "error: c.yaml: unknown cluster field(s): inter_node_bandwith_bytes_per_s "
         "(see `meshplan clusters --example` or docs/clusters.md)"]
+
+
+def test_narrow_terminal_folds_a_cell_instead_of_cutting_it():
+    import io
+
+    from rich.table import Table
+
+    from meshplan.cli.common import UncutConsole
+
+    t = Table(title="t")
+    t.add_column("plan")
+    t.add_column("s", justify="right")
+    t.add_row("dp32 zero2x2 tp2sp pp8(interleaved-1f1b,v8) cp2 mb1 layers=2x8,1,2x6,1x6,2x2,1x41", "7.716")
+    buf = io.StringIO()
+    UncutConsole(file=buf, width=40, force_terminal=True, color_system=None).print(t)
+    text = buf.getvalue()
+    assert ELLIPSIS not in text and "7.716" in text
+    assert "1x41" in text.replace("\u2502", "").replace(" ", "").replace("\n", "")

@@ -38,7 +38,7 @@ is squeezed, so ``meshplan models | grep llama3-70b`` finds whole rows. Rich pad
 own width, not to the page's, so a wide page adds no blanks."""
 
 
-class _UncutConsole(Console):
+class UncutConsole(Console):
     """A console whose tables never cut a value: on a narrow terminal a cell folds onto more lines
     instead of ending in an ellipsis (rich's default ``overflow``)."""
 
@@ -53,7 +53,7 @@ class _UncutConsole(Console):
 def _console(stderr: bool) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else PIPE_WIDTH_COLUMNS
-    return _UncutConsole(stderr=stderr, highlight=False, width=width)
+    return UncutConsole(stderr=stderr, highlight=False, width=width)
 
 
 def console() -> Console:
