@@ -106,7 +106,7 @@ class TrainingFlags:
     optimizer: OptimizerOpt = None
 
     @property
-    def batch_given(self) -> bool:
+    def length_or_batch_given(self) -> bool:
         return self.seq_len is not None or self.global_batch is not None or self.global_batch_tokens is not None
 
     def spec(self, job_training: TrainingSpec | None = None,

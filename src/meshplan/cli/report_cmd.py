@@ -34,7 +34,7 @@ def report(
     if plan_file is not None:
         job = Job.load(plan_file)
         c = cluster_flags
-        if model_flags.model is not None or training_flags.batch_given or any(
+        if model_flags.model is not None or training_flags.length_or_batch_given or any(
                 v is not None for v in (c.cluster, c.gpu, c.nodes)):
             raise MeshplanError("--plan brings its own model, cluster and batch: drop the planning options")
         spec, spec_cluster, training, yours = job.model, job.cluster, job.training, job.plan
