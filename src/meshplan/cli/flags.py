@@ -66,7 +66,8 @@ class ModelFlags:
     model: ModelOpt = None
     override: OverrideOpt = None
 
-    def spec(self, job_model: ModelSpec | None = None, *, missing: str) -> ModelSpec:
+    def spec(self, job_model: ModelSpec | None = None, *,
+             missing: str = "give --model (a preset name or a Hugging Face config.json)") -> ModelSpec:
         """--model wins; else the Job file's model (``--override`` applies to it); else ``missing``."""
         if self.model is not None:
             return load_model(self.model, self.override)

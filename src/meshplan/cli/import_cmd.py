@@ -66,7 +66,7 @@ def import_(
 ) -> None:
     """Turn a Megatron-LM command line or a torchtitan TOML into a meshplan Job file."""
     model, override = model_flags.model, model_flags.override
-    base_model = model_flags.spec(missing="") if model else None
+    base_model = model_flags.spec() if model else None
     ignored: tuple[str, ...] = ()
     if source == ImportSource.MEGATRON:
         from meshplan.export.import_megatron import import_megatron, launcher_size

@@ -41,7 +41,7 @@ def report(
     else:
         if model_flags.model is None or training_flags.seq_len is None:
             raise MeshplanError("give --plan FILE, or --model, --seq-len, a batch and a cluster")
-        spec = model_flags.spec(missing="")
+        spec = model_flags.spec()
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
     built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
