@@ -51,4 +51,6 @@ def test_hsdp_notation_is_accepted_as_flags():
     e = run("estimate", *README_CASE, "--dp", "32", "--dp-shard", "2", "--zero", "2", "--tp", "2", "--pp", "8",
             "--cp", "2", "--vpp", "8", "--json")
     assert e.returncode == 0, e.stderr
-    assert json.loads(e.stdout)["plan"].startswith("dp32 zero2x2 tp2sp pp8(interleaved-1f1b,v8) cp2 mb1")
+    out = json.loads(e.stdout)
+    assert out["plan"] == "dp32 zero2x2 tp2sp pp8(interleaved-1f1b,v8) cp2 mb1"
+    assert out["flags"] == "--dp 32 --dp-shard 2 --tp 2 --pp 8 --cp 2 --zero 2 --vpp 8"

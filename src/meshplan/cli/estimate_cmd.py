@@ -11,7 +11,7 @@ from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, print_json
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
-from meshplan.cli.plan_flags import PlanFlags, build_plan
+from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
 from meshplan.plan import Job
 
 
@@ -46,6 +46,7 @@ def estimate_cmd(
     est = estimate(spec, clus, train, plan, calib)
     if json_out:
         out = est.to_dict()
+        out["flags"] = plan_argv(plan)
         out["model"] = spec.name
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
         print_json(out)
