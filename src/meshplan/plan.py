@@ -306,27 +306,47 @@ class Plan:
 
     # ---- notation and JSON ---------------------------------------------------------------
     def notation(self) -> str:
-        """Compact one-line form, e.g. ``dp2 fsdp8 tp8sp pp4(v2) cp1 mb1 ckpt=sel:12``."""
+        """Compact one-line form that maps one-to-one to the plan flags (``cli/plan_flags.py``),
+        e.g. ``dp16 zero2x2 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:all``:
+
+        ``dpN`` total data parallel (``--dp N``); ``zeroZxM`` / ``fsdpM`` ZeRO stage Z (3 = FSDP)
+        sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
+        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)``; ``cpC`` + ``a2a`` for
+        all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
+        not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
+        not all. Lists are comma separated, a run of K equal counts N written ``NxK``.
+        """
         d = self.dims
-        parts = [f"dp{d.dp_replicate}"]
+        parts = [f"dp{d.dp}"]
         if self.zero == 3:
             parts.append(f"fsdp{d.dp_shard}")
         elif self.zero:
             parts.append(f"zero{self.zero}x{d.dp_shard}")
         parts.append(f"tp{d.tp}{'sp' if self.sp else ''}")
         pp = f"pp{d.pp}"
-        if d.pp > 1:
+        if d.pp > 1 or self.schedule != Schedule.ONE_F_ONE_B:
             pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
         parts.append(pp)
-        parts.append(f"cp{d.cp}" + ("a2a" if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL else ""))
+        parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
         parts.append(f"mb{self.micro_batch}")
+        if self.uneven_split:
+            parts.append(f"layers={format_counts(self.stage_layers)}")
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
-            n = sum(self.recompute_layers) if self.recompute_layers else "all"
-            parts.append(f"ckpt={short}:{n}")
+            parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         return " ".join(parts)
+
+    @property
+    def uneven_split(self) -> bool:
+        """Whether ``stage_layers`` is given and differs from the even split of its layers."""
+        return bool(self.stage_layers) and self.stage_layers != even_split(sum(self.stage_layers), self.num_stages)
+
+    @property
+    def partial_recompute(self) -> bool:
+        """Whether ``recompute_layers`` names fewer layers than the stages hold (not simply all)."""
+        return bool(self.recompute_layers) and self.recompute_layers != self.stage_layers
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -365,6 +385,32 @@ def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:
     if leftover:
         raise MeshplanError(f"unknown {what} field(s): {', '.join(sorted(leftover))}")
     return {}
+
+
+def format_counts(counts: tuple[int, ...]) -> str:
+    """``(2, 2, 2, 1, 3)`` -> ``2x3,1,3``: comma separated, a run of K equal values N as ``NxK``."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
+def parse_counts(text: str, what: str) -> tuple[int, ...]:
+    """The inverse of :func:`format_counts`: ``2x3,1,3`` -> ``(2, 2, 2, 1, 3)``."""
+    out: list[int] = []
+    for item in text.split(","):
+        value, times, repeat = item.strip().partition("x")
+        try:
+            n, k = int(value), int(repeat) if times else 1
+        except ValueError:
+            raise MeshplanError(f"{what} {text!r}: give counts like 9,10x6,11 (N, or N repeated K times as NxK)") from None
+        if n < 0 or k < 1:
+            raise MeshplanError(f"{what} {text!r}: counts must be >= 0 and repeats >= 1")
+        out += [n] * k
+    return tuple(out)
 
 
 def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:

@@ -134,4 +134,4 @@ def test_import_torchtitan_flavor_preset():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["model"]["name"] == "llama3-8b"
-    assert data["notation"] == "dp1 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"
+    assert data["notation"] == "dp8 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"

@@ -11,6 +11,7 @@ from rich.table import Table
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
+from meshplan.cli.plan_flags import plan_argv
 from meshplan.plan import Job
 
 
@@ -30,7 +31,8 @@ def explain_cmd(
         out["job"] = {"model": job.model.name, "cluster": job.cluster.name,
                       "num_gpus": job.cluster.num_gpus, "seq_len": job.training.seq_len,
                       "global_batch": job.training.global_batch,
-                      "precision": job.training.precision.value, "plan": plan.to_dict()}
+                      "precision": job.training.precision.value, "plan": plan.to_dict(),
+                      "flags": plan_argv(job.plan)}
         print_json(out)
         return
     con = console()

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import JsonOpt, err_console, print_json
+from meshplan.cli.common import JsonOpt, MemoryGibOpt, err_console, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.export.common import ExportTarget, export_job
@@ -21,7 +21,7 @@ def export(
     to: Annotated[ExportTarget, typer.Option("--to", help="Target framework.")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the config here instead of stdout.")] = None,
     best: Annotated[bool, typer.Option("--best", help="Search the job's model, batch and cluster, and export the fastest plan that fits and that the target can express.")] = False,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="With --best: memory budget per GPU (default: the search's).")] = None,
+    memory_gib: MemoryGibOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""

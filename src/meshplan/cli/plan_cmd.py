@@ -10,24 +10,18 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import (
-    ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-    JsonOpt, NodesOpt, OverrideOpt, console, err_console,
-    load_cluster, load_model, make_training, print_json,
-)
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, console, err_console, print_json
+from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
+from meshplan.cli.plan_flags import plan_argv
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
-from meshplan.spec.model import ModelSpec, parse_overrides
-from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+from meshplan.spec.training import Precision, TrainingSpec
 from meshplan.targets import Target
 
 OVER_BUDGET_ROWS = 3
 """Frontier rows shown above the recommended plan (faster, but over the budget)."""
-
-DEFAULT_SEQ_LEN = 2048
-"""Sequence length when neither --seq-len nor a --compare Job file gives one."""
 
 PROGRESS_AFTER_S = 1.0
 """Show a progress bar only once a search has run this long (short searches stay quiet)."""
@@ -81,20 +75,14 @@ class _LazyProgress:
 
 
 @app.command("plan")
+@with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags, training_flags=TrainingFlags)
 def plan_cmd(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path (default with --compare: the Job file's model).")] = None,
-    override: OverrideOpt = None,
-    cluster: ClusterOpt = None,
-    gpu: GpuOpt = None,
-    nodes: NodesOpt = None,
-    gpus_per_node: GpusPerNodeOpt = None,
+    *,
+    model_flags: ModelFlags,
+    cluster_flags: ClusterFlags,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, 64,128,256 or 64-256 (powers of 2).")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help=f"Sequence length in tokens (default: {DEFAULT_SEQ_LEN}, or the --compare Job file's).")] = None,
-    global_batch: GlobalBatchOpt = None,
-    global_batch_tokens: GlobalBatchTokensOpt = None,
-    precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
-    optimizer: Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer (its states set the memory; default: adamw, or the --compare Job file's).")] = None,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
+    training_flags: TrainingFlags,
+    memory_gib: MemoryGibOpt = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
@@ -109,21 +97,15 @@ def plan_cmd(
     from meshplan.targets import search_options
 
     mine = Job.load(compare_file) if compare_file is not None else None
-    spec = _model(model, override, mine)
+    spec = model_flags.spec(mine.model if mine else None,
+                            missing="give --model (a preset or config.json), or --compare JOB.json to plan for its model")
     counts = parse_gpu_counts(gpus) if gpus else None
-    if mine is not None and not (cluster or gpu or nodes or gpus_per_node):
+    if mine is not None and not cluster_flags.given:
         base = _job_cluster(mine, counts, cluster_profile)
     else:
-        base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
-                            gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
-    job_training = mine.training if mine is not None else None
-    if job_training is not None and global_batch is None and global_batch_tokens is None:
-        global_batch = job_training.global_batch
-    training = make_training(
-        seq_len if seq_len is not None else (job_training.seq_len if job_training else DEFAULT_SEQ_LEN),
-        global_batch, global_batch_tokens,
-        precision or (job_training.precision if job_training else _default_precision(base)),
-        optimizer or (job_training.optimizer if job_training else Optimizer.ADAMW))
+        base = cluster_flags.spec(gpus=counts[0] if counts and len(counts) == 1 else None,
+                                  profile=cluster_profile, use_nodes=counts is None)
+    training = training_flags.spec(mine.training if mine else None, _default_precision(base))
     clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     if memory_gib is not None and memory_gib <= 0:
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
@@ -185,15 +167,6 @@ def plan_cmd(
         con.print(f"wrote the frontier plot to {plot}")
 
 
-def _model(model: str | None, override: str | None, mine: Job | None) -> ModelSpec:
-    """--model wins; with --compare and no --model, the Job file's model (--override applies)."""
-    if model is not None:
-        return load_model(model, override)
-    if mine is None:
-        raise MeshplanError("give --model (a preset or config.json), or --compare JOB.json to plan for its model")
-    return mine.model.with_overrides(parse_overrides(override)) if override else mine.model
-
-
 def _job_cluster(mine: Job, counts: list[int] | None, profile: str | None) -> ClusterSpec:
     """The --compare Job file's cluster (no --cluster/--gpu/--nodes/--gpus-per-node given):
     its hardware, resized when --gpus gives one count, and a --cluster-profile applied on top."""
@@ -240,7 +213,7 @@ def _nothing_fits(results, model_name: str, margin_gib: float, memory_gib: float
 
 def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
     return {
-        "plan": p.plan.notation(), "step_time_s": p.step_time_s,
+        "plan": p.plan.notation(), "flags": plan_argv(p.plan), "step_time_s": p.step_time_s,
         "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
         "peak_memory_gib": p.peak_memory_gib, "fits": p.peak_memory_bytes <= budget_bytes,
         "gpu_hours_per_billion_tokens": p.gpu_hours_per_billion_tokens(training),
@@ -309,6 +282,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
         rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
         con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
                   + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
+        con.print(f"as flags (meshplan estimate ...): {plan_argv(p.plan)}", soft_wrap=True, markup=False)
 
 
 def _print_scaling(con, results, training) -> None:

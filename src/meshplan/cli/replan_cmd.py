@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan import ckpt_meta
-from meshplan.cli.common import ClusterOpt, GpusPerNodeOpt, JsonOpt, console, load_cluster, print_json
+from meshplan.cli.common import ClusterOpt, GpusPerNodeOpt, JsonOpt, MemoryGibOpt, console, load_cluster, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -62,7 +62,7 @@ def replan(
     gpus: Annotated[int, typer.Option("--gpus", help="GPU count to continue on.")],
     cluster: ClusterOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
+    memory_gib: MemoryGibOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the new plan (a Job file).")] = Path("replan.json"),
     json_out: JsonOpt = False,
 ) -> None:
