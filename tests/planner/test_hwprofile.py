@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import system_preset
-from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta, fit_matmul_curve
-from meshplan.spec.hwprofile import apply_profile, host_share, joint_link_fit, load_profile
-from meshplan.spec.hwcalib import profile_fit
+from meshplan.calib.hwfit import CollectiveOp, bus_factor, fit_alpha_beta, fit_matmul_curve
+from meshplan.calib.hwprofile import apply_profile, host_share, joint_link_fit, load_profile
+from meshplan.calib.hwcalib import profile_fit
 from meshplan.spec.training import Precision
 
 GOLDEN = Path(__file__).parent / "data" / "hwprofile_small.json"
@@ -163,7 +163,7 @@ def test_cli_bad_profile_is_one_line_exit_2(tmp_path):
 
 
 def test_calibration_fitted_from_golden_profile():
-    from meshplan.spec.hwcalib import calibration_from_profile
+    from meshplan.calib.hwcalib import calibration_from_profile
     from meshplan.spec.training import Precision
 
     calib, fitted = calibration_from_profile(GOLDEN, Precision.FP32)

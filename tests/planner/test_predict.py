@@ -1,4 +1,4 @@
-"""Prediction for a run and its comparison with measurements (meshplan.runtime.predict, no torch)."""
+"""Prediction for a run and its comparison with measurements (meshplan.calib.predict, no torch)."""
 
 from pathlib import Path
 
@@ -6,10 +6,10 @@ import pytest
 
 from meshplan.cost import estimate
 from meshplan.plan import Job, ParallelDims, Plan
-from meshplan.runtime.predict import compare, comparison_table, predict, runtime_calibration
+from meshplan.calib.predict import compare, comparison_table, predict, runtime_calibration
 from meshplan.spec.cluster import GIB, system_preset
-from meshplan.spec.hwcalib import profile_calibration
-from meshplan.spec.hwprofile import apply_profile
+from meshplan.calib.hwcalib import profile_calibration
+from meshplan.calib.hwprofile import apply_profile
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -75,7 +75,7 @@ def test_compare_takes_the_median_after_warmup():
 def test_attach_prediction_adds_fields_to_the_summary(tmp_path):
     import json
 
-    from meshplan.runtime.predict import attach_prediction
+    from meshplan.calib.predict import attach_prediction
 
     log = tmp_path / "log.jsonl"
     rows = [{"step": i, "loss": 5.0, "step_time_s": t, "tokens_per_s": 1.0, "peak_memory_gib": m}

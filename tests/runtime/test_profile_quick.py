@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.spec.cluster import system_preset
-from meshplan.spec.hwprofile import apply_profile, load_profile
+from meshplan.calib.hwprofile import apply_profile, load_profile
 
 pytestmark = pytest.mark.runtime
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -43,7 +43,7 @@ def test_profile_quick_writes_a_valid_profile(tmp_path):
     assert {(r.kind, r.layers) for r in p.layer_probes} == {
         (k, n) for k in ("dp", "fsdp", "tp", "cp") for n in (1, 5)}
     assert all(r.time_s > 0 for r in p.layer_probes)
-    from meshplan.spec.hwcalib import calibration_from_profile
+    from meshplan.calib.hwcalib import calibration_from_profile
     from meshplan.spec.training import Precision
 
     fitted = {f.field for f in calibration_from_profile(out, Precision.FP32)[1]}

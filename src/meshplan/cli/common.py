@@ -52,7 +52,7 @@ def load_cluster(
 ) -> ClusterSpec:
     spec = resolve_cluster(cluster, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, gpus=gpus)
     if profile:
-        from meshplan.spec.hwprofile import apply_profile
+        from meshplan.calib.hwprofile import apply_profile
 
         spec = apply_profile(spec, profile)
     return spec

@@ -96,7 +96,7 @@ def estimate_cmd(
                           schedule=schedule, vpp=vpp, sp=sp, cp_method=cp_method)
     calib = None
     if cluster_profile:  # the measured rates came with apply_profile; the factors come from the same file
-        from meshplan.spec.hwcalib import profile_calibration
+        from meshplan.calib.hwcalib import profile_calibration
 
         calib = profile_calibration(cluster_profile, clus.gpu, train.precision, clus.num_gpus)
     est = estimate(spec, clus, train, plan, calib)

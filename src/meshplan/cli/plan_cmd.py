@@ -195,7 +195,7 @@ def _job_cluster(mine: Job, counts: list[int] | None, profile: str | None) -> Cl
     its hardware, resized when --gpus gives one count, and a --cluster-profile applied on top."""
     base = mine.cluster if not counts or len(counts) > 1 else mine.cluster.with_gpus(counts[0])
     if profile:
-        from meshplan.spec.hwprofile import apply_profile
+        from meshplan.calib.hwprofile import apply_profile
 
         base = apply_profile(base, profile)
     return base

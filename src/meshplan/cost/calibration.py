@@ -54,7 +54,7 @@ class Calibration:
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
     torch.compile): 1. Eager PyTorch runs more passes (rotary embedding, GQA's repeated K/V, the
     saved tensors of autograd); a CPU profile measures meshplan's runtime modules (the
-    elementwise probe, meshplan.spec.layer_probe)."""
+    elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
     peak forward+backward, Dao 2023 Sec. 4.1)."""
@@ -82,7 +82,7 @@ class Calibration:
     # Per-collective factors on the link's alpha and W. The link figures (cluster) are one
     # alpha-beta line for all collectives; NCCL's ring collectives all reach about the same bus
     # bandwidth (nccl-tests doc/PERFORMANCE.md), hence 1. A profile measures each op (gloo's
-    # reduce-scatter, for one, runs at a third of its all-gather's rate): meshplan.spec.hwcalib.
+    # reduce-scatter, for one, runs at a third of its all-gather's rate): meshplan.calib.hwcalib.
     all_reduce_latency_factor: float = 1.0
     """alpha of one ring step of an all-reduce, over the link's alpha."""
     all_gather_latency_factor: float = 1.0
@@ -187,7 +187,7 @@ class Calibration:
     def collective_factors(self, op: str) -> tuple[float, float]:
         """(latency factor, bandwidth factor) of a collective op ('all_reduce', 'all_gather',
         'reduce_scatter', 'all_to_all', 'send_recv', 'tp_all_gather', 'tp_reduce_scatter'; the
-        names of meshplan.spec.hwfit.CollectiveOp)."""
+        names of meshplan.calib.hwfit.CollectiveOp)."""
         if not hasattr(self, f"{op}_latency_factor"):
             raise MeshplanError(f"unknown collective {op!r}")
         return getattr(self, f"{op}_latency_factor"), getattr(self, f"{op}_bandwidth_factor")
@@ -228,7 +228,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
 
-# Values found by `meshplan validate --fit --runs runs_calibration.csv` (cost/fit.py): a grid
+# Values found by `meshplan validate --fit --runs runs_calibration.csv` (calib/fit.py): a grid
 # search minimising the median absolute log error of throughput (time fields) and the median
 # absolute error of peak memory (memory fields), per GPU family. Filled in below.
 FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({

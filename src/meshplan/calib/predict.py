@@ -82,7 +82,7 @@ def machine_cluster(job: Job, profile_path: str | None) -> ClusterSpec:
     """The Job's cluster, with the profile's measured figures when a profile is given."""
     cluster = job.cluster
     if profile_path:
-        from meshplan.spec.hwprofile import apply_profile
+        from meshplan.calib.hwprofile import apply_profile
 
         cluster = apply_profile(cluster, profile_path)
     return cluster
@@ -117,7 +117,7 @@ def predict(job: Job, profile_path: str | None = None, device_type: str = "cpu")
     if device_type == "cpu":  # the runtime autocasts on CUDA only: CPU ranks compute in fp32
         training = replace(training, precision=Precision.FP32)
     if profile_path:
-        from meshplan.spec.hwcalib import profile_calibration
+        from meshplan.calib.hwcalib import profile_calibration
 
         calib = profile_calibration(profile_path, cluster.gpu, training.precision, cluster.num_gpus)
     else:

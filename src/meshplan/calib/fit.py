@@ -19,7 +19,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
 from meshplan.cost.calibration import Calibration, gpu_family
-from meshplan.cost.validate import Run, predicted_metric
+from meshplan.calib.validate import Run, predicted_metric
 from meshplan.spec.cluster import GIB
 
 TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
