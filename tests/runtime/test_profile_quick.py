@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.spec.cluster import system_preset
-from meshplan.calib.hwprofile import apply_profile, load_profile
+from meshplan.calib.hwprofile import apply_profile_data, load_profile
 
 pytestmark = pytest.mark.runtime
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -50,6 +50,6 @@ def test_profile_quick_writes_a_valid_profile(tmp_path):
     assert {"tp_layer_overhead_s", "dp_layer_overhead_s", "fsdp_layer_overhead_s", "cp_layer_overhead_s",
             "elementwise_time_factor"} <= fitted
     assert p.device.elementwise_probe_s > 0
-    c = apply_profile(system_preset("cpu").with_gpus(2), out)
+    c = apply_profile_data(system_preset("cpu").with_gpus(2), load_profile(out))
     assert c.intra_node_bandwidth_bytes_per_s == p.link_bandwidth_bytes_per_s
     print(f"profile --quick --procs 2 took {elapsed:.1f} s")  # a figure, not a test: see bench/

@@ -1,6 +1,6 @@
 """The cost model's Calibration fitted from a hardware profile (no torch).
 
-``apply_profile`` already puts the measured rates into the ClusterSpec (peak = best matmul seen,
+``hwprofile.apply_profile_data`` already puts the measured rates into the ClusterSpec (peak = best matmul seen,
 HBM bandwidth = best copy/elementwise bandwidth, link = alpha-beta fit over all collectives), so
 the factors fitted here are relative to those measured rates:
 
@@ -231,17 +231,6 @@ def calibration_from_profile_data(profile: HardwareProfile, source: str, precisi
     names = ", ".join(changes)
     calib = base.replace_fields(source=f"{source} ({names}); other fields: {base.source}", **changes)
     return calib, fitted
-
-
-def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision, num_procs: int = 1) -> Calibration:
-    """What a command with ``--cluster-profile`` passes to ``estimate``: the GPU family's
-    calibration (overlaps, memory sizes) with the factors this profile measured, for a job of
-    ``num_procs`` processes (on a CPU: see ``host_time_scaled``)."""
-    from meshplan.cost.calibration import calibration_for
-
-    profile = load_profile(path)
-    calib = calibration_from_profile_data(profile, profile_source(profile, path), precision, calibration_for(gpu))[0]
-    return host_time_scaled(calib, profile, num_procs)
 
 
 HOST_TIME_FIELDS = ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",

@@ -2,7 +2,7 @@
 
 A profile replaces preset (datasheet) figures with measured ones:
 
-* ``apply_profile(cluster, path)``: the GPU's peak FLOP/s for each measured precision (the best
+* ``apply_profile_data(cluster, profile)``: the GPU's peak FLOP/s for each measured precision (the best
   matmul throughput seen), its memory capacity and memory bandwidth, and the intra-node link
   (alpha-beta fit over every collective sample), so the cost model's ``T = quantity / rate`` uses
   rates of this machine.
@@ -231,13 +231,9 @@ def profile_source(profile: HardwareProfile, path: str | Path) -> str:
     return f"profile:{Path(path).name}:{profile.meta.created_utc}"
 
 
-def apply_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
-    """``cluster`` with its GPU and intra-node link figures measured by the profile at ``path``."""
-    profile = load_profile(path)
-    return apply_profile_data(cluster, profile)
-
-
 def apply_profile_data(cluster: ClusterSpec, profile: HardwareProfile) -> ClusterSpec:
+    """``cluster`` with its GPU and intra-node link figures measured by ``profile`` (idempotent:
+    every figure comes from the profile). Commands go through ``calib.hardware.resolve_hardware``."""
     if (profile.meta.device_type == "cpu") != (cluster.gpu.name == "cpu"):
         log.warning("profile of a %s device (%s) applied to cluster %r", profile.meta.device_type,
                     profile.device.name, cluster.name)

@@ -15,7 +15,7 @@ from meshplan.cli.common import (
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
 from meshplan.spec.training import Optimizer, Precision
 
 Int = Optional[int]
@@ -31,11 +31,8 @@ def build_plan(*, num_gpus: int, dp: int | None, dp_shard: int | None, tp: int, 
                     ("micro-batch", micro_batch), ("dp", dp), ("dp-shard", dp_shard)):
         if v is not None and v < 1:
             raise MeshplanError(f"--{name} must be a positive integer, got {v}")
-    model_par = tp * pp * cp
     if dp is None:
-        if num_gpus % model_par:
-            raise MeshplanError(f"{num_gpus} GPUs are not divisible by tp*pp*cp = {model_par}")
-        dp = num_gpus // model_par
+        dp = data_parallel_degree(num_gpus, tp=tp, pp=pp, cp=cp)
     if dp_shard is None:
         dp_shard = dp if zero > 0 else 1
     if dp % dp_shard:
@@ -80,26 +77,24 @@ def estimate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
 
     if plan_file is not None:
         job = Job.load(plan_file)
-        spec, train, clus, plan = job.model, job.training, job.cluster, job.plan
+        spec, train, base, plan = job.model, job.training, job.cluster, job.plan
     else:
         if model is None:
             raise MeshplanError("name a model with --model (or give --plan plan.json)")
         spec = load_model(model, override)
-        clus = load_cluster(cluster, gpu, nodes, gpus_per_node, profile=cluster_profile)
+        base = load_cluster(cluster, gpu, nodes, gpus_per_node)
         train = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
-        plan = build_plan(num_gpus=clus.num_gpus, dp=dp, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
+        plan = build_plan(num_gpus=base.num_gpus, dp=dp, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
                           ep=ep, zero=zero, micro_batch=micro_batch, recompute=recompute,
                           schedule=schedule, vpp=vpp, sp=sp, cp_method=cp_method)
-    calib = None
-    if cluster_profile:  # the measured rates came with apply_profile; the factors come from the same file
-        from meshplan.calib.hwcalib import profile_calibration
-
-        calib = profile_calibration(cluster_profile, clus.gpu, train.precision, clus.num_gpus)
-    est = estimate(spec, clus, train, plan, calib)
+    hw = resolve_hardware(base, train.precision, cluster_profile)
+    clus = hw.cluster
+    est = estimate(spec, clus, train, plan, hw.calib)
     if json_out:
         out = est.to_dict()
         out["model"] = spec.name

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan import ckpt_meta
-from meshplan.cli.common import ClusterOpt, GpusPerNodeOpt, JsonOpt, console, load_cluster, print_json
+from meshplan.cli.common import ClusterOpt, ClusterProfileOpt, GpusPerNodeOpt, JsonOpt, console, load_cluster, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -64,9 +64,11 @@ def replan(
     gpus_per_node: GpusPerNodeOpt = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the new plan (a Job file).")] = Path("replan.json"),
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Plan a checkpointed run for a new GPU count; print the command that resumes it."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.search.planner import search
 
     if gpus < 1:
@@ -75,8 +77,11 @@ def replan(
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
     ckpt, meta = ckpt_meta.load_meta(checkpoint)
     old = meta.job
-    cl = new_cluster(old.cluster, gpus, cluster, gpus_per_node)
-    result = search(old.model, cl, old.training, budget_bytes=None if memory_gib is None else memory_gib * GIB)
+    hw = resolve_hardware(new_cluster(old.cluster, gpus, cluster, gpus_per_node), old.training.precision,
+                          cluster_profile)
+    cl = hw.cluster
+    result = search(old.model, cl, old.training, calib=hw.calib,
+                    budget_bytes=None if memory_gib is None else memory_gib * GIB)
     best, skipped = pick_runnable(result.fitting, old, cl)
     if best is None and skipped:
         raise MeshplanError(f"no plan that fits on {gpus} {cl.gpu.name} can be run by this runtime "

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
+from meshplan.cli.common import (ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
                                  JsonOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, err_console,
                                  load_cluster, load_model, make_training, print_json)
 from meshplan.cli.main import app
@@ -33,9 +33,11 @@ def report(
     optimizer: OptimizerOpt = Optimizer.ADAMW,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less the search's safety margin).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.report.build import build_report
 
     yours = None
@@ -50,7 +52,8 @@ def report(
         spec = load_model(model, override)
         spec_cluster = load_cluster(cluster, gpu, nodes, gpus_per_node)
         training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
-    built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
+    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
+    built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib)
     try:
         out.write_text(built.html)
     except OSError as exc:
