@@ -40,7 +40,7 @@ from pathlib import Path
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
-from meshplan.spec.cluster import GIB, GPUSpec
+from meshplan.spec.cluster import GIB
 from meshplan.calib.hwfit import CollectiveOp, fit_matmul_curve
 from meshplan.calib.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
 from meshplan.spec.presets import model_preset

@@ -36,14 +36,13 @@ def new_cluster(saved: ClusterSpec, gpus: int, cluster: str | None, gpus_per_nod
 
 def pick_runnable(points, old: Job, cluster: ClusterSpec):
     """The fastest frontier point the runtime can run, and the faster ones it skipped (with why)."""
-    from meshplan.runtime.launch import pipeline_available
     from meshplan.runtime.support import check_runnable
 
     skipped = []
     for p in points:
         try:
             job = Job(model=old.model, training=old.training, cluster=cluster, plan=p.plan)
-            check_runnable(job, pipeline_available())
+            check_runnable(job)
         except MeshplanError as exc:
             skipped.append((p.plan, str(exc)))
             continue

@@ -216,12 +216,6 @@ def _even_estimate(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> Bat
     return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
 
 
-def search_gpu_counts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      gpu_counts: list[int], **kw) -> list[SearchResult]:
-    """One search per GPU count (same hardware, whole nodes or part of one)."""
-    return [search(model, cluster.with_gpus(n), training, **kw) for n in gpu_counts]
-
-
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
     """Of several GPU counts, those whose recommended plan is faster than every smaller count's
     (the Pareto frontier over (GPUs, step time))."""
