@@ -296,6 +296,11 @@ class Plan:
             rec = tuple(0 for _ in layers)
         else:
             rec = tuple(layers)
+        if self.recompute != Recompute.NONE and not any(rec):
+            # recomputing zero layers is no recompute: one canonical form, so that exports and
+            # their imports agree (Megatron has no "full recompute of 0 layers")
+            return replace(self, stage_layers=tuple(layers), recompute=Recompute.NONE,
+                           recompute_layers=tuple(rec))
         return replace(self, stage_layers=tuple(layers), recompute_layers=tuple(rec))
 
     def stage_rank(self, stage: int) -> int:
