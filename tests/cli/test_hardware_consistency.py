@@ -85,10 +85,15 @@ def test_one_plan_one_profile_one_prediction(job_file: Path):
     compared = meshplan("plan", "--compare", str(job_file), "--cluster-profile", PROFILE, "--json", cwd=cwd)
     report = meshplan("report", "--plan", str(job_file), "--out", str(cwd / "r.html"), "--cluster-profile", PROFILE,
                       "--json", cwd=cwd)
+    explained = point(meshplan("explain", str(job_file), "--cluster-profile", PROFILE, "--json", cwd=cwd))
     pred = predict(Job.load(job_file), PROFILE)
     without = point(meshplan("estimate", "--plan", str(job_file), "--json", cwd=cwd))
+    assert point(meshplan("explain", str(job_file), "--json", cwd=cwd)) == pytest.approx(without, rel=REL)
+    bare = predict(Job.load(job_file))  # train without a profile: the same resolution, preset rates
+    assert (bare.step_time_s, bare.peak_memory_gib) == pytest.approx(without, rel=REL)
 
     assert from_file == pytest.approx(flags, rel=REL)
+    assert explained == pytest.approx(flags, rel=REL)
     assert point(compared["comparison"]["yours"]) == pytest.approx(flags, rel=REL)
     assert point(report["comparison"]["yours"]) == pytest.approx(flags, rel=REL)
     assert (pred.step_time_s, pred.peak_memory_gib) == pytest.approx(flags, rel=REL)
