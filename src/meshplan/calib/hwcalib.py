@@ -37,12 +37,12 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshplan.calib.hwfit import CollectiveOp, fit_matmul_curve
+from meshplan.calib.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.spec.cluster import GIB
-from meshplan.calib.hwfit import CollectiveOp, fit_matmul_curve
-from meshplan.calib.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import Precision, TrainingSpec
 

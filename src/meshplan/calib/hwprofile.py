@@ -20,10 +20,10 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from meshplan.calib.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
 from meshplan.errors import MeshplanError
 from meshplan.jsonfile import load_json_file
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.calib.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
 
 PROFILE_FORMAT = "meshplan-hwprofile"
 PROFILE_VERSION = 1
