@@ -28,7 +28,7 @@ from meshplan.cost.pipeline import rank_layers_even
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan, Recompute
+from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
@@ -138,6 +138,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick = progress or (lambda what, frac: None)
     num_gpus = cluster.num_gpus
 
+    check_model_takes(model, training)
     space = enumerate_space(model, training, num_gpus, options)
     if len(space) == 0:
         raise MeshplanError(
