@@ -17,6 +17,19 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "meshplan"
 SPEC_MAY_NOT_IMPORT = ("meshplan.cost", "meshplan.plan", "meshplan.search", "meshplan.calib")
+LAYERS = {
+    # unit: its layer; a unit imports only units of lower layers (README's layout, bottom up)
+    "meshplan.errors": 0, "meshplan.data": 0, "meshplan.jsonfile": 1,
+    "meshplan.spec": 1,  # imports errors only
+    "meshplan.plan": 2,
+    "meshplan.cost": 3, "meshplan.ckpt_meta": 3,
+    "meshplan.search": 4, "meshplan.calib": 4,
+    "meshplan.export": 5,
+    "meshplan.targets": 6,
+    "meshplan.report": 7, "meshplan.runtime": 7,
+    "meshplan.profile": 8,
+    "meshplan.cli": 9, "meshplan.__main__": 10,
+}
 
 
 def module_name(path: Path, root: Path = SRC) -> str:
@@ -90,6 +103,15 @@ def test_spec_imports_nothing_above_it():
     bad = [(m, dep) for m, deps in module_graph().items() if m.startswith("meshplan.spec")
            for dep in deps if dep.startswith(SPEC_MAY_NOT_IMPORT)]
     assert not bad, f"spec/ imports a layer above it: {bad}"
+
+
+def test_every_import_points_down_the_layers():
+    units = {unit(m) for m in module_graph()} - {PACKAGE}
+    assert units <= set(LAYERS), f"place the new unit(s) in LAYERS: {sorted(units - set(LAYERS))}"
+    upward = sorted({(unit(m), unit(d)) for m, deps in module_graph().items() for d in deps
+                     if unit(m) != PACKAGE and unit(d) != PACKAGE and unit(d) != unit(m)
+                     and LAYERS[unit(d)] >= LAYERS[unit(m)]})
+    assert not upward, f"imports that point up (or sideways) the layers: {upward}"
 
 
 def test_no_import_cycle_between_packages():
