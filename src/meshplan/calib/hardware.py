@@ -2,8 +2,8 @@
 -> (ClusterSpec with the rates the cost model divides by, Calibration with the factors that go
 with those rates). Every command that takes ``--cluster-profile`` calls ``resolve_hardware``;
 nothing else turns a profile into rates or factors, so the same plan and profile give the same
-step time and memory in ``estimate``, ``plan``, ``report``, ``replan``, ``export --best`` and
-``train``'s predicted versus measured.
+step time and memory in ``estimate``, ``explain``, ``plan``, ``report``, ``replan``, ``export
+--best`` and ``train``'s predicted versus measured.
 
 Without a profile: the cluster as given and its GPU family's calibration
 (``cost.calibration.calibration_for``). With one: the profile's measured rates
@@ -49,25 +49,19 @@ def resolve_hardware(cluster: ClusterSpec, precision: Precision,
     """``cluster`` (its GPU count included: a CPU host's share per process depends on it) with
     the rates and factors of ``profile`` when one is given, for matmuls in ``precision``."""
     if profile is None:
-        calib = calibration_for(cluster.gpu)
-    else:
-        data = load_profile(profile)
-        cluster, calib = _profiled(cluster, precision, data, profile_source(data, profile))
-    return Hardware(cluster=cluster, calib=runtime_storage(calib, precision, device_type(cluster)))
+        calib = runtime_storage(calibration_for(cluster.gpu), precision, device_type(cluster))
+        return Hardware(cluster=cluster, calib=calib)
+    data = load_profile(profile)
+    return resolve_hardware_data(cluster, precision, data, profile_source(data, profile))
 
 
 def resolve_hardware_data(cluster: ClusterSpec, precision: Precision, profile: HardwareProfile,
                           source: str) -> Hardware:
     """``resolve_hardware`` for a profile already in memory (``source``: its file and date)."""
-    cluster, calib = _profiled(cluster, precision, profile, source)
-    return Hardware(cluster=cluster, calib=runtime_storage(calib, precision, device_type(cluster)))
-
-
-def _profiled(cluster: ClusterSpec, precision: Precision, profile: HardwareProfile,
-              source: str) -> tuple[ClusterSpec, Calibration]:
     cluster = apply_profile_data(cluster, profile)
     calib = calibration_from_profile_data(profile, source, precision, calibration_for(cluster.gpu))[0]
-    return cluster, host_time_scaled(calib, profile, cluster.num_gpus)
+    calib = host_time_scaled(calib, profile, cluster.num_gpus)
+    return Hardware(cluster=cluster, calib=runtime_storage(calib, precision, device_type(cluster)))
 
 
 def runtime_storage(calib: Calibration, precision: Precision, device: str) -> Calibration:
