@@ -146,6 +146,18 @@ class ParallelDims:
         return tuple(self.axis_size(a) for a in MESH_AXIS_ORDER)
 
 
+def data_parallel_degree(num_gpus: int, *, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """dp = GPUs / (tp * pp * cp): the data-parallel degree the model-parallel degrees leave
+    (ep borrows dp_shard x cp ranks and takes none of its own). The one place dp is derived
+    from a GPU count; a count the degrees do not divide is an error."""
+    for name, degree in (("GPU count", num_gpus), ("tp", tp), ("pp", pp), ("cp", cp)):
+        _check_positive(name, degree)
+    model_parallel = tp * pp * cp
+    if num_gpus % model_parallel:
+        raise MeshplanError(f"{num_gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel}")
+    return num_gpus // model_parallel
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """How to parallelise one training job. Frozen; validated on construction."""

@@ -125,10 +125,10 @@ def runnable_mask(target: Target | str, configs, model: "ModelSpec", training: "
 
 def why_not(target: Target | str, model: "ModelSpec", training: "TrainingSpec", plan: "Plan") -> str | None:
     """The first reason ``target`` cannot run ``plan`` (for this model and batch), or None."""
-    from meshplan.search.space import GlobalConfigs
+    from meshplan.cost.arrays import PlanArrays
 
     plan = plan.with_defaults(model)  # recomputing zero layers is no recompute
-    row = GlobalConfigs.from_plans([plan])
+    row = PlanArrays.from_plans([plan])
     for rule in rules_for(target):
         if bool(np.asarray(rule.refuses(row, model, training))[0]):
             return rule.reason(plan, model, training)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from meshplan.cost import estimate
-from meshplan.cost.validate import RUN_SETTINGS, load_runs, setting_calibration
+from meshplan.calib.validate import RUN_SETTINGS, load_runs, setting_calibration
 from meshplan.search.planner import search
 from meshplan.search.space import canonical, in_space
 

@@ -29,7 +29,7 @@ def test_every_frontier_point_for_meshplan_passes_the_runtime_check(name, nodes,
     assert res.frontier
     for point in res.frontier:
         job = Job(model=model, training=training, cluster=cluster, plan=point.plan)
-        check_runnable(job, pipeline_available=True)  # raises on a plan train would refuse
+        check_runnable(job)  # raises on a plan train would refuse
 
 
 def test_the_unrestricted_space_holds_plans_meshplan_refuses():

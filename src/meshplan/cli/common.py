@@ -76,14 +76,9 @@ def load_cluster(
     nodes: int | None,
     gpus_per_node: int | None,
     gpus: int | None = None,
-    profile: str | None = None,
 ) -> ClusterSpec:
-    spec = resolve_cluster(cluster, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, gpus=gpus)
-    if profile:
-        from meshplan.spec.hwprofile import apply_profile
-
-        spec = apply_profile(spec, profile)
-    return spec
+    """The cluster as named; a ``--cluster-profile`` goes through ``calib.hardware.resolve_hardware``."""
+    return resolve_cluster(cluster, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, gpus=gpus)
 
 
 def make_training(

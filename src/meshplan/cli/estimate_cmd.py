@@ -28,22 +28,20 @@ def estimate_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
 
     if plan_file is not None:
         job = Job.load(plan_file)
-        spec, train, clus, plan = job.model, job.training, job.cluster, job.plan
+        spec, train, base, plan = job.model, job.training, job.cluster, job.plan
     else:
         spec = model_flags.spec(missing="name a model with --model (or give --plan plan.json)")
-        clus = cluster_flags.spec(profile=cluster_profile)
+        base = cluster_flags.spec()
         train = training_flags.spec()
-        plan = build_plan(clus.num_gpus, plan_flags)
-    calib = None
-    if cluster_profile:  # the measured rates came with apply_profile; the factors come from the same file
-        from meshplan.spec.hwcalib import profile_calibration
-
-        calib = profile_calibration(cluster_profile, clus.gpu, train.precision, clus.num_gpus)
-    est = estimate(spec, clus, train, plan, calib)
+        plan = build_plan(base.num_gpus, plan_flags)
+    hw = resolve_hardware(base, train.precision, cluster_profile)
+    clus = hw.cluster
+    est = estimate(spec, clus, train, plan, hw.calib)
     if json_out:
         out = est.to_dict()
         out["flags"] = plan_argv(plan)

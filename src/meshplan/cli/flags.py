@@ -89,10 +89,10 @@ class ClusterFlags:
     def given(self) -> bool:
         return any(v is not None for v in (self.cluster, self.gpu, self.nodes, self.gpus_per_node))
 
-    def spec(self, *, gpus: int | None = None, profile: str | None = None, use_nodes: bool = True) -> ClusterSpec:
+    def spec(self, *, gpus: int | None = None, use_nodes: bool = True) -> ClusterSpec:
         """The named cluster; ``gpus`` sizes it instead of (or with) ``--nodes``."""
         return load_cluster(self.cluster, self.gpu, self.nodes if use_nodes else None, self.gpus_per_node,
-                            gpus=gpus, profile=profile)
+                            gpus=gpus)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -93,6 +93,7 @@ def plan_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
     from meshplan.targets import search_options
 
@@ -101,22 +102,24 @@ def plan_cmd(
                             missing="give --model (a preset or config.json), or --compare JOB.json to plan for its model")
     counts = parse_gpu_counts(gpus) if gpus else None
     if mine is not None and not cluster_flags.given:
-        base = _job_cluster(mine, counts, cluster_profile)
+        base = _job_cluster(mine, counts)
     else:
         base = cluster_flags.spec(gpus=counts[0] if counts and len(counts) == 1 else None,
-                                  profile=cluster_profile, use_nodes=counts is None)
+                                  use_nodes=counts is None)
     training = training_flags.spec(mine.training if mine else None, _default_precision(base))
-    clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
+    sizes = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
+    hardware = [resolve_hardware(cl, training.precision, cluster_profile) for cl in sizes]
+    clusters = [hw.cluster for hw in hardware]
     if memory_gib is not None and memory_gib <= 0:
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
     budget = None if memory_gib is None else memory_gib * GIB
     results = []
-    for cl in clusters:
-        bar = _LazyProgress(not json_out, f"{cl.num_gpus} GPUs")
+    for hw in hardware:
+        bar = _LazyProgress(not json_out, f"{hw.cluster.num_gpus} GPUs")
         try:
-            results.append(search(spec, cl, training, budget_bytes=budget, progress=bar,
+            results.append(search(spec, hw.cluster, training, calib=hw.calib, budget_bytes=budget, progress=bar,
                                   options=search_options(target, spec, training)))
         finally:
             bar.close()
@@ -146,9 +149,10 @@ def plan_cmd(
     if mine is not None:  # meshplan.report.compare (export helper's module)
         from meshplan.report.compare import compare_job
 
-        res = next((r for r in results if r.num_gpus == mine.cluster.num_gpus), chosen)
+        at = next((i for i, r in enumerate(results) if r.num_gpus == mine.cluster.num_gpus), chosen_idx)
+        res = results[at]
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
-                                 num_gpus=res.num_gpus)
+                                 num_gpus=res.num_gpus, hardware=hardware[at])
     if json_out:
         print_json({**_to_json(results, training, written, str(plot) if plot else None),
                     **({"comparison": comparison.to_dict()} if comparison else {})})
@@ -167,15 +171,10 @@ def plan_cmd(
         con.print(f"wrote the frontier plot to {plot}")
 
 
-def _job_cluster(mine: Job, counts: list[int] | None, profile: str | None) -> ClusterSpec:
+def _job_cluster(mine: Job, counts: list[int] | None) -> ClusterSpec:
     """The --compare Job file's cluster (no --cluster/--gpu/--nodes/--gpus-per-node given):
-    its hardware, resized when --gpus gives one count, and a --cluster-profile applied on top."""
-    base = mine.cluster if not counts or len(counts) > 1 else mine.cluster.with_gpus(counts[0])
-    if profile:
-        from meshplan.spec.hwprofile import apply_profile
-
-        base = apply_profile(base, profile)
-    return base
+    its hardware, resized when --gpus gives one count."""
+    return mine.cluster if not counts or len(counts) > 1 else mine.cluster.with_gpus(counts[0])
 
 
 def _default_precision(cluster: ClusterSpec) -> Precision:

@@ -13,7 +13,8 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, format_counts, parse_counts
+from meshplan.plan import (CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
+                           format_counts, parse_counts)
 
 Int = Optional[int]
 
@@ -67,12 +68,9 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
                     ("micro-batch", f.micro_batch), ("dp", f.dp), ("dp-shard", f.dp_shard)):
         if v is not None and v < 1:
             raise MeshplanError(f"--{name} must be a positive integer, got {v}")
-    model_par = f.tp * f.pp * f.cp
     dp = f.dp
     if dp is None:
-        if num_gpus % model_par:
-            raise MeshplanError(f"{num_gpus} GPUs are not divisible by tp*pp*cp = {model_par}")
-        dp = num_gpus // model_par
+        dp = data_parallel_degree(num_gpus, tp=f.tp, pp=f.pp, cp=f.cp)
     dp_shard = f.dp_shard
     if dp_shard is None:
         dp_shard = dp if f.zero > 0 else 1

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import JsonOpt, MemoryGibOpt, err_console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -25,9 +25,11 @@ def report(
     training_flags: TrainingFlags,
     memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.report.build import build_report
 
     yours = None
@@ -44,7 +46,8 @@ def report(
         spec = model_flags.spec()
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
-    built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
+    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
+    built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib)
     try:
         out.write_text(built.html)
     except OSError as exc:

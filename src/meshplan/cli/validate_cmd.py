@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -39,7 +39,7 @@ def validate_cmd(
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
     from meshplan.cost.calibration import Calibration, gpu_family
-    from meshplan.cost.validate import evaluate, load_runs
+    from meshplan.calib.validate import evaluate, load_runs
 
     settings = {"fused_attention": fused_attention, "dropout": dropout}
     rows, skipped = load_runs(runs_csv(runs))
@@ -47,7 +47,7 @@ def validate_cmd(
     loso_out: dict[str, dict] = {}
     calib_for = None
     if fit:
-        from meshplan.cost.fit import fit_family, leave_one_source_out
+        from meshplan.calib.fit import fit_family, leave_one_source_out
 
         for fam in sorted({gpu_family(r.cluster.gpu) for r in rows}):
             res = fit_family(rows, fam, settings)

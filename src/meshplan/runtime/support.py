@@ -14,14 +14,12 @@ BYTE_VOCAB = 256
 """The byte-level tokenizer of ``--data`` needs token ids 0..255."""
 
 
-def check_runnable(job: Job, pipeline_available: bool, text_data: bool = False) -> None:
+def check_runnable(job: Job, text_data: bool = False) -> None:
     """Raise MeshplanError naming the first thing in ``job`` this runtime cannot run."""
     model, plan, d = job.model, job.plan, job.plan.dims
     if text_data and model.vocab_size < BYTE_VOCAB:
         raise MeshplanError(f"--data needs vocab_size >= {BYTE_VOCAB} (byte tokenizer), "
                             f"{model.name} has {model.vocab_size}")
-    if d.pp > 1 and not pipeline_available:
-        raise MeshplanError("pipeline parallel (pp > 1) is not available in this build of the runtime")
     if d.pp > 1:
         from meshplan.runtime.pipeline_check import stage_layer_keys
 

@@ -16,7 +16,7 @@ The frontier covers every memory level; the recommended plan is the fastest that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -30,7 +30,7 @@ from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
-from meshplan.search.space import RECOMPUTES, GlobalConfigs, SearchOptions, enumerate_space
+from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
                                     score_splits, shared_layer_cost, stage_table)
@@ -122,10 +122,6 @@ def default_budget_bytes(cluster: ClusterSpec) -> float:
     return max(cluster.gpu.memory_gib - MEMORY_SAFETY_MARGIN_GIB, 0.0) * GIB
 
 
-def _plan_arrays(cfg: GlobalConfigs) -> PlanArrays:
-    return PlanArrays(**{f.name: getattr(cfg, f.name) for f in fields(PlanArrays)})
-
-
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
@@ -150,7 +146,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             f"{training.global_batch} and seq_len {training.seq_len} (degrees must divide heads, "
             "layers, sequence and batch)")
     tick("even splits", 0.05)
-    plans = _plan_arrays(space)
+    plans = space
     layer = shared_layer_cost(ctx, plans)
     even = _even_estimate(ctx, plans, layer)
     evaluated = len(space)
@@ -242,12 +238,6 @@ def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchE
     return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
 
 
-def search_gpu_counts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      gpu_counts: list[int], **kw) -> list[SearchResult]:
-    """One search per GPU count (same hardware, whole nodes or part of one)."""
-    return [search(model, cluster.with_gpus(n), training, **kw) for n in gpu_counts]
-
-
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
     """Of several GPU counts, those whose recommended plan is faster than every smaller count's
     (the Pareto frontier over (GPUs, step time))."""
@@ -261,7 +251,7 @@ def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
     return out
 
 
-def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: SharedLayerCost,
+def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
             even: EvenCost, even_front: Front, fronts: list[Front],
             splits: dict[int, tuple[np.ndarray, np.ndarray, int]], *, options: SearchOptions,
             refine_slack: float, cap: float, stage_points: int,
