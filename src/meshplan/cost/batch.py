@@ -114,7 +114,7 @@ class PlanTerms:
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = cluster.gpu.peak_flops(training.precision)
+    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)

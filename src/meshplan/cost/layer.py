@@ -152,7 +152,7 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration, *, moe: bool) -> LayerCost:
     gpu = cluster.gpu
-    peak = gpu.peak_flops(training.precision)
+    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
     hbm = gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
