@@ -9,7 +9,7 @@ from rich.table import Table
 
 from meshplan.cli.common import (
     ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, SeqLenOpt, console,
+    JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, RecipeOpt, SeqLenOpt, console,
     load_cluster, load_model, make_training, print_json,
 )
 from meshplan.cli.cost_tables import time_breakdown_table
@@ -61,6 +61,7 @@ def estimate_cmd(
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
     precision: PrecisionOpt = Precision.BF16,
+    recipe: RecipeOpt = None,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
     dp: Annotated[Int, typer.Option("--dp", help="Data-parallel degree (default: GPUs / (tp*pp*cp)).")] = None,
     dp_shard: Annotated[Int, typer.Option("--dp-shard", help="Sharded part of --dp (HSDP); default all of it when --zero > 0.")] = None,
@@ -90,7 +91,7 @@ def estimate_cmd(
             raise MeshplanError("name a model with --model (or give --plan plan.json)")
         spec = load_model(model, override)
         clus = load_cluster(cluster, gpu, nodes, gpus_per_node, profile=cluster_profile)
-        train = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
+        train = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer, recipe)
         plan = build_plan(num_gpus=clus.num_gpus, dp=dp, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
                           ep=ep, zero=zero, micro_batch=micro_batch, recompute=recompute,
                           schedule=schedule, vpp=vpp, sp=sp, cp_method=cp_method)

@@ -13,7 +13,7 @@ from rich.table import Table
 from meshplan.cli.common import (
     ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
     JsonOpt, NodesOpt, OverrideOpt, console, err_console,
-    load_cluster, load_model, make_training, print_json,
+    RecipeOpt, load_cluster, load_model, make_training, print_json,
 )
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -92,6 +92,7 @@ def plan_cmd(
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
     precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
+    recipe: RecipeOpt = None,
     optimizer: Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer (its states set the memory; default: adamw, or the --compare Job file's).")] = None,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
@@ -120,7 +121,8 @@ def plan_cmd(
         seq_len if seq_len is not None else (job_training.seq_len if job_training else DEFAULT_SEQ_LEN),
         global_batch, global_batch_tokens,
         precision or (job_training.precision if job_training else _default_precision(base)),
-        optimizer or (job_training.optimizer if job_training else Optimizer.ADAMW))
+        optimizer or (job_training.optimizer if job_training else Optimizer.ADAMW),
+        recipe or (job_training.recipe if job_training and precision is None else None))
     clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     if memory_gib is not None and memory_gib <= 0:
         raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-                                 JsonOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, err_console,
+                                 JsonOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, RecipeOpt, err_console,
                                  load_cluster, load_model, make_training, print_json)
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -30,6 +30,7 @@ def report(
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
     precision: PrecisionOpt = Precision.BF16,
+    recipe: RecipeOpt = None,
     optimizer: OptimizerOpt = Optimizer.ADAMW,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less the search's safety margin).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
@@ -49,7 +50,7 @@ def report(
             raise MeshplanError("give --plan FILE, or --model, --seq-len, a batch and a cluster")
         spec = load_model(model, override)
         spec_cluster = load_cluster(cluster, gpu, nodes, gpus_per_node)
-        training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
+        training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer, recipe)
     built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
     try:
         out.write_text(built.html)

@@ -25,9 +25,9 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     if d.cp > 1:
         raise MeshplanError("DeepSpeed's config cannot express context parallel (cp > 1); "
                             "DeepSpeed-Ulysses is set up in model code")
-    if t.precision == Precision.FP8:
-        raise MeshplanError("DeepSpeed's config has no fp8 training switch (it needs Transformer "
-                            "Engine in model code); use bf16 or fp16")
+    if t.precision in (Precision.FP8, Precision.FP4):
+        raise MeshplanError(f"DeepSpeed's config has no {t.precision.value} training switch (it needs "
+                            "Transformer Engine in model code); use bf16 or fp16")
     cfg: dict[str, object] = {
         "train_batch_size": t.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,

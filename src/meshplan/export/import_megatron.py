@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--position-embedding-type", default=None)
     add("--normalization", default=None)
     add("--fp8-format", default=None)
+    add("--fp8-recipe", default=None)
+    add("--fp4-format", default=None)
+    add("--fp4-recipe", default=None)
     add("--moe-layer-freq", default=None)
     add("--pipeline-model-parallel-layout", default=None)
     return p
@@ -268,8 +271,11 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
             n = _positive("--recompute-num-layers", a.recompute_num_layers, 1)
             rec_layers = tuple(min(n, k) for k in per_stage)
 
-    if a.fp8_format:
-        precision = Precision.FP8
+    recipe = None
+    if a.fp4_format:
+        precision, recipe = Precision.FP4, a.fp4_recipe or "nvfp4"  # Megatron's default fp4 recipe
+    elif a.fp8_format:
+        precision, recipe = Precision.FP8, a.fp8_recipe or "delayed"  # Megatron's default fp8 recipe
     elif a.bf16:
         precision = Precision.BF16
     elif a.fp16:
@@ -280,7 +286,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("the Megatron arguments give no --global-batch-size")
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
-    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision)
+    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
+                            recipe=recipe)
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
         dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, **dims),

@@ -12,14 +12,33 @@ from meshplan.errors import MeshplanError
 from meshplan.export.common import Export, ExportTarget, uniform_recompute
 from meshplan.plan import CPMethod, Job, Recompute, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
-from meshplan.spec.training import Precision
+from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
 _PRECISION_FLAGS = {
     Precision.BF16: ["--bf16"],
     Precision.FP16: ["--fp16"],
-    Precision.FP8: ["--bf16", "--fp8-format", "hybrid"],  # FP8 matmuls via Transformer Engine
+    # fp8/fp4 GEMMs via Transformer Engine, bf16 elsewhere: E4M3 forward, E5M2 gradients
+    # ("hybrid"); fp4 is E2M1 with the recipe's block scales.
+    Precision.FP8: ["--bf16", "--fp8-format", "hybrid"],
+    Precision.FP4: ["--bf16", "--fp4-format", "e2m1"],
     Precision.FP32: [],
 }
+_RECIPE_FLAGS = {
+    Recipe.DELAYED: ["--fp8-recipe", "delayed"],
+    Recipe.TENSORWISE: ["--fp8-recipe", "tensorwise"],
+    Recipe.BLOCKWISE: ["--fp8-recipe", "blockwise"],
+    Recipe.MXFP8: ["--fp8-recipe", "mxfp8"],
+    Recipe.NVFP4: ["--fp4-recipe", "nvfp4"],
+}
+"""Megatron-Core's --fp8-recipe / --fp4-recipe choices (megatron/training/arguments.py); it has
+no rowwise fp8 (a torchao recipe) and no MXFP4 training recipe."""
+
+
+def _precision_args(t: TrainingSpec) -> list[str]:
+    if t.recipe is not None and t.recipe not in _RECIPE_FLAGS:
+        raise MeshplanError(f"Megatron-Core has no {t.recipe.value} recipe (it runs "
+                            f"{', '.join(r.value for r in _RECIPE_FLAGS)}); choose one of those")
+    return _PRECISION_FLAGS[t.precision] + (_RECIPE_FLAGS[t.recipe] if t.recipe else [])
 
 
 def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[str]]:
@@ -162,7 +181,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
     args += _model_args(job.model, t.seq_len, warnings)
-    prec = _PRECISION_FLAGS[t.precision]
+    prec = _precision_args(t)
     if prec:
         args.append(prec)
     return args, warnings
