@@ -193,8 +193,10 @@ class Plan:
                 raise MeshplanError(
                     f"stage_layers has {len(self.stage_layers)} entries; pp*vpp={n_stages} stages"
                 )
-            if any(n < 1 for n in self.stage_layers):
-                raise MeshplanError(f"every stage needs at least one layer: {self.stage_layers}")
+            inner = self.stage_layers[1:-1] if n_stages > 1 else self.stage_layers
+            if any(n < 1 for n in inner) or any(n < 0 for n in self.stage_layers):
+                raise MeshplanError(f"every stage needs at least one layer (the first and last may hold "
+                                    f"only the embedding / the loss): {self.stage_layers}")
         if self.recompute_layers:
             if len(self.recompute_layers) != n_stages:
                 raise MeshplanError(
@@ -237,7 +239,8 @@ class Plan:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
         elif d.ep > 1:
             raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
-        if self.num_stages > model.num_layers:
+        if self.num_stages > model.num_layers and not (
+                self.stage_layers and self.num_stages <= model.num_layers + 2):
             raise MeshplanError(
                 f"pp*vpp={self.num_stages} stages but the model has only {model.num_layers} layers"
             )
@@ -359,6 +362,19 @@ def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
         raise MeshplanError(f"cannot split {num_layers} layers into {num_stages} stages")
     base, extra = divmod(num_layers, num_stages)
     return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+
+
+def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``: the embedding and the loss count as one layer each,
+    the ``num_layers + 2`` slots split evenly (Megatron requires it to divide), so the first and
+    last stages hold one transformer layer fewer (none when every stage holds one slot)."""
+    slots = num_layers + 2
+    if num_stages < 2 or slots % num_stages:
+        raise MeshplanError(f"{num_layers} layers + embedding + loss = {slots} slots do not split evenly "
+                            f"into {num_stages} stages")
+    per = slots // num_stages
+    return (per - 1,) + (per,) * (num_stages - 2) + (per - 1,)
 
 
 @dataclass(frozen=True, kw_only=True)

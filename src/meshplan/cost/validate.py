@@ -29,7 +29,7 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import reported_flops_per_token
 from meshplan.cost.step import estimate
 from meshplan.errors import MeshplanError
-from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.model import ModelSpec
@@ -233,12 +233,16 @@ def build_run(row: dict[str, str]) -> Run:
     mb = _num(row, "micro_batch_size", _int, 0) or max(1, gbs // dp)
     recompute = Recompute(default("recompute", fw.recompute))
     sp = default("sequence_parallel", int(fw.sequence_parallel_with_tp and tp > 1), _int)
+    stage_layers: tuple[int, ...] = ()
+    if pp * vpp > model.num_layers and fw.embedding_loss_stages:
+        stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
+        assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
     plan = Plan(
         dims=ParallelDims(dp_replicate=1 if zero else dp, dp_shard=dp if zero else 1, tp=tp, pp=pp,
                           cp=cp, ep=ep),
         zero=zero, sp=bool(sp) and tp > 1,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
-        micro_batch=mb, recompute=recompute,
+        stage_layers=stage_layers, micro_batch=mb, recompute=recompute,
     )
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
     plan.validate_for(model, training, cluster.num_gpus)

@@ -90,7 +90,7 @@ def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout``: one ``|``-separated chunk per virtual
     stage in model order (chunk i on pipeline rank i % pp, as in meshplan), ``E`` the embedding
     (first chunk), ``t*N`` N transformer layers, ``L`` the final norm, LM head and loss (last)."""
-    chunks = [f"t*{n}" if n > 1 else "t" for n in stage_layers]
+    chunks = [f"t*{n}" if n > 1 else "t" * n for n in stage_layers]  # n = 0: embedding / loss only
     chunks[0] = "E" + chunks[0]
     chunks[-1] += "L"
     return "|".join(chunks)

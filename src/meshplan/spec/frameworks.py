@@ -38,6 +38,9 @@ class FrameworkDefaults:
     recompute: str
     fused_attention: bool
     dropout: bool
+    embedding_loss_stages: bool
+    """With more (virtual) pipeline stages than layers, the embedding and the loss take one
+    stage slot each (``plan.embedding_loss_split``); False: such a row is not buildable."""
     source: str
 
     def fp8_recipe(self, gpu: GPUSpec) -> Recipe:
@@ -74,4 +77,5 @@ def framework_defaults(name: str | None) -> FrameworkDefaults:
         name=key, architecture=e["architecture"], precision=Precision(e["precision"]),
         fp8_recipes=tuple(Recipe(r) for r in e["fp8_recipes"]), zero=int(e["zero"]),
         sequence_parallel_with_tp=bool(e["sequence_parallel_with_tp"]), recompute=e["recompute"],
-        fused_attention=bool(e["fused_attention"]), dropout=bool(e["dropout"]), source=e["source"])
+        fused_attention=bool(e["fused_attention"]), dropout=bool(e["dropout"]),
+        embedding_loss_stages=bool(e.get("embedding_loss_stages", False)), source=e["source"])
