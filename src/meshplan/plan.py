@@ -103,16 +103,39 @@ class ParallelDims:
     cp: int = 1
     """Context parallel: the sequence is split over this many ranks."""
     ep: int = 1
-    """Expert parallel for MoE layers; divides ``dp_shard * cp`` (borrows those ranks)."""
+    """Expert parallel for MoE layers; borrows ``dp_shard x cp`` ranks (and tp ranks when
+    ``etp < tp``): ``etp * ep`` divides ``dp_shard * cp * tp``."""
+    etp: int = 0
+    """Expert tensor parallel: the experts' own tp degree (Megatron-Core's MoE parallel folding,
+    ``--expert-tensor-parallel-size``); 0 means the dense layers' ``tp``. The expert layers then
+    see the ``dp_shard x cp x tp`` ranks of a pipeline stage as ``edp x ep x etp`` (innermost
+    last), edp = dp_shard * cp * tp / (ep * etp) the experts' data-parallel (ZeRO) degree."""
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
             _check_positive(name, getattr(self, name))
-        if (self.dp_shard * self.cp) % self.ep:
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise MeshplanError(f"etp must be a non-negative integer (0: as tp), got {self.etp!r}")
+        if self.etp == 0 and (self.dp_shard * self.cp) % self.ep:
             raise MeshplanError(
                 f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp} "
                 "(expert parallel reuses the sharded-data and context ranks)"
             )
+        if self.etp and (self.dp_shard * self.cp * self.tp) % (self.etp * self.ep):
+            raise MeshplanError(
+                f"etp*ep={self.etp}*{self.ep} must divide dp_shard*cp*tp="
+                f"{self.dp_shard * self.cp * self.tp} (the experts fold onto those ranks)"
+            )
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree (``etp``, or ``tp`` when 0)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """The experts' data-parallel degree: ranks holding the same expert shard."""
+        return self.dp_shard * self.cp * self.tp // (self.expert_tp * self.ep)
 
     @property
     def dp(self) -> int:
@@ -237,6 +260,11 @@ class Plan:
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+            if d.etp and model.moe_ffn_hidden_size % d.etp:
+                raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
+                                    f"etp={d.etp}")
+        elif d.etp and d.etp != d.tp:
+            raise MeshplanError(f"etp={d.etp} needs a mixture-of-experts model; {model.name} is dense")
         elif d.ep > 1:
             raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
         if self.num_stages > model.num_layers and not (
@@ -310,6 +338,8 @@ class Plan:
         parts.append(f"cp{d.cp}" + ("a2a" if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
+        if d.etp and d.etp != d.tp:
+            parts.append(f"etp{d.etp}")
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]

@@ -86,7 +86,14 @@ def test_rules_prune_illegal_degrees():
     s = enumerate_space(model, training, 1024)
     assert np.all(64 % s.tp == 0) and np.all(s.pp <= 80)
     assert np.all(1024 % (s.dp_replicate * s.dp_shard * s.micro_batch) == 0)
-    assert np.all((s.dp_shard > 1) == (s.zero > 0))
+    assert np.all(s.zero[s.dp_shard > 1] > 0)
+    # ZeRO shards over dp_shard x cp: over cp alone every stage is a plan; over one rank only 0
+    assert np.all(s.zero[(s.dp_shard == 1) & (s.cp == 1)] == 0)
+    assert set(s.zero[(s.dp_shard == 1) & (s.cp > 1)]) == {0, 1, 2, 3}
+    assert np.all(s.etp == s.tp)  # dense: no expert tensor parallel of its own
+    # vpp beyond MAX_VPP only where the chunks split the 80 layers evenly
+    big = (s.pp > 1) & (s.vpp > 8)
+    assert big.any() and np.all(80 % (s.pp[big] * s.vpp[big]) == 0)
     assert not np.any(s.sp & (s.tp == 1))
     with pytest.raises(MeshplanError):
         enumerate_space(model, training, 0)

@@ -115,7 +115,7 @@ def predict(job: Job, profile_path: str | None = None, device_type: str = "cpu")
     cluster = machine_cluster(job, profile_path)
     training = job.training
     if device_type == "cpu":  # the runtime autocasts on CUDA only: CPU ranks compute in fp32
-        training = replace(training, precision=Precision.FP32)
+        training = replace(training, precision=Precision.FP32, recipe=None)
     if profile_path:
         from meshplan.spec.hwcalib import profile_calibration
 

@@ -30,6 +30,9 @@ def check_runnable(job: Job, pipeline_available: bool, text_data: bool = False) 
         check_pipeline_plan(model, job.training, plan)
     if job.training.seq_len > model.max_position and model.position.value == "learned":
         raise MeshplanError(f"seq_len={job.training.seq_len} exceeds max_position={model.max_position}")
+    if d.etp and d.etp != d.tp:
+        raise MeshplanError(f"expert tensor parallel etp={d.etp} different from tp={d.tp} is not supported "
+                            "by this runtime (planner and Megatron export only); use etp=0 (as tp)")
     if model.is_moe and d.tp > 1 and plan.sp:
         raise MeshplanError(
             "MoE with tensor + sequence parallel is not supported by this runtime (no expert "
