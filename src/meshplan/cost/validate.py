@@ -237,9 +237,13 @@ def build_run(row: dict[str, str]) -> Run:
     if pp * vpp > model.num_layers and fw.embedding_loss_stages:
         stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
         assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
+    etp = 0
+    if model.is_moe and fw.expert_tensor_parallel is not None and fw.expert_tensor_parallel != tp:
+        etp = fw.expert_tensor_parallel
+        assumed.append(f"expert tensor parallel: {etp} ({fw.name} default)")
     plan = Plan(
         dims=ParallelDims(dp_replicate=1 if zero else dp, dp_shard=dp if zero else 1, tp=tp, pp=pp,
-                          cp=cp, ep=ep),
+                          cp=cp, ep=ep, etp=etp),
         zero=zero, sp=bool(sp) and tp > 1,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
         stage_layers=stage_layers, micro_batch=mb, recompute=recompute,

@@ -41,6 +41,8 @@ class FrameworkDefaults:
     embedding_loss_stages: bool
     """With more (virtual) pipeline stages than layers, the embedding and the loss take one
     stage slot each (``plan.embedding_loss_split``); False: such a row is not buildable."""
+    expert_tensor_parallel: int | None
+    """etp of MoE layers when the row does not say (None: as tp, ``ParallelDims.etp`` = 0)."""
     source: str
 
     def fp8_recipe(self, gpu: GPUSpec) -> Recipe:
@@ -78,4 +80,5 @@ def framework_defaults(name: str | None) -> FrameworkDefaults:
         fp8_recipes=tuple(Recipe(r) for r in e["fp8_recipes"]), zero=int(e["zero"]),
         sequence_parallel_with_tp=bool(e["sequence_parallel_with_tp"]), recompute=e["recompute"],
         fused_attention=bool(e["fused_attention"]), dropout=bool(e["dropout"]),
-        embedding_loss_stages=bool(e.get("embedding_loss_stages", False)), source=e["source"])
+        embedding_loss_stages=bool(e.get("embedding_loss_stages", False)),
+        expert_tensor_parallel=e.get("expert_tensor_parallel"), source=e["source"])
