@@ -152,6 +152,8 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
         args.append(["--cp-comm-type", "a2a"])
     if d.ep > 1:
         args.append(["--expert-model-parallel-size", str(d.ep)])
+    if d.etp and d.etp != d.tp:  # MoE parallel folding; Megatron's default is etp = tp
+        args.append(["--expert-tensor-parallel-size", str(d.etp)])
     if plan.sp:
         args.append(["--sequence-parallel"])
     if d.pp > 1 and plan.schedule == Schedule.ZERO_BUBBLE:
