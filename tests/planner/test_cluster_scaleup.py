@@ -74,7 +74,9 @@ def test_nics_per_node_follow_the_node_size():
     # a node of 8 from the GPU name keeps the rack's domain and its NICs per GPU
     c = cluster_for_gpu("gb200", gpus_per_node=8).with_gpus(256)
     assert c.scale_up_gpus == 72 and c.num_nodes == 32 and c.inter_node_bandwidth_bytes_per_s == pytest.approx(50e9)
-    one_nic = replace(system_preset("gb200-nvl72"), nics_per_node=1)  # 1 NIC per 4 GPUs
+    with pytest.raises(MeshplanError, match="disagrees"):  # a stale per-GPU figure is refused
+        replace(system_preset("gb200-nvl72"), gpus_per_node=8)
+    one_nic = replace(system_preset("gb200-nvl72"), nics_per_node=1, inter_node_bandwidth_bytes_per_s=0.0)
     assert one_nic.inter_node_bandwidth_bytes_per_s == pytest.approx(50e9 / 4)
     with pytest.raises(MeshplanError, match="whole number of NICs"):
         one_nic.with_size(gpus_per_node=2)

@@ -136,9 +136,16 @@ class ClusterSpec:
             if not isinstance(self.nic_bandwidth_bytes_per_s, (int, float)) or self.nic_bandwidth_bytes_per_s <= 0:
                 raise MeshplanError(f"cluster {self.name!r}: nics_per_node={self.nics_per_node} needs "
                                     f"nic_bandwidth_bytes_per_s > 0, got {self.nic_bandwidth_bytes_per_s!r}")
-            # One fact, one place: the per-GPU figure follows from the NICs.
-            object.__setattr__(self, "inter_node_bandwidth_bytes_per_s",
-                               self.nics_per_node * self.nic_bandwidth_bytes_per_s / self.gpus_per_node)
+            # One fact, one place: the per-GPU figure follows from the NICs (a value given as
+            # well must agree: a stale one, e.g. after a change of node size, is refused).
+            derived = self.nics_per_node * self.nic_bandwidth_bytes_per_s / self.gpus_per_node
+            given = self.inter_node_bandwidth_bytes_per_s
+            if given and (not isinstance(given, (int, float)) or abs(given - derived) > 1e-6 * derived):
+                raise MeshplanError(
+                    f"cluster {self.name!r}: inter_node_bandwidth_bytes_per_s={given!r} disagrees with "
+                    f"nics_per_node x nic_bandwidth_bytes_per_s / gpus_per_node = {derived:.4g}; "
+                    "give one or the other")
+            object.__setattr__(self, "inter_node_bandwidth_bytes_per_s", derived)
         for f in ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or v <= 0:
@@ -207,13 +214,6 @@ class ClusterSpec:
                 base.pop("inter_node_bandwidth_bytes_per_s")
             base.update(data)
             data = base
-        if data.get("nics_per_node") and data.get("inter_node_bandwidth_bytes_per_s") is not None:
-            derived = data["nics_per_node"] * data.get("nic_bandwidth_bytes_per_s", 0) / max(data.get("gpus_per_node") or 1, 1)
-            given = data["inter_node_bandwidth_bytes_per_s"]
-            if not isinstance(given, (int, float)) or abs(given - derived) > 1e-6 * max(derived, 1.0):
-                raise MeshplanError(
-                    f"inter_node_bandwidth_bytes_per_s={given!r} disagrees with nics_per_node x "
-                    f"nic_bandwidth_bytes_per_s / gpus_per_node = {derived:.4g}; give one or the other")
         gpu = data.get("gpu")
         if isinstance(gpu, str):
             data["gpu"] = gpu_preset(gpu)
