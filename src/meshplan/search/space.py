@@ -196,8 +196,10 @@ def _max_vpp(model: ModelSpec, options: SearchOptions) -> int:
 
 
 def _schedule_pairs(options: SearchOptions, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    # beyond MAX_VPP only chunk counts that can split the layers evenly: vpp divides them
+    vpps = [v for v in range(2, _max_vpp(model, options) + 1) if v <= MAX_VPP or model.num_layers % v == 0]
     pairs = [(SCHEDULES.index(s), v) for s in options.schedules
-             for v in (range(2, _max_vpp(model, options) + 1) if s.supports_virtual_stages else (1,))]
+             for v in (vpps if s.supports_virtual_stages else (1,))]
     if not pairs:
         raise MeshplanError("no pipeline schedule to search")
     return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -241,7 +243,10 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "cp_method", np.array([CP_METHODS.index(m) for m in options.cp_methods]))
     c = _keep(c, _rule_cp_method(c, model, options))
     c = _cross(c, "ep", np.array(divisors(model.moe_num_experts) if model.is_moe else [1]))
-    c = _cross(c, "etp", np.array(divisors(int(c["tp"].max())) if c["tp"].size else [1]))
+    if model.is_moe:
+        c = _cross(c, "etp", np.array(divisors(int(c["tp"].max())) if c["tp"].size else [1]))
+    else:
+        c["etp"] = c["tp"].copy()
     c = _keep(c, _rule_ep(c, model))
     sched, vpp = _schedule_pairs(options, model)
     c = _cross(c, "_pair", np.arange(sched.size))
