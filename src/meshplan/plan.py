@@ -83,6 +83,14 @@ class CPMethod(str, enum.Enum):
     ALL_TO_ALL = "all-to-all"
 
 
+def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
+    """Raise MeshplanError when the model cannot take the training's sequences at all, whatever
+    the plan: a learned position table has ``max_position`` rows (GPT-2: 1024)."""
+    if model.position.value == "learned" and training.seq_len > model.max_position:
+        raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
+                            f"{model.max_position} (learned position embeddings)")
+
+
 def _check_positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise MeshplanError(f"{name} must be a positive integer, got {value!r}")
@@ -243,6 +251,7 @@ class Plan:
     # ---- checks against what is trained -------------------------------------------------
     def validate_for(self, model: "ModelSpec", training: "TrainingSpec", num_gpus: int | None = None) -> None:
         """Raise MeshplanError naming the first value that does not fit the model or batch."""
+        check_model_takes(model, training)
         d = self.dims
         if num_gpus is not None and d.world_size != num_gpus:
             raise MeshplanError(
@@ -315,6 +324,11 @@ class Plan:
             rec = tuple(0 for _ in layers)
         else:
             rec = tuple(layers)
+        if self.recompute != Recompute.NONE and not any(rec):
+            # recomputing zero layers is no recompute: one canonical form, so that exports and
+            # their imports agree (Megatron has no "full recompute of 0 layers")
+            return replace(self, stage_layers=tuple(layers), recompute=Recompute.NONE,
+                           recompute_layers=tuple(rec))
         return replace(self, stage_layers=tuple(layers), recompute_layers=tuple(rec))
 
     def stage_rank(self, stage: int) -> int:

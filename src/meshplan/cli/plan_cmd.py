@@ -21,6 +21,7 @@ from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+from meshplan.targets import Target
 
 OVER_BUDGET_ROWS = 3
 """Frontier rows shown above the recommended plan (faster, but over the budget)."""
@@ -101,10 +102,12 @@ def plan_cmd(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
     compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`).")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
+    from meshplan.targets import search_options
 
     mine = Job.load(compare_file) if compare_file is not None else None
     spec = _model(model, override, mine)
@@ -133,7 +136,8 @@ def plan_cmd(
     for cl in clusters:
         bar = _LazyProgress(not json_out, f"{cl.num_gpus} GPUs")
         try:
-            results.append(search(spec, cl, training, budget_bytes=budget, progress=bar))
+            results.append(search(spec, cl, training, budget_bytes=budget, progress=bar,
+                                  options=search_options(target, spec, training)))
         finally:
             bar.close()
 

@@ -218,6 +218,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
     comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
     comm_tot = comm_tot + z3
+    # ZeRO-2 keeps only a shard of the gradients, so gradient accumulation cannot sum them
+    # locally: every micro-batch's backward reduce-scatters its gradients (Rajbhandari et al.
+    # 2020, Sec. 5.2; DeepSpeed stage 2, FSDP2 with reshard_after_forward=False). The last of
+    # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
+    # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
+    z2 = np.where(z == 2, rs_grads * (terms.m_float - 1.0) / terms.m_float, 0.0)
+    comm_exp = comm_exp + comms.exposed(z2, calib.fsdp_overlap, mb_bwd)
+    comm_tot = comm_tot + z2
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / terms.dense_shards[1] * (

@@ -66,6 +66,8 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
             f"pipeline degree is set in code: PipelineModule(layers, num_stages={d.pp}); "
             f"layers per stage {list(plan.stage_layers)} (partition_method='uniform' gives an even split)"
         )
+    if d.etp and d.etp != d.tp:
+        raise MeshplanError("DeepSpeed-MoE has no expert tensor parallel of its own (etp must equal tp)")
     if d.ep > 1:
         warnings.append(f"expert parallel is set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep})")
     if plan.recompute == Recompute.SELECTIVE:

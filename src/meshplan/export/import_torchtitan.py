@@ -73,6 +73,7 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
     pp = _int(par, "pipeline_parallel_degree", 1)
     cp = _int(par, "context_parallel_degree", 1)
     ep = _int(par, "expert_parallel_degree", 1)
+    etp = _int(par, "expert_tensor_parallel_degree", 0)  # absent: as tp
     if shard == -1:  # torchtitan: the ranks left after the other degrees
         others = rep * tp * pp * cp
         if others < 1 or num_gpus % others:
@@ -138,7 +139,8 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
         # torchao's mxfp8 recipes differ by GEMM kernel (mxfp8_cublas, mxfp8_cutlass), not format
         precision, recipe = Precision.FP8, ("mxfp8" if name.startswith("mxfp8") else name)
     plan = Plan(
-        dims=ParallelDims(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep),
+        dims=ParallelDims(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep,
+                          etp=0 if etp == tp else etp),
         zero=zero,
         sp=tp > 1,  # torchtitan's TP plan shards norms over the sequence
         schedule=schedule,

@@ -83,6 +83,10 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
             warnings.append("torchtitan's context parallel is ring attention; 'alltoall' only "
                             "changes how K/V shards rotate (not Ulysses head/sequence all-to-all)")
     par["expert_parallel_degree"] = d.ep
+    if d.etp and d.etp != d.tp:  # torchtitan's ETP is 1 or the dense tp
+        if d.etp != 1:
+            raise MeshplanError(f"torchtitan's expert tensor parallel degree is 1 or tp={d.tp}, not {d.etp}")
+        par["expert_tensor_parallel_degree"] = 1
 
     ac: dict[str, object] = {}
     if plan.recompute == Recompute.NONE:
