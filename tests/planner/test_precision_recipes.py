@@ -114,6 +114,6 @@ def test_runtime_refuses_what_it_cannot_run():
 
     j = _job("bf16")
     moe = replace(j, model=model_preset("mixtral-8x7b"),
-                  plan=Plan(dims=ParallelDims(tp=4, pp=4, dp_shard=4, ep=8, etp=1), zero=1, sp=True))
+                  plan=Plan(dims=ParallelDims(tp=4, pp=4, dp_shard=4, ep=8, etp=1), zero=1))
     with pytest.raises(MeshplanError, match="etp=1 different from tp=4"):
         check_runnable(moe, pipeline_available=True)

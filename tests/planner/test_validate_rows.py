@@ -133,3 +133,21 @@ def test_runtime_refuses_a_stage_without_layers():
                                                      stage_layers=(0, model_preset("toy-llama").num_layers)))
     with pytest.raises(MeshplanError, match="only the embedding or the loss is not supported"):
         check_runnable(job, pipeline_available=True)
+
+
+def test_etp_exports_and_imports():
+    from meshplan.export import export_job
+    from meshplan.export.import_megatron import import_megatron
+    from meshplan.export.torchtitan import torchtitan_sections
+    from meshplan.plan import Job
+
+    job = Job(model=model_preset("mixtral-8x7b"), training=TrainingSpec(seq_len=4096, global_batch=64),
+              cluster=system_preset("dgx-h100", num_nodes=2),
+              plan=Plan(dims=ParallelDims(tp=4, dp_shard=4, ep=8, etp=1), zero=1, sp=True))
+    text = export_job(job, "megatron").text
+    assert "--expert-tensor-parallel-size 1" in text and "--expert-model-parallel-size 8" in text
+    assert import_megatron(text, num_gpus=16).plan.dims == job.plan.dims
+    sections, _ = torchtitan_sections(job)
+    assert sections["parallelism"]["expert_tensor_parallel_degree"] == 1
+    with pytest.raises(MeshplanError, match="no expert tensor parallel"):
+        export_job(job, "deepspeed")
