@@ -151,3 +151,28 @@ def test_etp_exports_and_imports():
     assert sections["parallelism"]["expert_tensor_parallel_degree"] == 1
     with pytest.raises(MeshplanError, match="no expert tensor parallel"):
         export_job(job, "deepspeed")
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), dp_shard=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2]),
+       ep=st.sampled_from([1, 2, 4, 8]), etp=st.sampled_from([0, 1, 2, 4, 8]))
+def test_etp_folding_invariants(tp, dp_shard, cp, ep, etp):
+    """The experts' degrees always tile the stage's dp_shard x cp x tp ranks; etp = tp spelled
+    out costs exactly what the default (0) costs."""
+    try:
+        dims = ParallelDims(tp=tp, dp_shard=dp_shard, cp=cp, ep=ep, etp=etp)
+    except MeshplanError:
+        return
+    assert dims.expert_dp * dims.ep * dims.expert_tp == dp_shard * cp * tp
+    if etp in (0, tp) and ep <= 8:
+        model = model_preset("mixtral-8x7b")
+        training = TrainingSpec(seq_len=4096, global_batch=64)
+        cluster = system_preset("dgx-h100", num_nodes=max(1, tp * dp_shard * cp // 8)).with_gpus(tp * dp_shard * cp)
+        zero = 1 if dp_shard > 1 else 0
+        a = estimate(model, cluster, training, Plan(dims=ParallelDims(tp=tp, dp_shard=dp_shard, cp=cp, ep=ep), zero=zero))
+        b = estimate(model, cluster, training, Plan(dims=ParallelDims(tp=tp, dp_shard=dp_shard, cp=cp, ep=ep, etp=tp),
+                                                    zero=zero))
+        assert a.step_time_s == b.step_time_s and a.peak_memory_gib == b.peak_memory_gib
