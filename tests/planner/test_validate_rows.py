@@ -2,6 +2,7 @@
 and the plan-space pieces those rows need (etp, embedding/loss stages; issue 13.4)."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from meshplan.cost import estimate
 from meshplan.cost.validate import build_run, evaluate
@@ -151,9 +152,6 @@ def test_etp_exports_and_imports():
     assert sections["parallelism"]["expert_tensor_parallel_degree"] == 1
     with pytest.raises(MeshplanError, match="no expert tensor parallel"):
         export_job(job, "deepspeed")
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None)
