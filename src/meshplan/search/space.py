@@ -31,8 +31,11 @@ CP_METHODS: tuple[CPMethod, ...] = tuple(CPMethod)
 MAX_VPP = 8
 """Virtual stages per pipeline rank searched with any layer split. Beyond it (published
 Megatron-Core recipes use 10 to 24 chunks per rank) only chunk counts that split the layers
-evenly are searched: Megatron needs ``num_layers`` divisible by ``pp * vpp`` without a custom
-layout. This bounds the space (it is not a dominance rule)."""
+evenly are searched, the layers alone or with the embedding and the loss counted as one layer
+each: Megatron needs ``num_layers`` (or ``num_layers + 2`` with
+``--account-for-embedding/loss-in-pipeline-split``) divisible by ``pp * vpp`` without a custom
+layout (Qwen3-235B's 94 layers: pp 4 x vpp 12). This bounds the space (it is not a dominance
+rule)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -196,8 +199,9 @@ def _max_vpp(model: ModelSpec, options: SearchOptions) -> int:
 
 
 def _schedule_pairs(options: SearchOptions, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-    # beyond MAX_VPP only chunk counts that can split the layers evenly: vpp divides them
-    vpps = [v for v in range(2, _max_vpp(model, options) + 1) if v <= MAX_VPP or model.num_layers % v == 0]
+    # beyond MAX_VPP only chunk counts that can split the layers evenly (see MAX_VPP)
+    L = model.num_layers
+    vpps = [v for v in range(2, _max_vpp(model, options) + 1) if v <= MAX_VPP or L % v == 0 or (L + 2) % v == 0]
     pairs = [(SCHEDULES.index(s), v) for s in options.schedules
              for v in (vpps if s.supports_virtual_stages else (1,))]
     if not pairs:
@@ -215,7 +219,7 @@ def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
     base = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
     first = (c["schedule"] == base) & (c["vpp"] == vpp[sched == base].min())
     chunks = c["pp"] * c["vpp"]
-    bounded = (c["vpp"] <= MAX_VPP) | (model.num_layers % chunks == 0)  # see MAX_VPP
+    bounded = (c["vpp"] <= MAX_VPP) | (model.num_layers % chunks == 0) | ((model.num_layers + 2) % chunks == 0)
     return listed & np.where(c["pp"] == 1, first, (chunks <= model.num_layers) & bounded)
 
 
