@@ -111,16 +111,39 @@ class ParallelDims:
     cp: int = 1
     """Context parallel: the sequence is split over this many ranks."""
     ep: int = 1
-    """Expert parallel for MoE layers; divides ``dp_shard * cp`` (borrows those ranks)."""
+    """Expert parallel for MoE layers; borrows ``dp_shard x cp`` ranks (and tp ranks when
+    ``etp < tp``): ``etp * ep`` divides ``dp_shard * cp * tp``."""
+    etp: int = 0
+    """Expert tensor parallel: the experts' own tp degree (Megatron-Core's MoE parallel folding,
+    ``--expert-tensor-parallel-size``); 0 means the dense layers' ``tp``. The expert layers then
+    see the ``dp_shard x cp x tp`` ranks of a pipeline stage as ``edp x ep x etp`` (innermost
+    last), edp = dp_shard * cp * tp / (ep * etp) the experts' data-parallel (ZeRO) degree."""
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
             _check_positive(name, getattr(self, name))
-        if (self.dp_shard * self.cp) % self.ep:
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise MeshplanError(f"etp must be a non-negative integer (0: as tp), got {self.etp!r}")
+        if self.etp == 0 and (self.dp_shard * self.cp) % self.ep:
             raise MeshplanError(
                 f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp} "
                 "(expert parallel reuses the sharded-data and context ranks)"
             )
+        if self.etp and (self.dp_shard * self.cp * self.tp) % (self.etp * self.ep):
+            raise MeshplanError(
+                f"etp*ep={self.etp}*{self.ep} must divide dp_shard*cp*tp="
+                f"{self.dp_shard * self.cp * self.tp} (the experts fold onto those ranks)"
+            )
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree (``etp``, or ``tp`` when 0)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """The experts' data-parallel degree: ranks holding the same expert shard."""
+        return self.dp_shard * self.cp * self.tp // (self.expert_tp * self.ep)
 
     @property
     def dp(self) -> int:
@@ -213,8 +236,10 @@ class Plan:
                 raise MeshplanError(
                     f"stage_layers has {len(self.stage_layers)} entries; pp*vpp={n_stages} stages"
                 )
-            if any(n < 1 for n in self.stage_layers):
-                raise MeshplanError(f"every stage needs at least one layer: {self.stage_layers}")
+            inner = self.stage_layers[1:-1] if n_stages > 1 else self.stage_layers
+            if any(n < 1 for n in inner) or any(n < 0 for n in self.stage_layers):
+                raise MeshplanError(f"every stage needs at least one layer (the first and last may hold "
+                                    f"only the embedding / the loss): {self.stage_layers}")
         if self.recompute_layers:
             if len(self.recompute_layers) != n_stages:
                 raise MeshplanError(
@@ -256,9 +281,15 @@ class Plan:
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+            if d.etp and model.moe_ffn_hidden_size % d.etp:
+                raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
+                                    f"etp={d.etp}")
+        elif d.etp and d.etp != d.tp:
+            raise MeshplanError(f"etp={d.etp} needs a mixture-of-experts model; {model.name} is dense")
         elif d.ep > 1:
             raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
-        if self.num_stages > model.num_layers:
+        if self.num_stages > model.num_layers and not (
+                self.stage_layers and self.num_stages <= model.num_layers + 2):
             raise MeshplanError(
                 f"pp*vpp={self.num_stages} stages but the model has only {model.num_layers} layers"
             )
@@ -342,6 +373,8 @@ class Plan:
         parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
+        if d.etp and d.etp != d.tp:
+            parts.append(f"etp{d.etp}")
         parts.append(f"mb{self.micro_batch}")
         if self.uneven_split:
             parts.append(f"layers={format_counts(self.stage_layers)}")
@@ -353,7 +386,11 @@ class Plan:
     @property
     def uneven_split(self) -> bool:
         """Whether ``stage_layers`` is given and differs from the even split of its layers."""
-        return bool(self.stage_layers) and self.stage_layers != even_split(sum(self.stage_layers), self.num_stages)
+        if not self.stage_layers:
+            return False
+        if sum(self.stage_layers) < self.num_stages:  # embedding- or loss-only stages: never even
+            return True
+        return self.stage_layers != even_split(sum(self.stage_layers), self.num_stages)
 
     @property
     def partial_recompute(self) -> bool:
@@ -431,6 +468,19 @@ def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
         raise MeshplanError(f"cannot split {num_layers} layers into {num_stages} stages")
     base, extra = divmod(num_layers, num_stages)
     return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+
+
+def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``: the embedding and the loss count as one layer each,
+    the ``num_layers + 2`` slots split evenly (Megatron requires it to divide), so the first and
+    last stages hold one transformer layer fewer (none when every stage holds one slot)."""
+    slots = num_layers + 2
+    if num_stages < 2 or slots % num_stages:
+        raise MeshplanError(f"{num_layers} layers + embedding + loss = {slots} slots do not split evenly "
+                            f"into {num_stages} stages")
+    per = slots // num_stages
+    return (per - 1,) + (per,) * (num_stages - 2) + (per - 1,)
 
 
 @dataclass(frozen=True, kw_only=True)

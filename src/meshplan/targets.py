@@ -106,6 +106,9 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
+    Rule(lambda c, model, tr: np.asarray(c.etp) != np.asarray(c.tp),
+         lambda p, model, tr: (f"expert tensor parallel etp={p.dims.etp} different from tp={p.dims.tp} is not "
+                               "supported by this runtime (planner and Megatron export only); use etp=0 (as tp)")),
 )
 """What `meshplan train` cannot run (the runtime's own limits, torch 2.13)."""
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.data.published import runs_csv
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 HEADER = ["id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -100,3 +102,29 @@ def test_shipped_megatron_bridge_set_is_found_by_name():
 def test_runs_that_are_neither_a_file_nor_a_shipped_set(arg, message):
     r = run("validate", "--runs", arg)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+BRIDGE = runs_csv("megatron-bridge")
+
+
+def test_bridge_rows_build_where_their_preset_exists():
+    """Every row whose model resolves to a preset of this build is estimated (one row with an
+    inconsistent alternate configuration aside); the others are listed as 'no preset X'."""
+    from meshplan.spec.aliases import resolve_alias
+    from meshplan.spec.presets import model_names
+
+    r = run("validate", "--runs", str(BRIDGE), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    with BRIDGE.open(newline="") as fh:
+        rows = {row["id"]: row for row in csv.DictReader(fh)}
+    assert d["summary"]["rows"] + d["summary"]["skipped"] == len(rows) == 275
+    have = {i for i, row in rows.items() if resolve_alias(row["model"]).preset in model_names()}
+    built = {x["row_id"] for x in d["rows"]}
+    assert built <= have and len(built) >= len(have) - 1
+    for s in d["skipped"]:
+        assert s["reason"]
+        if s["row_id"] not in have:
+            assert s["reason"].startswith("no preset ")
+    for x in d["rows"]:
+        assert x["predicted"] > 0 and any(a.startswith("model: preset") for a in x["assumed"])

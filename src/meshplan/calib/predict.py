@@ -83,7 +83,7 @@ def predict(job: Job, profile_path: str | None = None, device: str | None = None
     device = device or device_type(job.cluster)
     training = job.training
     if device == CPU_DEVICE:  # the runtime autocasts on CUDA only: CPU ranks compute in fp32
-        training = replace(training, precision=Precision.FP32)
+        training = replace(training, precision=Precision.FP32, recipe=None)
     hw = resolve_hardware(job.cluster, training.precision, profile_path)
     est = estimate(job.model, hw.cluster, training, job.plan, hw.calib)
     peak_bytes = est.memory.total_bytes

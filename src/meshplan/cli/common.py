@@ -14,7 +14,7 @@ from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec, resolve_cluster
 from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.presets import resolve_model
-from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+from meshplan.spec.training import Optimizer, Precision, Recipe, TrainingSpec
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path (with a Job file: default the file's).")]
 OverrideOpt = Annotated[Optional[str], typer.Option("--override", help="Change model fields, e.g. num_layers=2,hidden_size=64.")]
@@ -25,7 +25,8 @@ GpusPerNodeOpt = Annotated[Optional[int], typer.Option("--gpus-per-node", help="
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Sequence length in tokens (default: 2048, or the Job file's).")]
 GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch in sequences.")]
 GlobalBatchTokensOpt = Annotated[Optional[int], typer.Option("--global-batch-tokens", help="Global batch in tokens (instead of --global-batch).")]
-PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or the Job file's; `plan`: what the GPU supports, bf16, fp16 or fp32).")]
+PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision; fp8 and fp4 are the GEMM inputs, see --recipe (default: bf16, or the Job file's; `plan`: what the GPU supports, bf16, fp16 or fp32).")]
+RecipeOpt = Annotated[Optional[Recipe], typer.Option("--recipe", help="Scaling recipe of fp8 (delayed [default], tensorwise, rowwise, blockwise, mxfp8) or fp4 (nvfp4 [default], mxfp4) GEMMs.")]
 OptimizerOpt = Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer, its states set the memory (default: adamw, or the Job file's).")]
 MemoryGibOpt = Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU in GiB (default: GPU memory less the search's safety margin).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
@@ -87,14 +88,15 @@ def make_training(
     global_batch_tokens: int | None,
     precision: Precision,
     optimizer: Optimizer,
+    recipe: Recipe | None = None,
 ) -> TrainingSpec:
     if (global_batch is None) == (global_batch_tokens is None):
         raise MeshplanError("give exactly one of --global-batch (sequences) or --global-batch-tokens")
     if global_batch_tokens is not None:
-        return TrainingSpec.from_tokens(
-            seq_len=seq_len, global_batch_tokens=global_batch_tokens, precision=precision, optimizer=optimizer
-        )
-    return TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer)
+        return TrainingSpec.from_tokens(seq_len=seq_len, global_batch_tokens=global_batch_tokens,
+                                        precision=precision, optimizer=optimizer, recipe=recipe)
+    return TrainingSpec(seq_len=seq_len, global_batch=global_batch, precision=precision, optimizer=optimizer,
+                        recipe=recipe)
 
 
 def print_json(obj: Any) -> None:

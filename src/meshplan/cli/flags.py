@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-                                 ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, SeqLenOpt,
+                                 ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, RecipeOpt, SeqLenOpt,
                                  load_cluster, load_model, make_training)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec
@@ -104,6 +104,7 @@ class TrainingFlags:
     global_batch: GlobalBatchOpt = None
     global_batch_tokens: GlobalBatchTokensOpt = None
     precision: PrecisionOpt = None
+    recipe: RecipeOpt = None
     optimizer: OptimizerOpt = None
 
     @property
@@ -116,8 +117,11 @@ class TrainingFlags:
         global_batch = self.global_batch
         if base is not None and global_batch is None and self.global_batch_tokens is None:
             global_batch = base.global_batch
+        precision = self.precision or (base.precision if base else default_precision)
+        recipe = self.recipe
+        if recipe is None and base is not None and precision == base.precision:
+            recipe = base.recipe  # the Job file's recipe goes with its precision
         return make_training(
             self.seq_len if self.seq_len is not None else (base.seq_len if base else DEFAULT_SEQ_LEN),
-            global_batch, self.global_batch_tokens,
-            self.precision or (base.precision if base else default_precision),
-            self.optimizer or (base.optimizer if base else Optimizer.ADAMW))
+            global_batch, self.global_batch_tokens, precision,
+            self.optimizer or (base.optimizer if base else Optimizer.ADAMW), recipe)

@@ -59,17 +59,19 @@ def clusters(
         print_json({"gpus": [g.__dict__ for g in gpus], "systems": [s.to_dict() for s in systems]})
         return
     t = Table(title="GPU presets")
-    for col in ("gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM TB/s"):
+    for col in ("gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp4 TFLOP/s", "memory GiB", "HBM TB/s"):
         t.add_column(col, justify="left" if col == "gpu" else "right")
     for g in gpus:
         t.add_row(g.name, f"{g.peak_bf16_flops / 1e12:.0f}", f"{g.peak_fp8_flops / 1e12:.0f}",
+                  f"{g.peak_fp4_flops / 1e12:.0f}" if g.peak_fp4_flops else "",
                   f"{g.memory_gib:.1f}", f"{g.hbm_bandwidth_bytes_per_s / 1e12:.2f}")
     console().print(t)
     s = Table(title="System presets (per-GPU link bandwidth, one direction)")
-    for col in ("system", "gpu", "GPUs/node", "intra GB/s", "inter GB/s"):
+    for col in ("system", "gpu", "GPUs/node", "NVLink domain", "intra GB/s", "inter GB/s"):
         s.add_column(col, justify="left" if col in ("system", "gpu") else "right")
     for c in systems:
-        s.add_row(c.name, c.gpu.name, str(c.gpus_per_node), f"{c.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
+        s.add_row(c.name, c.gpu.name, str(c.gpus_per_node), str(c.scale_up_gpus),
+                  f"{c.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
                   f"{c.inter_node_bandwidth_bytes_per_s / 1e9:.1f}")
     console().print(s)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -11,6 +11,7 @@ from rich.table import Table
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
 from meshplan.data.published import DEFAULT_RUNS, runs_csv
+from meshplan.errors import MeshplanError
 
 
 def _finite(obj):
@@ -24,6 +25,16 @@ def _finite(obj):
     return obj
 
 
+def fit_settings(rows, given: dict) -> dict:
+    """The software settings a fit starts from: those given, else the one set the rows share
+    (their frameworks' defaults); rows of stacks that differ need them given."""
+    kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
+    if len(kinds) > 1:
+        raise MeshplanError("--fit: the rows' frameworks differ in fused attention or dropout; "
+                            "give --fused-attention/--no-fused-attention and --dropout/--no-dropout")
+    return dict(kinds.pop()) if kinds else dict(given)
+
+
 def _fmt(v: float | None, spec: str) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -33,21 +44,23 @@ def validate_cmd(
     runs: Annotated[str, typer.Option("--runs", help="A shipped set of published runs (calibration, megatron-bridge) or a CSV of that format.")] = DEFAULT_RUNS,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per GPU family on these runs first and print it.")] = False,
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="With --fit: refit without each source and score it.")] = False,
-    fused_attention: Annotated[bool, typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (the CSV's 2020-22 Megatron runs did not).")] = False,
-    dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (GPT-style runs did).")] = True,
+    fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
+    dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (default: each row's framework's: GPT-style runs did).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
     from meshplan.cost.calibration import Calibration, gpu_family
     from meshplan.calib.validate import evaluate, load_runs
 
-    settings = {"fused_attention": fused_attention, "dropout": dropout}
+    settings = {k: v for k, v in (("fused_attention", fused_attention), ("dropout", dropout)) if v is not None}
     rows, skipped = load_runs(runs_csv(runs))
     fitted: dict[str, dict] = {}
     loso_out: dict[str, dict] = {}
     calib_for = None
     if fit:
         from meshplan.calib.fit import fit_family, leave_one_source_out
+
+        settings = fit_settings(rows, settings)
 
         for fam in sorted({gpu_family(r.cluster.gpu) for r in rows}):
             res = fit_family(rows, fam, settings)

@@ -41,8 +41,12 @@ class PlanArrays:
     micro_batch: np.ndarray
     recompute: np.ndarray  # index into RECOMPUTE_CODES
     cp_method: np.ndarray  # index into CP_METHOD_CODES
+    etp: np.ndarray | None = None
+    """Expert tensor parallel degree, resolved (``ParallelDims.expert_tp``); None: tp."""
 
     def __post_init__(self) -> None:
+        if self.etp is None:
+            object.__setattr__(self, "etp", np.asarray(self.tp))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
@@ -84,6 +88,7 @@ class PlanArrays:
             micro_batch=col(lambda p: p.micro_batch),
             recompute=col(lambda p: RECOMPUTE_CODES.index(p.recompute)),
             cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
+            etp=col(lambda p: p.dims.expert_tp),
         )
 
     def plan(self, i: int, stage_layers: tuple[int, ...] = (),
@@ -94,6 +99,7 @@ class PlanArrays:
             dims=ParallelDims(
                 dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
                 tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
+                etp=0 if self.etp[i] == self.tp[i] else int(self.etp[i]),
             ),
             zero=int(self.zero[i]),
             sp=bool(self.sp[i]),

@@ -108,13 +108,14 @@ class PlanTerms:
     """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
     the plan's ZeRO stage reaches it, else 1)."""
     expert_shards: tuple[np.ndarray, ...]
-    """The same for expert states (n1 / ep, at least 1)."""
+    """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
+    least 1; n1 / ep when etp = tp)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = cluster.gpu.peak_flops(training.precision)
+    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
@@ -141,7 +142,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
                           np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
                                    layer.act_none_bytes))
-    n1_e = np.maximum(n1 / plans.ep, 1.0)
+    n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
     m = num_microbatches(training, plans)
     return PlanTerms(

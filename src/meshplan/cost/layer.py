@@ -150,11 +150,12 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration, *, moe: bool) -> LayerCost:
     gpu = cluster.gpu
-    peak = gpu.peak_flops(training.precision)
+    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
     hbm = gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     ep = plans.ep.astype(float)
+    e_t = plans.etp.astype(float)  # expert tp (Megatron's MoE parallel folding); = t by default
     sp = plans.sp
     S = float(training.seq_len)
     D, H = float(model.hidden_size), float(model.head_dim)
@@ -172,10 +173,11 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if moe:
         F = float(model.moe_ffn_hidden_size)
         k_top = float(model.moe_top_k)
-        tok_per_expert = T * k_top * ep / model.moe_num_experts  # tokens each local expert sees
+        # tokens each local expert sees: an expert-tp group gathers its members' T*etp/t tokens
+        tok_per_expert = T * (e_t / t) * k_top * ep / model.moe_num_experts
         local_experts = model.moe_num_experts / ep
-        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / t, D)
-        down = gemm_time(calib, peak, tok_per_expert, D, F / t)
+        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / e_t, D)
+        down = gemm_time(calib, peak, tok_per_expert, D, F / e_t)
         t_mlp = local_experts * (up + down)
         t_mlp += gemm_time(calib, peak, T, float(model.moe_num_experts), D)  # router
         t_mlp += model.moe_shared_experts * (gemm_time(calib, peak, T, (m_mlp - 1) * F / t, D)
@@ -227,7 +229,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     cp_overlap = np.where(plans.cp_method == CP_RING, calib.cp_overlap, 0.0)
     cp_bwd = np.where(plans.cp_method == CP_RING, 2 * ring, ulysses)  # ring: K/V and dK/dV
     if moe:
-        ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
+        ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)  # ep ranks etp apart
         ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ab, ep, ep_link)
     else:
         ep_fwd = np.zeros_like(T)
@@ -253,10 +255,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # ---- parameters and states ----------------------------------------------------------
     dense_p, expert_p = _layer_params(model, moe)
     dense_g = dense_p / t
-    expert_g = expert_p / (t * ep)
+    expert_g = expert_p / (e_t * ep)
     shard = (plans.dp_shard * plans.cp).astype(float)
     states = (state_bytes(calib, training, dense_g, plans.zero, shard)
-              + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard / ep, 1.0)))
+              + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard * t / (e_t * ep), 1.0)))
 
     # ---- activations (Korthikanti et al. 2022 Sec. 4.1, generalised; bytes) ------------
     drop_masks = 2.0 if calib.dropout else 0.0  # attention-out and MLP-out dropout masks (1 B each)

@@ -51,7 +51,7 @@ def _deepspeed_runs(space) -> "object":
     # hybrid sharding (replicas of shards) exists only as ZeRO-3 MiCS.
     hybrid = (space.dp_replicate > 1) & (space.dp_shard > 1)
     return (((space.pp == 1) | (space.zero <= 1)) & ((space.tp == 1) | (space.zero <= 2))
-            & ~space.sp & (~hybrid | (space.zero == 3)))
+            & ~space.sp & (~hybrid | (space.zero == 3)) & (space.etp == space.tp))
 
 
 def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarget | str",

@@ -25,9 +25,9 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     if d.cp > 1:
         raise MeshplanError("DeepSpeed's config cannot express context parallel (cp > 1); "
                             "DeepSpeed-Ulysses is set up in model code")
-    if t.precision == Precision.FP8:
-        raise MeshplanError("DeepSpeed's config has no fp8 training switch (it needs Transformer "
-                            "Engine in model code); use bf16 or fp16")
+    if t.precision in (Precision.FP8, Precision.FP4):
+        raise MeshplanError(f"DeepSpeed's config has no {t.precision.value} training switch (it needs "
+                            "Transformer Engine in model code); use bf16 or fp16")
     cfg: dict[str, object] = {
         "train_batch_size": t.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
@@ -66,6 +66,8 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
             f"pipeline degree is set in code: PipelineModule(layers, num_stages={d.pp}); "
             f"layers per stage {list(plan.stage_layers)} (partition_method='uniform' gives an even split)"
         )
+    if d.etp and d.etp != d.tp:
+        raise MeshplanError("DeepSpeed-MoE has no expert tensor parallel of its own (etp must equal tp)")
     if d.ep > 1:
         warnings.append(f"expert parallel is set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep})")
     if plan.recompute == Recompute.SELECTIVE:

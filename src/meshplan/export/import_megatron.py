@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(add_help=False, allow_abbrev=False)
     add = p.add_argument
     for name in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-                 "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+                 "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                 "--num-layers-per-virtual-pipeline-stage",
                  "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
                  "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
                  "--seq-length", "--recompute-num-layers", "--num-distributed-optimizer-instances",
@@ -63,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--position-embedding-type", default=None)
     add("--normalization", default=None)
     add("--fp8-format", default=None)
+    add("--fp8-recipe", default=None)
+    add("--fp4-format", default=None)
+    add("--fp4-recipe", default=None)
     add("--moe-layer-freq", default=None)
     add("--pipeline-model-parallel-layout", default=None)
     return p
@@ -166,7 +170,7 @@ def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
             if not item.startswith("t"):
                 raise MeshplanError(f"pipeline layout {layout!r}: layer kind {item!r} is not supported")
             n += int(item[2:]) if "*" in item else 1
-        if n == 0:
+        if n == 0 and body == chunk:  # only a chunk holding E or L may have no transformer layer
             raise MeshplanError(f"pipeline layout {layout!r}: chunk {i} has no transformer layer")
         counts.append(n)
     return tuple(counts)
@@ -211,6 +215,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     pp = _positive("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1)
     cp = _positive("--context-parallel-size", a.context_parallel_size, 1)
     ep = _positive("--expert-model-parallel-size", a.expert_model_parallel_size, 1)
+    etp = _positive("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, tp)
     dp = data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
 
     vpp = 1
@@ -266,8 +271,11 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
             n = _positive("--recompute-num-layers", a.recompute_num_layers, 1)
             rec_layers = tuple(min(n, k) for k in per_stage)
 
-    if a.fp8_format:
-        precision = Precision.FP8
+    recipe = None
+    if a.fp4_format:
+        precision, recipe = Precision.FP4, a.fp4_recipe or "nvfp4"  # Megatron's default fp4 recipe
+    elif a.fp8_format:
+        precision, recipe = Precision.FP8, a.fp8_recipe or "delayed"  # Megatron's default fp8 recipe
     elif a.bf16:
         precision = Precision.BF16
     elif a.fp16:
@@ -278,10 +286,11 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("the Megatron arguments give no --global-batch-size")
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
-    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision)
+    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
+                            recipe=recipe)
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
-        dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, **dims),
+        dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),
         zero=zero,
         sp=a.sequence_parallel,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,

@@ -73,6 +73,7 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
     pp = _int(par, "pipeline_parallel_degree", 1)
     cp = _int(par, "context_parallel_degree", 1)
     ep = _int(par, "expert_parallel_degree", 1)
+    etp = _int(par, "expert_tensor_parallel_degree", 0)  # absent: as tp
     if shard == -1:  # torchtitan: the ranks left after the other degrees
         dp = data_parallel_degree(num_gpus, tp=tp, pp=pp, cp=cp)
         if rep < 1 or dp % rep:
@@ -130,8 +131,16 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
     if isinstance(converters, str):
         converters = [c.strip() for c in converters.split(",")]
     precision = Precision.FP8 if "float8" in converters else (Precision.FP32 if param == "float32" else Precision.BF16)
+    recipe = None
+    if "float8" in converters:  # torchtitan's float8 default is tensorwise scaling
+        recipe = str((cfg.get("float8") or {}).get("recipe_name") or "tensorwise")
+    elif "mx" in converters:
+        name = str((cfg.get("mx") or {}).get("recipe_name") or "mxfp8")
+        # torchao's mxfp8 recipes differ by GEMM kernel (mxfp8_cublas, mxfp8_cutlass), not format
+        precision, recipe = Precision.FP8, ("mxfp8" if name.startswith("mxfp8") else name)
     plan = Plan(
-        dims=ParallelDims(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep),
+        dims=ParallelDims(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep,
+                          etp=0 if etp == tp else etp),
         zero=zero,
         sp=tp > 1,  # torchtitan's TP plan shards norms over the sequence
         schedule=schedule,
@@ -143,7 +152,8 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
         recompute_layers=rec,
     )
     return TorchtitanImport(plan=plan, training=TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                                                             precision=precision), preset=flavor_preset(cfg))
+                                                             precision=precision, recipe=recipe),
+                            preset=flavor_preset(cfg))
 
 
 def flavor_preset(cfg: dict[str, Any]) -> str | None:

@@ -28,6 +28,9 @@ def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
         raise MeshplanError(f"stage_layers has {len(counts)} entries; pp*vpp={plan.num_stages} stages")
     if sum(counts) != num_layers:
         raise MeshplanError(f"stage_layers sum to {sum(counts)}, the model has {num_layers} layers")
+    if 0 in counts:
+        raise MeshplanError(f"stage_layers {list(counts)}: a stage holding only the embedding or the loss "
+                            "is not supported by this runtime; give every stage a layer")
     keys: list[list[str]] = []
     start = 0
     for n in counts:

@@ -94,8 +94,8 @@ def compute_precision(precision: Precision, device: torch.device) -> Precision:
     (this runtime has no fp8 matmuls; the log's MFU is then measured against the bf16 peak)."""
     if device.type != "cuda":
         return Precision.FP32
-    if precision == Precision.FP8:
-        log.warning("fp8 matmuls are not implemented by the runtime: training in bf16")
+    if precision in (Precision.FP8, Precision.FP4):
+        log.warning(f"{precision.value} matmuls are not implemented by the runtime: training in bf16")
         return Precision.BF16
     return precision
 

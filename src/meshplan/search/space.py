@@ -2,7 +2,8 @@
 
 A *global configuration* fixes everything except the per-stage layer split and the per-stage
 number of recomputed layers (those are searched by :mod:`meshplan.search.stages`): the mesh
-degrees ``pp x dp_replicate x dp_shard x cp x tp`` (product = GPU count), expert parallel ``ep``,
+degrees ``pp x dp_replicate x dp_shard x cp x tp`` (product = GPU count), expert parallel ``ep``
+and expert tensor parallel ``etp``,
 ZeRO stage, sequence parallel, context-parallel method, pipeline schedule and virtual stages,
 micro-batch size and recompute policy.
 
@@ -30,9 +31,13 @@ RECOMPUTES: tuple[Recompute, ...] = RECOMPUTE_CODES
 CP_METHODS: tuple[CPMethod, ...] = CP_METHOD_CODES
 
 MAX_VPP = 8
-"""Largest number of virtual stages per pipeline rank searched. Megatron's and torchtitan's
-published configurations use 2-8 chunks per rank; beyond that the per-chunk send/recv overhead
-grows while the bubble is already below 1/(8m). This bounds the space (it is not a dominance rule)."""
+"""Virtual stages per pipeline rank searched with any layer split. Beyond it (published
+Megatron-Core recipes use 10 to 24 chunks per rank) only chunk counts that split the layers
+evenly are searched, the layers alone or with the embedding and the loss counted as one layer
+each: Megatron needs ``num_layers`` (or ``num_layers + 2`` with
+``--account-for-embedding/loss-in-pipeline-split``) divisible by ``pp * vpp`` without a custom
+layout (Qwen3-235B's 94 layers: pp 4 x vpp 12). This bounds the space (it is not a dominance
+rule)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -59,7 +64,9 @@ class SearchOptions:
     schedules: tuple[Schedule, ...] = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     recomputes: tuple[Recompute, ...] = RECOMPUTES
     cp_methods: tuple[CPMethod, ...] = CP_METHODS
-    max_vpp: int = MAX_VPP
+    max_vpp: int | None = None
+    """Largest vpp searched; None: as many as the layer count allows (``MAX_VPP`` with any
+    split, beyond it even splits only)."""
     nonuniform_stages: bool = True
     """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
     max_cp: int | None = None
@@ -89,8 +96,6 @@ def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
     dp = c["dp_replicate"] * c["dp_shard"]
     ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
     ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
-    if model.is_moe:
-        ok &= model.moe_ffn_hidden_size % tp == 0
     ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
     ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
     return ok
@@ -102,8 +107,10 @@ def _rule_max_cp(c, options: SearchOptions) -> np.ndarray:
 
 
 def _rule_zero(c) -> np.ndarray:
-    """dp_shard > 1 needs ZeRO >= 1; over a single shard every stage equals plain DP (stage 0)."""
-    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, c["zero"] == 0)
+    """dp_shard > 1 needs ZeRO >= 1; ZeRO shards over dp_shard x cp, so with dp_shard = 1 and
+    cp > 1 every stage is its own plan (ZeRO over the context-parallel ranks alone); over a
+    single rank every stage equals plain DP (stage 0)."""
+    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, (c["cp"] > 1) | (c["zero"] == 0))
 
 
 def _rule_sp(c, training: TrainingSpec) -> np.ndarray:
@@ -121,13 +128,26 @@ def _rule_cp_method(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
 
 
 def _rule_ep(c, model: ModelSpec) -> np.ndarray:
+    """Experts fold onto the dp_shard x cp x tp ranks as edp x ep x etp (Megatron's MoE parallel
+    folding): etp * ep divides them, etp divides tp and the expert FFN; dense models: etp = tp."""
     experts = model.moe_num_experts if model.is_moe else 1
-    return ((c["dp_shard"] * c["cp"]) % c["ep"] == 0) & (experts % c["ep"] == 0)
+    ok = ((c["dp_shard"] * c["cp"] * c["tp"]) % (c["etp"] * c["ep"]) == 0) & (experts % c["ep"] == 0)
+    ok &= c["tp"] % c["etp"] == 0
+    if model.is_moe:
+        return ok & (model.moe_ffn_hidden_size % c["etp"] == 0)
+    return ok & (c["etp"] == c["tp"])
 
 
-def _schedule_pairs(options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+def _max_vpp(model: ModelSpec, options: SearchOptions) -> int:
+    return options.max_vpp if options.max_vpp is not None else max(model.num_layers // 2, 1)
+
+
+def _schedule_pairs(options: SearchOptions, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    # beyond MAX_VPP only chunk counts that can split the layers evenly (see MAX_VPP)
+    L = model.num_layers
+    vpps = [v for v in range(2, _max_vpp(model, options) + 1) if v <= MAX_VPP or L % v == 0 or (L + 2) % v == 0]
     pairs = [(SCHEDULES.index(s), v) for s in options.schedules
-             for v in (range(2, options.max_vpp + 1) if s.supports_virtual_stages else (1,))]
+             for v in (vpps if s.supports_virtual_stages else (1,))]
     if not pairs:
         raise MeshplanError("no pipeline schedule to search")
     return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -135,14 +155,16 @@ def _schedule_pairs(options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
 
 def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
     """With pp == 1 the schedule is irrelevant: one row (1F1B, else the first listed)."""
-    sched, vpp = _schedule_pairs(options)
+    sched, vpp = _schedule_pairs(options, model)
     listed = np.zeros(c["pp"].shape, dtype=bool)
     for s_code, v in zip(sched, vpp):
         listed |= (c["schedule"] == s_code) & (c["vpp"] == v)
     one_f1b = SCHEDULES.index(Schedule.ONE_F_ONE_B)
     base = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
     first = (c["schedule"] == base) & (c["vpp"] == vpp[sched == base].min())
-    return listed & np.where(c["pp"] == 1, first, c["pp"] * c["vpp"] <= model.num_layers)
+    chunks = c["pp"] * c["vpp"]
+    bounded = (c["vpp"] <= MAX_VPP) | (model.num_layers % chunks == 0) | ((model.num_layers + 2) % chunks == 0)
+    return listed & np.where(c["pp"] == 1, first, (chunks <= model.num_layers) & bounded)
 
 
 def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
@@ -169,8 +191,12 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "cp_method", np.array([CP_METHODS.index(m) for m in options.cp_methods]))
     c = _keep(c, _rule_cp_method(c, model, options))
     c = _cross(c, "ep", np.array(divisors(model.moe_num_experts) if model.is_moe else [1]))
+    if model.is_moe:
+        c = _cross(c, "etp", np.array(divisors(int(c["tp"].max())) if c["tp"].size else [1]))
+    else:
+        c["etp"] = c["tp"].copy()
     c = _keep(c, _rule_ep(c, model))
-    sched, vpp = _schedule_pairs(options)
+    sched, vpp = _schedule_pairs(options, model)
     c = _cross(c, "_pair", np.arange(sched.size))
     c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
     del c["_pair"]
@@ -192,7 +218,7 @@ def canonical(plan: Plan) -> Plan:
 
     d = plan.dims
     out = plan
-    if d.dp_shard == 1 and plan.zero:
+    if d.dp_shard * d.cp == 1 and plan.zero:
         out = replace(out, zero=0)
     if (d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B) or (
             out.schedule == Schedule.INTERLEAVED_1F1B and out.vpp == 1):
