@@ -60,7 +60,7 @@ def test_missing_field(tmp_path):
 
 
 NEW_LAYOUTS = ["deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "gpt-oss-20b",
-               "nemotron-3-nano"]
+               "nemotron-3-nano", "nemotron-3-super"]
 
 
 @pytest.mark.parametrize("name", NEW_LAYOUTS)
@@ -95,7 +95,8 @@ def test_nemotron_layers_block_type_is_read_like_the_pattern(tmp_path):
 
 
 @pytest.mark.parametrize("name,changes,match", [
-    ("nemotron-3-nano", {"moe_latent_size": 1024}, "LatentMoE"),
+    ("nemotron-3-nano", {"layers_block_type": ["mamba", "cross"], "hybrid_override_pattern": None}, "'cross'"),
+    ("nemotron-3-nano", {"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "M*"}, "MTP module"),
     ("nemotron-3-nano", {"hybrid_override_pattern": None}, "no hybrid_override_pattern"),
     ("nemotron-3-nano", {"hybrid_override_pattern": "MEX"}, "letter"),
     ("deepseek-v3", {"kv_lora_rank": None}, "no kv_lora_rank"),

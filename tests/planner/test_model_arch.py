@@ -53,6 +53,25 @@ def test_active_parameters_without_input_embedding(name, active_b):
     assert (m.num_params(active_only=True) - m.embedding_params()) / B == pytest.approx(active_b, rel=0.01)
 
 
+@pytest.mark.parametrize("name,total_b,active_b", [("nemotron-3-super", 120.0, 12), ("nemotron-3-ultra", 550.0, 55)])
+def test_nemotron_named_sizes(name, total_b, active_b):
+    # Only the names' figures (120B-A12B; Ultra ~550B-A55B) are published: total to 1%, active
+    # (without the input embedding, NVIDIA's convention) to the name's rounding.
+    m = model_preset(name)
+    assert m.num_params(include_mtp=False) / B == pytest.approx(total_b, rel=0.01)
+    assert round((m.num_params(active_only=True, include_mtp=False) - m.embedding_params()) / B) == active_b
+
+
+def test_latent_moe_block_by_hand():
+    # Nemotron 3 Super MoE layer: router 4096x512, one shared relu2 expert 2x4096x5376, latent
+    # projections 2x4096x1024, 512 routed relu2 experts of 2x1024x2688 each, one RMSNorm 4096.
+    m = model_preset("nemotron-3-super")
+    expected = 4096 * 512 + 2 * 4096 * 5376 + 2 * 4096 * 1024 + 512 * 2 * 1024 * 2688 + 4096
+    assert m.layer_params(1) == expected
+    active = 4096 * 512 + 2 * 4096 * 5376 + 2 * 4096 * 1024 + 22 * 2 * 1024 * 2688 + 4096
+    assert m.layer_params(1, active_only=True) == active
+
+
 def test_nemotron_nano_active_with_embeddings():
     assert model_preset("nemotron-3-nano").num_params(active_only=True) / B == pytest.approx(3.6, rel=0.01)
 
@@ -163,7 +182,7 @@ def _layer(model, plan, S=4096, calib=None):
                       calib or Calibration(fused_attention=True, dropout=False))
 
 
-@pytest.mark.parametrize("name", ["nemotron-3-nano", "deepseek-v3-nomtp", "gpt-oss-20b"])
+@pytest.mark.parametrize("name", ["nemotron-3-nano", "nemotron-3-super", "deepseek-v3-nomtp", "gpt-oss-20b"])
 def test_average_layer_times_layers_gives_exact_parameters(name):
     m = model_preset(name)
     lc = _layer(m, Plan())

@@ -180,10 +180,13 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         k_top = float(model.moe_top_k)
         tok_per_expert = T * k_top * ep / model.moe_num_experts  # tokens each local expert sees
         local_experts = model.moe_num_experts / ep
-        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / t, D)
-        down = gemm_time(calib, peak, tok_per_expert, D, F / t)
+        Dx = float(model.moe_latent_size or model.hidden_size)  # width the routed experts see
+        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / t, Dx)
+        down = gemm_time(calib, peak, tok_per_expert, Dx, F / t)
         t_mlp = local_experts * (up + down)
         t_mlp += gemm_time(calib, peak, T, float(model.moe_num_experts), D)  # router
+        if model.moe_latent_size:  # LatentMoE down and up projections (TP-replicated here)
+            t_mlp += gemm_time(calib, peak, T, Dx, D) + gemm_time(calib, peak, T, D, Dx)
         t_mlp += model.moe_shared_experts * (gemm_time(calib, peak, T, (m_mlp - 1) * Fs / t, D)
                                              + gemm_time(calib, peak, T, D, Fs / t))
         mlp_width = F * k_top + Fs * model.moe_shared_experts
@@ -217,7 +220,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     cp_fwd, cp_bwd, cp_overlap = mix.cp_fwd_s, mix.cp_bwd_s, mix.cp_overlap
     if moe:
         ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
-        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ab, ep, ep_link)
+        ep_width = float(model.moe_latent_size or model.hidden_size)  # tokens travel latent
+        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * ep_width * ab, ep, ep_link)
     else:
         ep_fwd = np.zeros_like(T)
     # Smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes).
@@ -252,6 +256,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     replicated = T_rep * D * parts * (2 * ab + drop_masks)  # per sub-block: norm input, linear input
     mlp_kept = (3.0 if model.gated_mlp else 2.0) * mlp_width  # GELU in+out, or gate, up, product
     parallel = mix.kept_bytes + T * ab * mlp_kept / t
+    if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
+        parallel = parallel + T * ab * 2.0 * model.moe_latent_size
     act_none = replicated + parallel + mix.score_bytes
     act_sel = replicated + parallel
     act_full = T_rep * D * ab

@@ -180,8 +180,10 @@ def _nemotron_h(cfg: dict[str, Any], name: str, path: Path) -> ModelSpec:
                                 f"{', '.join(letters)}") from None
     if not pattern:
         raise MeshplanError(f"{path}: config.json has no hybrid_override_pattern / layers_block_type field")
-    if cfg.get("moe_latent_size"):
-        raise MeshplanError(f"{path}: moe_latent_size (LatentMoE, Nemotron 3 Super/Ultra) is not supported")
+    mtp_pattern = cfg.get("mtp_hybrid_override_pattern")
+    if cfg.get("num_nextn_predict_layers") and mtp_pattern not in (None, "*E", "*-"):
+        raise MeshplanError(f"{path}: mtp_hybrid_override_pattern {mtp_pattern!r} is not supported "
+                            "(an MTP module is one attention + MLP/MoE block)")
     kw: dict[str, Any] = {}
     if "E" in pattern:
         shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0)
@@ -189,7 +191,8 @@ def _nemotron_h(cfg: dict[str, Any], name: str, path: Path) -> ModelSpec:
                   moe_top_k=int(_req(cfg, path, "num_experts_per_tok")),
                   moe_ffn_hidden_size=int(_req(cfg, path, "moe_intermediate_size")),
                   moe_shared_experts=int(cfg.get("n_shared_experts") or (1 if shared else 0)),
-                  moe_shared_ffn_hidden_size=shared)
+                  moe_shared_ffn_hidden_size=shared,
+                  moe_latent_size=int(cfg.get("moe_latent_size") or 0))
     return ModelSpec(
         name=name,
         num_layers=len(pattern),

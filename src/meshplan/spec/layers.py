@@ -150,13 +150,16 @@ def mixer_params(model: "ModelSpec", mixer: Mixer) -> int:
 
 def moe_params(model: "ModelSpec", active_only: bool) -> tuple[int, int]:
     """(dense part, routed-expert part) of one MoE block: router (+ its bias when mlp_bias),
-    shared experts; routed experts all, or the top-k one token uses."""
+    shared experts, LatentMoE projections (Nemotron 3 white paper, NVIDIA 2025, Sec. 2.2);
+    routed experts all, or the top-k one token uses."""
     experts = model.moe_top_k if active_only else model.moe_num_experts
     router = model.hidden_size * model.moe_num_experts
     if model.mlp_bias:
         router += model.moe_num_experts
     shared = model.moe_shared_experts * model.mlp_params(model.moe_shared_ffn_hidden_size)
-    return router + shared, experts * model.mlp_params(model.moe_ffn_hidden_size)
+    latent = 2 * model.hidden_size * model.moe_latent_size  # LatentMoE D -> l and l -> D
+    routed = experts * model.mlp_params(model.moe_ffn_hidden_size, model.moe_latent_size)
+    return router + shared + latent, routed
 
 
 def ffn_params(model: "ModelSpec", ffn: Ffn, active_only: bool = False) -> int:

@@ -74,6 +74,9 @@ class ModelSpec:
     """BERT token-type embeddings (2 for BERT)."""
     moe_shared_ffn_hidden_size: int = 0
     """Inner width of one shared expert; 0 means moe_ffn_hidden_size (Nemotron 3: 2x routed)."""
+    moe_latent_size: int = 0
+    """LatentMoE (Nemotron 3 Super/Ultra): routed experts read and write this width instead of D,
+    behind a D -> latent and a latent -> D projection per layer; 0 means none."""
     q_lora_rank: int = 0
     """MLA (DeepSeek-V2 Sec. 2.1): query down-projection rank d_c'; 0 means a full-rank W^Q."""
     kv_lora_rank: int = 0
@@ -123,7 +126,7 @@ class ModelSpec:
                 raise MeshplanError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
         for f in ("num_kv_heads", "head_dim", "ffn_hidden_size", "moe_num_experts", "moe_top_k",
                   "moe_ffn_hidden_size", "moe_shared_experts", "moe_dense_layers", "type_vocab_size",
-                  "max_position", "moe_shared_ffn_hidden_size", "q_lora_rank", "kv_lora_rank",
+                  "max_position", "moe_shared_ffn_hidden_size", "moe_latent_size", "q_lora_rank", "kv_lora_rank",
                   "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                   "full_attention_period", "mtp_num_layers", "mamba_state_size", "mamba_conv_width",
                   "mamba_num_heads", "mamba_head_dim", "mamba_groups", "mamba_chunk_size"):
@@ -158,7 +161,7 @@ class ModelSpec:
                 raise MeshplanError(f"model {self.name!r}: moe_dense_layers must be below num_layers")
             if self.moe_shared_ffn_hidden_size == 0:
                 object.__setattr__(self, "moe_shared_ffn_hidden_size", self.moe_ffn_hidden_size)
-        elif self.moe_top_k or self.moe_shared_experts or self.moe_dense_layers:
+        elif self.moe_top_k or self.moe_shared_experts or self.moe_dense_layers or self.moe_latent_size:
             raise MeshplanError(f"model {self.name!r}: MoE fields set but moe_num_experts is 0")
         self._check_new_architectures()
 
@@ -253,11 +256,13 @@ class ModelSpec:
 
         return attention_params(self)
 
-    def mlp_params(self, ffn: int) -> int:
-        """One MLP (dense layer or one expert) of inner width ``ffn``."""
-        p = self._mlp_matrices * self.hidden_size * ffn
+    def mlp_params(self, ffn: int, width: int = 0) -> int:
+        """One MLP (dense layer or one expert) of inner width ``ffn`` on ``width``-wide tokens
+        (0: hidden_size; a LatentMoE expert: moe_latent_size)."""
+        width = width or self.hidden_size
+        p = self._mlp_matrices * width * ffn
         if self.mlp_bias:
-            p += (self._mlp_matrices - 1) * ffn + self.hidden_size
+            p += (self._mlp_matrices - 1) * ffn + width
         return p
 
     def dense_layer_params(self) -> int:
