@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from meshplan.errors import MeshplanError
+
 if TYPE_CHECKING:  # pragma: no cover
     from meshplan.spec.model import ModelSpec
 
@@ -54,6 +56,43 @@ class LayerKind:
     def parts(self) -> int:
         """Sub-blocks with their own pre-norm and residual add (1 or 2)."""
         return int(self.mixer != Mixer.NONE) + int(self.ffn != Ffn.NONE)
+
+
+def check_layout(model: "ModelSpec") -> None:
+    """MLA, sliding windows and hybrid patterns: all-or-nothing field groups."""
+    mla = (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim)
+    if any(mla) and not all(mla):
+        raise MeshplanError(f"model {model.name!r}: multi-head latent attention needs kv_lora_rank, "
+                            "qk_rope_head_dim, qk_nope_head_dim and v_head_dim all set")
+    if model.q_lora_rank and not model.kv_lora_rank:
+        raise MeshplanError(f"model {model.name!r}: q_lora_rank is set but kv_lora_rank is 0 (not MLA)")
+    if model.full_attention_period and not model.sliding_window:
+        raise MeshplanError(f"model {model.name!r}: full_attention_period is set but sliding_window is 0")
+    if not isinstance(model.hybrid_pattern, str):
+        raise MeshplanError(f"model {model.name!r}: hybrid_pattern must be a string")
+    if not model.hybrid_pattern:
+        if model.mamba_num_heads:
+            raise MeshplanError(f"model {model.name!r}: Mamba fields set but hybrid_pattern is empty")
+        return
+    bad = sorted(set(model.hybrid_pattern) - set(PATTERN_CHARS))
+    if bad:
+        raise MeshplanError(f"model {model.name!r}: hybrid_pattern letter(s) {''.join(bad)!r} not in "
+                            f"{''.join(PATTERN_CHARS)!r}")
+    if len(model.hybrid_pattern) != model.num_layers:
+        raise MeshplanError(f"model {model.name!r}: hybrid_pattern has {len(model.hybrid_pattern)} "
+                            f"letters but num_layers is {model.num_layers}")
+    if "E" in model.hybrid_pattern and not model.is_moe:
+        raise MeshplanError(f"model {model.name!r}: hybrid_pattern has MoE layers (E) but moe_num_experts is 0")
+    if model.moe_dense_layers:
+        raise MeshplanError(f"model {model.name!r}: moe_dense_layers does not apply to a hybrid_pattern "
+                            "(write the dense layers as '-')")
+    if "M" in model.hybrid_pattern and not (model.mamba_num_heads and model.mamba_head_dim
+                                           and model.mamba_state_size and model.mamba_groups):
+        raise MeshplanError(f"model {model.name!r}: Mamba layers need mamba_num_heads, mamba_head_dim, "
+                            "mamba_state_size and mamba_groups")
+    if model.mamba_num_heads % max(model.mamba_groups, 1):
+        raise MeshplanError(f"model {model.name!r}: mamba_num_heads={model.mamba_num_heads} is not "
+                            f"divisible by mamba_groups={model.mamba_groups}")
 
 
 def layer_kind(model: "ModelSpec", layer: int) -> LayerKind:

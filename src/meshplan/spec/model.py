@@ -163,45 +163,9 @@ class ModelSpec:
                 object.__setattr__(self, "moe_shared_ffn_hidden_size", self.moe_ffn_hidden_size)
         elif self.moe_top_k or self.moe_shared_experts or self.moe_dense_layers or self.moe_latent_size:
             raise MeshplanError(f"model {self.name!r}: MoE fields set but moe_num_experts is 0")
-        self._check_new_architectures()
+        from meshplan.spec.layers import check_layout
 
-    def _check_new_architectures(self) -> None:
-        """MLA, sliding windows and hybrid patterns: all-or-nothing field groups."""
-        mla = (self.kv_lora_rank, self.qk_rope_head_dim, self.qk_nope_head_dim, self.v_head_dim)
-        if any(mla) and not all(mla):
-            raise MeshplanError(f"model {self.name!r}: multi-head latent attention needs kv_lora_rank, "
-                                "qk_rope_head_dim, qk_nope_head_dim and v_head_dim all set")
-        if self.q_lora_rank and not self.kv_lora_rank:
-            raise MeshplanError(f"model {self.name!r}: q_lora_rank is set but kv_lora_rank is 0 (not MLA)")
-        if self.full_attention_period and not self.sliding_window:
-            raise MeshplanError(f"model {self.name!r}: full_attention_period is set but sliding_window is 0")
-        if not isinstance(self.hybrid_pattern, str):
-            raise MeshplanError(f"model {self.name!r}: hybrid_pattern must be a string")
-        if not self.hybrid_pattern:
-            if self.mamba_num_heads:
-                raise MeshplanError(f"model {self.name!r}: Mamba fields set but hybrid_pattern is empty")
-            return
-        from meshplan.spec.layers import PATTERN_CHARS
-
-        bad = sorted(set(self.hybrid_pattern) - set(PATTERN_CHARS))
-        if bad:
-            raise MeshplanError(f"model {self.name!r}: hybrid_pattern letter(s) {''.join(bad)!r} not in "
-                                f"{''.join(PATTERN_CHARS)!r}")
-        if len(self.hybrid_pattern) != self.num_layers:
-            raise MeshplanError(f"model {self.name!r}: hybrid_pattern has {len(self.hybrid_pattern)} "
-                                f"letters but num_layers is {self.num_layers}")
-        if "E" in self.hybrid_pattern and not self.is_moe:
-            raise MeshplanError(f"model {self.name!r}: hybrid_pattern has MoE layers (E) but moe_num_experts is 0")
-        if self.moe_dense_layers:
-            raise MeshplanError(f"model {self.name!r}: moe_dense_layers does not apply to a hybrid_pattern "
-                                "(write the dense layers as '-')")
-        if "M" in self.hybrid_pattern and not (self.mamba_num_heads and self.mamba_head_dim
-                                               and self.mamba_state_size and self.mamba_groups):
-            raise MeshplanError(f"model {self.name!r}: Mamba layers need mamba_num_heads, mamba_head_dim, "
-                                "mamba_state_size and mamba_groups")
-        if self.mamba_num_heads % max(self.mamba_groups, 1):
-            raise MeshplanError(f"model {self.name!r}: mamba_num_heads={self.mamba_num_heads} is not "
-                                f"divisible by mamba_groups={self.mamba_groups}")
+        check_layout(self)
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
