@@ -238,3 +238,12 @@ def test_shrinking_a_hybrid_keeps_its_first_layers():
     assert m.hybrid_pattern == "MEMEM*"
     assert m.num_params() > 0
     assert np.isfinite(float(_layer(m, Plan(), S=256).fwd_compute_s[0]))
+
+
+def test_mamba_groups_bound_tensor_parallel():
+    # Nemotron 3 Nano: 8 B/C groups, so tp 16 cannot split its Mamba-2 layers.
+    m = model_preset("nemotron-3-nano")
+    tr = TrainingSpec(seq_len=4096, global_batch=64)
+    Plan(dims=ParallelDims(tp=8)).validate_for(m, tr, 8)
+    with pytest.raises(MeshplanError, match="mamba_groups=8"):
+        Plan(dims=ParallelDims(tp=16)).validate_for(m, tr, 16)

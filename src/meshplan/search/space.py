@@ -144,6 +144,8 @@ def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
     ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
     if model.is_moe:
         ok &= model.moe_ffn_hidden_size % tp == 0
+    if "M" in model.hybrid_pattern:  # Mamba-2 TP splits heads and B/C groups (Megatron MambaMixer)
+        ok &= (model.mamba_num_heads % tp == 0) & (model.mamba_groups % tp == 0)
     ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
     ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
     return ok
