@@ -107,3 +107,12 @@ def test_nemotron_layers_block_type_is_read_like_the_pattern(tmp_path):
 def test_bad_2026_configs_name_the_problem(tmp_path, name, changes, match):
     with pytest.raises(MeshplanError, match=match):
         load_hf_config(_write(tmp_path, name, **changes))
+
+
+def test_qwen3_dense_reads_qk_norm():
+    # Qwen3-8B model card: 8.2B parameters, 6.95B without embeddings (input and output tables).
+    spec = load_hf_config(FIXTURES / "qwen3-8b" / "config.json")
+    assert spec.qk_norm and spec.head_dim == 128
+    assert spec.num_params() / 1e9 == pytest.approx(8.19, rel=0.01)
+    non_embedding = spec.num_params() - 2 * spec.vocab_size * spec.hidden_size
+    assert non_embedding / 1e9 == pytest.approx(6.95, rel=0.01)
