@@ -58,7 +58,7 @@ def test_moe_with_sequence_parallel_is_refused_before_launch(tmp_path):
 
 @pytest.mark.parametrize("model,feature", [
     ("nemotron-3-nano", "hybrid Mamba-2 layers"), ("gpt-oss-20b", "sliding-window attention"),
-    ("qwen3-30b-a3b", "QK-norm"), ("deepseek-v3", "multi-token prediction"),
+    ("deepseek-v3", "multi-token prediction"), ("nemotron-3-super", "hybrid Mamba-2 layers"),
 ])
 def test_planner_only_architectures_are_refused_in_one_line(tmp_path, model, feature):
     line = _one_error_line(meshplan("train", "--plan", str(_job_file(tmp_path, model=model))))

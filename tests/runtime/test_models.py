@@ -24,7 +24,7 @@ def _model(name: str, **over):
 
 
 @pytest.mark.parametrize("name", ["toy-llama", "toy-gpt", "toy-moe", "llama3-8b", "mixtral-8x7b", "gpt2",
-                                  "toy-mla", "deepseek-v3-nomtp", "kimi-k2"])
+                                  "toy-mla", "deepseek-v3-nomtp", "kimi-k2", "qwen3-30b-a3b"])
 def test_parameter_count_matches_the_planner(name):
     spec = model_preset(name)
     model = build_model(spec)  # meta device: no memory

@@ -116,14 +116,20 @@ def _attention_tp_plan(att: nn.Module, tp_mesh: DeviceMesh) -> dict[str, object]
 
         att.k_rope_sync = GradAllReduce(group)
         return {"attention.wq_b": ColwiseParallel(), "attention.wkv_b": ColwiseParallel()}
+    plan: dict[str, object] = {"attention.wq": ColwiseParallel()}
+    if att.q_norm is not None:
+        # QK-norm weights are shared by all heads and each rank holds some: replicated DTensors
+        # over a head-sharded input (dim 2), so their gradients are summed over tp.
+        plan.update({"attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                     "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)})
     if (att.wk.weight.shape[0] // att.head_dim) % size == 0:
-        return {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel()}
+        plan.update({"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
+        return plan
     from meshplan.runtime.kv_replication import ReplicatedKVProjection
 
     att.wk = ReplicatedKVProjection(att.wk, att.head_dim, rank, size, group)
     att.wv = ReplicatedKVProjection(att.wv, att.head_dim, rank, size, group)
-    return {"attention.wq": ColwiseParallel()}
+    return plan
 
 
 def _moe_tp_plan(moe: nn.Module, tp_mesh: DeviceMesh) -> dict[str, object]:

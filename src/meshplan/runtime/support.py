@@ -46,7 +46,6 @@ def _check_architecture(model, plan) -> None:
         (model.is_hybrid, "hybrid Mamba-2 layers (hybrid_pattern)"),
         (model.sliding_window > 0, "sliding-window attention"),
         (model.attention_sinks, "attention sinks"),
-        (model.qk_norm, "QK-norm"),
         (model.mtp_num_layers > 0, "multi-token prediction (mtp_num_layers)"),
         (model.moe_latent_size > 0, "LatentMoE (moe_latent_size)"),
     )

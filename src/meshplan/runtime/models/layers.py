@@ -97,6 +97,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(D, spec.kv_size, bias=spec.attn_bias)
         self.wv = nn.Linear(D, spec.kv_size, bias=spec.attn_bias)
         self.wo = nn.Linear(spec.q_size, D, bias=spec.mlp_bias)
+        # QK-norm (Qwen3): one RMSNorm over head_dim, shared by the heads, on queries and on keys
+        self.q_norm: nn.Module | None = RMSNorm(H) if spec.qk_norm else None
+        self.k_norm: nn.Module | None = RMSNorm(H) if spec.qk_norm else None
         self.core = CoreAttention(rope=spec.position == Position.ROPE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,6 +107,8 @@ class Attention(nn.Module):
         H = self.head_dim
         q = self.wq(x).view(B, S, -1, H)  # (B, S, N_local, H)
         k = self.wk(x).view(B, S, -1, H)  # (B, S, K_local, H)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.wv(x).view(B, S, -1, H)
         out = self.core(q, k, v)  # (B, S, N_local, H)
         return self.wo(out.flatten(2))

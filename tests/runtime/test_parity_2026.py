@@ -1,9 +1,10 @@
-"""Loss and weight parity of multi-head latent attention and shared-expert MoE with expert tensor
-parallel (issue 13 item 6) against one process, on CPU with gloo (see test_parity.py).
+"""Loss and weight parity of multi-head latent attention, shared-expert MoE with expert tensor
+parallel and QK-norm (issue 13 item 6) against one process, on CPU with gloo (see test_parity.py).
 
 The "mla" toy model has both a dense and a MoE layer (1 shared expert, 4 routed, top-2), q and kv
 low-rank projections and a decoupled rope key; "moe_tp2" re-checks the plain MoE model now that
-tp splits its experts along F (expert tensor parallel) instead of computing them whole.
+tp splits its experts along F (expert tensor parallel) instead of computing them whole; "qknorm"
+is the Llama toy with Qwen3's QK-norm (norm weights shared by heads that tp splits).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ LAYOUTS_2 = {
     "mla_ep2_fsdp2": ("mla", dict(dims=dict(dp_shard=2, ep=2), zero=3)),
     "mla_cp2_ring_selective": ("mla", dict(dims=dict(cp=2), cp_method="ring", recompute="selective")),
     "moe_tp2_etp": ("moe", dict(dims=dict(tp=2))),
+    "qknorm_tp2": ("qknorm", dict(dims=dict(tp=2))),
+    "qknorm_fsdp2_cp2": ("qknorm", dict(dims=dict(cp=2), cp_method="all-to-all", zero=2)),
 }
 LAYOUTS_4 = {
     "mla_tp2_ep2_zero2": ("mla", dict(dims=dict(dp_shard=2, tp=2, ep=2), zero=2)),  # ETP x EP
     "mla_cp2_a2a_tp2": ("mla", dict(dims=dict(cp=2, tp=2), cp_method="all-to-all")),
+    "qknorm_tp4_kv_replicated": ("qknorm", dict(dims=dict(tp=4))),  # 2 KV heads over 4 tp ranks
 }
 
 
@@ -36,7 +40,7 @@ def _run(layouts, tmp_path_factory, name):
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    models = ("mla", "moe")
+    models = ("mla", "moe", "qknorm")
     jobs = [single_process(make_job(m)) for m in models]
     return dict(zip(models, run_jobs(jobs, steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp("ref"))))
 
