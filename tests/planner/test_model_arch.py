@@ -247,3 +247,12 @@ def test_mamba_groups_bound_tensor_parallel():
     Plan(dims=ParallelDims(tp=8)).validate_for(m, tr, 8)
     with pytest.raises(MeshplanError, match="mamba_groups=8"):
         Plan(dims=ParallelDims(tp=16)).validate_for(m, tr, 16)
+
+
+def test_mamba_layers_pay_context_parallel_all_to_all():
+    m = replace(model_preset("nemotron-3-nano"), hybrid_pattern="MM", num_layers=2,
+                moe_num_experts=0, moe_top_k=0, moe_shared_experts=0, moe_shared_ffn_hidden_size=0)
+    one = _layer(m, Plan(dims=ParallelDims(cp=1)), S=8192)
+    two = _layer(m, Plan(dims=ParallelDims(cp=2), cp_method="all-to-all"), S=8192)
+    assert float(one.fwd_comm_total_s[0]) == 0.0
+    assert float(two.fwd_comm_total_s[0]) > 0.0

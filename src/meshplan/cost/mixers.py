@@ -15,7 +15,8 @@ traffic. Symbols as in cost/layer.py; T tokens on this GPU, t = tp, c = cp, S se
   2*(G*Q*N_s + n*Q*P + 2*n*N_s*P) FLOPs (Sec. 6: the diagonal blocks C B^T and their product
   with X, the chunk states B^T X and their output C h), plus 2*W per conv channel. Kept: in_proj
   output, conv output, scan output y and gated-norm output (Korthikanti et al. 2022's accounting
-  applied to the block's tensors). No context parallelism is costed for Mamba layers.
+  applied to the block's tensors). Context parallel: an all-to-all of the in_proj output (to
+  head-sharded) and of y back (Megatron-LM's Mamba context parallel), with either cp_method.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: P
     if kind.mixer == Mixer.NONE:
         return MixerCost(zero, zero, 0.0, zero, 0.0, 0.0, 0.0, 0.0)
     if kind.mixer == Mixer.MAMBA:
-        return _mamba(model, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time)
+        return _mamba(model, cluster, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time)
     return _attention(model, cluster, kind, plans, calib, S=float(seq_len), peak=peak, hbm=hbm, ab=ab,
                       gemm_time=gemm_time)
 
@@ -117,7 +118,7 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
         cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0))
 
 
-def _mamba(model, plans, calib, *, S, peak, ab, gemm_time) -> MixerCost:
+def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time) -> MixerCost:
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     D = float(model.hidden_size)
@@ -132,6 +133,10 @@ def _mamba(model, plans, calib, *, S, peak, ab, gemm_time) -> MixerCost:
     # The SSD kernels are tiled matmuls like fused attention: costed at its efficiency on P.
     t_core = (scan_flops + conv_flops) / (peak * calib.attention_efficiency * P / (P + calib.matmul_half_dim))
     kept = T * ab * (mamba_in_proj_width(model) + mamba_conv_channels(model) + 2 * di) / t
+    # Context parallel (Megatron's Mamba CP): all-to-all of the in_proj output from sequence- to
+    # head-sharded before the conv and scan, and of y back, whatever cp_method the attention uses.
+    cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
+    a2a = comms.all_to_all_time(T * (mamba_in_proj_width(model) + di) / t * ab, c, cp_link)
     return MixerCost(gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=0.0, kept_bytes=kept,
-                     score_bytes=0.0, cp_fwd_s=0.0, cp_bwd_s=0.0, cp_overlap=0.0)
+                     score_bytes=0.0, cp_fwd_s=a2a, cp_bwd_s=a2a, cp_overlap=0.0)
 
