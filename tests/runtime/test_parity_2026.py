@@ -22,6 +22,8 @@ LAYOUTS_2 = {
     "mla_ep2_fsdp2": ("mla", dict(dims=dict(dp_shard=2, ep=2), zero=3)),
     "mla_cp2_ring_selective": ("mla", dict(dims=dict(cp=2), cp_method="ring", recompute="selective")),
     "moe_tp2_etp": ("moe", dict(dims=dict(tp=2))),
+    "mla_pp2_full_ckpt": ("mla", dict(dims=dict(pp=2), micro_batch=2, stage_layers=(1, 1), recompute="full",
+                                      recompute_layers=(1, 1))),  # dense stage, then MoE stage
     "qknorm_tp2": ("qknorm", dict(dims=dict(tp=2))),
     "qknorm_fsdp2_cp2": ("qknorm", dict(dims=dict(cp=2), cp_method="all-to-all", zero=2)),
 }
