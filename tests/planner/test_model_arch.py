@@ -256,3 +256,10 @@ def test_mamba_layers_pay_context_parallel_all_to_all():
     two = _layer(m, Plan(dims=ParallelDims(cp=2), cp_method="all-to-all"), S=8192)
     assert float(one.fwd_comm_total_s[0]) == 0.0
     assert float(two.fwd_comm_total_s[0]) > 0.0
+
+
+def test_shared_experts_follow_an_overridden_routed_width_unless_their_own():
+    ds = model_preset("deepseek-v3").with_overrides({"moe_ffn_hidden_size": "1024"})
+    assert ds.moe_shared_ffn_hidden_size == 1024
+    nano = model_preset("nemotron-3-nano").with_overrides({"moe_ffn_hidden_size": "1024"})
+    assert nano.moe_shared_ffn_hidden_size == 3712

@@ -306,6 +306,9 @@ class ModelSpec:
                 if "moe_shared_ffn_hidden_size" not in changes:
                     ratio = self.moe_shared_ffn_hidden_size / self.hidden_size
                     changes["moe_shared_ffn_hidden_size"] = max(1, int(round(ratio * hid)))
+        if ("moe_ffn_hidden_size" in changes and "moe_shared_ffn_hidden_size" not in changes
+                and self.moe_shared_ffn_hidden_size == self.moe_ffn_hidden_size):
+            changes["moe_shared_ffn_hidden_size"] = 0  # shared experts keep following the routed width
         if ("num_layers" in changes and self.hybrid_pattern and "hybrid_pattern" not in changes
                 and int(changes["num_layers"]) < len(self.hybrid_pattern)):
             # a shallower copy keeps the first layers of the pattern (like num_layers=2 on a stack)
