@@ -10,13 +10,24 @@ import pytest
 
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.flops import matmul_params, model_flops_per_token, reported_flops_per_token
+from meshplan.cost.flops import (
+    matmul_params,
+    model_flops_per_token,
+    reported_flops_per_token,
+)
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.step import estimate
 from meshplan.errors import MeshplanError
 from meshplan.plan import ParallelDims, Plan, even_split
 from meshplan.spec.cluster import system_preset
-from meshplan.spec.layers import Ffn, LayerKind, Mixer, layer_kind, layer_kind_counts, mamba_params
+from meshplan.spec.layers import (
+    Ffn,
+    LayerKind,
+    Mixer,
+    layer_kind,
+    layer_kind_counts,
+    mamba_params,
+)
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec

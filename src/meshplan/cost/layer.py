@@ -27,11 +27,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost import comms
-from meshplan.cost.arrays import CP_RING, PlanArrays
+from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.mixers import mixer_cost
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.layers import Ffn, LayerKind, ffn_params, layer_kind_counts, mixer_params, moe_params
+from meshplan.spec.layers import (
+    Ffn,
+    LayerKind,
+    ffn_params,
+    layer_kind_counts,
+    mixer_params,
+    moe_params,
+)
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
 

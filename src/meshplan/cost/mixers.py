@@ -25,11 +25,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost import comms
+from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.layers import LayerKind, Mixer, mamba_conv_channels, mamba_in_proj_width, mamba_inner
+from meshplan.spec.layers import (
+    LayerKind,
+    Mixer,
+    mamba_conv_channels,
+    mamba_in_proj_width,
+    mamba_inner,
+)
 from meshplan.spec.model import Arch, ModelSpec
 
 

@@ -17,9 +17,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from meshplan.runtime.collectives import all_reduce_forward, all_reduce_grad, all_to_all, scale_grad
+from meshplan.runtime.collectives import (
+    all_reduce_forward,
+    all_reduce_grad,
+    all_to_all,
+    scale_grad,
+)
 from meshplan.runtime.models.moe import GroupedExperts, expert_mlp
-
 
 ETP_DIMS = {"w1": 2, "w3": 2, "w2": 1}
 """Dimension of each expert weight that expert tensor parallel splits: F (w1, w3: (E, D, F);

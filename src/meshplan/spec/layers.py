@@ -58,7 +58,7 @@ class LayerKind:
         return int(self.mixer != Mixer.NONE) + int(self.ffn != Ffn.NONE)
 
 
-def check_layout(model: "ModelSpec") -> None:
+def check_layout(model: ModelSpec) -> None:
     """MLA, sliding windows and hybrid patterns: all-or-nothing field groups."""
     mla = (model.kv_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim, model.v_head_dim)
     if any(mla) and not all(mla):
@@ -95,7 +95,7 @@ def check_layout(model: "ModelSpec") -> None:
                             f"divisible by mamba_groups={model.mamba_groups}")
 
 
-def layer_kind(model: "ModelSpec", layer: int) -> LayerKind:
+def layer_kind(model: ModelSpec, layer: int) -> LayerKind:
     """Kind of layer ``layer`` (0-based) of the main stack."""
     if model.hybrid_pattern:
         mixer, ffn = PATTERN_CHARS[model.hybrid_pattern[layer]]
@@ -105,7 +105,7 @@ def layer_kind(model: "ModelSpec", layer: int) -> LayerKind:
     return LayerKind(mixer, ffn, mixer == Mixer.ATTENTION and is_sliding(model, layer))
 
 
-def is_sliding(model: "ModelSpec", layer: int) -> bool:
+def is_sliding(model: ModelSpec, layer: int) -> bool:
     """GPT-OSS / Gemma style: every ``full_attention_period``-th layer keeps full attention,
     the others attend over ``sliding_window`` tokens (GPT-OSS: period 2, sliding first)."""
     if not model.sliding_window:
@@ -114,13 +114,13 @@ def is_sliding(model: "ModelSpec", layer: int) -> bool:
     return not (period and (layer + 1) % period == 0)
 
 
-def mtp_kind(model: "ModelSpec") -> LayerKind:
+def mtp_kind(model: ModelSpec) -> LayerKind:
     """The block inside each multi-token-prediction module (DeepSeek-V3 Sec. 2.2: a full
     Transformer block; attention + MoE for an MoE model, attention + MLP otherwise)."""
     return LayerKind(Mixer.ATTENTION, Ffn.MOE if model.is_moe else Ffn.DENSE)
 
 
-def layer_kind_counts(model: "ModelSpec") -> tuple[tuple[LayerKind, int], ...]:
+def layer_kind_counts(model: ModelSpec) -> tuple[tuple[LayerKind, int], ...]:
     """Distinct kinds of the main stack with how many layers hold each, in a fixed order."""
     counts = Counter(layer_kind(model, i) for i in range(model.num_layers))
     return tuple(sorted(counts.items()))
@@ -128,7 +128,7 @@ def layer_kind_counts(model: "ModelSpec") -> tuple[tuple[LayerKind, int], ...]:
 
 # ---- parameters of each part -------------------------------------------------------------
 
-def attention_params(model: "ModelSpec") -> int:
+def attention_params(model: ModelSpec) -> int:
     """Standard (GQA) attention, or multi-head latent attention when kv_lora_rank is set."""
     D, N, H = model.hidden_size, model.num_heads, model.head_dim
     if model.is_mla:
@@ -155,22 +155,22 @@ def attention_params(model: "ModelSpec") -> int:
     return p
 
 
-def mamba_inner(model: "ModelSpec") -> int:
+def mamba_inner(model: ModelSpec) -> int:
     """d_inner = heads x head dim."""
     return model.mamba_num_heads * model.mamba_head_dim
 
 
-def mamba_in_proj_width(model: "ModelSpec") -> int:
+def mamba_in_proj_width(model: ModelSpec) -> int:
     """in_proj output: z and x (d_inner each), B and C (G x N_s each), dt (one per head)."""
     return 2 * mamba_inner(model) + 2 * model.mamba_groups * model.mamba_state_size + model.mamba_num_heads
 
 
-def mamba_conv_channels(model: "ModelSpec") -> int:
+def mamba_conv_channels(model: ModelSpec) -> int:
     """Channels of the causal depthwise conv: x, B and C (Mamba-2 Sec. 7.1)."""
     return mamba_inner(model) + 2 * model.mamba_groups * model.mamba_state_size
 
 
-def mamba_params(model: "ModelSpec") -> int:
+def mamba_params(model: ModelSpec) -> int:
     """Mamba-2 block (Dao & Gu 2024, Sec. 7.1 and Fig. 6): in_proj, conv1d (+ bias), dt_bias,
     A_log and D per head, gated RMSNorm over d_inner, out_proj. No projection biases
     (Nemotron-H: mamba_proj_bias false, use_conv_bias true)."""
@@ -179,7 +179,7 @@ def mamba_params(model: "ModelSpec") -> int:
     return D * mamba_in_proj_width(model) + conv + 3 * n + di + di * D
 
 
-def mixer_params(model: "ModelSpec", mixer: Mixer) -> int:
+def mixer_params(model: ModelSpec, mixer: Mixer) -> int:
     if mixer == Mixer.ATTENTION:
         return attention_params(model)
     if mixer == Mixer.MAMBA:
@@ -187,7 +187,7 @@ def mixer_params(model: "ModelSpec", mixer: Mixer) -> int:
     return 0
 
 
-def moe_params(model: "ModelSpec", active_only: bool) -> tuple[int, int]:
+def moe_params(model: ModelSpec, active_only: bool) -> tuple[int, int]:
     """(dense part, routed-expert part) of one MoE block: router (+ its bias when mlp_bias),
     shared experts, LatentMoE projections (Nemotron 3 white paper, NVIDIA 2025, Sec. 2.2);
     routed experts all, or the top-k one token uses."""
@@ -201,7 +201,7 @@ def moe_params(model: "ModelSpec", active_only: bool) -> tuple[int, int]:
     return router + shared + latent, routed
 
 
-def ffn_params(model: "ModelSpec", ffn: Ffn, active_only: bool = False) -> int:
+def ffn_params(model: ModelSpec, ffn: Ffn, active_only: bool = False) -> int:
     if ffn == Ffn.DENSE:
         return model.mlp_params(model.ffn_hidden_size)
     if ffn == Ffn.MOE:
@@ -209,13 +209,13 @@ def ffn_params(model: "ModelSpec", ffn: Ffn, active_only: bool = False) -> int:
     return 0
 
 
-def kind_params(model: "ModelSpec", kind: LayerKind, active_only: bool = False) -> int:
+def kind_params(model: ModelSpec, kind: LayerKind, active_only: bool = False) -> int:
     """One layer of this kind: its parts plus one pre-norm per part."""
     return (mixer_params(model, kind.mixer) + ffn_params(model, kind.ffn, active_only)
             + kind.parts * model.norm_params())
 
 
-def mtp_module_params(model: "ModelSpec", active_only: bool = False) -> int:
+def mtp_module_params(model: ModelSpec, active_only: bool = False) -> int:
     """One multi-token-prediction module (DeepSeek-V3 Sec. 2.2): RMSNorms of the hidden state and
     of the next token's embedding, the 2D -> D projection M_k, one block, and the output norm.
     The embedding and output head are shared with the main model (counted there)."""
