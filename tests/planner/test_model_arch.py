@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
@@ -274,3 +276,16 @@ def test_shared_experts_follow_an_overridden_routed_width_unless_their_own():
     assert ds.moe_shared_ffn_hidden_size == 1024
     nano = model_preset("nemotron-3-nano").with_overrides({"moe_ffn_hidden_size": "1024"})
     assert nano.moe_shared_ffn_hidden_size == 3712
+
+
+@settings(max_examples=30, deadline=None)
+@given(pattern=st.text(alphabet="M*-E", min_size=1, max_size=12), tp=st.sampled_from([1, 2, 4]))
+def test_any_hybrid_pattern_averages_to_exact_totals(pattern, tp):
+    """For any stack, num_layers x the average layer holds exactly the stack's parameters (per GPU,
+    tp-split, no ep), whatever mix of Mamba, attention, MLP and MoE layers it has."""
+    base = model_preset("nemotron-3-nano")
+    m = replace(base, num_layers=len(pattern), hybrid_pattern=pattern)
+    lc = _layer(m, Plan(dims=ParallelDims(tp=tp)), S=512)
+    stack = m.num_params(include_mtp=False) - m.embedding_params() - m.head_params()
+    assert float(lc.params_per_gpu[0]) * m.num_layers == pytest.approx(stack / tp, rel=1e-9)
+    assert np.isfinite(float(lc.fwd_compute_s[0])) and float(lc.act_none_bytes[0]) > 0
