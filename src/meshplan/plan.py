@@ -278,6 +278,12 @@ class Plan:
             )
         if model.ffn_hidden_size % d.tp:
             raise MeshplanError(f"ffn_hidden_size={model.ffn_hidden_size} is not divisible by tp={d.tp}")
+        if "M" in model.hybrid_pattern and (model.mamba_num_heads % d.tp or model.mamba_groups % d.tp):
+            raise MeshplanError(f"Mamba-2 layers split mamba_num_heads={model.mamba_num_heads} and "
+                                f"mamba_groups={model.mamba_groups} over tp: tp={d.tp} divides not both")
+        if "M" in model.hybrid_pattern and (model.mamba_num_heads // d.tp) % d.cp:
+            raise MeshplanError(f"Mamba-2 context parallel exchanges heads: mamba heads per tp rank "
+                                f"({model.mamba_num_heads // d.tp}) are not divisible by cp={d.cp}")
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")

@@ -88,14 +88,38 @@ def _rounds_reason(plan, model, training) -> str:
             f"multiple of the number of rounds max(1, n_microbatches // pp) = {max(1, m // pp)}")
 
 
+PLANNER_ONLY: tuple[tuple[Callable[["ModelSpec"], bool], str], ...] = (
+    (lambda m: m.arch.value != "decoder", "an encoder (the runtime trains decoder models only)"),
+    (lambda m: m.is_hybrid, "hybrid Mamba-2 layers (hybrid_pattern)"),
+    (lambda m: m.sliding_window > 0, "sliding-window attention"),
+    (lambda m: bool(m.attention_sinks), "attention sinks"),
+    (lambda m: m.mtp_num_layers > 0, "multi-token prediction (mtp_num_layers)"),
+    (lambda m: m.moe_latent_size > 0, "LatentMoE (moe_latent_size)"),
+)
+"""Architectures the planner models but the runtime's reference models do not build (yet)."""
+
+
+def planner_only_feature(model: "ModelSpec") -> str | None:
+    """What in ``model`` meshplan's runtime cannot build, or None."""
+    return next((feature for present, feature in PLANNER_ONLY if present(model)), None)
+
+
+def _planner_only_reason(p, model, tr) -> str:
+    return (f"{model.name}: {planner_only_feature(model)} is planner-only; the runtime cannot train it "
+            "(plan with --target megatron, or another stack that has it)")
+
+
 MESHPLAN_RULES: tuple[Rule, ...] = (
-    Rule(lambda c, model, tr: np.full(c.tp.shape, model.arch.value != "decoder"),
-         lambda p, model, tr: f"the runtime trains decoder models only; {model.name} is an {model.arch.value}"),
+    Rule(lambda c, model, tr: np.full(c.tp.shape, planner_only_feature(model) is not None), _planner_only_reason),
+    Rule(lambda c, model, tr: np.full(c.tp.shape, model.is_mla) & c.sp.astype(bool),
+         lambda p, model, tr: ("multi-head latent attention with sequence parallel is not supported by "
+                               "this runtime; use tp without sp")),
     Rule(lambda c, model, tr: (c.tp > 1) & (model.vocab_size % c.tp != 0),
          lambda p, model, tr: f"vocab_size={model.vocab_size} is not divisible by tp={p.dims.tp}"),
     Rule(lambda c, model, tr: np.full(c.tp.shape, model.is_moe) & (c.tp > 1) & c.sp.astype(bool),
-         lambda p, model, tr: ("MoE with tensor + sequence parallel is not supported by this runtime "
-                               "(no expert tensor parallel); use tp without sp, or ep over dp_shard*cp")),
+         lambda p, model, tr: ("MoE with tensor + sequence parallel is not supported by this runtime (its "
+                               "experts need the whole sequence on every tp rank); use tp without sp, or ep "
+                               "over dp_shard*cp")),
     # torch's Schedule1F1B needs at least as many micro-batches as stages
     Rule(lambda c, model, tr: (c.pp > 1) & (c.schedule == _code(_SCHEDULES, Schedule.ONE_F_ONE_B))
          & (_microbatches(c, tr) < c.pp),
@@ -151,6 +175,8 @@ def search_options(target: Target | str, model: "ModelSpec", training: "Training
 
     target = Target(target)
     if target == Target.MESHPLAN:
+        if planner_only_feature(model) is not None:  # no plan at all: say why, not "no legal plan"
+            raise MeshplanError(_planner_only_reason(None, model, training))
         return SearchOptions(allow=lambda space: runnable_mask(target, space, model, training))
     from meshplan.export.common import search_options_for
 

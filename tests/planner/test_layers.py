@@ -42,7 +42,15 @@ def imports_of(path: Path, root: Path = SRC) -> set[str]:
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    # Imports under ``if TYPE_CHECKING:`` name types for annotations only: they run never, so they
+    # are no dependency (a spec helper typed by ModelSpec that ModelSpec itself calls is no loop).
+    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                 and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                 for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):

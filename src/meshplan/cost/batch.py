@@ -167,7 +167,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     hbm, v, T, Vt = terms.hbm, terms.v, terms.T, terms.Vt
     p = plans.pp
     m = terms.m
-    layers = np.asarray(layers, dtype=float)
+    # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
+    # as Megatron places them: each is charged as one more average layer plus one more LM-head pass.
+    mtp = float(model.mtp_num_layers)
+    layers = np.asarray(layers, dtype=float) + np.where(has_head, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
@@ -175,7 +178,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
-    compute = compute + np.where(has_head, terms.head_compute_s, 0.0)
+    compute = compute + np.where(has_head, (1.0 + mtp) * terms.head_compute_s, 0.0)
     compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
     p2p = terms.p2p_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)

@@ -50,13 +50,16 @@ def _parser() -> argparse.ArgumentParser:
                  "--num-query-groups", "--kv-channels", "--max-position-embeddings", "--vocab-size",
                  "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size", "--model-parallel-size",
+                 "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+                 "--mtp-num-layers", "--moe-latent-size", "--mamba-num-heads", "--mamba-head-dim",
+                 "--mamba-state-dim", "--mamba-num-groups",
                  # launcher (torchrun) options
                  "--nnodes", "--nproc-per-node", "--nproc_per_node"):
         add(name, type=int, default=None)
     for name in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                 "--add-qkv-bias", "--bf16", "--fp16"):
+                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm"):
         add(name, action="store_true")
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
@@ -69,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--fp4-recipe", default=None)
     add("--moe-layer-freq", default=None)
     add("--pipeline-model-parallel-layout", default=None)
+    for name in ("--window-size", "--window-attn-skip-freq", "--softmax-type", "--hybrid-override-pattern"):
+        add(name, default=None)
     return p
 
 
@@ -112,10 +117,17 @@ def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str
         moe = dict(moe_num_experts=a.num_experts, moe_top_k=a.moe_router_topk or 2,
                    moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0)
         if a.moe_shared_expert_intermediate_size:
+            # n shared experts of the routed width when it divides, else one of the given width
             width = a.moe_ffn_hidden_size or a.ffn_hidden_size or 4 * a.hidden_size
-            moe["moe_shared_experts"] = max(1, round(a.moe_shared_expert_intermediate_size / width))
+            n, rest = divmod(a.moe_shared_expert_intermediate_size, width)
+            if n and not rest:
+                moe["moe_shared_experts"] = n
+            else:
+                moe.update(moe_shared_experts=1, moe_shared_ffn_hidden_size=a.moe_shared_expert_intermediate_size)
         if a.moe_layer_freq and a.moe_layer_freq.startswith("[0]*"):
             moe["moe_dense_layers"] = int(a.moe_layer_freq[4:].split("+", 1)[0])
+        if a.moe_latent_size:
+            moe["moe_latent_size"] = a.moe_latent_size
     pos = a.position_embedding_type or "learned_absolute"
     if pos not in ("rope", "learned_absolute"):
         raise MeshplanError(f"--position-embedding-type {pos!r} is not supported (rope, learned_absolute)")
@@ -137,7 +149,37 @@ def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str
         attn_bias=(not a.disable_bias_linear) or a.add_qkv_bias,
         mlp_bias=not a.disable_bias_linear,
         **moe,
+        **_layout_fields(a),
     )
+
+
+def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
+    """MLA, QK-norm, sliding windows and sinks, MTP and hybrid Mamba fields (export/megatron.py)."""
+    out: dict[str, object] = {}
+    if a.multi_latent_attention:
+        out.update(q_lora_rank=a.q_lora_rank or 0, kv_lora_rank=a.kv_lora_rank or 0,
+                   qk_nope_head_dim=a.qk_head_dim or 0, qk_rope_head_dim=a.qk_pos_emb_head_dim or 0,
+                   v_head_dim=a.v_head_dim or 0)
+    elif a.qk_layernorm:
+        out["qk_norm"] = True
+    if a.window_size:
+        try:
+            out["sliding_window"] = int(str(a.window_size).split(",")[0])
+            out["full_attention_period"] = int(a.window_attn_skip_freq or 0)
+        except ValueError:
+            raise MeshplanError(f"--window-size {a.window_size} / --window-attn-skip-freq "
+                                f"{a.window_attn_skip_freq}: only 'W,0' and an integer period are read") from None
+    if a.softmax_type not in (None, "vanilla"):
+        if a.softmax_type != "learnable":
+            raise MeshplanError(f"--softmax-type {a.softmax_type!r} is not supported (vanilla, learnable)")
+        out["attention_sinks"] = True
+    if a.mtp_num_layers:
+        out["mtp_num_layers"] = a.mtp_num_layers
+    if a.hybrid_override_pattern:
+        out.update(hybrid_pattern=a.hybrid_override_pattern, mamba_num_heads=a.mamba_num_heads or 0,
+                   mamba_head_dim=a.mamba_head_dim or 0, mamba_state_size=a.mamba_state_dim or 0,
+                   mamba_groups=a.mamba_num_groups or 1)
+    return out
 
 
 def parse_pipeline_layout(layout: str) -> tuple[int, ...]:

@@ -79,10 +79,39 @@ def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[st
         args.append(["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)])
         if m.moe_shared_experts:
             args.append(["--moe-shared-expert-intermediate-size",
-                         str(m.moe_shared_experts * m.moe_ffn_hidden_size)])
+                         str(m.moe_shared_experts * m.moe_shared_ffn_hidden_size)])
         if m.moe_dense_layers:
             args.append(["--moe-layer-freq",
                          f"[0]*{m.moe_dense_layers}+[1]*{m.num_layers - m.moe_dense_layers}"])
+        if m.moe_latent_size:
+            args.append(["--moe-latent-size", str(m.moe_latent_size)])
+    return args + _layout_args(m, warnings)
+
+
+def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
+    """MLA, QK-norm, sliding windows and sinks, MTP and hybrid Mamba stacks (Megatron-LM flags)."""
+    args: list[list[str]] = []
+    if m.is_mla:
+        args += [["--multi-latent-attention"], ["--kv-lora-rank", str(m.kv_lora_rank)],
+                 ["--qk-head-dim", str(m.qk_nope_head_dim)], ["--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)],
+                 ["--v-head-dim", str(m.v_head_dim)]]
+        if m.q_lora_rank:
+            args.append(["--q-lora-rank", str(m.q_lora_rank)])
+    if m.qk_norm or m.is_mla:  # Megatron's MLA normalises its latents under this flag too
+        args.append(["--qk-layernorm"])
+    if m.sliding_window:
+        args.append(["--window-size", f"{m.sliding_window},0"])
+        if m.full_attention_period:
+            args.append(["--window-attn-skip-freq", str(m.full_attention_period)])
+    if m.attention_sinks:
+        args.append(["--softmax-type", "learnable"])
+    if m.mtp_num_layers:
+        args.append(["--mtp-num-layers", str(m.mtp_num_layers)])
+    if m.is_hybrid:
+        args += [["--hybrid-override-pattern", m.hybrid_pattern],
+                 ["--mamba-num-heads", str(m.mamba_num_heads)], ["--mamba-head-dim", str(m.mamba_head_dim)],
+                 ["--mamba-state-dim", str(m.mamba_state_size)], ["--mamba-num-groups", str(m.mamba_groups)]]
+        warnings.append("hybrid Mamba model: these arguments are for pretrain_mamba.py, not pretrain_gpt.py")
     return args
 
 

@@ -96,6 +96,9 @@ def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
     dp = c["dp_replicate"] * c["dp_shard"]
     ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
     ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
+    if "M" in model.hybrid_pattern:  # Mamba-2 TP splits heads and B/C groups (Megatron MambaMixer)
+        ok &= (model.mamba_num_heads % tp == 0) & (model.mamba_groups % tp == 0)
+        ok &= (model.mamba_num_heads // tp) % cp == 0  # Mamba CP exchanges heads (all-to-all)
     ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
     ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
     return ok
