@@ -53,8 +53,9 @@ def main() -> None:
     try:
         app()
     except MeshplanError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        sys.exit(2)
+        code = getattr(exc, "exit_code", 2)  # a run stopped on SIGTERM: its own status, not an error
+        sys.stderr.write(f"error: {exc}\n" if code == 2 else f"{exc}\n")
+        sys.exit(code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
