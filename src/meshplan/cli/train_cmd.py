@@ -47,7 +47,7 @@ def train(
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and after the last); 0: only after the last.", min=0)] = 0,
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
-    collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.", min=1)] = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.")] = DEFAULT_COLLECTIVE_TIMEOUT_S,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
@@ -63,8 +63,8 @@ def train(
     data_path = resolve_data(data)
     check_runnable(job, pipeline_available(), text_data=data_path is not None)
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
-    if not math.isfinite(collective_timeout_s):
-        raise MeshplanError(f"--collective-timeout-s must be a finite number of seconds, got {collective_timeout_s}")
+    if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
+        raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
     if cluster_profile:  # a bad profile fails now, not after training
         from meshplan.spec.hwprofile import load_profile
 
