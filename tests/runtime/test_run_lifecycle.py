@@ -8,7 +8,8 @@ One uninterrupted fsdp2 run (6 steps, a checkpoint every 2) is the reference. Th
   complete checkpoint stays intact;
 - SIGKILL of one rank: the run ends within the launcher's grace with one line naming the rank
   and the checkpoint to resume from;
-- Ctrl-C (SIGINT to the process group): exit 130, nothing printed, no process left.
+- Ctrl-C (SIGINT to the process group): exit 130, nothing printed, no process left;
+- a loss that overflows (an absurd learning rate) stops the run naming the step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -192,3 +194,14 @@ def test_ctrl_c_stops_every_rank_quietly(reference, tmp_path):
     assert proc.returncode == 130, err[-4000:]
     assert err.strip() in ("", "interrupted"), err[-4000:]  # typer exits 130 silently on Ctrl-C
     _assert_gone(ranks)
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(tmp_path):
+    """AdamW's first update moves every weight by about lr = 1e30: step 2's logits overflow."""
+    job = make_job(tmp_path / "one.json")
+    r = run([sys.executable, "-m", "meshplan", "train", "--plan", str(job), "--steps", "4", "--lr", "1e30",
+             "--json"])
+    assert r.returncode == 2, r.stderr[-4000:]
+    line = _one_line(r.stderr)
+    assert line.startswith("error: the loss is ") and " at step 2: training diverged" in line, line
+    assert r.stdout == ""
