@@ -189,7 +189,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
             records.append(rec)
             writer.write(rec)
             progress.advance(rec)
-            stopping = total[1].item() > 0
+            stopping = total[1].item() > 0 and step < cfg.steps  # at the last step: just finish
             saved = _maybe_save(run, step, force=stopping)
             if stopping:
                 _stop(run, step, saved, stops)
