@@ -128,7 +128,7 @@ def launch(runs: list[tuple[Job, "TrainConfig"]], *, timeout_s: float | None = N
         if EXIT_PREEMPTED in result.returncodes:
             reports = [r for r in read_error_reports(run_dir) if r.type_name == RunStopped.__name__]
             first = min(reports, key=lambda r: r.rank) if reports else None
-            raise RunStopped(first.message if first else "stopped on request")
+            raise RunStopped(first.message if first else f"stopped by {result.stop_signal or 'a stop request'}")
     finally:
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
