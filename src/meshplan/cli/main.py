@@ -10,6 +10,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.logging import RichHandler
 
 from meshplan import __version__
@@ -38,7 +39,7 @@ def _root(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, console=None)],
+        handlers=[RichHandler(show_path=False, console=Console(stderr=True))],  # stdout: tables, --json
         force=True,
     )
 
