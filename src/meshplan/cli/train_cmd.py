@@ -50,7 +50,7 @@ def train(
     collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.")] = DEFAULT_COLLECTIVE_TIMEOUT_S,
     json_out: JsonOpt = False,
 ) -> None:
-    """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
+    """Train the plan's model for some steps with the plan's parallel layout (one process per rank, gloo on CPU, nccl on GPU)."""
     from meshplan.runtime.launch import check_machine, launch, pipeline_available, under_torchrun, visible_gpus
     from meshplan.runtime.support import check_runnable
 
