@@ -9,12 +9,11 @@ Gradient accumulation: ``plan.num_microbatches`` micro-batches of ``plan.micro_b
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,13 +27,14 @@ from meshplan.plan import Job, Plan
 from meshplan.runtime.checkpoint import (
     TrainState, kill_for_test, load_checkpoint, pause_for_test, save_checkpoint, should_save,
 )
-from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S, RunStopped, StopRequests
 from meshplan.runtime.data import BatchSource, load_text_tokens, local_microbatches
+from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S, RunStopped, StopRequests
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import model_flops_per_token, peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_gradient_sync
 from meshplan.runtime.state import full_parameters
+from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
 
 log = logging.getLogger(__name__)
@@ -69,16 +69,6 @@ class TrainConfig:
     ``steps`` stays the total, so a run resumed at step 40 of 100 runs steps 41..100."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """How long a collective waits for a peer before it fails (init_process_group's timeout)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepRecord:
-    step: int
-    loss: float
-    step_time_s: float
-    tokens_per_s: float
-    peak_memory_gib: float
-    mfu: float | None = None
 
 
 def pick_device(job: Job) -> torch.device:
@@ -166,9 +156,9 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
     run = _set_up(job, cfg)
     d = run.plan.dims
     rank0 = dist.get_rank() == 0
-    writer = _LogWriter(cfg.log_path if rank0 else None)
+    writer = LogWriter(cfg.log_path if rank0 else None)
     records: list[StepRecord] = []
-    progress = _Progress(cfg.steps, enabled=rank0 and cfg.progress)
+    progress = ProgressBar(cfg.steps, enabled=rank0 and cfg.progress)
     try:
         for step in range(run.start_step + 1, cfg.steps + 1):
             start = time.perf_counter()
@@ -351,54 +341,3 @@ def _save_state(modules, job: Job, mesh, path: str) -> None:
         for part in parts:
             merged.update(part or {})
         torch.save(merged, path)
-
-
-class _LogWriter:
-    def __init__(self, path: str | None) -> None:
-        self.file = open(path, "w") if path else None
-
-    def write(self, rec: StepRecord) -> None:
-        if self.file:
-            self.file.write(json.dumps(asdict(rec)) + "\n")
-            self.file.flush()
-
-    def summary(self, records: list[StepRecord], notation: str, world: int) -> None:
-        if not self.file:
-            return
-        steady = records[1:] or records  # the first step pays for warm-up
-        mfus = [r.mfu for r in steady if r.mfu is not None]
-        self.file.write(json.dumps({
-            "summary": True, "steps": len(records), "plan": notation, "world_size": world,
-            "first_loss": records[0].loss if records else None,
-            "final_loss": records[-1].loss if records else None,
-            "mean_step_time_s": sum(r.step_time_s for r in steady) / max(1, len(steady)),
-            "mean_tokens_per_s": sum(r.tokens_per_s for r in steady) / max(1, len(steady)),
-            "peak_memory_gib": max((r.peak_memory_gib for r in records), default=0.0),
-            "mfu": sum(mfus) / len(mfus) if mfus else None,
-        }) + "\n")
-        self.file.close()
-
-
-class _Progress:
-    """rich progress bar on rank 0 (stderr), showing the latest loss."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                                console=Console(stderr=True))
-            self.task = self.bar.add_task("train", total=total, info="")
-            self.bar.start()
-
-    def advance(self, rec: StepRecord) -> None:
-        if self.bar:
-            self.bar.update(self.task, advance=1,
-                            info=f"loss {rec.loss:.4f}  {rec.tokens_per_s:,.0f} tok/s")
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.stop()
