@@ -172,7 +172,7 @@ def test_lost_rank_ends_the_run_with_one_line(reference, tmp_path):
     job, ckpt = reference["job"], tmp_path / "ckpt"
     hook = tmp_path / "paused.pid"
     proc = _start(train_cmd(job, ckpt, tmp_path / "log.jsonl", steps=STEPS, every=EVERY),
-                  {PAUSE_IN_STEP_ENV: f"1:3:{hook}"})
+                  {PAUSE_IN_STEP_ENV: f"1:3:{hook}", "TMPDIR": str(tmp_path)})  # the kept run directory
     os.kill(_wait_for(hook, proc), signal.SIGKILL)
     start = time.monotonic()
     _, err = proc.communicate(timeout=TIMEOUT_S)
@@ -181,6 +181,8 @@ def test_lost_rank_ends_the_run_with_one_line(reference, tmp_path):
     line = _one_line(err)
     assert line.startswith("error: rank 1 died (SIGKILL)"), line
     assert f"latest complete checkpoint: {ckpt / 'step-000002'} (continue with --resume)" in line
+    [run_dir] = tmp_path.glob("meshplan-run-*")  # kept after a failure, named in the line
+    assert f"logs: {run_dir}" in line and (run_dir / "rank-1.log").exists()
 
 
 def test_ctrl_c_stops_every_rank_quietly(reference, tmp_path):
@@ -200,7 +202,7 @@ def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(tmp_path):
     """AdamW's first update moves every weight by about lr = 1e30: step 2's logits overflow."""
     job = make_job(tmp_path / "one.json")
     r = run([sys.executable, "-m", "meshplan", "train", "--plan", str(job), "--steps", "4", "--lr", "1e30",
-             "--json"])
+             "--json"], {"TMPDIR": str(tmp_path)})  # where the failed run's logs are kept
     assert r.returncode == 2, r.stderr[-4000:]
     line = _one_line(r.stderr)
     assert line.startswith("error: the loss is ") and " at step 2: training diverged" in line, line
