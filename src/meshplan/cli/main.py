@@ -10,6 +10,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.logging import RichHandler
 
 from meshplan import __version__
@@ -38,7 +39,7 @@ def _root(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, console=None)],
+        handlers=[RichHandler(show_path=False, console=Console(stderr=True))],  # stdout: tables, --json
         force=True,
     )
 
@@ -53,8 +54,9 @@ def main() -> None:
     try:
         app()
     except MeshplanError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        sys.exit(2)
+        code = getattr(exc, "exit_code", 2)  # a run stopped on SIGTERM: its own status, not an error
+        sys.stderr.write(f"error: {exc}\n" if code == 2 else f"{exc}\n")
+        sys.exit(code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)

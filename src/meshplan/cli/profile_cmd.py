@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +15,8 @@ from rich.table import Table
 from meshplan.cli.common import JsonOpt, console, err_console, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
+
+log = logging.getLogger(__name__)
 
 
 @app.command("profile")
@@ -49,6 +53,10 @@ def profile(
     except ImportError as exc:
         raise MeshplanError(f"meshplan profile needs torch ({exc})") from None
     device_type = resolve_device_type(device)
+    cores = os.cpu_count() or 1
+    if procs is not None and device_type == "cpu" and procs > cores:
+        log.warning("--procs %d is more than this machine's %d cores: the collective benchmarks will "
+                    "share the cores, run slowly and measure that contention more than the links", procs, cores)
     req = ProfileRequest(procs=procs or default_procs(device_type), quick=quick, device_type=device_type)
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console(),
