@@ -22,16 +22,17 @@ def export(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the config here instead of stdout.")] = None,
     best: Annotated[bool, typer.Option("--best", help="Search the job's model, batch and cluster, and export the fastest plan that fits and that the target can express.")] = False,
     memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="With --best: memory budget per GPU (default: the search's).")] = None,
+    target_version: Annotated[Optional[str], typer.Option("--target-version", help="torchtitan: the version to write for (>= 0.3: command line; older: TOML). Default: the installed one, else the current release.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
+    """Write a plan as Megatron-LM arguments, a torchtitan command line (or TOML) or a DeepSpeed JSON."""
     job = Job.load(plan_file)
     chosen = None
     if best:
-        chosen = _best_for_target(job, to, memory_gib)
+        chosen = _best_for_target(job, to, memory_gib, target_version)
         result = chosen["export"]
     else:
-        result = export_job(job, to)
+        result = export_job(job, to, target_version)
     if out is not None:
         try:
             out.write_text(result.text)
@@ -52,7 +53,7 @@ def export(
         err_console().print(f"wrote {result.target.value} config to {out}")
 
 
-def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None) -> dict:
+def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None, version: str | None) -> dict:
     from meshplan.export.common import best_expressible, search_options_for
     from meshplan.search.planner import search
     from meshplan.spec.cluster import GIB
@@ -60,7 +61,7 @@ def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None) -
     res = search(job.model, job.cluster, job.training, options=search_options_for(target),
                  budget_bytes=None if memory_gib is None else memory_gib * GIB)
     budget = res.budget_bytes / GIB
-    found = best_expressible(job, res.frontier, target, budget)
+    found = best_expressible(job, res.frontier, target, budget, version)
     if found is None:
         raise MeshplanError(f"no frontier plan within {budget:.1f} GiB per GPU can be expressed in {target.value}")
     i, export = found

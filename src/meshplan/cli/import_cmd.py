@@ -1,4 +1,5 @@
-"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE.toml` -> a Job file."""
+"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE` (TOML or >= 0.3 command
+line) -> a Job file."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _save(job: Job, out: Path) -> None:
 @app.command("import", context_settings={"ignore_unknown_options": True})
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
-    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: the TOML path.")],
+    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset or config.json when the config gives no model shape.")] = None,
     override: OverrideOpt = None,
     cluster: ClusterOpt = None,
@@ -84,13 +85,13 @@ def import_(
             spec = spec.with_overrides(parse_overrides(override))
         plan, training, ignored = imp.plan, imp.training, imp.ignored
     else:
-        from meshplan.export.import_torchtitan import flavor_preset, import_torchtitan, load_toml
+        from meshplan.export.import_torchtitan import import_torchtitan, load_config
 
-        cfg = load_toml(config)
+        cfg, preset = load_config(config)
         if base_model is None:
-            preset = flavor_preset(cfg)
             if preset is None:
-                raise MeshplanError("the torchtitan [model] name/flavor has no meshplan preset: give --model")
+                raise MeshplanError("the torchtitan model (TOML [model] name/flavor or --module/--config) "
+                                    "has no meshplan preset: give --model")
             base_model = load_model(preset, override)
         spec = base_model
         spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, None, None)

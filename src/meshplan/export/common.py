@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 class ExportTarget(str, enum.Enum):
     MEGATRON = "megatron"  # Megatron-LM pretrain_gpt.py command-line arguments
-    TORCHTITAN = "torchtitan"  # torchtitan job config TOML
+    TORCHTITAN = "torchtitan"  # torchtitan >= 0.3 command line, or job config TOML before it
     DEEPSPEED = "deepspeed"  # DeepSpeed config JSON
 
 
@@ -27,18 +27,17 @@ class Export:
     warnings: tuple[str, ...] = ()
 
 
-def export_job(job: "Job", target: ExportTarget | str) -> Export:
-    """Export ``job`` to ``target``; raises MeshplanError for what the target cannot express."""
+def export_job(job: "Job", target: ExportTarget | str, version: str | None = None) -> Export:
+    """Export ``job`` to ``target`` (for the target's ``version`` where its form depends on it:
+    torchtitan); raises MeshplanError for what the target cannot express."""
     from meshplan.export.deepspeed import export_deepspeed
     from meshplan.export.megatron import export_megatron
-    from meshplan.export.torchtitan import export_torchtitan
+    from meshplan.export.torchtitan_cli import export_torchtitan_for
 
     target = ExportTarget(target)
-    fn = {
-        ExportTarget.MEGATRON: export_megatron,
-        ExportTarget.TORCHTITAN: export_torchtitan,
-        ExportTarget.DEEPSPEED: export_deepspeed,
-    }[target]
+    if target == ExportTarget.TORCHTITAN:
+        return export_torchtitan_for(job, version)
+    fn = {ExportTarget.MEGATRON: export_megatron, ExportTarget.DEEPSPEED: export_deepspeed}[target]
     return fn(job)
 
 
@@ -79,7 +78,7 @@ def _deepspeed_runs(space) -> "object":
 
 
 def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarget | str",
-                     budget_gib: float) -> "tuple[int, Export] | None":
+                     budget_gib: float, version: str | None = None) -> "tuple[int, Export] | None":
     """Fastest frontier point within the budget that ``target`` can express: (index, export).
 
     ``frontier`` holds the search's points (fastest first; each has ``plan`` and
@@ -93,7 +92,7 @@ def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarg
         if point.peak_memory_gib > budget_gib:  # type: ignore[attr-defined]
             continue
         try:
-            return i, export_job(replace(job, plan=point.plan), target)  # type: ignore[attr-defined]
+            return i, export_job(replace(job, plan=point.plan), target, version)  # type: ignore[attr-defined]
         except MeshplanError:
             continue
     return None
