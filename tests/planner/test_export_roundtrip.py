@@ -17,6 +17,7 @@ from meshplan.errors import MeshplanError
 from meshplan.export import export_job
 from meshplan.export.import_megatron import import_megatron
 from meshplan.export.import_torchtitan import import_torchtitan
+from meshplan.export.import_torchtitan_cli import parse_command_line
 from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.presets import model_preset
@@ -99,16 +100,36 @@ def test_megatron_roundtrip(job):
     assert _canonical(job, back.plan) == normalise_megatron(job)
 
 
+def normalise_torchtitan_cli(job: Job) -> Plan:
+    """torchtitan >= 0.3 also drops the rotate method: context parallel is its ring."""
+    return replace(normalise_torchtitan(job), cp_method=CPMethod.RING)
+
+
 @SETTINGS
 @given(jobs())
 def test_torchtitan_roundtrip(job):
     try:
-        text = export_job(job, "torchtitan").text
+        text = export_job(job, "torchtitan", "0.2.0").text
     except MeshplanError:
         return
     back = import_torchtitan(tomllib.loads(text), num_gpus=job.cluster.num_gpus,
                              num_layers=job.model.num_layers)
     assert _canonical(job, back.plan) == normalise_torchtitan(job)
+    expected = Precision.BF16 if job.training.precision == Precision.FP16 else job.training.precision
+    assert back.training.precision == expected
+    assert back.training.global_batch == job.training.global_batch
+
+
+@SETTINGS
+@given(jobs())
+def test_torchtitan_command_line_roundtrip(job):
+    try:
+        text = export_job(job, "torchtitan", "0.3.0").text
+    except MeshplanError:
+        return
+    back = import_torchtitan(parse_command_line(text).cfg, num_gpus=job.cluster.num_gpus,
+                             num_layers=job.model.num_layers)
+    assert _canonical(job, back.plan) == normalise_torchtitan_cli(job)
     expected = Precision.BF16 if job.training.precision == Precision.FP16 else job.training.precision
     assert back.training.precision == expected
     assert back.training.global_batch == job.training.global_batch
