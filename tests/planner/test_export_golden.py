@@ -28,7 +28,7 @@ EXPECTED = [
     ("gpt3_narayanan", "deepspeed", "runs 1F1B only"),
     ("llama70b_hsdp", "megatron", None),
     ("llama70b_hsdp", "torchtitan", None),
-    ("llama70b_hsdp", "deepspeed", "needs ZeRO-3 (MiCS)"),
+    ("llama70b_hsdp", "deepspeed", "DeepSpeed 0.19 removed"),
     ("llama8b_zero2", "megatron", None),
     ("llama8b_zero2", "torchtitan", None),
     ("llama8b_zero2", "deepspeed", None),

@@ -63,7 +63,8 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     if ExportTarget(target) == ExportTarget.DEEPSPEED:
         # DeepSpeed's pipeline engine runs 1F1B, has no virtual stages, no context parallel and
         # checkpoints whole layers (docs/interop.md).
-        # Its pipeline engine takes ZeRO 0-1 only and AutoTP ZeRO 0-2 (the exporter's own rules).
+        # Its pipeline engine takes ZeRO 0-1 only, AutoTP ZeRO 0-2, and no hybrid sharding
+        # (the exporter's own rules).
         return SearchOptions(schedules=(Schedule.ONE_F_ONE_B,), max_vpp=1, max_cp=1,
                              recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs)
     return SearchOptions()
@@ -71,10 +72,10 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
 
 def _deepspeed_runs(space) -> "object":
     # AutoTP has no sequence parallel, so sp plans would need more activation memory than planned;
-    # hybrid sharding (replicas of shards) exists only as ZeRO-3 MiCS.
+    # hybrid sharding (replicas of shards) was ZeRO-3 MiCS, removed in DeepSpeed 0.19.
     hybrid = (space.dp_replicate > 1) & (space.dp_shard > 1)
     return (((space.pp == 1) | (space.zero <= 1)) & ((space.tp == 1) | (space.zero <= 2))
-            & ~space.sp & (~hybrid | (space.zero == 3)))
+            & ~space.sp & ~hybrid)
 
 
 def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarget | str",
