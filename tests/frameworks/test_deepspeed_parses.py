@@ -78,22 +78,30 @@ class DataParallelUnit:
 @pytest.fixture(scope="module")
 def deepspeed_config():
     pytest.importorskip("deepspeed", reason="DeepSpeed not installed: the vendored-name test covers it")
+    import importlib
+
     import deepspeed.comm as dist
-    import deepspeed.comm.torch as ds_torch
+    import torch.distributed
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # the attribute is shadowed by torch
 
     # DeepSpeedConfig asks deepspeed.comm for the rank before it asks the mpu for the dp size, so
-    # a one-process gloo group is set up. Its CPU backend would JIT-compile a shared-memory
-    # all-reduce kernel the config never uses: that build is skipped.
+    # a one-process gloo group is set up (and torn down: later tests start their own). Its CPU
+    # backend would JIT-compile a shared-memory all-reduce kernel the config never uses: skipped.
+    build_shm_op, env = ds_torch.build_shm_op, dict(os.environ)
     ds_torch.build_shm_op = lambda: None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    if not dist.is_initialized():
-        dist.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+    dist.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    return DeepSpeedConfig
+    yield DeepSpeedConfig
+    torch.distributed.destroy_process_group()
+    ds_torch.build_shm_op = build_shm_op
+    os.environ.clear()
+    os.environ.update(env)
 
 
 @pytest.mark.parametrize("i", range(len(EXPORTS)))
