@@ -104,6 +104,23 @@ def test_bad_input_is_one_line_exit_2(args, msg, tmp_path):
     assert msg in r.stderr
 
 
+def test_megatron_bridge_export_and_import(gpt3_job, tmp_path):
+    """The Bridge overrides of GPT-3 (no recipe: a placeholder and a warning) import back."""
+    out = tmp_path / "gpt3.overrides"
+    r = run("export", str(gpt3_job), "--to", "megatron-bridge", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "recipe=RECIPE" in out.read_text() and "no recipe for gpt3-175b" in r.stderr
+    r = run("import", "--from", "megatron-bridge", str(out), "--model", "gpt3-175b", "--gpu", "a100-80gb",
+            "--nodes", "192", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["notation"] == "dp24 tp8 pp8(interleaved-1f1b,v3) cp1 mb1 ckpt=full:all"
+    bad = tmp_path / "bad.overrides"
+    bad.write_text("recipe=RECIPE\nmodel.num_layers=96\nnonsense\n")
+    r = run("import", "--from", "megatron-bridge", str(bad), "--model", "gpt3-175b", "--gpu", "a100-80gb",
+            "--nodes", "192")
+    assert r.returncode == 2 and "line 3" in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_bad_target_version(gpt3_job):
     r = run("export", str(gpt3_job), "--to", "torchtitan", "--target-version", "latest")
     assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1

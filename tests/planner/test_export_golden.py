@@ -18,7 +18,7 @@ from meshplan.export import export_job
 from meshplan.export.torchtitan_cli import CURRENT_VERSION
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "export"
-EXT = {"megatron": "args", "torchtitan": "toml", "deepspeed": "json"}
+EXT = {"megatron": "args", "megatron-bridge": "overrides", "torchtitan": "toml", "deepspeed": "json"}
 TORCHTITAN_TOML_VERSION = "0.2.0"
 """The golden .toml files are the job-file form torchtitan read before 0.3 (kept for those)."""
 
@@ -33,6 +33,10 @@ EXPECTED = [
     ("llama8b_zero2", "torchtitan", None),
     ("llama8b_zero2", "deepspeed", None),
     ("mixtral_ep", "megatron", "--use-torch-fsdp2"),
+    ("gpt3_narayanan", "megatron-bridge", None),
+    ("llama70b_hsdp", "megatron-bridge", None),
+    ("llama8b_zero2", "megatron-bridge", None),
+    ("mixtral_ep", "megatron-bridge", "--use-torch-fsdp2"),
     ("mixtral_ep", "torchtitan", None),
     ("mixtral_ep", "deepspeed", "ZeRO stages 0-2"),
 ]

@@ -21,6 +21,7 @@ from meshplan.spec.model import parse_overrides
 
 class ImportSource(str, enum.Enum):
     MEGATRON = "megatron"
+    MEGATRON_BRIDGE = "megatron-bridge"
     TORCHTITAN = "torchtitan"
 
 
@@ -56,7 +57,7 @@ def _save(job: Job, out: Path) -> None:
 @app.command("import", context_settings={"ignore_unknown_options": True})
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
-    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
+    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). Megatron-Bridge: the overrides file. torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset or config.json when the config gives no model shape.")] = None,
     override: OverrideOpt = None,
     cluster: ClusterOpt = None,
@@ -84,6 +85,16 @@ def import_(
         if imp.model is not None and override:
             spec = spec.with_overrides(parse_overrides(override))
         plan, training, ignored = imp.plan, imp.training, imp.ignored
+    elif source == ImportSource.MEGATRON_BRIDGE:
+        from meshplan.export.megatron_bridge import import_megatron_bridge, parse_overrides, recipe_preset
+
+        text = _read_args(config if config.startswith("@") else "@" + config)
+        if base_model is None:
+            preset = recipe_preset(parse_overrides(text)[0])
+            base_model = load_model(preset, override) if preset else None
+        spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, None, None)
+        imp = import_megatron_bridge(text, num_gpus=spec_cluster.num_gpus, model=base_model)
+        spec, plan, training = base_model, imp.plan, imp.training
     else:
         from meshplan.export.import_torchtitan import import_torchtitan, load_config
 

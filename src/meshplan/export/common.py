@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 class ExportTarget(str, enum.Enum):
     MEGATRON = "megatron"  # Megatron-LM pretrain_gpt.py command-line arguments
+    MEGATRON_BRIDGE = "megatron-bridge"  # Megatron-Bridge recipe + dotted overrides
     TORCHTITAN = "torchtitan"  # torchtitan >= 0.3 command line, or job config TOML before it
     DEEPSPEED = "deepspeed"  # DeepSpeed config JSON
 
@@ -32,12 +33,14 @@ def export_job(job: "Job", target: ExportTarget | str, version: str | None = Non
     torchtitan); raises MeshplanError for what the target cannot express."""
     from meshplan.export.deepspeed import export_deepspeed
     from meshplan.export.megatron import export_megatron
+    from meshplan.export.megatron_bridge import export_megatron_bridge
     from meshplan.export.torchtitan_cli import export_torchtitan_for
 
     target = ExportTarget(target)
     if target == ExportTarget.TORCHTITAN:
         return export_torchtitan_for(job, version)
-    fn = {ExportTarget.MEGATRON: export_megatron, ExportTarget.DEEPSPEED: export_deepspeed}[target]
+    fn = {ExportTarget.MEGATRON: export_megatron, ExportTarget.MEGATRON_BRIDGE: export_megatron_bridge,
+          ExportTarget.DEEPSPEED: export_deepspeed}[target]
     return fn(job)
 
 
