@@ -1,4 +1,4 @@
-"""`meshplan export plan.json --to megatron|torchtitan|deepspeed`."""
+"""`meshplan export plan.json --to megatron|megatron-bridge|torchtitan|deepspeed`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def export(
     target_version: Annotated[Optional[str], typer.Option("--target-version", help="torchtitan: the version to write for (>= 0.3: command line; older: TOML). Default: the installed one, else the current release.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a plan as Megatron-LM arguments, a torchtitan command line (or TOML) or a DeepSpeed JSON."""
+    """Write a plan as Megatron-LM arguments, Megatron-Bridge overrides, a torchtitan command line (or TOML) or a DeepSpeed JSON."""
     job = Job.load(plan_file)
     chosen = None
     if best:
