@@ -83,6 +83,14 @@ class CPMethod(str, enum.Enum):
     ALL_TO_ALL = "all-to-all"
 
 
+def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
+    """Raise MeshplanError when the model cannot take the training's sequences at all, whatever
+    the plan: a learned position table has ``max_position`` rows (GPT-2: 1024)."""
+    if model.position.value == "learned" and training.seq_len > model.max_position:
+        raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
+                            f"{model.max_position} (learned position embeddings)")
+
+
 def _check_positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise MeshplanError(f"{name} must be a positive integer, got {value!r}")
@@ -136,6 +144,18 @@ class ParallelDims:
     def mesh_shape(self) -> tuple[int, ...]:
         """Sizes in ``MESH_AXIS_ORDER``."""
         return tuple(self.axis_size(a) for a in MESH_AXIS_ORDER)
+
+
+def data_parallel_degree(num_gpus: int, *, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """dp = GPUs / (tp * pp * cp): the data-parallel degree the model-parallel degrees leave
+    (ep borrows dp_shard x cp ranks and takes none of its own). The one place dp is derived
+    from a GPU count; a count the degrees do not divide is an error."""
+    for name, degree in (("GPU count", num_gpus), ("tp", tp), ("pp", pp), ("cp", cp)):
+        _check_positive(name, degree)
+    model_parallel = tp * pp * cp
+    if num_gpus % model_parallel:
+        raise MeshplanError(f"{num_gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel}")
+    return num_gpus // model_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +238,7 @@ class Plan:
     # ---- checks against what is trained -------------------------------------------------
     def validate_for(self, model: "ModelSpec", training: "TrainingSpec", num_gpus: int | None = None) -> None:
         """Raise MeshplanError naming the first value that does not fit the model or batch."""
+        check_model_takes(model, training)
         d = self.dims
         if num_gpus is not None and d.world_size != num_gpus:
             raise MeshplanError(
@@ -297,27 +318,47 @@ class Plan:
 
     # ---- notation and JSON ---------------------------------------------------------------
     def notation(self) -> str:
-        """Compact one-line form, e.g. ``dp2 fsdp8 tp8sp pp4(v2) cp1 mb1 ckpt=sel:12``."""
+        """Compact one-line form that maps one-to-one to the plan flags (``cli/plan_flags.py``),
+        e.g. ``dp16 zero2x2 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:all``:
+
+        ``dpN`` total data parallel (``--dp N``); ``zeroZxM`` / ``fsdpM`` ZeRO stage Z (3 = FSDP)
+        sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
+        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)``; ``cpC`` + ``a2a`` for
+        all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
+        not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
+        not all. Lists are comma separated, a run of K equal counts N written ``NxK``.
+        """
         d = self.dims
-        parts = [f"dp{d.dp_replicate}"]
+        parts = [f"dp{d.dp}"]
         if self.zero == 3:
             parts.append(f"fsdp{d.dp_shard}")
         elif self.zero:
             parts.append(f"zero{self.zero}x{d.dp_shard}")
         parts.append(f"tp{d.tp}{'sp' if self.sp else ''}")
         pp = f"pp{d.pp}"
-        if d.pp > 1:
+        if d.pp > 1 or self.schedule != Schedule.ONE_F_ONE_B:
             pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
         parts.append(pp)
-        parts.append(f"cp{d.cp}" + ("a2a" if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL else ""))
+        parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
         parts.append(f"mb{self.micro_batch}")
+        if self.uneven_split:
+            parts.append(f"layers={format_counts(self.stage_layers)}")
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
-            n = sum(self.recompute_layers) if self.recompute_layers else "all"
-            parts.append(f"ckpt={short}:{n}")
+            parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         return " ".join(parts)
+
+    @property
+    def uneven_split(self) -> bool:
+        """Whether ``stage_layers`` is given and differs from the even split of its layers."""
+        return bool(self.stage_layers) and self.stage_layers != even_split(sum(self.stage_layers), self.num_stages)
+
+    @property
+    def partial_recompute(self) -> bool:
+        """Whether ``recompute_layers`` names fewer layers than the stages hold (not simply all)."""
+        return bool(self.recompute_layers) and self.recompute_layers != self.stage_layers
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -356,6 +397,32 @@ def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:
     if leftover:
         raise MeshplanError(f"unknown {what} field(s): {', '.join(sorted(leftover))}")
     return {}
+
+
+def format_counts(counts: tuple[int, ...]) -> str:
+    """``(2, 2, 2, 1, 3)`` -> ``2x3,1,3``: comma separated, a run of K equal values N as ``NxK``."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
+def parse_counts(text: str, what: str) -> tuple[int, ...]:
+    """The inverse of :func:`format_counts`: ``2x3,1,3`` -> ``(2, 2, 2, 1, 3)``."""
+    out: list[int] = []
+    for item in text.split(","):
+        value, times, repeat = item.strip().partition("x")
+        try:
+            n, k = int(value), int(repeat) if times else 1
+        except ValueError:
+            raise MeshplanError(f"{what} {text!r}: give counts like 9,10x6,11 (N, or N repeated K times as NxK)") from None
+        if n < 0 or k < 1:
+            raise MeshplanError(f"{what} {text!r}: counts must be >= 0 and repeats >= 1")
+        out += [n] * k
+    return tuple(out)
 
 
 def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:

@@ -85,7 +85,7 @@ def test_import_torchtitan_command_line_names_its_preset(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["model"]["name"] == "llama3-8b"
-    assert data["notation"] == "dp1 zero2x16 tp1 pp1 cp1 mb2 ckpt=full:all"
+    assert data["notation"] == "dp16 zero2x16 tp1 pp1 cp1 mb2 ckpt=full:all"
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -170,4 +170,4 @@ def test_import_torchtitan_flavor_preset():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["model"]["name"] == "llama3-8b"
-    assert data["notation"] == "dp1 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"
+    assert data["notation"] == "dp8 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from meshplan.cost.arrays import PlanArrays
 from meshplan.errors import MeshplanError
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
 from meshplan.search.space import (
-    GlobalConfigs, SearchOptions, canonical, divisors, enumerate_space, factorisations, in_space,
+    SearchOptions, canonical, divisors, enumerate_space, factorisations, in_space,
 )
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.presets import model_preset
@@ -28,7 +29,7 @@ def test_every_row_is_a_valid_plan_and_rows_are_distinct():
     model = model_preset("llama2-7b")
     training = TrainingSpec(seq_len=2048, global_batch=64)
     space = enumerate_space(model, training, 8)
-    rows = {tuple(int(getattr(space, f.name)[i]) for f in fields(GlobalConfigs)) for i in range(len(space))}
+    rows = {tuple(int(getattr(space, f.name)[i]) for f in fields(PlanArrays)) for i in range(len(space))}
     assert len(rows) == len(space)
     for i in np.random.default_rng(0).choice(len(space), 200, replace=False):
         space.plan(int(i)).validate_for(model, training, 8)  # raises if illegal

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Annotated
+
+import typer
+import yaml
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
-from meshplan.spec.cluster import gpu_names, gpu_preset, system_names, system_preset
+from meshplan.spec.cluster import ClusterSpec, example_cluster_yaml, gpu_names, gpu_preset, system_names, system_preset
 from meshplan.spec.presets import model_names, model_preset
 
 
@@ -36,8 +41,18 @@ def models(json_out: JsonOpt = False) -> None:
 
 
 @app.command("clusters")
-def clusters(json_out: JsonOpt = False) -> None:
+def clusters(
+    example: Annotated[bool, typer.Option("--example", help="Print a commented example cluster file (YAML) to start your own from.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
     """List the GPU and system presets."""
+    if example:
+        text = example_cluster_yaml()
+        if json_out:
+            print_json({"yaml": text, "cluster": ClusterSpec.from_dict(yaml.safe_load(text)).to_dict()})
+        else:
+            sys.stdout.write(text)
+        return
     gpus = [gpu_preset(n) for n in gpu_names()]
     systems = [system_preset(n) for n in system_names()]
     if json_out:

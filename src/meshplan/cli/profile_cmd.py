@@ -27,7 +27,7 @@ def profile(
 ) -> None:
     """Measure matmul, attention, memory bandwidth and collectives; write a profile for --cluster-profile."""
     if show is not None:
-        from meshplan.spec.hwprofile import load_profile
+        from meshplan.calib.hwprofile import load_profile
 
         loaded = load_profile(show)
         if json_out:
@@ -98,7 +98,7 @@ def _render(p, out: Path | None) -> None:
 
 def _render_probes(p, con) -> None:
     """The layer probe's times and the per-layer overheads fitted from them."""
-    from meshplan.spec.hwcalib import calibration_from_profile_data, probe_table
+    from meshplan.calib.hwcalib import calibration_from_profile_data, probe_table
     from meshplan.spec.training import Precision
 
     calib = calibration_from_profile_data(p, "shown", Precision.FP32)[0]

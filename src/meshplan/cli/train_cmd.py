@@ -48,7 +48,7 @@ def train(
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
-    from meshplan.runtime.launch import launch, pipeline_available, under_torchrun
+    from meshplan.runtime.launch import launch, under_torchrun
     from meshplan.runtime.support import check_runnable
 
     job = Job.load(plan)
@@ -58,9 +58,9 @@ def train(
     if lr <= 0:
         raise MeshplanError(f"--lr must be positive, got {lr}")
     data_path = resolve_data(data)
-    check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    check_runnable(job, text_data=data_path is not None)
     if cluster_profile:  # a bad profile fails now, not after training
-        from meshplan.spec.hwprofile import load_profile
+        from meshplan.calib.hwprofile import load_profile
 
         load_profile(cluster_profile)
     if checkpoint_dir is None and (resume or checkpoint_every or checkpoint_keep):
@@ -89,7 +89,7 @@ def train(
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return
-        from meshplan.runtime.predict import attach_prediction, comparison_table
+        from meshplan.calib.predict import attach_prediction, comparison_table
 
         versus = attach_prediction(job, log_path, cluster_profile)  # adds both to the log's summary
         lines = [json.loads(x) for x in Path(log_path).read_text().splitlines()]

@@ -1,4 +1,6 @@
-"""``PlanArrays``: many plans as a struct of equal-length NumPy arrays (one row per plan)."""
+"""``PlanArrays``: many plans as a struct of equal-length NumPy arrays (one row per plan): what
+the cost model estimates in one pass, and what the search enumerates (one row per global
+configuration, ``meshplan.search.space``)."""
 
 from __future__ import annotations
 
@@ -84,8 +86,10 @@ class PlanArrays:
             cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
         )
 
-    def plan(self, i: int) -> Plan:
-        """The ``Plan`` of row ``i`` (even split, all-layer recompute)."""
+    def plan(self, i: int, stage_layers: tuple[int, ...] = (),
+             recompute_layers: tuple[int, ...] = ()) -> Plan:
+        """The ``Plan`` of row ``i`` (even split and all-layer recompute unless layers are given)."""
+        recompute = RECOMPUTE_CODES[int(self.recompute[i])]
         return Plan(
             dims=ParallelDims(
                 dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
@@ -96,8 +100,10 @@ class PlanArrays:
             schedule=SCHEDULE_CODES[int(self.schedule[i])],
             vpp=int(self.vpp[i]),
             micro_batch=int(self.micro_batch[i]),
-            recompute=RECOMPUTE_CODES[int(self.recompute[i])],
+            recompute=recompute,
             cp_method=CP_METHOD_CODES[int(self.cp_method[i])],
+            stage_layers=tuple(stage_layers),
+            recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
         )
 
     def take(self, index) -> "PlanArrays":

@@ -89,12 +89,6 @@ def p2p_time(nbytes, active, link: Link):
     return np.where(active, nbytes / w + alpha, 0.0)
 
 
-def ring_bytes_moved(kind: str, nbytes: float, size: int) -> float:
-    """Bytes each rank sends in a ring collective (for tests and reports)."""
-    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
-    return factor * (size - 1) / size * nbytes
-
-
 def exposed(comm_s, overlap_fraction, window_s):
     """Communication left on the critical path: comm - min(overlap * comm, window), >= 0."""
     hidden = np.minimum(overlap_fraction * comm_s, np.maximum(window_s, 0.0))

@@ -33,8 +33,6 @@ from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import Arch, ModelSpec
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
 
-ACT_BYTES = 2.0  # one element of a 16-bit (bf16/fp16) activation; see activation_bytes()
-
 
 def activation_bytes(precision: Precision) -> float:
     """Bytes of one activation / activation-gradient element for this training precision.

@@ -1,59 +1,34 @@
-"""What every exporter returns, and the dispatch by target name."""
+"""The dispatch by target name, and the search a target can express (``export --best``).
+
+The exporters import only ``export.base``; this module imports them (no cycle).
+"""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from meshplan.plan import Recompute
+from meshplan.export.base import Export, ExportTarget, uniform_recompute
+from meshplan.export.deepspeed import export_deepspeed
+from meshplan.export.megatron import export_megatron
+from meshplan.export.megatron_bridge import export_megatron_bridge
+from meshplan.export.torchtitan_cli import export_torchtitan_for
 
 if TYPE_CHECKING:
-    from meshplan.plan import Job, Plan
+    from meshplan.plan import Job
+    from meshplan.search.space import SearchOptions
 
-
-class ExportTarget(str, enum.Enum):
-    MEGATRON = "megatron"  # Megatron-LM pretrain_gpt.py command-line arguments
-    MEGATRON_BRIDGE = "megatron-bridge"  # Megatron-Bridge recipe + dotted overrides
-    TORCHTITAN = "torchtitan"  # torchtitan >= 0.3 command line, or job config TOML before it
-    DEEPSPEED = "deepspeed"  # DeepSpeed config JSON
-
-
-@dataclass(frozen=True)
-class Export:
-    """One exported config: its text and the approximations made (empty when exact)."""
-
-    target: ExportTarget
-    text: str
-    warnings: tuple[str, ...] = ()
+__all__ = ["Export", "ExportTarget", "best_expressible", "export_job", "search_options_for", "uniform_recompute"]
 
 
 def export_job(job: "Job", target: ExportTarget | str, version: str | None = None) -> Export:
     """Export ``job`` to ``target`` (for the target's ``version`` where its form depends on it:
     torchtitan); raises MeshplanError for what the target cannot express."""
-    from meshplan.export.deepspeed import export_deepspeed
-    from meshplan.export.megatron import export_megatron
-    from meshplan.export.megatron_bridge import export_megatron_bridge
-    from meshplan.export.torchtitan_cli import export_torchtitan_for
-
     target = ExportTarget(target)
     if target == ExportTarget.TORCHTITAN:
         return export_torchtitan_for(job, version)
     fn = {ExportTarget.MEGATRON: export_megatron, ExportTarget.MEGATRON_BRIDGE: export_megatron_bridge,
           ExportTarget.DEEPSPEED: export_deepspeed}[target]
     return fn(job)
-
-
-def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
-    """(all stages recompute every layer, the common per-stage count or -1 if they differ).
-
-    ``plan`` must have its defaults filled (``Plan.with_defaults``).
-    """
-    if plan.recompute == Recompute.NONE:
-        return False, 0
-    every = all(r == n for r, n in zip(plan.recompute_layers, plan.stage_layers))
-    counts = set(plan.recompute_layers)
-    return every, counts.pop() if len(counts) == 1 else -1
 
 
 def search_options_for(target: "ExportTarget | str") -> "SearchOptions":

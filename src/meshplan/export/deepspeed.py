@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, uniform_recompute
 from meshplan.plan import Job, Recompute, Schedule
 from meshplan.spec.training import Precision
 

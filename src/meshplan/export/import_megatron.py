@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -211,9 +211,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     pp = _positive("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1)
     cp = _positive("--context-parallel-size", a.context_parallel_size, 1)
     ep = _positive("--expert-model-parallel-size", a.expert_model_parallel_size, 1)
-    if gpus % (tp * pp * cp):
-        raise MeshplanError(f"{gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
-    dp = gpus // (tp * pp * cp)
+    dp = data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
 
     vpp = 1
     layout = parse_pipeline_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else ()

@@ -13,7 +13,7 @@ from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.export.torchtitan import SCHEDULE_NAMES
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, even_split
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, even_split
 from meshplan.spec.training import Precision, TrainingSpec
 
 # torchtitan model name/flavor -> meshplan preset (same architecture numbers)
@@ -91,10 +91,10 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
     cp = _int(par, "context_parallel_degree", 1)
     ep = _int(par, "expert_parallel_degree", 1)
     if shard == -1:  # torchtitan: the ranks left after the other degrees
-        others = rep * tp * pp * cp
-        if others < 1 or num_gpus % others:
-            raise MeshplanError(f"{num_gpus} GPUs are not divisible by the other degrees ({others})")
-        shard = num_gpus // others
+        dp = data_parallel_degree(num_gpus, tp=tp, pp=pp, cp=cp)
+        if rep < 1 or dp % rep:
+            raise MeshplanError(f"{num_gpus} GPUs are not divisible by the other degrees ({rep * tp * pp * cp})")
+        shard = dp // rep
     reshard = par.get("fsdp_reshard_after_forward", "default")
     zero = 0 if shard == 1 else (2 if reshard == "never" else 3)
 

@@ -14,7 +14,7 @@ The model's shape is the recipe's: a model with no recipe gets a RECIPE placehol
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget
+from meshplan.export.base import Export, ExportTarget
 from meshplan.export.megatron import megatron_args
 from meshplan.plan import Job
 from meshplan.spec.model import ModelSpec

@@ -10,7 +10,7 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, uniform_recompute
 from meshplan.plan import CPMethod, Job, Recompute, Schedule
 from meshplan.spec.training import Precision
 

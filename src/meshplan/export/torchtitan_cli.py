@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget
+from meshplan.export.base import Export, ExportTarget
 from meshplan.export.torchtitan import export_torchtitan, torchtitan_sections
 from meshplan.plan import Job
 from meshplan.spec.training import Precision

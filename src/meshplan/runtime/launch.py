@@ -29,12 +29,6 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def pipeline_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("meshplan.runtime.pipeline") is not None
-
-
 def run_payload(runs: list[tuple[Job, "TrainConfig"]]) -> list[dict]:
     return [{"job": job.to_dict(), "config": asdict(cfg)} for job, cfg in runs]
 

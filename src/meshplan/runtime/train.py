@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshplan.ckpt_meta import latest_checkpoint
+from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.runtime.checkpoint import (
@@ -28,7 +29,7 @@ from meshplan.runtime.checkpoint import (
 )
 from meshplan.runtime.data import BatchSource, load_text_tokens, local_microbatches
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
-from meshplan.runtime.metrics import model_flops_per_token, peak_memory_gib
+from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_gradient_sync
 from meshplan.runtime.state import full_parameters

@@ -18,14 +18,16 @@ from typing import Callable
 
 import numpy as np
 
+from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, Plan, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
-SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
-RECOMPUTES: tuple[Recompute, ...] = tuple(Recompute)
-CP_METHODS: tuple[CPMethod, ...] = tuple(CPMethod)
+# The integer codes of the enum columns: the cost model's (one table, cost.arrays).
+SCHEDULES: tuple[Schedule, ...] = SCHEDULE_CODES
+RECOMPUTES: tuple[Recompute, ...] = RECOMPUTE_CODES
+CP_METHODS: tuple[CPMethod, ...] = CP_METHOD_CODES
 
 MAX_VPP = 8
 """Largest number of virtual stages per pipeline rank searched. Megatron's and torchtitan's
@@ -62,64 +64,9 @@ class SearchOptions:
     """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
     max_cp: int | None = None
     """Largest context-parallel degree (None: any); 1 for a target without context parallel."""
-    allow: "Callable[[GlobalConfigs], np.ndarray] | None" = None
+    allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
-
-
-@dataclass(frozen=True)
-class GlobalConfigs:
-    """Struct of arrays: one row per global configuration (integer codes index the enums above)."""
-
-    pp: np.ndarray
-    dp_replicate: np.ndarray
-    dp_shard: np.ndarray
-    cp: np.ndarray
-    tp: np.ndarray
-    ep: np.ndarray
-    zero: np.ndarray
-    sp: np.ndarray
-    cp_method: np.ndarray
-    schedule: np.ndarray
-    vpp: np.ndarray
-    micro_batch: np.ndarray
-    recompute: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.pp.size)
-
-    def take(self, idx: np.ndarray) -> "GlobalConfigs":
-        return GlobalConfigs(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
-
-    def plan(self, i: int, stage_layers: tuple[int, ...] = (),
-             recompute_layers: tuple[int, ...] = ()) -> Plan:
-        """Row ``i`` as a Plan (even split and all-layer recompute unless layers are given)."""
-        rec = RECOMPUTES[int(self.recompute[i])]
-        return Plan(
-            dims=ParallelDims(dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
-                              tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
-                              ep=int(self.ep[i])),
-            zero=int(self.zero[i]), sp=bool(self.sp[i]),
-            schedule=SCHEDULES[int(self.schedule[i])], vpp=int(self.vpp[i]),
-            cp_method=CP_METHODS[int(self.cp_method[i])], micro_batch=int(self.micro_batch[i]),
-            recompute=rec, stage_layers=tuple(stage_layers),
-            recompute_layers=tuple(recompute_layers) if rec != Recompute.NONE else (),
-        )
-
-    @staticmethod
-    def from_plans(plans: list[Plan]) -> "GlobalConfigs":
-        """Rows for given plans (their stage/recompute layer lists are not kept)."""
-        def col(fn, dtype=np.int64):
-            return np.array([fn(p) for p in plans], dtype=dtype)
-        return GlobalConfigs(
-            pp=col(lambda p: p.dims.pp), dp_replicate=col(lambda p: p.dims.dp_replicate),
-            dp_shard=col(lambda p: p.dims.dp_shard), cp=col(lambda p: p.dims.cp),
-            tp=col(lambda p: p.dims.tp), ep=col(lambda p: p.dims.ep), zero=col(lambda p: p.zero),
-            sp=col(lambda p: p.sp, bool), cp_method=col(lambda p: CP_METHODS.index(p.cp_method)),
-            schedule=col(lambda p: SCHEDULES.index(p.schedule)), vpp=col(lambda p: p.vpp),
-            micro_batch=col(lambda p: p.micro_batch),
-            recompute=col(lambda p: RECOMPUTES.index(p.recompute)),
-        )
 
 
 def _cross(cols: dict[str, np.ndarray], name: str, values: np.ndarray) -> dict[str, np.ndarray]:
@@ -208,7 +155,7 @@ def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
 
 
 def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
-                    options: SearchOptions = SearchOptions()) -> GlobalConfigs:
+                    options: SearchOptions = SearchOptions()) -> PlanArrays:
     """Every legal global configuration for ``num_gpus`` GPUs (rules: docs/search.md)."""
     if num_gpus < 1:
         raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
@@ -231,7 +178,7 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
     c = _keep(c, _rule_micro_batch(c, training))
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
-    space = GlobalConfigs(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(GlobalConfigs)})
+    space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
@@ -259,8 +206,8 @@ def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan
              options: SearchOptions = SearchOptions()) -> bool:
     """Whether the global configuration of ``plan`` is one ``enumerate_space`` lists (same rules,
     one row; the layer split is the stage search's business)."""
-    g = GlobalConfigs.from_plans([plan])
-    c = {f.name: getattr(g, f.name) for f in fields(GlobalConfigs)}
+    g = PlanArrays.from_plans([plan])
+    c = {f.name: getattr(g, f.name) for f in fields(PlanArrays)}
     d = plan.dims
     if d.world_size != num_gpus or plan.recompute not in options.recomputes:
         return False

@@ -8,7 +8,8 @@ one that spans nodes on the NICs (W_inter).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+import math
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -129,21 +130,42 @@ class ClusterSpec:
         if isinstance(gpu, str):
             data["gpu"] = gpu_preset(gpu)
         elif isinstance(gpu, dict):
-            try:
-                data["gpu"] = GPUSpec(**gpu)
-            except TypeError as exc:
-                raise MeshplanError(f"invalid gpu description: {exc}") from None
+            data["gpu"] = GPUSpec(**_checked_fields("gpu", {"name": "custom-gpu", **gpu}, GPUSpec))
         else:
             raise MeshplanError("cluster description needs 'gpu': a preset name or a mapping")
         data.setdefault("name", "custom")
-        known = {f.name for f in fields(cls)}
-        extra = set(data) - known
-        if extra:
-            raise MeshplanError(f"unknown cluster field(s): {', '.join(sorted(extra))}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise MeshplanError(f"invalid cluster description: {exc}") from None
+        return cls(**_checked_fields("cluster", data, cls))
+
+
+_EXAMPLE_HINT = "see `meshplan clusters --example` or docs/clusters.md"
+
+
+def _checked_fields(what: str, data: dict[str, Any], spec: type) -> dict[str, Any]:
+    """``data`` with every field of ``spec`` present, none unknown, and numbers as numbers.
+
+    PyYAML follows YAML 1.1, where ``25e9`` (no dot, no exponent sign) is a string, not a float:
+    a numeric field takes a number written as text, and rejects anything else by name."""
+    known = {f.name: f for f in fields(spec)}
+    extra = sorted(set(data) - set(known))
+    if extra:
+        raise MeshplanError(f"unknown {what} field(s): {', '.join(extra)} ({_EXAMPLE_HINT})")
+    missing = [n for n, f in known.items() if n not in data and f.default is MISSING]
+    if missing:
+        raise MeshplanError(f"{what} is missing field(s): {', '.join(missing)} ({_EXAMPLE_HINT})")
+    out = dict(data)
+    for name, value in data.items():
+        kind = known[name].type
+        if kind not in ("int", "float") or isinstance(value, bool):
+            continue
+        if isinstance(value, str):
+            try:
+                value = int(value) if kind == "int" else float(value)
+            except ValueError:
+                raise MeshplanError(f"{what} field {name} must be a number, got {value!r}") from None
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise MeshplanError(f"{what} field {name} must be a finite number, got {value!r}")
+        out[name] = value
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -196,6 +218,11 @@ def cluster_for_gpu(gpu_name: str, *, num_nodes: int = 1, gpus_per_node: int = 8
     base = system_preset(fallback)
     return replace(base, name=f"{gpu.name}x{gpus_per_node}", gpu=gpu,
                    gpus_per_node=gpus_per_node, num_nodes=num_nodes)
+
+
+def example_cluster_yaml() -> str:
+    """The commented example cluster file (``meshplan clusters --example``; docs/clusters.md)."""
+    return resources.files("meshplan.spec").joinpath("presets/cluster_example.yaml").read_text()
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

@@ -1,4 +1,4 @@
-# meshplan plan: dp1 fsdp8 tp2sp pp2(1f1b) cp1 ep8 mb1 on 32 GPUs (4 nodes x 8)
+# meshplan plan: dp8 fsdp8 tp2sp pp2(1f1b) cp1 ep8 mb1 layers=15,17 on 32 GPUs (4 nodes x 8)
 # torchtitan 0.3.0: --module/--config name a config_registry function; the options below override it
 # torchtitan 0.3.0 has no config function for mixtral-8x7b: replace MODULE/CONFIG with one that builds this model
 torchrun --nnodes 4 --nproc-per-node 8 -m torchtitan.train \

@@ -27,7 +27,7 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import reported_flops_per_token
 from meshplan.cost.step import estimate
 from meshplan.errors import MeshplanError
-from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
@@ -211,7 +211,7 @@ def build_run(row: dict[str, str]) -> Run:
     gbs = _need(row, "global_batch_size")
     tp, pp, cp = (_num(row, k, _int, 1) for k in ("tp", "pp", "cp"))
     ep, vpp, zero = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1), _num(row, "zero", _int, 0)
-    dp = _num(row, "dp", _int, 0) or (gpus // (tp * pp * cp) if gpus % (tp * pp * cp) == 0 else 0)
+    dp = _num(row, "dp", _int, 0) or data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
     if tp * pp * cp * dp != gpus:
         raise MeshplanError(f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} is not the GPU count {gpus} "
                             "(degrees not given in the source?)")
