@@ -59,10 +59,13 @@ def test_partial_selective_refused_everywhere_but_torchtitan_every_kth():
     partial = replace(job, plan=plan)
     text = export_job(partial, "megatron").text  # full, 16 of 32 layers: block method
     assert "--recompute-method block \\" in text and "--recompute-num-layers 16 \\" in text
-    assert 'selective_ac_option = "2"' in export_job(partial, "torchtitan").text  # every 2nd of 32
+    # every 2nd of 32: torchtitan's TOML form (< 0.3) had layer-level selective checkpointing
+    assert 'selective_ac_option = "2"' in export_job(partial, "torchtitan", "0.2.0").text
+    with pytest.raises(MeshplanError, match="dropped layer-level selective"):
+        export_job(partial, "torchtitan", "0.3.0")
     odd = replace(job, plan=replace(job.plan, recompute_layers=(7,)))  # 32 // k is never 7
     with pytest.raises(MeshplanError, match="every k-th block"):
-        export_job(odd, "torchtitan")
+        export_job(odd, "torchtitan", "0.2.0")
 
 
 def test_block_recompute_covers_short_stages():

@@ -1,4 +1,5 @@
-"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE.toml` -> a Job file."""
+"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE` (TOML or >= 0.3 command
+line) -> a Job file."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from meshplan.spec.model import parse_overrides
 
 class ImportSource(str, enum.Enum):
     MEGATRON = "megatron"
+    MEGATRON_BRIDGE = "megatron-bridge"
     TORCHTITAN = "torchtitan"
 
 
@@ -57,7 +59,7 @@ def _save(job: Job, out: Path) -> None:
 @with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags)
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
-    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: the TOML path.")],
+    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). Megatron-Bridge: the overrides file. torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes).")] = None,
@@ -82,14 +84,25 @@ def import_(
         if imp.model is not None and override:
             spec = spec.with_overrides(parse_overrides(override))
         plan, training, ignored = imp.plan, imp.training, imp.ignored
-    else:
-        from meshplan.export.import_torchtitan import flavor_preset, import_torchtitan, load_toml
+    elif source == ImportSource.MEGATRON_BRIDGE:
+        from meshplan.export.megatron_bridge import import_megatron_bridge, recipe_preset
+        from meshplan.export.megatron_bridge import parse_overrides as parse_bridge
 
-        cfg = load_toml(config)
+        text = _read_args(config if config.startswith("@") else "@" + config)
         if base_model is None:
-            preset = flavor_preset(cfg)
+            preset = recipe_preset(parse_bridge(text)[0])
+            base_model = load_model(preset, override) if preset else None
+        spec_cluster = _cluster(cluster_flags, gpus, None, None)
+        imp = import_megatron_bridge(text, num_gpus=spec_cluster.num_gpus, model=base_model)
+        spec, plan, training = base_model, imp.plan, imp.training
+    else:
+        from meshplan.export.import_torchtitan import import_torchtitan, load_config
+
+        cfg, preset = load_config(config)
+        if base_model is None:
             if preset is None:
-                raise MeshplanError("the torchtitan [model] name/flavor has no meshplan preset: give --model")
+                raise MeshplanError("the torchtitan model (TOML [model] name/flavor or --module/--config) "
+                                    "has no meshplan preset: give --model")
             base_model = load_model(preset, override)
         spec = base_model
         spec_cluster = _cluster(cluster_flags, gpus, None, None)

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 class ExportTarget(str, enum.Enum):
     MEGATRON = "megatron"  # Megatron-LM pretrain_gpt.py command-line arguments
-    TORCHTITAN = "torchtitan"  # torchtitan job config TOML
+    MEGATRON_BRIDGE = "megatron-bridge"  # Megatron-Bridge recipe + dotted overrides
+    TORCHTITAN = "torchtitan"  # torchtitan >= 0.3 command line, or job config TOML before it
     DEEPSPEED = "deepspeed"  # DeepSpeed config JSON
 
 

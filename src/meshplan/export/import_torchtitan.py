@@ -1,5 +1,7 @@
-"""torchtitan job config TOML -> Plan and TrainingSpec (the model comes from --model or a
-known torchtitan flavor). The GPU count is not in the TOML (torchrun sets it): it is an input.
+"""torchtitan config -> Plan and TrainingSpec (the model comes from --model or a known torchtitan
+flavor / config function). Both forms are read: the job config TOML (torchtitan < 0.3) and the
+command line of torchtitan >= 0.3 (import_torchtitan_cli.py turns it into the same sections).
+The GPU count is in neither (torchrun sets it): it is an input.
 """
 
 from __future__ import annotations
@@ -39,6 +41,21 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise MeshplanError(f"{p}: not valid TOML ({exc})") from None
+
+
+def load_config(path: str | Path) -> tuple[dict[str, Any], str | None]:
+    """Either form of a torchtitan config file -> (TOML-shaped sections, meshplan preset or None)."""
+    from meshplan.export.import_torchtitan_cli import looks_like_command_line, parse_command_line, preset_for
+
+    p = Path(path)
+    if not p.is_file():
+        raise MeshplanError(f"{p}: no such torchtitan config")
+    text = p.read_text()
+    if looks_like_command_line(text):
+        parsed = parse_command_line(text)
+        return parsed.cfg, preset_for(parsed.module, parsed.config)
+    cfg = load_toml(p)
+    return cfg, flavor_preset(cfg)
 
 
 def _int(section: dict[str, Any], key: str, default: int) -> int:
