@@ -84,6 +84,11 @@ class LayerCost:
     act_none_bytes: np.ndarray
     act_selective_bytes: np.ndarray
     act_full_bytes: np.ndarray
+    tp_exposed_s: np.ndarray
+    """Of fwd_comm_exposed_s + bwd_comm_exposed_s: the tensor-parallel collectives (the rest of
+    that sum is cp_exposed_s, ep_exposed_s and the runtime's per-layer host overhead)."""
+    cp_exposed_s: np.ndarray
+    ep_exposed_s: np.ndarray
 
     @property
     def fwd_s(self) -> np.ndarray:
@@ -231,10 +236,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     fwd_comm_total = tp_comm + cp_fwd + ep_fwd + framework / 3.0
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     bwd_compute = 2.0 * fwd_compute
-    bwd_comm_exposed = (comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
-                        + comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
-                        + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
-                        + framework * (2.0 / 3.0))
+    tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
+    cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
+    ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
+    bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
     rec_sel = t_attn + mix.softmax_bytes / hbm
     rec_full = fwd_compute + fwd_comm_exposed
 
@@ -263,5 +268,6 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         recompute_selective_s=rec_sel, recompute_full_s=rec_full,
         params_per_gpu=dense_g + expert_g, dense_params_per_gpu=dense_g + 0 * T,
         state_bytes=states, act_none_bytes=act_none, act_selective_bytes=act_sel,
-        act_full_bytes=act_full,
+        act_full_bytes=act_full, tp_exposed_s=tp_exp + tp_exp_bwd, cp_exposed_s=cp_exp + cp_exp_bwd,
+        ep_exposed_s=ep_exp + ep_exp_bwd,
     )

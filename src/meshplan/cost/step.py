@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import RankCost, compose, num_microbatches, rank_cost
+from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.pipeline import in_flight_chunks
@@ -41,10 +41,36 @@ class TimeBreakdown:
     dp_comm_total_s: float
     """Data-parallel communication per step, hidden or not."""
     num_microbatches: int
+    exposed_tp_s: float = 0.0
+    """Of exposed_communication_s: tensor-parallel collectives (Megatron f/g, SP gathers)."""
+    exposed_cp_s: float = 0.0
+    """Context-parallel K/V exchange (ring or all-to-all)."""
+    exposed_ep_s: float = 0.0
+    """Expert-parallel token all-to-alls."""
+    exposed_pp_s: float = 0.0
+    """Pipeline send/recv of activations and their gradients."""
+    exposed_zero_s: float = 0.0
+    """Per-micro-batch ZeRO traffic: ZeRO-3 gathers and reduce-scatters, ZeRO-2's reduce-scatter
+    of every accumulated micro-batch."""
+    exposed_dp_s: float = 0.0
+    """The step's data-parallel gradient reduce (and ZeRO-1/2 parameter gather)."""
+    exposed_host_s: float = 0.0
+    """The runtime's host time per collective (Calibration.*_layer_overhead_s), never hidden."""
 
     @property
     def step_s(self) -> float:
         return self.compute_s + self.exposed_communication_s + self.bubble_s + self.optimizer_s
+
+    def terms_s(self) -> dict[str, float]:
+        """The step as named terms that sum to it: what `plan --compare` attributes a gap to."""
+        return {
+            "compute": self.compute_s - self.recompute_s, "recompute": self.recompute_s,
+            "exposed TP": self.exposed_tp_s, "exposed CP": self.exposed_cp_s,
+            "exposed EP": self.exposed_ep_s, "exposed PP p2p": self.exposed_pp_s,
+            "exposed ZeRO per micro-batch": self.exposed_zero_s, "exposed DP": self.exposed_dp_s,
+            "collective host overhead": self.exposed_host_s,
+            "bubble": self.bubble_s, "optimizer": self.optimizer_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -124,6 +150,7 @@ class Estimate:
                 "microbatch_comm_total": t.microbatch_comm_total_s,
                 "dp_comm_total": t.dp_comm_total_s,
             },
+            "terms_s": t.terms_s(),
             "num_microbatches": t.num_microbatches,
             "stages": [
                 {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
@@ -166,12 +193,15 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
     heavy = int(np.argmax([_f(r.memory_bytes) for r in ranks]))
     rs, rt = ranks[slow], ranks[tail]
+    kinds = _exposed_by_kind(model, cluster, training, arrays, calib, layer, rs, stages[slow].layers,
+                             has_head=slow == p - 1)
     time = TimeBreakdown(
         compute_s=m * _f(rs.compute_s + rs.recompute_s),
         exposed_communication_s=m * _f(rs.comm_exposed_s) + _f(rt.dp_exposed_s),
         bubble_s=_f(batch.bubble_s), optimizer_s=_f(rt.optimizer_s),
         recompute_s=m * _f(rs.recompute_s), microbatch_comm_total_s=m * _f(rs.comm_total_s),
-        dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m)
+        dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m,
+        **{k: m * v for k, v in kinds.items()}, exposed_dp_s=_f(rt.dp_exposed_s))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
@@ -181,6 +211,22 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
         fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
         time=time, memory=stages[heavy].memory, stages=tuple(stages))
+
+
+def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, arrays: PlanArrays,
+                     calib: Calibration, layer, rank: RankCost, layers: int, has_head: bool) -> dict[str, float]:
+    """Per micro-batch, the slowest rank's exposed communication split by kind. ``rank_cost``
+    adds the layers' TP/CP/EP and host terms, the pipeline p2p and the per-micro-batch ZeRO
+    traffic; the split re-reads the first from the layer cost, the second from the p2p term, and
+    the ZeRO part is what remains, so the kinds add up to ``comm_exposed_s`` exactly."""
+    n = layers + (model.mtp_num_layers if has_head else 0)  # MTP modules count as layers (rank_cost)
+    tp, cp, ep = (n * _f(getattr(layer, f)) for f in ("tp_exposed_s", "cp_exposed_s", "ep_exposed_s"))
+    layer_comm = n * _f(layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
+    terms = plan_terms(model, cluster, training, arrays, calib, layer)
+    pp = _f(terms.p2p_s) * (1.0 - calib.pp_p2p_overlap)
+    return {"exposed_tp_s": tp, "exposed_cp_s": cp, "exposed_ep_s": ep, "exposed_pp_s": pp,
+            "exposed_host_s": max(layer_comm - tp - cp - ep, 0.0),
+            "exposed_zero_s": max(_f(rank.comm_exposed_s) - layer_comm - pp, 0.0)}
 
 
 def _memory(rc: RankCost) -> MemoryBreakdown:
