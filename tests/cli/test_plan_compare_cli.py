@@ -62,3 +62,19 @@ def test_model_is_required_without_compare():
     r = run("plan", "--gpu", "a100-80gb", "--global-batch", "32")
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "--model" in r.stderr
+
+
+def test_compare_explains_the_gap_in_named_terms(mine):
+    """The attribution's rows add up to the step-time gap between yours and the recommended plan,
+    and the table names the terms."""
+    r = run("plan", "--compare", str(mine), "--json")
+    assert r.returncode == 0, r.stderr
+    cmp = json.loads(r.stdout)["comparison"]
+    att = cmp["attribution"]
+    names = {t["term"] for t in att["terms"]}
+    assert {"compute", "recompute", "exposed TP", "exposed PP p2p", "bubble", "optimizer"} <= names
+    gap = cmp["best_that_fits"]["step_time_s"] - cmp["yours"]["step_time_s"]
+    assert sum(t["delta_s"] for t in att["terms"]) == pytest.approx(gap, rel=1e-6)
+    assert sum(t["yours_s"] for t in att["terms"]) == pytest.approx(cmp["yours"]["step_time_s"], rel=1e-6)
+    text = run("plan", "--compare", str(mine))
+    assert text.returncode == 0 and "yours vs recommended" in text.stdout and "exposed TP" in text.stdout

@@ -160,6 +160,11 @@ def plan_cmd(
     con = console()
     if comparison is not None:
         con.print(comparison.summary())
+        if comparison.attribution is not None:
+            from meshplan.report.attribution import attribution_table
+
+            con.print(attribution_table(comparison.attribution, "Why the recommended plan is faster: step time "
+                                        "per term (yours vs recommended)"))
     for res, cl in zip(results, clusters):
         _print_frontier(con, res, cl, training, top)
     if len(results) > 1:

@@ -6,10 +6,11 @@ tok/s/GPU, 71 GiB; best that fits: 401 tok/s/GPU (+28%), 64 GiB".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from meshplan.plan import Plan
+from meshplan.report.attribution import Attribution, attribute
 
 if TYPE_CHECKING:
     from meshplan.calib.hardware import Hardware
@@ -37,6 +38,8 @@ class Comparison:
     """Fastest frontier plan within the budget (None when nothing fits)."""
     leanest_as_fast: CostPoint | None
     """Least memory among frontier plans at least as fast as yours."""
+    attribution: Attribution | None = None
+    """Yours against ``best``, term by term (when both were estimated)."""
 
     @property
     def yours_fits(self) -> bool:
@@ -69,8 +72,11 @@ class Comparison:
             if lean is not None and self.memory_saving_gib and self.memory_saving_gib > 0.5:
                 text += f"; as fast with {lean.peak_memory_gib:.0f} GiB: {lean.plan.notation()}"
             return text
-        return (text + f"; best that fits: {b.tokens_per_s_per_gpu:,.0f} tok/s/GPU "
-                f"({self.speedup:+.0%}), {b.peak_memory_gib:.0f} GiB: {b.plan.notation()}")
+        text += (f"; best that fits: {b.tokens_per_s_per_gpu:,.0f} tok/s/GPU "
+                 f"({self.speedup:+.0%}), {b.peak_memory_gib:.0f} GiB: {b.plan.notation()}")
+        if self.attribution is not None:
+            text += f"; it gains on {self.attribution.explain()}"
+        return text
 
     def to_dict(self) -> dict[str, object]:
         def point(p: CostPoint | None) -> dict[str, object] | None:
@@ -82,6 +88,7 @@ class Comparison:
         return {"yours": point(self.yours), "yours_fits": self.yours_fits, "budget_gib": self.budget_gib,
                 "best_that_fits": point(self.best), "speedup": self.speedup,
                 "leanest_as_fast": point(self.leanest_as_fast), "memory_saving_gib": self.memory_saving_gib,
+                "attribution": self.attribution.to_dict() if self.attribution else None,
                 "summary": self.summary()}
 
 
@@ -111,4 +118,9 @@ def compare_job(job: "Job", frontier: Sequence[CostPoint], budget_gib: float, *,
     if job.cluster.num_gpus != num_gpus:
         raise MeshplanError(f"the plan file uses {job.cluster.num_gpus} GPUs, the frontier {num_gpus}")
     cluster, calib = (job.cluster, None) if hardware is None else (hardware.cluster, hardware.calib)
-    return compare(estimate(job.model, cluster, job.training, job.plan, calib), frontier, budget_gib)
+    yours = estimate(job.model, cluster, job.training, job.plan, calib)
+    result = compare(yours, frontier, budget_gib)
+    if result.best is None:
+        return result
+    theirs = estimate(model, cluster, training, result.best.plan, calib)
+    return replace(result, attribution=attribute(yours, theirs))
