@@ -114,3 +114,25 @@ def test_memory_chart_matches_estimate():
     png = memory_png(est)
     w, h = _png_size(png)
     assert w > 400 and h > 300 and _not_blank(png)
+
+
+def test_long_step_elides_the_steady_state():
+    """128 micro-batches on pp=4: the chart keeps warm-up and cool-down and cuts the middle; the
+    cut lies inside the schedule and leaves the bubble on both sides of it; 8 micro-batches: no cut."""
+    from dataclasses import replace
+
+    from meshplan.report.timeline import ELIDE_ABOVE_MICROBATCHES, elided_window
+
+    job = cases.gpt3_narayanan()
+    long = replace(job.training, global_batch=job.training.global_batch * 4)
+    est = estimate(job.model, job.cluster, long, job.plan)
+    assert est.time.num_microbatches > ELIDE_ABOVE_MICROBATCHES
+    step = step_timeline(est)
+    cut = elided_window(step)
+    assert cut is not None and 0 < cut[0] < cut[1] < step.timeline.makespan_s
+    assert cut[1] - cut[0] > 0.5 * step.timeline.makespan_s  # most of the step is steady state
+    png = timeline_png(step, "GPT-3 175B, long step")
+    w, h = _png_size(png)
+    assert w > 600 and _not_blank(png)
+    short = simulate([StageTimes(1, 2)] * 4, 4, 1, 8, Schedule.ONE_F_ONE_B)
+    assert elided_window(type(step)(timeline=short, tail_s=0.0)) is None

@@ -7,12 +7,13 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, err_console, print_json
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
 from meshplan.plan import Job
+from meshplan.targets import Target
 
 
 @app.command("estimate")
@@ -25,6 +26,7 @@ def estimate_cmd(
     plan_flags: PlanFlags,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above.")] = None,
     cluster_profile: ClusterProfileOpt = None,
+    target: Annotated[Optional[Target], typer.Option("--target", help="The stack that will run the plan: warn (stderr) when it cannot.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
@@ -42,14 +44,29 @@ def estimate_cmd(
     hw = resolve_hardware(base, train.precision, cluster_profile)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
+    refused = warn_if_refused(target, spec, train, plan)
     if json_out:
         out = est.to_dict()
+        out["target"] = None if target is None else {"name": target.value, "refuses": refused}
         out["flags"] = plan_argv(plan)
         out["model"] = spec.name
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
         print_json(out)
         return
     _render(est, spec.name, clus)
+
+
+def warn_if_refused(target: Target | None, spec, training, plan) -> str | None:
+    """One warning line on stderr when ``target`` cannot run ``plan`` (targets.why_not); the reason."""
+    from meshplan.targets import why_not
+
+    if target is None:
+        return None
+    reason = why_not(target, spec, training, plan)
+    if reason is not None:
+        err_console().print(f"[yellow]warning:[/yellow] {target.value} cannot run this plan: {reason}",
+                            markup=True, highlight=False, soft_wrap=True)
+    return reason
 
 
 def _render(est, model_name: str, clus) -> None:

@@ -13,20 +13,41 @@ from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.export.common import ExportTarget, export_job
 from meshplan.plan import Job
+from meshplan.targets import Target
+
+_STACK_OF = {ExportTarget.MEGATRON: Target.MEGATRON, ExportTarget.MEGATRON_BRIDGE: Target.MEGATRON,
+             ExportTarget.TORCHTITAN: Target.TORCHTITAN, ExportTarget.DEEPSPEED: Target.DEEPSPEED}
+"""The stack each export format is run by (Megatron-Bridge drives Megatron-Core)."""
+
+
+def _framework(to: ExportTarget | None, target: Target | None) -> ExportTarget:
+    """--to, or the framework of --target; refuses a pair that names two different stacks."""
+    if target == Target.MESHPLAN:
+        raise MeshplanError("--target meshplan: meshplan runs the Job file itself (`meshplan train`), "
+                            "there is nothing to export; give --to or another --target")
+    if to is None:
+        if target is None:
+            raise MeshplanError("give --to megatron|megatron-bridge|torchtitan|deepspeed (or --target)")
+        return ExportTarget(target.value)
+    if target is not None and _STACK_OF[to] != target:
+        raise MeshplanError(f"--to {to.value} is run by {_STACK_OF[to].value}, not --target {target.value}")
+    return to
 
 
 @app.command("export")
 def export(
     plan_file: Annotated[Path, typer.Argument(help="A Job file from `meshplan plan --out` or `meshplan import`.")],
-    to: Annotated[ExportTarget, typer.Option("--to", help="Target framework.")],
+    to: Annotated[Optional[ExportTarget], typer.Option("--to", help="Target framework (default: --target's).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the config here instead of stdout.")] = None,
     best: Annotated[bool, typer.Option("--best", help="Search the job's model, batch and cluster, and export the fastest plan that fits and that the target can express.")] = False,
     memory_gib: MemoryGibOpt = None,
     cluster_profile: ClusterProfileOpt = None,
+    target: Annotated[Optional[Target], typer.Option("--target", help="The stack that will run the plan: --to defaults to it; with --best the search keeps only what it can run.")] = None,
     target_version: Annotated[Optional[str], typer.Option("--target-version", help="torchtitan: the version to write for (>= 0.3: command line; older: TOML). Default: the installed one, else the current release.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as Megatron-LM arguments, Megatron-Bridge overrides, a torchtitan command line (or TOML) or a DeepSpeed JSON."""
+    to = _framework(to, target)
     job = Job.load(plan_file)
     chosen = None
     if cluster_profile is not None and not best:

@@ -95,7 +95,7 @@ def plan_cmd(
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
-    from meshplan.targets import search_options
+    from meshplan.targets import check_runs, search_options
 
     mine = Job.load(compare_file) if compare_file is not None else None
     spec = model_flags.spec(mine.model if mine else None,
@@ -134,6 +134,8 @@ def plan_cmd(
     written = None
     if out is not None:
         point = chosen.frontier[pick] if pick is not None else chosen.recommended
+        # the search kept only what the target runs; this says so before a file exists (belt and braces)
+        check_runs(target, spec, training, point.plan)
         job = Job(model=spec, training=training, cluster=chosen_cluster, plan=point.plan)
         try:
             job.save(out)

@@ -12,6 +12,7 @@ from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_fla
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
+from meshplan.targets import Target
 
 
 @app.command("report")
@@ -26,6 +27,7 @@ def report(
     memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
     cluster_profile: ClusterProfileOpt = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the frontier keeps only what it can run; warns when yours cannot.")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
@@ -47,14 +49,20 @@ def report(
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
     hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
-    built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib)
+    refused = None
+    if yours is not None:
+        from meshplan.cli.estimate_cmd import warn_if_refused
+
+        refused = warn_if_refused(target, spec, training, yours)
+    built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib,
+                         target=target)
     try:
         out.write_text(built.html)
     except OSError as exc:
         raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
     if json_out:
         print_json({"out": str(out), "chosen": built.chosen.notation(), "frontier_size": built.frontier_size,
-                    "budget_gib": built.budget_gib,
+                    "budget_gib": built.budget_gib, "target": target.value, "yours_refused": refused,
                     "comparison": None if built.comparison is None else built.comparison.to_dict()})
         return
     if built.comparison is not None:

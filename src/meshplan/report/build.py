@@ -3,17 +3,19 @@ chosen plan, compare a given plan, and render the HTML (library side of `meshpla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshplan.cost import estimate
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Plan
+from meshplan.report.attribution import attribute
 from meshplan.report.compare import Comparison, compare
 from meshplan.report.html import ReportInput, render_html
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.targets import Target, search_options
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class BuiltReport:
     budget_gib: float
 
 
-def _frontier_png(result, title: str) -> bytes:
+def _frontier_png(result, title: str, yours=None) -> bytes:
     """The search's frontier plot (meshplan.report.frontier_plot), as PNG bytes."""
     import tempfile
     from pathlib import Path
@@ -33,20 +35,22 @@ def _frontier_png(result, title: str) -> bytes:
     from meshplan.report.frontier_plot import plot_frontier
 
     with tempfile.TemporaryDirectory() as tmp:
-        return plot_frontier([result], Path(tmp) / "frontier.png", title=title).read_bytes()
+        return plot_frontier([result], Path(tmp) / "frontier.png", title=title, yours=yours).read_bytes()
 
 
 def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                  yours: Plan | None = None, pick: int | None = None,
                  budget_gib: float | None = None, title: str | None = None,
-                 calib: Calibration | None = None) -> BuiltReport:
+                 calib: Calibration | None = None, target: Target | str = Target.MESHPLAN) -> BuiltReport:
     """Search, then chart ``yours`` (when given, compared with the frontier) or frontier point
     ``pick`` (default: the recommended plan, the fastest that fits). ``cluster`` and ``calib``:
-    the resolved hardware (``calib.hardware.resolve_hardware``)."""
+    the resolved hardware (``calib.hardware.resolve_hardware``); ``target``: the stack that will run
+    the plan (the frontier holds only what it can run)."""
     from meshplan.search.planner import search
 
     result = search(model, cluster, training, calib=calib,
-                    budget_bytes=None if budget_gib is None else budget_gib * GIB)
+                    budget_bytes=None if budget_gib is None else budget_gib * GIB,
+                    options=search_options(target, model, training))
     budget = result.budget_bytes / GIB
     frontier = result.frontier
     comparison = None
@@ -66,9 +70,13 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 f"{result.min_memory_bytes / GIB:.1f} GiB): use more GPUs, recompute or a larger budget")
         plan = frontier[chosen_index].plan
     est = estimate(model, cluster, training, plan, calib)
+    yours_est = None
     if yours is not None:
         yours_est = est if pick is None else estimate(model, cluster, training, yours, calib)
         comparison = compare(yours_est, frontier, budget)
+        if comparison.best is not None:
+            best_est = estimate(model, cluster, training, comparison.best.plan, calib)
+            comparison = replace(comparison, attribution=attribute(yours_est, best_est))
     job = Job(model=model, training=training, cluster=cluster, plan=plan)
     notes = [f"Search: {result.global_configs:,} global configurations, {result.plans_evaluated:,} "
              f"plans evaluated in {result.elapsed_s:.1f} s."]
@@ -76,7 +84,8 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         title=title or f"meshplan report: {model.name} on {cluster.num_gpus} x {cluster.gpu.name}",
         job=job, estimate=est, frontier=frontier, chosen_index=chosen_index,
         recommended_index=result.recommended_index, budget_gib=budget,
-        frontier_png=_frontier_png(result, f"{model.name}, seq {training.seq_len}, batch {training.global_batch}")
-        if frontier else None, comparison=comparison, notes=notes))
+        frontier_png=_frontier_png(result, f"{model.name}, seq {training.seq_len}, batch {training.global_batch}",
+                                   yours_est) if frontier else None,
+        comparison=comparison, yours=yours_est, notes=notes))
     return BuiltReport(html=html, chosen=est.plan, comparison=comparison, frontier_size=len(frontier),
                        budget_gib=budget)

@@ -12,8 +12,9 @@ if TYPE_CHECKING:
     from meshplan.search.planner import SearchResult
 
 
-def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str = "") -> Path:
-    """Write a PNG/SVG/PDF: one step-staircase per GPU count, the budget line, the pick starred."""
+def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str = "", yours=None) -> Path:
+    """Write a PNG/SVG/PDF: one step-staircase per GPU count, the budget line, the pick starred;
+    ``yours`` (a cost point: ``plan``, ``step_time_s``, ``peak_memory_gib``) drawn as a diamond."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a display
@@ -37,6 +38,9 @@ def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str
                 ax.annotate(rec.plan.notation(), (rec.peak_memory_gib, rec.step_time_s),
                             textcoords="offset points", xytext=(8, 8), fontsize=7)
             budgets.add(res.budget_bytes / GIB)
+        if yours is not None:
+            ax.plot([yours.peak_memory_gib], [yours.step_time_s], marker="D", markersize=9, color="black",
+                    linestyle="none", label=f"yours: {yours.plan.notation()}")
         for b in sorted(budgets):
             ax.axvline(b, color="crimson", linestyle="--", linewidth=1.0)
             ax.text(b, ax.get_ylim()[1], f" budget {b:.1f} GiB", color="crimson", fontsize=8,

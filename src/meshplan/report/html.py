@@ -27,7 +27,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 th, td { padding: 0.25em 0.7em; border-bottom: 1px solid #eee; text-align: right; }
 th { background: #f5f5f5; } td.l, th.l { text-align: left; font-family: ui-monospace, monospace; }
-tr.chosen { background: #fff4d6; font-weight: 600; } tr.over { color: #999; }
+tr.chosen { background: #fff4d6; font-weight: 600; } tr.yours { background: #e8e8ff; } tr.over { color: #999; }
 img { max-width: 100%; border: 1px solid #eee; }
 .summary { background: #eef5ff; padding: 0.7em 1em; border-left: 4px solid #4C78A8; }
 .muted { color: #777; font-size: 0.85em; }
@@ -49,6 +49,8 @@ class ReportInput:
     budget_gib: float | None = None
     frontier_png: bytes | None = None
     comparison: "Comparison | None" = None
+    yours: "CostPoint | None" = None
+    """The user's plan: drawn on the plot and listed in the frontier table where it falls."""
     notes: Sequence[str] = ()
 
 
@@ -67,7 +69,16 @@ def _frontier_table(data: ReportInput) -> str:
     head = ("<tr><th>#</th><th class='l'></th><th class='l'>plan</th><th>step s</th><th>tok/s/GPU</th><th>MFU</th>"
             "<th>peak GiB</th><th>fits</th></tr>")
     rows = []
+    yours = data.yours
+    yours_row = None if yours is None else (
+        f'<tr class="yours" id="yours-row"><td></td><td class="l">&#9670; yours</td>'
+        f'<td class="l">{html.escape(yours.plan.notation())}</td><td>{yours.step_time_s:.3f}</td>'
+        f"<td>{yours.tokens_per_s_per_gpu:,.0f}</td><td>{_mfu(yours)}</td><td>{yours.peak_memory_gib:.1f}</td>"
+        f"<td>{'yes' if data.budget_gib is None or yours.peak_memory_gib <= data.budget_gib else 'no'}</td></tr>")
     for i, p in enumerate(data.frontier):
+        if yours_row is not None and p.step_time_s > yours.step_time_s:  # in step-time order
+            rows.append(yours_row)
+            yours_row = None
         fits = data.budget_gib is None or p.peak_memory_gib <= data.budget_gib
         cls = "chosen" if i == data.chosen_index else ("" if fits else "over")
         mfu = getattr(p, "mfu", None)
@@ -77,7 +88,26 @@ def _frontier_table(data: ReportInput) -> str:
             f"<td>{p.step_time_s:.3f}</td><td>{p.tokens_per_s_per_gpu:,.0f}</td>"
             f"<td>{'' if mfu is None else f'{mfu:.1%}'}</td><td>{p.peak_memory_gib:.1f}</td>"
             f"<td>{'yes' if fits else 'no'}</td></tr>")
+    if yours_row is not None:
+        rows.append(yours_row)
     return f'<table id="frontier-table">{head}{"".join(rows)}</table>'
+
+
+def _mfu(p) -> str:
+    mfu = getattr(p, "mfu", None)
+    return "" if mfu is None else f"{mfu:.1%}"
+
+
+def _attribution_table(att) -> str:
+    head = "<tr><th class='l'>term</th><th>yours s</th><th>recommended s</th><th>delta s</th></tr>"
+    body = [f"<tr><td class='l'>{html.escape(d.term)}</td><td>{d.yours_s:.3f}</td><td>{d.theirs_s:.3f}</td>"
+            f"<td>{d.delta_s:+.3f}</td></tr>" for d in att.terms if d.yours_s or d.theirs_s]
+    body.append(f"<tr class='chosen'><td class='l'>step</td><td>{sum(d.yours_s for d in att.terms):.3f}</td>"
+                f"<td>{sum(d.theirs_s for d in att.terms):.3f}</td><td>{att.gap_s:+.3f}</td></tr>")
+    body.append(f"<tr><td class='l'>peak memory (GiB)</td><td>{att.yours_memory_gib:.1f}</td>"
+                f"<td>{att.theirs_memory_gib:.1f}</td>"
+                f"<td>{att.theirs_memory_gib - att.yours_memory_gib:+.1f}</td></tr>")
+    return f'<table id="attribution-table">{head}{"".join(body)}</table>'
 
 
 def _marks(i: int, data: ReportInput) -> str:
@@ -124,13 +154,17 @@ def render_html(data: ReportInput) -> str:
     if data.comparison is not None:
         parts.append("<h2>Your plan against the frontier</h2>")
         parts.append(f'<p class="summary" id="comparison">{html.escape(data.comparison.summary())}</p>')
+        if data.comparison.attribution is not None:
+            parts.append("<p>Where the step time goes, term by term (the deltas add up to the gap):</p>")
+            parts.append(_attribution_table(data.comparison.attribution))
     if data.frontier:
         parts.append("<h2>Frontier: step time vs peak memory per GPU</h2>")
         if data.frontier_png:
             parts.append(_img(data.frontier_png, "frontier-plot", "frontier plot"))
         budget = "" if data.budget_gib is None else f" Memory budget {data.budget_gib:.1f} GiB per GPU."
+        mine = "" if data.yours is None else " Your plan (&#9670;) is listed where its step time falls."
         parts.append(f'<p class="muted">Pareto-optimal plans, fastest first; the chosen plan is '
-                     f'highlighted.{html.escape(budget)}</p>')
+                     f'highlighted.{mine}{html.escape(budget)}</p>')
         parts.append(_frontier_table(data))
     parts.append("<h2>Memory per GPU by pipeline rank (chosen plan)</h2>")
     parts.append(_img(memory_png(est), "memory-chart", "memory breakdown per pipeline rank"))

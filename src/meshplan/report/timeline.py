@@ -73,17 +73,32 @@ COLORS = {
 }
 
 
-def timeline_png(step: StepTimeline, title: str = "") -> bytes:
-    """Gantt chart (one row per pipeline rank) as PNG bytes."""
-    import matplotlib
+ELIDE_ABOVE_MICROBATCHES = 32
+"""Above this many micro-batches the steady state (every rank busy, the same pattern again and
+again) is cut out of the chart: the warm-up and the cool-down, where the bubble is, stay readable."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+KEPT_MICROBATCHES = 2
+"""Micro-batches beyond the pipeline's warm-up kept on each side of an elided steady state."""
 
+
+def elided_window(step: StepTimeline) -> tuple[float, float] | None:
+    """(start, end) seconds of the steady state to leave out of the chart, or None to draw it all:
+    from the end of the forward of micro-batch pp + KEPT to the start of the backward of
+    micro-batch m - pp - KEPT (on any rank)."""
     tl = step.timeline
-    end = step.step_s
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.55 * tl.pp), dpi=110)
+    m = tl.num_microbatches
+    if m <= ELIDE_ABOVE_MICROBATCHES:
+        return None
+    head = max((o.end_s for o in tl.ops if o.kind == OpKind.FORWARD and o.microbatch < tl.pp + KEPT_MICROBATCHES),
+               default=0.0)
+    tail = min((o.start_s for o in tl.ops
+                if o.kind != OpKind.FORWARD and o.microbatch >= m - tl.pp - KEPT_MICROBATCHES),
+               default=tl.makespan_s)
+    return (head, tail) if tail > head else None
+
+
+def _draw(ax, step: StepTimeline, label_min_s: float) -> None:
+    tl = step.timeline
     for r in range(tl.pp):
         y = tl.pp - 1 - r  # rank 0 on top
         band = (y - 0.4, 0.8)
@@ -97,16 +112,51 @@ def timeline_png(step: StepTimeline, title: str = "") -> bytes:
         if comm:
             ax.broken_barh(comm, band, facecolors=COLORS["comm"])
         for o in mine:
-            if o.compute_s > end / 90:
+            if o.compute_s > label_min_s:
                 ax.text(o.start_s + o.compute_s / 2, y, str(o.microbatch), ha="center", va="center",
-                        fontsize=6, color="white")
+                        fontsize=6, color="white", clip_on=True)
         if step.tail_s > 0:
             ax.broken_barh([(tl.makespan_s, step.tail_s)], band, facecolors=COLORS["tail"])
+
+
+def timeline_png(step: StepTimeline, title: str = "") -> bytes:
+    """Gantt chart (one row per pipeline rank) as PNG bytes; a long step's steady state is
+    elided (:func:`elided_window`), drawn as two panels with the cut marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    tl = step.timeline
+    end = step.step_s
+    cut = elided_window(step)
+    height = 1.0 + 0.55 * tl.pp
+    if cut is None:
+        fig, ax = plt.subplots(figsize=(12, height), dpi=110)
+        axes = [ax]
+        _draw(ax, step, end / 90)
+        ax.set_xlim(0, end * 1.01)
+    else:
+        head_s, tail_s = cut[0], end - cut[1]
+        fig, axes = plt.subplots(1, 2, sharey=True, figsize=(12, height), dpi=110,
+                                 gridspec_kw={"width_ratios": [head_s, tail_s], "wspace": 0.04})
+        shown = head_s + tail_s
+        for ax in axes:
+            _draw(ax, step, shown / 90)
+        axes[0].set_xlim(0, cut[0])
+        axes[1].set_xlim(cut[1], end * 1.005)
+        axes[0].spines["right"].set_linestyle((0, (4, 3)))
+        axes[1].spines["left"].set_linestyle((0, (4, 3)))
+        axes[1].tick_params(left=False)
+        axes[1].text(0.0, 1.02, f" ... {cut[1] - cut[0]:.3f} s of steady state elided",
+                     transform=axes[1].transAxes, fontsize=7, va="bottom")
+    ax = axes[0]
     ax.set_yticks(range(tl.pp), [f"rank {tl.pp - 1 - y}" for y in range(tl.pp)])
-    ax.set_xlim(0, end * 1.01)
-    ax.set_xlabel("seconds into the step")
+    for a in axes:
+        a.set_xlabel("seconds into the step")
     label = f"{tl.schedule.value}, pp={tl.pp}, vpp={tl.vpp}, {tl.num_microbatches} micro-batches"
-    ax.set_title(f"{title}  ({label})" if title else label, fontsize=10)
+    fig.suptitle(f"{title}  ({label})" if title else label, fontsize=10)
     handles = [Patch(color=COLORS[OpKind.FORWARD], label="forward"),
                Patch(color=COLORS[OpKind.BACKWARD], label="backward (+recompute)"),
                Patch(color=COLORS["comm"], label="exposed communication"),
@@ -114,9 +164,10 @@ def timeline_png(step: StepTimeline, title: str = "") -> bytes:
                Patch(color=COLORS["tail"], label="DP reduce + optimizer")]
     if any(o.kind == OpKind.WEIGHT_GRAD for o in tl.ops):
         handles.insert(2, Patch(color=COLORS[OpKind.WEIGHT_GRAD], label="weight gradient (W)"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35 if tl.pp < 4 else -0.18),
-              ncol=len(handles), fontsize=7, frameon=False)
-    fig.tight_layout()
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+    # room for the legend below and the title above (tight_layout cannot place two shared panels)
+    fig.subplots_adjust(left=0.07, right=0.99, top=0.86, bottom=0.34 if tl.pp < 4 else 0.2,
+                        wspace=0.04)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     plt.close(fig)
