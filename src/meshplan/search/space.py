@@ -244,3 +244,32 @@ def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan
           & _rule_cp_method(c, model, options) & _rule_ep(c, model)
           & _rule_schedule(c, model, options) & _rule_micro_batch(c, training))
     return bool(ok[0]) and training.global_batch % plan.micro_batch == 0
+
+
+def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan,
+                options: SearchOptions = SearchOptions()) -> str | None:
+    """The first rule of the space that ``plan`` (taken canonical) breaks, in words, or None when
+    ``in_space`` holds it: what `bench/bench_experts.py` says of a published plan the search
+    cannot propose."""
+    plan = canonical(plan)
+    g = PlanArrays.from_plans([plan])
+    c = {f.name: getattr(g, f.name) for f in fields(PlanArrays)}
+    if plan.dims.world_size != num_gpus:
+        return f"the plan uses {plan.dims.world_size} GPUs, the job {num_gpus}"
+    if plan.recompute not in options.recomputes:
+        return f"recompute {plan.recompute.value} is not searched for this target"
+    if training.global_batch % plan.micro_batch:
+        return f"micro-batch {plan.micro_batch} does not divide the global batch {training.global_batch}"
+    rules = (
+        (_rule_degrees(c, model, training), "tp must divide the heads, FFN and KV heads; pp <= layers; "
+                                            "dp divides the batch; seq divisible by 2*cp"),
+        (_rule_max_cp(c, options), "context parallel is not available on this target"),
+        (_rule_zero(c), "ZeRO stage and sharding degree disagree"),
+        (_rule_sp(c, training), "sequence parallel needs tp > 1 dividing the sequence"),
+        (_rule_cp_method(c, model, options), "the CP method is not searched (or heads/tp not divisible by cp)"),
+        (_rule_ep(c, model), "expert parallel must fold onto dp_shard x cp x tp and divide the experts"),
+        (_rule_schedule(c, model, options), f"schedule {plan.schedule.value} with vpp={plan.vpp} is not "
+                                            f"searched (vpp <= {MAX_VPP}, or chunks dividing the layers)"),
+        (_rule_micro_batch(c, training), "interleaving needs the micro-batch count to be a multiple of pp"),
+    )
+    return next((why for ok, why in rules if not bool(np.asarray(ok)[0])), None)
