@@ -21,7 +21,7 @@ def test_each_rule_is_named():
         (Plan(dims=ParallelDims(dp_shard=4, cp=2), zero=1), 8, "context parallel is not available"),
         (Plan(dims=ParallelDims(dp_replicate=2, pp=4), schedule=Schedule.INTERLEAVED_1F1B, vpp=2, micro_batch=16),
          8, "multiple of pp"),
-        (Plan(dims=ParallelDims(dp_shard=8), zero=1), 16, "16 GPUs"),
+        (Plan(dims=ParallelDims(dp_shard=8), zero=1), 16, "the job 16"),
     ]
     opts = SearchOptions(max_cp=1)
     for plan, gpus, words in cases:
