@@ -124,6 +124,7 @@ def plan_cmd(
         finally:
             bar.close()
 
+    choices = [_robust(r, cl, spec, training) for r, cl in zip(results, clusters)]
     chosen_idx = max(range(len(results)), key=lambda i: -_best_time(results[i]))
     chosen, chosen_cluster = results[chosen_idx], clusters[chosen_idx]
     if all(r.recommended is None for r in results) and pick is None:
@@ -133,7 +134,7 @@ def plan_cmd(
 
     written = None
     if out is not None:
-        point = chosen.frontier[pick] if pick is not None else chosen.recommended
+        point = chosen.frontier[pick if pick is not None else choices[chosen_idx].index]
         # the search kept only what the target runs; this says so before a file exists (belt and braces)
         check_runs(target, spec, training, point.plan)
         job = Job(model=spec, training=training, cluster=chosen_cluster, plan=point.plan)
@@ -156,7 +157,7 @@ def plan_cmd(
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
                                  num_gpus=res.num_gpus, hardware=hardware[at])
     if json_out:
-        print_json({**_to_json(results, training, written, str(plot) if plot else None),
+        print_json({**_to_json(results, choices, training, written, str(plot) if plot else None),
                     **({"comparison": comparison.to_dict()} if comparison else {})})
         return
     con = console()
@@ -167,8 +168,8 @@ def plan_cmd(
 
             con.print(attribution_table(comparison.attribution, "Why the recommended plan is faster: step time "
                                         "per term (yours vs recommended)"))
-    for res, cl in zip(results, clusters):
-        _print_frontier(con, res, cl, training, top)
+    for res, cl, choice in zip(results, clusters, choices):
+        _print_frontier(con, res, cl, training, top, choice)
     if len(results) > 1:
         _print_scaling(con, results, training)
     if written:
@@ -176,6 +177,15 @@ def plan_cmd(
         con.print(f"wrote the {which} to {written}")
     if plot is not None:
         con.print(f"wrote the frontier plot to {plot}")
+
+
+def _robust(res, cluster: ClusterSpec, spec, training: TrainingSpec):
+    """The recommendation robust to the model's error (meshplan.search.robust), or None."""
+    from meshplan.cost.calibration import gpu_family
+    from meshplan.search.robust import model_error, robust_choice
+
+    err = model_error(spec.is_moe, training.precision.value, gpu_family(cluster.gpu))
+    return robust_choice(res.frontier, res.budget_bytes, res.recommended_index, err)
 
 
 def _job_cluster(mine: Job, counts: list[int] | None) -> ClusterSpec:
@@ -227,12 +237,14 @@ def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
     }
 
 
-def _to_json(results, training, written, plot) -> dict[str, Any]:
+def _to_json(results, choices, training, written, plot) -> dict[str, Any]:
     per = []
-    for r in results:
+    for r, choice in zip(results, choices):
         per.append({
             "num_gpus": r.num_gpus, "budget_gib": r.budget_bytes / GIB,
-            "recommended": r.recommended_index,
+            "recommended": None if choice is None else choice.index,
+            "fastest_that_fits": r.recommended_index,
+            "robust": None if choice is None else choice.to_dict(),
             "frontier": [_row(p, training, r.budget_bytes) for p in r.frontier],
             "search": {"global_configs": r.global_configs, "refined_configs": r.refined_configs,
                        "plans_evaluated": r.plans_evaluated, "elapsed_s": r.elapsed_s},
@@ -262,8 +274,8 @@ def _scaling_rows(results, training) -> list[dict[str, Any]]:
     return rows
 
 
-def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int) -> None:
-    rec = res.recommended_index
+def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int, choice) -> None:
+    rec = None if choice is None else choice.index
     title = (f"Pareto frontier: {res.num_gpus} x {cl.gpu.name}, budget {res.budget_bytes / GIB:.1f} GiB/GPU "
              f"({len(res.frontier)} plans; {res.plans_evaluated:,} evaluated in {res.elapsed_s:.2f} s)")
     t = Table(title=title)
@@ -277,6 +289,8 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
     for i, p in rows:
         fits = p.peak_memory_bytes <= res.budget_bytes
         mark = "[bold green]*best[/]" if i == rec else ("" if fits else "[dim]over[/]")
+        if choice is not None and i == choice.nominal_index != rec:
+            mark = "fastest"
         t.add_row(str(i), mark, f"{p.step_time_s:.3f}", f"{p.tokens_per_s_per_gpu:,.0f}",
                   f"{100 * p.mfu:.1f}%", f"{p.peak_memory_gib:.1f}", p.plan.notation(),
                   style=None if fits else "dim")
@@ -289,6 +303,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
         con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
                   + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
         con.print(f"as flags (meshplan estimate ...): {plan_argv(p.plan)}", soft_wrap=True, markup=False)
+        con.print(f"why: {choice.why}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _print_scaling(con, results, training) -> None:

@@ -1,0 +1,81 @@
+"""The recommendation robust to the model's error (issue 15 item 3): band overlap, memory
+headroom from the memory error, unvalidated features, and the record it reads."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from meshplan.plan import ParallelDims, Plan
+from meshplan.search.robust import FEATURES, MIN_VALIDATED_ROWS, ModelError, model_error, robust_choice
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Point:
+    plan: Plan
+    step_time_s: float
+    peak_memory_bytes: float
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return 1.0 / self.step_time_s
+
+
+def _err(spread=0.05, mem=0.10, rows=None) -> ModelError:
+    rows = rows if rows is not None else {name: 100 for name, _ in FEATURES}
+    return ModelError(throughput_spread=spread, throughput_class="t", memory_abs_p90=mem, memory_class="m",
+                      feature_rows=rows, source="test")
+
+
+PLAIN = Plan(dims=ParallelDims(dp_shard=8), zero=1)
+CP = Plan(dims=ParallelDims(dp_shard=4, cp=2), zero=1)
+TP = Plan(dims=ParallelDims(dp_shard=4, tp=2), zero=1, sp=True)
+
+
+def test_headroom_beats_a_nominally_faster_plan_within_the_band():
+    # budget 80 GiB, memory error 10%: 75 GiB needs 82.5 > 80, 60 GiB needs 66 <= 80
+    front = [Point(CP, 1.00, 75 * GIB), Point(TP, 1.04, 60 * GIB), Point(PLAIN, 1.30, 40 * GIB)]
+    c = robust_choice(front, 80 * GIB, 0, _err())
+    assert c.index == 1 and c.nominal_index == 0
+    assert "chosen over #0" in c.why and "headroom" in c.why
+
+
+def test_outside_the_band_the_fastest_stays():
+    # band 5%: 1.00 * 1.05 < 1.30 * 0.95, so only #0 is in the band, and it keeps no headroom
+    front = [Point(CP, 1.00, 75 * GIB), Point(PLAIN, 1.30, 40 * GIB)]
+    c = robust_choice(front, 80 * GIB, 0, _err())
+    assert c.index == 0 and "no plan in the band keeps that headroom" in c.why
+
+
+def test_headroom_grows_with_the_memory_error():
+    """#1 uses ZeRO-3, which no run validates here, so with a small memory error #0 (73.5 GiB with
+    5% headroom, within 80) wins; with a 20% memory error #0 would need 84 GiB and #1 wins."""
+    rows = {name: 100 for name, _ in FEATURES} | {"ZeRO-3": 0}
+    z3 = Plan(dims=ParallelDims(dp_shard=8), zero=3)
+    front = [Point(CP, 1.00, 70 * GIB), Point(z3, 1.02, 50 * GIB)]
+    low = robust_choice(front, 80 * GIB, 0, _err(mem=0.05, rows=rows))
+    high = robust_choice(front, 80 * GIB, 0, _err(mem=0.20, rows=rows))
+    assert low.index == 0 and high.index == 1 and high.required_headroom == 0.20
+    assert high.unvalidated == ("ZeRO-3",)
+
+
+def test_unvalidated_features_are_avoided():
+    rows = {name: 100 for name, _ in FEATURES} | {"context parallel": MIN_VALIDATED_ROWS - 1}
+    front = [Point(CP, 1.00, 50 * GIB), Point(TP, 1.03, 55 * GIB)]
+    c = robust_choice(front, 80 * GIB, 0, _err(rows=rows))
+    assert c.index == 1 and "avoids context parallel" in c.why and c.unvalidated == ()
+
+
+def test_nothing_fits_is_none():
+    assert robust_choice([Point(CP, 1.0, 90 * GIB)], 80 * GIB, None, _err()) is None
+
+
+def test_record_falls_back_to_coarser_classes():
+    """The shipped record (bench/model_error.py): a100 dense bf16 rows exist; a GPU no run used
+    falls back to 'all'; every error is a fraction."""
+    e = model_error(False, "bf16", "a100")
+    assert e.throughput_class.endswith("a100") and 0 < e.throughput_spread < 1
+    unknown = model_error(True, "fp4", "no-such-gpu")
+    assert unknown.throughput_class == "all" and unknown.memory_class == "all"
+    assert 0 < unknown.memory_abs_p90 < 1 and "validate" in unknown.source
