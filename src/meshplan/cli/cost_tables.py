@@ -16,4 +16,8 @@ def time_breakdown_table(est, title: str) -> Table:
                     ("exposed communication", tb.exposed_communication_s), ("pipeline bubble", tb.bubble_s),
                     ("optimizer", tb.optimizer_s)):
         t.add_row(name, f"{v:.3f}", f"{v / est.step_time_s:.1%}")
+        if name == "exposed communication":  # by kind (TimeBreakdown.terms_s), the non-zero ones
+            for kind, s in tb.terms_s().items():
+                if s > 0 and (kind.startswith("exposed ") or kind == "collective host overhead"):
+                    t.add_row(f"  {kind.replace('exposed ', 'of which ')}", f"{s:.3f}", f"{s / est.step_time_s:.1%}")
     return t
