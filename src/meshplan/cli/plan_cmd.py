@@ -146,7 +146,8 @@ def plan_cmd(
     if plot is not None:
         from meshplan.report.frontier_plot import plot_frontier
 
-        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}")
+        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}",
+                      recommended=[None if c is None else c.index for c in choices])
 
     comparison = None
     if mine is not None:  # meshplan.report.compare (export helper's module)

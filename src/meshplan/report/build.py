@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshplan.cost import estimate
-from meshplan.cost.calibration import Calibration
+from meshplan.cost.calibration import Calibration, gpu_family
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Plan
 from meshplan.report.attribution import attribute
@@ -15,6 +15,7 @@ from meshplan.report.html import ReportInput, render_html
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.search.robust import model_error, robust_choice
 from meshplan.targets import Target, search_options
 
 
@@ -27,7 +28,7 @@ class BuiltReport:
     budget_gib: float
 
 
-def _frontier_png(result, title: str, yours=None) -> bytes:
+def _frontier_png(result, title: str, yours=None, recommended: int | None = None) -> bytes:
     """The search's frontier plot (meshplan.report.frontier_plot), as PNG bytes."""
     import tempfile
     from pathlib import Path
@@ -35,7 +36,8 @@ def _frontier_png(result, title: str, yours=None) -> bytes:
     from meshplan.report.frontier_plot import plot_frontier
 
     with tempfile.TemporaryDirectory() as tmp:
-        return plot_frontier([result], Path(tmp) / "frontier.png", title=title, yours=yours).read_bytes()
+        return plot_frontier([result], Path(tmp) / "frontier.png", title=title, yours=yours,
+                             recommended=[recommended]).read_bytes()
 
 
 def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -53,6 +55,9 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                     options=search_options(target, model, training))
     budget = result.budget_bytes / GIB
     frontier = result.frontier
+    robust = robust_choice(frontier, result.budget_bytes, result.recommended_index,
+                           model_error(model.is_moe, training.precision.value, gpu_family(cluster.gpu)))
+    recommended_index = None if robust is None else robust.index
     comparison = None
     chosen_index: int | None
     if pick is not None:
@@ -63,7 +68,7 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     elif yours is not None:
         plan, chosen_index = yours, None
     else:
-        chosen_index = result.recommended_index
+        chosen_index = recommended_index
         if chosen_index is None:
             raise MeshplanError(
                 f"no plan fits {budget:.1f} GiB per GPU (the leanest needs "
@@ -80,12 +85,14 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     job = Job(model=model, training=training, cluster=cluster, plan=plan)
     notes = [f"Search: {result.global_configs:,} global configurations, {result.plans_evaluated:,} "
              f"plans evaluated in {result.elapsed_s:.1f} s."]
+    if robust is not None:
+        notes.append(f"Recommended #{robust.index}: {robust.why}.")
     html = render_html(ReportInput(
         title=title or f"meshplan report: {model.name} on {cluster.num_gpus} x {cluster.gpu.name}",
         job=job, estimate=est, frontier=frontier, chosen_index=chosen_index,
-        recommended_index=result.recommended_index, budget_gib=budget,
+        recommended_index=recommended_index, budget_gib=budget,
         frontier_png=_frontier_png(result, f"{model.name}, seq {training.seq_len}, batch {training.global_batch}",
-                                   yours_est) if frontier else None,
+                                   yours_est, recommended_index) if frontier else None,
         comparison=comparison, yours=yours_est, notes=notes))
     return BuiltReport(html=html, chosen=est.plan, comparison=comparison, frontier_size=len(frontier),
                        budget_gib=budget)

@@ -12,8 +12,10 @@ if TYPE_CHECKING:
     from meshplan.search.planner import SearchResult
 
 
-def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str = "", yours=None) -> Path:
-    """Write a PNG/SVG/PDF: one step-staircase per GPU count, the budget line, the pick starred;
+def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str = "", yours=None,
+                  recommended: "list[int | None] | None" = None) -> Path:
+    """Write a PNG/SVG/PDF: one step-staircase per GPU count, the budget line, the pick starred
+    (``recommended``: frontier index per result, default each search's fastest that fits);
     ``yours`` (a cost point: ``plan``, ``step_time_s``, ``peak_memory_gib``) drawn as a diamond."""
     import matplotlib
 
@@ -24,14 +26,14 @@ def plot_frontier(results: "list[SearchResult]", path: str | Path, *, title: str
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
     try:
         budgets = set()
-        for res in results:
+        for k, res in enumerate(results):
             if not res.frontier:
                 continue
             mem = [p.peak_memory_gib for p in res.frontier]
             t = [p.step_time_s for p in res.frontier]
             line, = ax.step(mem, t, where="post", marker="o", markersize=3, linewidth=1.2,
                             label=f"{res.num_gpus} GPUs ({len(res.frontier)} plans)")
-            rec = res.recommended
+            rec = res.recommended if recommended is None or recommended[k] is None else res.frontier[recommended[k]]
             if rec is not None:
                 ax.plot([rec.peak_memory_gib], [rec.step_time_s], marker="*", markersize=16,
                         color=line.get_color(), markeredgecolor="black", linestyle="none")
