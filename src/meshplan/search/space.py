@@ -268,8 +268,9 @@ def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: P
         (_rule_sp(c, training), "sequence parallel needs tp > 1 dividing the sequence"),
         (_rule_cp_method(c, model, options), "the CP method is not searched (or heads/tp not divisible by cp)"),
         (_rule_ep(c, model), "expert parallel must fold onto dp_shard x cp x tp and divide the experts"),
-        (_rule_schedule(c, model, options), f"schedule {plan.schedule.value} with vpp={plan.vpp} is not "
-                                            f"searched (vpp <= {MAX_VPP}, or chunks dividing the layers)"),
+        (_rule_schedule(c, model, options), f"schedule {plan.schedule.value} with pp={plan.dims.pp}, vpp={plan.vpp} "
+                                            f"is not searched (pp*vpp chunks <= the {model.num_layers} layers, "
+                                            f"vpp <= {MAX_VPP} or chunks dividing the layers)"),
         (_rule_micro_batch(c, training), "interleaving needs the micro-batch count to be a multiple of pp"),
     )
     return next((why for ok, why in rules if not bool(np.asarray(ok)[0])), None)
