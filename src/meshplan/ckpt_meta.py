@@ -168,7 +168,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def read_meta(ckpt: str | Path) -> CheckpointMeta:
     """Parse one checkpoint's metadata file; errors name the file."""
     return load_json_file(Path(ckpt) / META_FILENAME, CheckpointMeta.from_dict,
-                          missing="missing (not a meshplan checkpoint)")
+                          missing="missing (not a meshplan checkpoint)", what="checkpoint metadata (JSON)")
 
 
 def verify_files(ckpt: str | Path, meta: CheckpointMeta) -> None:

@@ -84,8 +84,9 @@ class CPMethod(str, enum.Enum):
 
 
 def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise MeshplanError(f"{name} must be a positive integer, got {value!r}")
+    from meshplan.numbers import check_count
+
+    check_count(name, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,4 +417,4 @@ class Job:
     def load(cls, path: str | Path) -> "Job":
         from meshplan.jsonfile import load_json_file
 
-        return load_json_file(path, cls.from_dict, missing="no such plan file")
+        return load_json_file(path, cls.from_dict, missing="no such plan file", what="plan file (JSON)")

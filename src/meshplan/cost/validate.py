@@ -15,6 +15,7 @@ are checked to be predicted as not fitting.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.textfile import read_text_file
 
 REQUIRED_COLUMNS = (
     "id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -145,17 +147,15 @@ def _pct(a: np.ndarray, q: float) -> float:
 # ---- reading -------------------------------------------------------------------------------
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such runs file")
+    text = read_text_file(p, what="runs CSV", missing="no such runs file")
     try:
-        with p.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            missing = [c for c in REQUIRED_COLUMNS if c not in header]
-            if missing:
-                raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
-            return [dict(r) for r in reader]
-    except (csv.Error, UnicodeDecodeError) as exc:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        if missing:
+            raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
+        return [dict(r) for r in reader]
+    except csv.Error as exc:
         raise MeshplanError(f"{p}: cannot read CSV: {exc}") from None
 
 

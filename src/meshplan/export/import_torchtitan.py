@@ -13,6 +13,7 @@ from meshplan.errors import MeshplanError
 from meshplan.export.torchtitan import SCHEDULE_NAMES
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, even_split
 from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.textfile import read_text_file
 
 # torchtitan model name/flavor -> meshplan preset (same architecture numbers)
 FLAVOR_PRESETS = {
@@ -33,10 +34,9 @@ class TorchtitanImport:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such torchtitan config")
+    text = read_text_file(p, what="torchtitan config (TOML)", missing="no such torchtitan config")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise MeshplanError(f"{p}: not valid TOML ({exc})") from None
 

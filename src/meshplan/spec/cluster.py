@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count, check_finite
 from meshplan.spec.training import Precision
 
 GIB = 1024**3
@@ -35,13 +36,9 @@ class GPUSpec:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if f.name == "name":
-                continue
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise MeshplanError(f"gpu {self.name!r}: {f.name} must be a non-negative number, got {v!r}")
-        if self.memory_gib <= 0 or self.hbm_bandwidth_bytes_per_s <= 0:
-            raise MeshplanError(f"gpu {self.name!r}: memory_gib and hbm_bandwidth_bytes_per_s must be > 0")
+            if f.name != "name":
+                check_finite(f"gpu {self.name!r}: {f.name}", getattr(self, f.name),
+                             positive=f.name in ("memory_gib", "hbm_bandwidth_bytes_per_s"))
 
     def peak_flops(self, precision: Precision) -> float:
         """Dense peak FLOP/s of the tensor cores for this precision; raises if unsupported."""
@@ -77,17 +74,12 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         for f in ("gpus_per_node", "num_nodes"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be a positive integer, got {v!r}")
+            check_count(f"cluster {self.name!r}: {f}", getattr(self, f))
+        check_count(f"cluster {self.name!r}: GPU count", self.num_gpus)
         for f in ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v <= 0:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be > 0, got {v!r}")
+            check_finite(f"cluster {self.name!r}: {f}", getattr(self, f), positive=True)
         for f in ("intra_node_latency_s", "inter_node_latency_s"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v < 0:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be >= 0, got {v!r}")
+            check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
 
     @property
     def num_gpus(self) -> int:
@@ -200,10 +192,10 @@ def cluster_for_gpu(gpu_name: str, *, num_nodes: int = 1, gpus_per_node: int = 8
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:
     """A custom cluster from YAML or JSON (see docs: full form or ``system:`` + overrides)."""
+    from meshplan.textfile import read_text_file
+
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such cluster file")
-    text = p.read_text()
+    text = read_text_file(p, what="cluster file (YAML or JSON)", missing="no such cluster file")
     try:
         if p.suffix.lower() in (".yaml", ".yml"):
             import yaml
@@ -238,7 +230,7 @@ def resolve_cluster(
         raise MeshplanError("give either --cluster or --gpu, not both")
     if gpu is not None:
         spec = cluster_for_gpu(gpu, gpus_per_node=gpus_per_node or 8)
-    elif Path(cluster).suffix.lower() in (".yaml", ".yml", ".json") or Path(cluster).is_file():
+    elif Path(cluster).suffix.lower() in (".yaml", ".yml", ".json") or Path(cluster).exists():
         spec = load_cluster_file(cluster)
     else:
         spec = system_preset(cluster)

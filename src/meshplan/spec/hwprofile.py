@@ -221,9 +221,8 @@ class HardwareProfile:
 
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read and validate a profile; every problem is one MeshplanError naming the file."""
-    if Path(path).is_dir():
-        raise MeshplanError(f"{path}: no such profile file")
-    return load_json_file(path, HardwareProfile.from_dict, missing="no such profile file")
+    return load_json_file(path, HardwareProfile.from_dict, missing="no such profile file",
+                          what="hardware profile (JSON)")
 
 
 def profile_source(profile: HardwareProfile, path: str | Path) -> str:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 
 
 class Precision(str, enum.Enum):
@@ -41,9 +42,7 @@ class TrainingSpec:
                 raise MeshplanError(f"{f}={getattr(self, f)!r} is not one of "
                                     f"{', '.join(e.value for e in enum_cls)}") from None
         for f in ("seq_len", "global_batch"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MeshplanError(f"{f} must be a positive integer, got {v!r}")
+            check_count(f, getattr(self, f))
 
     @property
     def tokens_per_step(self) -> int:
