@@ -44,6 +44,28 @@ def read_text_file(path: str | Path, *, what: str, missing: str | None = None, a
     return text
 
 
+def check_text_file(path: str | Path, *, what: str) -> Path:
+    """``path`` is a readable, non-empty text file, judged from its first bytes (for files too
+    large to read twice, such as training data); the same sentences as read_text_file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(BINARY_SNIFF_BYTES)
+    except FileNotFoundError:
+        raise MeshplanError(f"{p}: no such {what}") from None
+    except IsADirectoryError:
+        raise MeshplanError(f"{p}: is a directory, expected a {what}") from None
+    except PermissionError:
+        raise MeshplanError(f"{p}: permission denied (cannot read the {what})") from None
+    except OSError as exc:
+        raise MeshplanError(f"{p}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    if not head.strip():
+        raise MeshplanError(f"{p}: is empty, expected a {what}")
+    if b"\x00" in head:
+        raise MeshplanError(f"{p}: is a binary file, not a {what}")
+    return p
+
+
 def check_writable(path: str | Path, *, what: str) -> Path:
     """``path`` can be created or replaced as a file: its folder exists and is a folder, and it is
     not itself a folder. Checked before long work (a search, a training run) so that the work is

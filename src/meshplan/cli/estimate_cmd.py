@@ -12,6 +12,7 @@ from meshplan.cli.common import (
     JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, SeqLenOpt, console,
     load_cluster, load_model, make_training, print_json,
 )
+from meshplan.cli.checks import refuse_with
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -19,6 +20,12 @@ from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule
 from meshplan.spec.training import Optimizer, Precision
 
 Int = Optional[int]
+
+PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
+                   "global_batch_tokens", "precision", "optimizer", "dp", "dp_shard", "tp", "pp", "cp", "ep",
+                   "zero", "micro_batch", "recompute", "schedule", "vpp", "sp", "cp_method")
+"""Flags a ``--plan`` Job file already answers: typing one with it is an error, not an override
+(to change a plan, estimate it with flags, or write a new Job with ``meshplan plan --out``)."""
 
 
 def build_plan(*, num_gpus: int, dp: int | None, dp_shard: int | None, tp: int, pp: int, cp: int,
@@ -51,6 +58,7 @@ def build_plan(*, num_gpus: int, dp: int | None, dp_shard: int | None, tp: int, 
 
 @app.command("estimate")
 def estimate_cmd(
+    ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name or a Hugging Face config.json path.")] = None,
     override: OverrideOpt = None,
     cluster: ClusterOpt = None,
@@ -75,7 +83,7 @@ def estimate_cmd(
     vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (implies --schedule interleaved-1f1b when 1f1b).")] = 1,
     sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallel (default: on when tp > 1).")] = None,
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING,
-    plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above.")] = None,
+    plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above (which are then refused; --cluster-profile applies).")] = None,
     cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -83,6 +91,7 @@ def estimate_cmd(
     from meshplan.cost import estimate
 
     if plan_file is not None:
+        refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
         job = Job.load(plan_file)
         spec, train, clus, plan = job.model, job.training, job.cluster, job.plan
     else:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.cli.common import JsonOpt, err_console, print_json
+from meshplan.cli.checks import memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.export.common import ExportTarget, export_job
@@ -25,7 +26,11 @@ def export(
     json_out: JsonOpt = False,
 ) -> None:
     """Write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
+    if memory_gib is not None and not best:
+        raise MeshplanError("--memory-gib is the budget of the --best search: give --best, or drop it")
+    output_path(out, "--out", f"{to.value} config")
     job = Job.load(plan_file)
+    memory_budget_gib(memory_gib, job.cluster.gpu)
     chosen = None
     if best:
         chosen = _best_for_target(job, to, memory_gib)

@@ -15,8 +15,10 @@ from meshplan.cli.common import (
     JsonOpt, NodesOpt, OverrideOpt, console, err_console,
     load_cluster, load_model, make_training, print_json,
 )
+from meshplan.cli.checks import explain_gpu_range, memory_budget_gib, nodes_and_gpus, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec, parse_overrides
@@ -37,8 +39,8 @@ def parse_gpu_counts(text: str) -> list[int]:
     try:
         if "-" in text:
             lo_s, hi_s = text.split("-", 1)
-            lo, hi = int(lo_s), int(hi_s)
-            if lo < 1 or hi < lo:
+            lo, hi = check_count("--gpus", int(lo_s)), check_count("--gpus", int(hi_s))
+            if hi < lo:
                 raise ValueError
             counts, n = [], lo
             while n <= hi:
@@ -46,10 +48,14 @@ def parse_gpu_counts(text: str) -> list[int]:
                 n *= 2
             return counts
         counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except MeshplanError:
+        raise
     except ValueError:
         raise MeshplanError(f"--gpus {text!r}: give a count, a list (64,128) or a range (64-256)") from None
     if not counts or counts[0] < 1:
         raise MeshplanError(f"--gpus {text!r}: GPU counts must be positive")
+    for n in counts:
+        check_count("--gpus", n)
     return counts
 
 
@@ -87,7 +93,7 @@ def plan_cmd(
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, 64,128,256 or 64-256 (powers of 2).")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256).")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help=f"Sequence length in tokens (default: {DEFAULT_SEQ_LEN}, or the --compare Job file's).")] = None,
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
@@ -105,13 +111,18 @@ def plan_cmd(
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
 
+    output_path(out, "--out", "plan file")
+    output_path(plot, "--plot", "frontier plot")
+    if top < 0:
+        raise MeshplanError(f"--top must be >= 0 (0: all rows), got {top}")
     mine = Job.load(compare_file) if compare_file is not None else None
     spec = _model(model, override, mine)
     counts = parse_gpu_counts(gpus) if gpus else None
+    nodes_and_gpus(nodes, counts, gpus)
     if mine is not None and not (cluster or gpu or nodes or gpus_per_node):
         base = _job_cluster(mine, counts, cluster_profile)
     else:
-        base = load_cluster(cluster, gpu, nodes if counts is None else None, gpus_per_node,
+        base = load_cluster(cluster, gpu, nodes, gpus_per_node,
                             gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
     job_training = mine.training if mine is not None else None
     if job_training is not None and global_batch is None and global_batch_tokens is None:
@@ -121,9 +132,11 @@ def plan_cmd(
         global_batch, global_batch_tokens,
         precision or (job_training.precision if job_training else _default_precision(base)),
         optimizer or (job_training.optimizer if job_training else Optimizer.ADAMW))
-    clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
-    if memory_gib is not None and memory_gib <= 0:
-        raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
+    try:
+        clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
+    except MeshplanError as exc:
+        raise explain_gpu_range(gpus, counts, exc) from None
+    memory_budget_gib(memory_gib, base.gpu)
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
     budget = None if memory_gib is None else memory_gib * GIB

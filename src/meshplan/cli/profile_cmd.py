@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, err_console, print_json
+from meshplan.cli.checks import count_flag, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 
@@ -37,12 +38,8 @@ def profile(
         return
     if device not in ("auto", "cpu", "cuda"):
         raise MeshplanError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if procs is not None and procs < 1:
-        raise MeshplanError(f"--procs must be at least 1, got {procs}")
-    if out.exists() and out.is_dir():
-        raise MeshplanError(f"--out {out} is a directory")
-    if not out.parent.exists():
-        raise MeshplanError(f"--out {out}: folder {out.parent} does not exist")
+    count_flag("--procs", procs)
+    output_path(out, "--out", "hardware profile")
     try:
         from meshplan.profile.run import (ProfileRequest, default_procs, planned_steps, resolve_device_type,
                                           run_profile)

@@ -10,6 +10,7 @@ import typer
 from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
                                  JsonOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, err_console,
                                  load_cluster, load_model, make_training, print_json)
+from meshplan.cli.checks import memory_budget_gib, output_path, refuse_with
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -18,6 +19,7 @@ from meshplan.spec.training import Optimizer, Precision
 
 @app.command("report")
 def report(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")],
     plan_file: Annotated[Optional[Path], typer.Option("--plan", help="A Job file (yours): its model, cluster and batch are planned, and it is compared with the frontier.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset or config.json (without --plan).")] = None,
@@ -38,11 +40,13 @@ def report(
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
     from meshplan.report.build import build_report
 
+    output_path(out, "--out", "HTML report")
     yours = None
     if plan_file is not None:
+        refuse_with(ctx, ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
+                          "global_batch_tokens", "precision", "optimizer"),
+                    because="--plan brings its own model, cluster and batch")
         job = Job.load(plan_file)
-        if any(v is not None for v in (model, cluster, gpu, nodes, seq_len, global_batch, global_batch_tokens)):
-            raise MeshplanError("--plan brings its own model, cluster and batch: drop the planning options")
         spec, spec_cluster, training, yours = job.model, job.cluster, job.training, job.plan
     else:
         if model is None or seq_len is None:
@@ -50,6 +54,7 @@ def report(
         spec = load_model(model, override)
         spec_cluster = load_cluster(cluster, gpu, nodes, gpus_per_node)
         training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
+    memory_budget_gib(memory_gib, spec_cluster.gpu)
     built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
     try:
         out.write_text(built.html)

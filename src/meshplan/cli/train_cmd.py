@@ -12,10 +12,12 @@ import typer
 from rich.table import Table
 
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.checks import count_flag, output_path, positive_rate
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.spec.model import parse_overrides
+from meshplan.textfile import check_text_file
 
 SAMPLE_DATA = "sample"
 """``--data sample`` picks the shipped sample text (src/meshplan/data/sample.txt)."""
@@ -26,8 +28,7 @@ def resolve_data(data: str | None) -> str | None:
         return None
     if data == SAMPLE_DATA and not Path(data).exists():
         return str(resources.files("meshplan.data").joinpath("sample.txt"))
-    if not Path(data).is_file():
-        raise MeshplanError(f"{data}: no such data file")
+    check_text_file(data, what="data file")
     return data
 
 
@@ -55,9 +56,15 @@ def train(
     if override:
         model = job.model.with_overrides(parse_overrides(override))
         job = Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
-    if lr <= 0:
-        raise MeshplanError(f"--lr must be positive, got {lr}")
+    positive_rate("--lr", lr)
+    count_flag("--steps", steps)
+    count_flag("--seed", seed, minimum=0)
+    output_path(log, "--log", "training log")
     data_path = resolve_data(data)
+    if data_path is not None:  # the workers' own check, before starting them
+        from meshplan.runtime.data import load_text_tokens
+
+        load_text_tokens(data_path, job.model.vocab_size, job.training.seq_len)
     check_runnable(job, pipeline_available(), text_data=data_path is not None)
     if cluster_profile:  # a bad profile fails now, not after training
         from meshplan.spec.hwprofile import load_profile

@@ -159,6 +159,11 @@ def read_rows(path: str | Path) -> list[dict[str, str]]:
         raise MeshplanError(f"{p}: cannot read CSV: {exc}") from None
 
 
+class MalformedCell(MeshplanError):
+    """A numeric column holding text, nan or inf: the file is wrong, not the run (load_runs
+    refuses the file instead of skipping the row)."""
+
+
 def _num(row: dict[str, str], key: str, cast: Callable[[str], Any], default: Any = None) -> Any:
     raw = (row.get(key) or "").strip()
     if not raw:
@@ -167,16 +172,16 @@ def _num(row: dict[str, str], key: str, cast: Callable[[str], Any], default: Any
         return default
     try:
         value = cast(raw)
-    except ValueError:
-        raise MeshplanError(f"column {key}: {raw!r} is not a number") from None
+    except (ValueError, OverflowError):
+        raise MalformedCell(f"column {key}: {raw!r} is not a {'number' if cast is float else 'whole number'}") from None
     if isinstance(value, float) and not math.isfinite(value):
-        raise MeshplanError(f"column {key}: {raw!r} is not finite")
+        raise MalformedCell(f"column {key}: {raw!r} is not finite")
     return value
 
 
 def _int(raw: str) -> int:
     f = float(raw)
-    if f != int(f):
+    if not math.isfinite(f) or f != int(f):
         raise ValueError(raw)
     return int(f)
 
@@ -243,9 +248,11 @@ def build_run(row: dict[str, str]) -> Run:
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[Skipped]]:
     runs, skipped = [], []
-    for row in read_rows(path):
+    for n, row in enumerate(read_rows(path), start=1):
         try:
             runs.append(build_run(row))
+        except MalformedCell as exc:
+            raise MeshplanError(f"{path}: data row {n} (id {row.get('id', '?')}): {exc}") from None
         except (MeshplanError, ValueError) as exc:
             skipped.append(Skipped(row_id=row.get("id", ""), source=row.get("source", ""), reason=str(exc)))
     return runs, skipped

@@ -195,6 +195,24 @@ def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> 
     return tuple(layers)
 
 
+def _check_same_shape(a: argparse.Namespace, model: ModelSpec) -> None:
+    """The shape the arguments give explicitly must be the shape of the ``--model`` named beside
+    them: a contradiction is refused, not settled silently for one side."""
+    gqa = a.group_query_attention and a.num_query_groups
+    given = (("--num-layers", a.num_layers, model.num_layers),
+             ("--hidden-size", a.hidden_size, model.hidden_size),
+             ("--num-attention-heads", a.num_attention_heads, model.num_heads),
+             ("--num-query-groups", a.num_query_groups if gqa else None, model.num_kv_heads),
+             ("--ffn-hidden-size", a.ffn_hidden_size, model.ffn_hidden_size),
+             ("--vocab-size", a.vocab_size, model.vocab_size),
+             ("--num-experts", a.num_experts, model.moe_num_experts))
+    differ = [f"{flag} {mine} (the preset has {theirs})" for flag, mine, theirs in given
+              if mine is not None and mine != theirs]
+    if differ:
+        raise MeshplanError(f"the Megatron arguments contradict --model {model.name}: {', '.join(differ)}; "
+                            "drop --model or fix the arguments")
+
+
 def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: int | None = None,
                     model: ModelSpec | None = None, name: str = "megatron-model") -> MegatronImport:
     """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size."""
@@ -206,6 +224,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("the GPU count is unknown: give --gpus (or --nodes) or include the "
                             "launcher's --nnodes and --nproc-per-node")
     parsed_model = _model_from_args(a, vocab_default if model is None else model.vocab_size, name)
+    if parsed_model is not None and model is not None:
+        _check_same_shape(a, model)
     spec = parsed_model or model
     tp = _positive("--tensor-model-parallel-size", a.tensor_model_parallel_size or a.model_parallel_size, 1)
     pp = _positive("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1)
@@ -268,6 +288,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
             n = _positive("--recompute-num-layers", a.recompute_num_layers, 1)
             rec_layers = tuple(min(n, k) for k in per_stage)
 
+    if a.bf16 and a.fp16:  # Megatron-LM's own arguments.py asserts the same
+        raise MeshplanError("the Megatron arguments give both --fp16 and --bf16: keep one")
     if a.fp8_format:
         precision = Precision.FP8
     elif a.bf16:
