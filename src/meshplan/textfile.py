@@ -78,14 +78,12 @@ def check_writable(path: str | Path, *, what: str) -> Path:
         raise MeshplanError(f"{p}: folder {parent} does not exist (cannot write the {what})")
     if not parent.is_dir():
         raise MeshplanError(f"{p}: {parent} is not a folder (cannot write the {what})")
-    if p.exists() and not _can_write(p):
-        raise MeshplanError(f"{p}: permission denied (cannot write the {what})")
-    if not p.exists() and not _can_write(parent):
-        raise MeshplanError(f"{p}: permission denied in {parent} (cannot write the {what})")
+    existed = p.exists()
+    try:  # open it as the write will (permission bits do not tell root, /proc or a read-only mount)
+        with p.open("a"):
+            pass
+    except OSError as exc:
+        raise MeshplanError(f"{p}: cannot write the {what} ({exc.strerror or type(exc).__name__})") from None
+    if not existed:
+        p.unlink(missing_ok=True)
     return p
-
-
-def _can_write(p: Path) -> bool:
-    import os
-
-    return os.access(p, os.W_OK)

@@ -59,6 +59,8 @@ def train(
     positive_rate("--lr", lr)
     count_flag("--steps", steps)
     count_flag("--seed", seed, minimum=0)
+    count_flag("--checkpoint-every", checkpoint_every, minimum=0)
+    count_flag("--checkpoint-keep", checkpoint_keep)
     output_path(log, "--log", "training log")
     data_path = resolve_data(data)
     if data_path is not None:  # the workers' own check, before starting them

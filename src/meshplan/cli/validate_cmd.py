@@ -11,6 +11,7 @@ from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
+from meshplan.errors import MeshplanError
 
 
 def _finite(obj):
@@ -41,6 +42,8 @@ def validate_cmd(
     from meshplan.cost.calibration import Calibration, gpu_family
     from meshplan.cost.validate import evaluate, load_runs
 
+    if loso and not fit:
+        raise MeshplanError("--leave-one-source-out scores a refit: give it with --fit")
     settings = {"fused_attention": fused_attention, "dropout": dropout}
     rows, skipped = load_runs(runs)
     fitted: dict[str, dict] = {}

@@ -28,6 +28,7 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import reported_flops_per_token
 from meshplan.cost.step import estimate
 from meshplan.errors import MeshplanError
+from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.model import ModelSpec, Norm, Position
@@ -172,6 +173,8 @@ def _num(row: dict[str, str], key: str, cast: Callable[[str], Any], default: Any
         return default
     try:
         value = cast(raw)
+    except MalformedCell as exc:
+        raise MalformedCell(f"column {key}: {exc}") from None
     except (ValueError, OverflowError):
         raise MalformedCell(f"column {key}: {raw!r} is not a {'number' if cast is float else 'whole number'}") from None
     if isinstance(value, float) and not math.isfinite(value):
@@ -183,6 +186,8 @@ def _int(raw: str) -> int:
     f = float(raw)
     if not math.isfinite(f) or f != int(f):
         raise ValueError(raw)
+    if abs(f) > MAX_COUNT:
+        raise MalformedCell(f"{raw!r} is too large (at most {MAX_COUNT:,})")
     return int(f)
 
 

@@ -94,8 +94,7 @@ class ClusterSpec:
 
     def with_gpus(self, num_gpus: int) -> "ClusterSpec":
         """Same hardware, ``num_gpus`` in total: whole nodes, or a part of one node."""
-        if num_gpus < 1:
-            raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
+        check_count("GPU count", num_gpus)
         if num_gpus <= self.gpus_per_node:
             return replace(self, num_nodes=1, gpus_per_node=num_gpus) if num_gpus < self.gpus_per_node else replace(self, num_nodes=1)
         if num_gpus % self.gpus_per_node:
@@ -228,6 +227,9 @@ def resolve_cluster(
         raise MeshplanError("name a cluster (--cluster dgx-h100 or a file) or a GPU type (--gpu h100-sxm)")
     if cluster is not None and gpu is not None:
         raise MeshplanError("give either --cluster or --gpu, not both")
+    if not (cluster if cluster is not None else gpu).strip():
+        raise MeshplanError("the cluster name is empty: give a system preset (see `meshplan clusters`), "
+                            "a cluster file or a GPU type")
     if gpu is not None:
         spec = cluster_for_gpu(gpu, gpus_per_node=gpus_per_node or 8)
     elif Path(cluster).suffix.lower() in (".yaml", ".yml", ".json") or Path(cluster).exists():
