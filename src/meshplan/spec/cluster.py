@@ -231,7 +231,7 @@ def resolve_cluster(
         raise MeshplanError("the cluster name is empty: give a system preset (see `meshplan clusters`), "
                             "a cluster file or a GPU type")
     if gpu is not None:
-        spec = cluster_for_gpu(gpu, gpus_per_node=gpus_per_node or 8)
+        spec = cluster_for_gpu(gpu, gpus_per_node=8 if gpus_per_node is None else gpus_per_node)
     elif Path(cluster).suffix.lower() in (".yaml", ".yml", ".json") or Path(cluster).exists():
         spec = load_cluster_file(cluster)
     else:
