@@ -552,6 +552,7 @@ def test_the_table_is_large_and_covers_every_command():
     assert len({a for a, _ in ALL_CASES}) == len(ALL_CASES), "duplicate cases"
 
 
+@pytest.mark.timeout(60)  # a bad value must be refused at once, never searched or run
 @pytest.mark.parametrize(("args", "expect"), ALL_CASES, ids=[a[:90] for a, _ in ALL_CASES])
 def test_bad_input_is_one_line_and_exit_2(args, expect, fx, no_heavy_work, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # a command that wrongly succeeded writes nothing into the repo
