@@ -71,19 +71,20 @@ def check_writable(path: str | Path, *, what: str) -> Path:
     not itself a folder. Checked before long work (a search, a training run) so that the work is
     not lost to a bad output path; the write itself still reports its own failure."""
     p = Path(path)
+    cannot = f"cannot write the {what} to {p}"
     if p.is_dir():
-        raise MeshplanError(f"{p}: is a directory, cannot write the {what} there")
+        raise MeshplanError(f"{cannot}: it is a directory")
     parent = p.parent
     if not parent.exists():
-        raise MeshplanError(f"{p}: folder {parent} does not exist (cannot write the {what})")
+        raise MeshplanError(f"{cannot}: folder {parent} does not exist")
     if not parent.is_dir():
-        raise MeshplanError(f"{p}: {parent} is not a folder (cannot write the {what})")
+        raise MeshplanError(f"{cannot}: {parent} is not a folder")
     existed = p.exists()
     try:  # open it as the write will (permission bits do not tell root, /proc or a read-only mount)
         with p.open("a"):
             pass
     except OSError as exc:
-        raise MeshplanError(f"{p}: cannot write the {what} ({exc.strerror or type(exc).__name__})") from None
+        raise MeshplanError(f"{cannot}: {exc.strerror or type(exc).__name__}") from None
     if not existed:
         p.unlink(missing_ok=True)
     return p

@@ -65,7 +65,7 @@ def output_path(path: Path | str | None, flag: str, what: str) -> None:
         try:
             check_writable(path, what=what)
         except MeshplanError as exc:
-            raise MeshplanError(f"{flag} {exc}") from None
+            raise MeshplanError(f"{exc} ({flag})") from None
 
 
 def nodes_and_gpus(nodes: int | None, counts: list[int] | None, gpus_text: str | None) -> None:
