@@ -285,6 +285,7 @@ estimate --model gpt2 --gpu a100-80gb --global-batch 99999999999999999999 :: too
 estimate --model gpt2 --gpu a100-80gb --global-batch 0 :: global_batch
 estimate --model gpt2 --gpu a100-80gb --global-batch -32 :: global_batch
 estimate --model gpt2 --gpu a100-80gb --global-batch-tokens nan :: --global-batch-tokens
+estimate --model gpt2 --gpu a100-80gb --global-batch-tokens -1024 :: global_batch_tokens
 estimate --model gpt2 --gpu a100-80gb --global-batch-tokens 1000 --seq-len 1024 :: whole number
 estimate --model gpt2 --gpu a100-80gb --global-batch 8 --global-batch-tokens 8192 :: exactly one
 {E} --tp 99999999999999999999 :: divisible
@@ -371,7 +372,8 @@ plan --compare {F}/missing.json :: no such plan file
 {P} --nodes 2 --gpus 8-32 :: not both
 {P} --top -1 :: --top
 {P} --pick -1 :: --pick
-{P} --pick 99999999999999999999 :: frontier has
+{P} --pick 99999999999999999999 --out {F}/o.json :: frontier has
+{P} --pick 3 :: give --out
 {P} --out {F}/dir :: is a directory
 {P} --out {F}/file/x.json :: not a folder
 {P} --out {F}/missing/x.json :: does not exist

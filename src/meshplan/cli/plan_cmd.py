@@ -139,6 +139,8 @@ def plan_cmd(
     memory_budget_gib(memory_gib, base.gpu)
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
+    if pick is not None and out is None:
+        raise MeshplanError(f"--pick {pick} chooses the frontier point --out writes: give --out FILE")
     budget = None if memory_gib is None else memory_gib * GIB
     results = []
     for cl in clusters:

@@ -51,6 +51,7 @@ class TrainingSpec:
     @classmethod
     def from_tokens(cls, *, seq_len: int, global_batch_tokens: int, **kw: Any) -> "TrainingSpec":
         """Global batch given in tokens; must be a whole number of sequences."""
+        check_count("global_batch_tokens", global_batch_tokens)
         if seq_len < 1 or global_batch_tokens % seq_len:
             raise MeshplanError(
                 f"global batch of {global_batch_tokens} tokens is not a whole number of "
