@@ -317,6 +317,8 @@ estimate --model gpt2 --gpu a100-80gb --global-batch 8 --global-batch-tokens 819
 {E} --recompute most :: --recompute
 {E} --schedule zb :: --schedule
 {E} --cp-method x :: --cp-method
+{E} --schedule gpipe :: --schedule has no effect without --pp > 1
+{E} --cp-method all-to-all :: --cp-method has no effect without --cp > 1
 {E} --override num_layers=nan :: num_layers
 {E} --override num_layers=0 :: num_layers
 {E} --override num_layers=99999999999999999999 :: too large
@@ -513,6 +515,8 @@ profile --show {F}/bin.json :: binary file
 profile --show {F}/empty.json :: not valid JSON
 profile --show {F}/gpu.json :: not a meshplan hardware profile
 profile --show {F}/missing.json :: no such profile file
+profile --show {F}/gpu.json --quick :: drop --quick
+profile --show {F}/gpu.json --out {F}/p.json --procs 2 :: drop --out, --procs
 profile --procs 0 :: --procs
 profile --procs -1 :: --procs
 profile --procs 99999999999999999999 :: too large
@@ -565,7 +569,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expect, fx, no_heavy_work, monke
 def test_good_input_still_runs(fx, no_heavy_work, monkeypatch, tmp_path):
     """The checks refuse only what is wrong: the same commands with good values succeed."""
     monkeypatch.chdir(tmp_path)
-    for args in (f"{E} --tp 2 --json", f"{P} --memory-gib 60 --json", f"estimate --plan {fx}/gpu.json --json",
+    for args in (f"{E} --tp 2 --json", f"{E} --pp 2 --schedule gpipe --json", f"{E} --cp 2 --cp-method all-to-all --json", f"{P} --memory-gib 60 --json", f"estimate --plan {fx}/gpu.json --json",
                  f"{X} --best --memory-gib 60 --json", f"{P} --nodes 1 --gpus 8 --json"):
         r = invoke(shlex.split(args.replace("{F}", str(fx))))
         assert r.code == 0, (args, r.stderr[-2000:])

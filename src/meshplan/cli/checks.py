@@ -36,6 +36,14 @@ def refuse_with(ctx: typer.Context, names: Iterable[str], *, because: str) -> No
         raise MeshplanError(f"{because}: drop {', '.join(given)}")
 
 
+def needs(ctx: typer.Context, name: str, ok: bool, *, without: str) -> None:
+    """A typed flag that has no effect unless another holds (``--schedule`` without ``--pp > 1``)
+    is refused, not ignored."""
+    given = typed_flags(ctx, [name])
+    if given and not ok:
+        raise MeshplanError(f"{given[0]} has no effect without {without}")
+
+
 def memory_budget_gib(memory_gib: float | None, gpu: GPUSpec, flag: str = "--memory-gib") -> float | None:
     """A memory budget per GPU: finite, positive and no more than the GPU has (a budget above it
     would call a plan that cannot run "fitting")."""

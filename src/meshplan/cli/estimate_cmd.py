@@ -12,7 +12,7 @@ from meshplan.cli.common import (
     JsonOpt, ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, SeqLenOpt, console,
     load_cluster, load_model, make_training, print_json,
 )
-from meshplan.cli.checks import refuse_with
+from meshplan.cli.checks import needs, refuse_with
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -100,6 +100,8 @@ def estimate_cmd(
         spec = load_model(model, override)
         clus = load_cluster(cluster, gpu, nodes, gpus_per_node, profile=cluster_profile)
         train = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
+        needs(ctx, "schedule", pp > 1, without="--pp > 1 (it orders the pipeline's micro-batches)")
+        needs(ctx, "cp_method", cp > 1, without="--cp > 1 (it is how context-parallel attention is split)")
         plan = build_plan(num_gpus=clus.num_gpus, dp=dp, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp,
                           ep=ep, zero=zero, micro_batch=micro_batch, recompute=recompute,
                           schedule=schedule, vpp=vpp, sp=sp, cp_method=cp_method)

@@ -11,13 +11,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, err_console, print_json
-from meshplan.cli.checks import count_flag, output_path
+from meshplan.cli.checks import count_flag, output_path, refuse_with
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 
 
 @app.command("profile")
 def profile(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the profile JSON.")] = Path("profile.json"),
     procs: Annotated[Optional[int], typer.Option("--procs", help="Processes for the collective benchmarks "
                                                   "(group sizes 2..N; default 4 on CPU, all GPUs on CUDA; 1 skips them).")] = None,
@@ -30,6 +31,7 @@ def profile(
     if show is not None:
         from meshplan.spec.hwprofile import load_profile
 
+        refuse_with(ctx, ("out", "procs", "quick", "device"), because="--show prints a profile, it measures nothing")
         loaded = load_profile(show)
         if json_out:
             print_json(loaded.to_dict())
