@@ -12,6 +12,11 @@ from typing import Iterable
 
 import typer
 
+try:  # typer >= 0.17 vendors click as typer._click; older typer depends on click itself
+    from typer import _click as click
+except ImportError:  # pragma: no cover - depends on the installed typer
+    import click
+
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count, check_finite
 from meshplan.spec.cluster import GPUSpec
@@ -21,11 +26,9 @@ from meshplan.textfile import check_writable
 def typed_flags(ctx: typer.Context, names: Iterable[str]) -> list[str]:
     """The flags among ``names`` (parameter names) given on the command line, as typed
     (``--tp``), whatever their value: a flag set to its default is still a flag given."""
-    from typer._click.core import ParameterSource
-
     by_name = {p.name: p for p in ctx.command.params}
     return [by_name[n].opts[0] for n in names
-            if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+            if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
 
 
 def refuse_with(ctx: typer.Context, names: Iterable[str], *, because: str) -> None:

@@ -11,10 +11,10 @@ import sys
 from typing import Annotated
 
 import typer
-from typer import _click as click
 from rich.logging import RichHandler
 
 from meshplan import __version__
+from meshplan.cli.checks import click
 from meshplan.errors import MeshplanError
 
 app = typer.Typer(
