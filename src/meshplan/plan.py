@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 
 if TYPE_CHECKING:
     from meshplan.spec.cluster import ClusterSpec
@@ -84,8 +85,6 @@ class CPMethod(str, enum.Enum):
 
 
 def _check_positive(name: str, value: int) -> None:
-    from meshplan.numbers import check_count
-
     check_count(name, value)
 
 

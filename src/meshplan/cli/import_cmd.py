@@ -16,6 +16,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import parse_overrides
+from meshplan.textfile import read_text_file
 
 
 class ImportSource(str, enum.Enum):
@@ -39,8 +40,6 @@ def _read_args(config: str) -> str:
     """The argument string itself, or the contents of ``@file``."""
     if not config.startswith("@"):
         return config
-    from meshplan.textfile import read_text_file
-
     return read_text_file(config[1:], what="file of Megatron arguments", allow_empty=False,
                           missing="cannot read the Megatron arguments (no such file)")
 

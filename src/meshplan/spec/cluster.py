@@ -17,6 +17,7 @@ from typing import Any
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count, check_finite
 from meshplan.spec.training import Precision
+from meshplan.textfile import read_text_file
 
 GIB = 1024**3
 
@@ -191,8 +192,6 @@ def cluster_for_gpu(gpu_name: str, *, num_nodes: int = 1, gpus_per_node: int = 8
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:
     """A custom cluster from YAML or JSON (see docs: full form or ``system:`` + overrides)."""
-    from meshplan.textfile import read_text_file
-
     p = Path(path)
     text = read_text_file(p, what="cluster file (YAML or JSON)", missing="no such cluster file")
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.jsonfile import load_json_file
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
@@ -100,8 +101,6 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    from meshplan.jsonfile import load_json_file
-
     cfg = load_json_file(p, lambda d: d, missing="no such config.json", what="Hugging Face config.json")
     if not isinstance(cfg, dict):
         raise MeshplanError(f"{p}: config.json must hold a JSON object")
