@@ -328,23 +328,33 @@ class Plan:
         try:
             data = dict(data)
             dims = ParallelDims(**data.pop("dims", {}))
+            sp = data.pop("sp", False)
+            if not isinstance(sp, bool):
+                raise MeshplanError(f"sp must be true or false, got {sp!r}")
             return cls(
                 dims=dims,
-                zero=int(data.pop("zero", 0)),
-                sp=bool(data.pop("sp", False)),
+                zero=_json_int("zero", data.pop("zero", 0)),
+                sp=sp,
                 schedule=Schedule(data.pop("schedule", Schedule.ONE_F_ONE_B.value)),
-                vpp=int(data.pop("vpp", 1)),
-                stage_layers=tuple(int(x) for x in data.pop("stage_layers", ())),
+                vpp=_json_int("vpp", data.pop("vpp", 1)),
+                stage_layers=tuple(_json_int("stage_layers", x) for x in data.pop("stage_layers", ())),
                 cp_method=CPMethod(data.pop("cp_method", CPMethod.RING.value)),
-                micro_batch=int(data.pop("micro_batch", 1)),
+                micro_batch=_json_int("micro_batch", data.pop("micro_batch", 1)),
                 recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
-                recompute_layers=tuple(int(x) for x in data.pop("recompute_layers", ())),
+                recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
                 **_no_extra("plan", data),
             )
         except (TypeError, ValueError) as exc:
             if isinstance(exc, MeshplanError):
                 raise
             raise MeshplanError(f"invalid plan: {exc}") from None
+
+
+def _json_int(name: str, value: Any) -> int:
+    """An integer read from a file, taken as written: 1.5 is not rounded nor "8" parsed."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MeshplanError(f"{name} must be an integer, got {value!r}")
+    return value
 
 
 def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:

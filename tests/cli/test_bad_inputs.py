@@ -333,3 +333,47 @@ def test_fuzz_train_numbers_never_start_a_run_on_bad_input(lr, steps, seed, fx, 
     if r.code == "exception" and "HeavyWorkStarted" in r.stderr:
         return  # every value was good: training would start (the tripwire stops it here)
     _check_fuzzed(r, argv)
+
+
+# ---- fuzz: plan files with any bytes, or one field of a good plan replaced by anything ------
+def _leaves(d, path=()):
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _leaves(v, path + (k,))
+    elif isinstance(d, list) and d:
+        for i, v in enumerate(d):
+            yield from _leaves(v, path + (i,))
+    else:
+        yield path
+
+
+ODD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+                       st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+                       st.lists(st.integers(), max_size=3), st.just({}), st.just(1e308 * 10))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=300))
+def test_fuzz_plan_file_bytes(data, tmp_path_factory):
+    path = tmp_path_factory.mktemp("bytes") / "plan.json"
+    path.write_bytes(data)
+    argv = ["explain", str(path)]
+    r = invoke(argv)
+    _check_fuzzed(r, argv)
+    assert r.code == 2, "random bytes are not a plan"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pick=st.integers(min_value=0), value=ODD_VALUES)
+def test_fuzz_plan_file_fields(pick, value, fx, tmp_path_factory):
+    good = json.loads((fx / "gpu.json").read_text())
+    leaves = list(_leaves(good))
+    where = leaves[pick % len(leaves)]
+    node = good
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    path = tmp_path_factory.mktemp("fields") / "plan.json"
+    path.write_text(json.dumps(good))
+    argv = ["explain", str(path), "--json"]
+    _check_fuzzed(invoke(argv), argv)

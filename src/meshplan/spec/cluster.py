@@ -36,6 +36,8 @@ class GPUSpec:
     hbm_bandwidth_bytes_per_s: float
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise MeshplanError(f"gpu name must be a non-empty string, got {self.name!r}")
         for f in fields(self):
             if f.name != "name":
                 check_finite(f"gpu {self.name!r}: {f.name}", getattr(self, f.name),
@@ -74,6 +76,10 @@ class ClusterSpec:
     inter_node_latency_s: float
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise MeshplanError(f"cluster name must be a string, got {self.name!r}")
+        if not isinstance(self.gpu, GPUSpec):
+            raise MeshplanError(f"cluster {self.name!r}: gpu must be a GPU description, got {self.gpu!r}")
         for f in ("gpus_per_node", "num_nodes"):
             check_count(f"cluster {self.name!r}: {f}", getattr(self, f))
         check_count(f"cluster {self.name!r}: GPU count", self.num_gpus)
