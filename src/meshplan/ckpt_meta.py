@@ -113,7 +113,7 @@ class CheckpointMeta:
         try:
             files = tuple(CheckpointFile(name=str(f["name"]), size_bytes=int(f["size_bytes"]))
                           for f in data["files"])
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):
             raise MeshplanError("'files' must be a list of {name, size_bytes}") from None
         return cls(
             step=data["step"], data_position=data["data_position"], data_seed=data["data_seed"],
