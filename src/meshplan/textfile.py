@@ -21,6 +21,8 @@ def read_text_file(path: str | Path, *, what: str, missing: str | None = None, a
     ``missing`` replaces "no such {what}" for a file that is not there. Every failure is
     ``MeshplanError("{path}: ...")``."""
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero, a FIFO: never ends
+        raise MeshplanError(f"{p}: is not a regular file, expected a {what}")
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
