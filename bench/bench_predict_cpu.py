@@ -6,7 +6,7 @@
    FILE): each round's runs are predicted with the profile measured just before them;
 2. for each plan of a small Llama-style model over 1 to 4 processes (single, pure DP, FSDP,
    TP+SP, PP with two schedules, CP, recompute on/off, two micro-batch sizes, DPxTP): the
-   estimate with the profile (meshplan.runtime.predict) and a real run (``meshplan train`` for a
+   estimate with the profile (meshplan.calib.predict) and a real run (``meshplan train`` for a
    few steps; measured = median step time after warm-up, peak = max resident memory of a rank);
 3. the error table, with median and p90 absolute errors, and the estimate's breakdown so the
    dominant error can be read off.
@@ -33,7 +33,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from meshplan.plan import CPMethod, Job, ParallelDims, Plan, Recompute, Schedule  # noqa: E402
-from meshplan.runtime.predict import compare, predict, warmup_steps  # noqa: E402
+from meshplan.calib.predict import compare, predict, warmup_steps  # noqa: E402
 from meshplan.spec.cluster import system_preset  # noqa: E402
 from meshplan.spec.presets import model_preset  # noqa: E402
 from meshplan.spec.training import Precision, TrainingSpec  # noqa: E402

@@ -18,10 +18,13 @@ from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
 
 CASES = {
-    # name: (model, nodes of dgx-h100, seq_len, global batch, target seconds)
-    "7b": ("llama2-7b", 1, 2048, 64, 0.1),
-    "70b": ("llama3-70b", 128, 8192, 1024, 1.0),
-    "405b": ("llama3.1-405b", 2048, 8192, 2048, 10.0),
+    # name: (model, system, nodes, seq_len, global batch, target seconds)
+    "7b": ("llama2-7b", "dgx-h100", 1, 2048, 64, 0.1),
+    "70b": ("llama3-70b", "dgx-h100", 128, 8192, 1024, 1.0),
+    "405b": ("llama3.1-405b", "dgx-h100", 2048, 8192, 2048, 2.0),
+    # the largest space of the published runs (Narayanan et al. 2021's GPT-3 on 3072 A100s):
+    # 2.2M global configurations
+    "175b": ("gpt3-175b", "dgx-a100", 384, 2048, 1536, 2.0),
 }
 
 
@@ -31,9 +34,9 @@ others measure interference from other processes)."""
 
 
 def run(name: str) -> dict:
-    model, nodes, seq, batch, target = CASES[name]
+    model, system, nodes, seq, batch, target = CASES[name]
     spec = model_preset(model)
-    cluster = system_preset("dgx-h100", num_nodes=nodes)
+    cluster = system_preset(system, num_nodes=nodes)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     wall, cpu = float("inf"), float("inf")
     for _ in range(REPEATS):

@@ -84,6 +84,14 @@ class CPMethod(str, enum.Enum):
     ALL_TO_ALL = "all-to-all"
 
 
+def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
+    """Raise MeshplanError when the model cannot take the training's sequences at all, whatever
+    the plan: a learned position table has ``max_position`` rows (GPT-2: 1024)."""
+    if model.position.value == "learned" and training.seq_len > model.max_position:
+        raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
+                            f"{model.max_position} (learned position embeddings)")
+
+
 def _check_positive(name: str, value: int) -> None:
     check_count(name, value)
 
@@ -103,16 +111,39 @@ class ParallelDims:
     cp: int = 1
     """Context parallel: the sequence is split over this many ranks."""
     ep: int = 1
-    """Expert parallel for MoE layers; divides ``dp_shard * cp`` (borrows those ranks)."""
+    """Expert parallel for MoE layers; borrows ``dp_shard x cp`` ranks (and tp ranks when
+    ``etp < tp``): ``etp * ep`` divides ``dp_shard * cp * tp``."""
+    etp: int = 0
+    """Expert tensor parallel: the experts' own tp degree (Megatron-Core's MoE parallel folding,
+    ``--expert-tensor-parallel-size``); 0 means the dense layers' ``tp``. The expert layers then
+    see the ``dp_shard x cp x tp`` ranks of a pipeline stage as ``edp x ep x etp`` (innermost
+    last), edp = dp_shard * cp * tp / (ep * etp) the experts' data-parallel (ZeRO) degree."""
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
             _check_positive(name, getattr(self, name))
-        if (self.dp_shard * self.cp) % self.ep:
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise MeshplanError(f"etp must be a non-negative integer (0: as tp), got {self.etp!r}")
+        if self.etp == 0 and (self.dp_shard * self.cp) % self.ep:
             raise MeshplanError(
                 f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp} "
                 "(expert parallel reuses the sharded-data and context ranks)"
             )
+        if self.etp and (self.dp_shard * self.cp * self.tp) % (self.etp * self.ep):
+            raise MeshplanError(
+                f"etp*ep={self.etp}*{self.ep} must divide dp_shard*cp*tp="
+                f"{self.dp_shard * self.cp * self.tp} (the experts fold onto those ranks)"
+            )
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree (``etp``, or ``tp`` when 0)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """The experts' data-parallel degree: ranks holding the same expert shard."""
+        return self.dp_shard * self.cp * self.tp // (self.expert_tp * self.ep)
 
     @property
     def dp(self) -> int:
@@ -136,6 +167,18 @@ class ParallelDims:
     def mesh_shape(self) -> tuple[int, ...]:
         """Sizes in ``MESH_AXIS_ORDER``."""
         return tuple(self.axis_size(a) for a in MESH_AXIS_ORDER)
+
+
+def data_parallel_degree(num_gpus: int, *, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """dp = GPUs / (tp * pp * cp): the data-parallel degree the model-parallel degrees leave
+    (ep borrows dp_shard x cp ranks and takes none of its own). The one place dp is derived
+    from a GPU count; a count the degrees do not divide is an error."""
+    for name, degree in (("GPU count", num_gpus), ("tp", tp), ("pp", pp), ("cp", cp)):
+        _check_positive(name, degree)
+    model_parallel = tp * pp * cp
+    if num_gpus % model_parallel:
+        raise MeshplanError(f"{num_gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel}")
+    return num_gpus // model_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,8 +236,10 @@ class Plan:
                 raise MeshplanError(
                     f"stage_layers has {len(self.stage_layers)} entries; pp*vpp={n_stages} stages"
                 )
-            if any(n < 1 for n in self.stage_layers):
-                raise MeshplanError(f"every stage needs at least one layer: {self.stage_layers}")
+            inner = self.stage_layers[1:-1] if n_stages > 1 else self.stage_layers
+            if any(n < 1 for n in inner) or any(n < 0 for n in self.stage_layers):
+                raise MeshplanError(f"every stage needs at least one layer (the first and last may hold "
+                                    f"only the embedding / the loss): {self.stage_layers}")
         if self.recompute_layers:
             if len(self.recompute_layers) != n_stages:
                 raise MeshplanError(
@@ -218,6 +263,7 @@ class Plan:
     # ---- checks against what is trained -------------------------------------------------
     def validate_for(self, model: "ModelSpec", training: "TrainingSpec", num_gpus: int | None = None) -> None:
         """Raise MeshplanError naming the first value that does not fit the model or batch."""
+        check_model_takes(model, training)
         d = self.dims
         if num_gpus is not None and d.world_size != num_gpus:
             raise MeshplanError(
@@ -232,12 +278,24 @@ class Plan:
             )
         if model.ffn_hidden_size % d.tp:
             raise MeshplanError(f"ffn_hidden_size={model.ffn_hidden_size} is not divisible by tp={d.tp}")
+        if "M" in model.hybrid_pattern and (model.mamba_num_heads % d.tp or model.mamba_groups % d.tp):
+            raise MeshplanError(f"Mamba-2 layers split mamba_num_heads={model.mamba_num_heads} and "
+                                f"mamba_groups={model.mamba_groups} over tp: tp={d.tp} divides not both")
+        if "M" in model.hybrid_pattern and (model.mamba_num_heads // d.tp) % d.cp:
+            raise MeshplanError(f"Mamba-2 context parallel exchanges heads: mamba heads per tp rank "
+                                f"({model.mamba_num_heads // d.tp}) are not divisible by cp={d.cp}")
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+            if d.etp and model.moe_ffn_hidden_size % d.etp:
+                raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
+                                    f"etp={d.etp}")
+        elif d.etp and d.etp != d.tp:
+            raise MeshplanError(f"etp={d.etp} needs a mixture-of-experts model; {model.name} is dense")
         elif d.ep > 1:
             raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
-        if self.num_stages > model.num_layers:
+        if self.num_stages > model.num_layers and not (
+                self.stage_layers and self.num_stages <= model.num_layers + 2):
             raise MeshplanError(
                 f"pp*vpp={self.num_stages} stages but the model has only {model.num_layers} layers"
             )
@@ -284,6 +342,11 @@ class Plan:
             rec = tuple(0 for _ in layers)
         else:
             rec = tuple(layers)
+        if self.recompute != Recompute.NONE and not any(rec):
+            # recomputing zero layers is no recompute: one canonical form, so that exports and
+            # their imports agree (Megatron has no "full recompute of 0 layers")
+            return replace(self, stage_layers=tuple(layers), recompute=Recompute.NONE,
+                           recompute_layers=tuple(rec))
         return replace(self, stage_layers=tuple(layers), recompute_layers=tuple(rec))
 
     def stage_rank(self, stage: int) -> int:
@@ -292,27 +355,53 @@ class Plan:
 
     # ---- notation and JSON ---------------------------------------------------------------
     def notation(self) -> str:
-        """Compact one-line form, e.g. ``dp2 fsdp8 tp8sp pp4(v2) cp1 mb1 ckpt=sel:12``."""
+        """Compact one-line form that maps one-to-one to the plan flags (``cli/plan_flags.py``),
+        e.g. ``dp16 zero2x2 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:all``:
+
+        ``dpN`` total data parallel (``--dp N``); ``zeroZxM`` / ``fsdpM`` ZeRO stage Z (3 = FSDP)
+        sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
+        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)``; ``cpC`` + ``a2a`` for
+        all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
+        not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
+        not all. Lists are comma separated, a run of K equal counts N written ``NxK``.
+        """
         d = self.dims
-        parts = [f"dp{d.dp_replicate}"]
+        parts = [f"dp{d.dp}"]
         if self.zero == 3:
             parts.append(f"fsdp{d.dp_shard}")
         elif self.zero:
             parts.append(f"zero{self.zero}x{d.dp_shard}")
         parts.append(f"tp{d.tp}{'sp' if self.sp else ''}")
         pp = f"pp{d.pp}"
-        if d.pp > 1:
+        if d.pp > 1 or self.schedule != Schedule.ONE_F_ONE_B:
             pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
         parts.append(pp)
-        parts.append(f"cp{d.cp}" + ("a2a" if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL else ""))
+        parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
+        if d.etp and d.etp != d.tp:
+            parts.append(f"etp{d.etp}")
         parts.append(f"mb{self.micro_batch}")
+        if self.uneven_split:
+            parts.append(f"layers={format_counts(self.stage_layers)}")
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
-            n = sum(self.recompute_layers) if self.recompute_layers else "all"
-            parts.append(f"ckpt={short}:{n}")
+            parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         return " ".join(parts)
+
+    @property
+    def uneven_split(self) -> bool:
+        """Whether ``stage_layers`` is given and differs from the even split of its layers."""
+        if not self.stage_layers:
+            return False
+        if sum(self.stage_layers) < self.num_stages:  # embedding- or loss-only stages: never even
+            return True
+        return self.stage_layers != even_split(sum(self.stage_layers), self.num_stages)
+
+    @property
+    def partial_recompute(self) -> bool:
+        """Whether ``recompute_layers`` names fewer layers than the stages hold (not simply all)."""
+        return bool(self.recompute_layers) and self.recompute_layers != self.stage_layers
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -363,12 +452,51 @@ def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def format_counts(counts: tuple[int, ...]) -> str:
+    """``(2, 2, 2, 1, 3)`` -> ``2x3,1,3``: comma separated, a run of K equal values N as ``NxK``."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
+def parse_counts(text: str, what: str) -> tuple[int, ...]:
+    """The inverse of :func:`format_counts`: ``2x3,1,3`` -> ``(2, 2, 2, 1, 3)``."""
+    out: list[int] = []
+    for item in text.split(","):
+        value, times, repeat = item.strip().partition("x")
+        try:
+            n, k = int(value), int(repeat) if times else 1
+        except ValueError:
+            raise MeshplanError(f"{what} {text!r}: give counts like 9,10x6,11 (N, or N repeated K times as NxK)") from None
+        if n < 0 or k < 1:
+            raise MeshplanError(f"{what} {text!r}: counts must be >= 0 and repeats >= 1")
+        out += [n] * k
+    return tuple(out)
+
+
 def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
     """Split layers as evenly as possible; the earlier stages take the remainder."""
     if num_stages < 1 or num_stages > num_layers:
         raise MeshplanError(f"cannot split {num_layers} layers into {num_stages} stages")
     base, extra = divmod(num_layers, num_stages)
     return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
+
+
+def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``: the embedding and the loss count as one layer each,
+    the ``num_layers + 2`` slots split evenly (Megatron requires it to divide), so the first and
+    last stages hold one transformer layer fewer (none when every stage holds one slot)."""
+    slots = num_layers + 2
+    if num_stages < 2 or slots % num_stages:
+        raise MeshplanError(f"{num_layers} layers + embedding + loss = {slots} slots do not split evenly "
+                            f"into {num_stages} stages")
+    per = slots // num_stages
+    return (per - 1,) + (per,) * (num_stages - 2) + (per - 1,)
 
 
 @dataclass(frozen=True, kw_only=True)

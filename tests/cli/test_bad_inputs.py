@@ -132,7 +132,7 @@ def _csv_with(cell: str, value: str) -> str:
                pp="1", precision="fp16", measured_tflops_per_gpu="137", flops_basis="hardware")
     row[cell] = value
     cols = header.split(",")
-    from meshplan.cost.validate import REQUIRED_COLUMNS
+    from meshplan.calib.validate import REQUIRED_COLUMNS
 
     cols += [c for c in REQUIRED_COLUMNS if c not in cols]
     return ",".join(cols) + "\n" + ",".join(row.get(c, "") for c in cols) + "\n"

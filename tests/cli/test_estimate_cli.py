@@ -86,7 +86,7 @@ def test_bad_input_is_one_line_exit_2(args, needle):
 
 
 def test_heads_not_divisible_by_tp(tmp_path):
-    r = run("estimate", "--model", "gpt2-xl", "--cluster", "dgx-h100", "--tp", "2", "--global-batch", "8")
+    r = run("estimate", "--model", "gpt2-xl", "--cluster", "dgx-h100", "--tp", "2", "--seq-len", "1024", "--global-batch", "8")
     assert r.returncode == 2 and "num_heads=25 is not divisible by tp=2" in r.stderr
 
 

@@ -51,7 +51,7 @@ def test_export_all_targets(gpt3_job, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "--num-layers-per-virtual-pipeline-stage 4 \\" in r.stdout
     out = tmp_path / "job.toml"
-    r = run("export", str(gpt3_job), "--to", "torchtitan", "--out", str(out))
+    r = run("export", str(gpt3_job), "--to", "torchtitan", "--target-version", "0.2.0", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "warning:" in r.stderr and "bfloat16" in r.stderr
     toml = tomllib.loads(out.read_text())
@@ -62,17 +62,30 @@ def test_export_all_targets(gpt3_job, tmp_path):
     assert "1F1B only" in r.stderr
 
 
-def test_export_json_and_torchtitan_import(gpt3_job, tmp_path):
-    r = run("export", str(gpt3_job), "--to", "torchtitan", "--json")
+@pytest.mark.parametrize("version,suffix,n_warnings", [("0.2.0", "toml", 2), ("0.3.0", "sh", 3)])
+def test_export_json_and_torchtitan_import(gpt3_job, tmp_path, version, suffix, n_warnings):
+    """Both torchtitan forms (TOML before 0.3, command line since) import back to the same plan;
+    the command line names MODULE/CONFIG placeholders for GPT-3, which torchtitan has no entry for."""
+    r = run("export", str(gpt3_job), "--to", "torchtitan", "--target-version", version, "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["target"] == "torchtitan" and len(data["warnings"]) == 2
-    toml = tmp_path / "t.toml"
-    toml.write_text(data["text"])
-    r = run("import", "--from", "torchtitan", str(toml), "--model", "gpt3-175b", "--gpu", "a100-80gb",
+    assert data["target"] == "torchtitan" and len(data["warnings"]) == n_warnings
+    path = tmp_path / f"t.{suffix}"
+    path.write_text(data["text"])
+    r = run("import", "--from", "torchtitan", str(path), "--model", "gpt3-175b", "--gpu", "a100-80gb",
             "--nodes", "192", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["notation"] == "dp24 tp8sp pp8(interleaved-1f1b,v3) cp1 mb1 ckpt=full:all"
+
+
+def test_import_torchtitan_command_line_names_its_preset(tmp_path):
+    """--module llama3 --config llama3_8b is meshplan's llama3-8b: no --model needed."""
+    golden = Path(__file__).resolve().parents[1] / "golden" / "export" / "llama8b_zero2.torchtitan-0.3.0.sh"
+    r = run("import", "--from", "torchtitan", str(golden), "--cluster", "dgx-h100", "--nodes", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model"]["name"] == "llama3-8b"
+    assert data["notation"] == "dp16 zero2x16 tp1 pp1 cp1 mb2 ckpt=full:all"
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -89,6 +102,29 @@ def test_bad_input_is_one_line_exit_2(args, msg, tmp_path):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
     assert msg in r.stderr
+
+
+def test_megatron_bridge_export_and_import(gpt3_job, tmp_path):
+    """The Bridge overrides of GPT-3 (no recipe: a placeholder and a warning) import back."""
+    out = tmp_path / "gpt3.overrides"
+    r = run("export", str(gpt3_job), "--to", "megatron-bridge", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "recipe=RECIPE" in out.read_text() and "no recipe for gpt3-175b" in r.stderr
+    r = run("import", "--from", "megatron-bridge", str(out), "--model", "gpt3-175b", "--gpu", "a100-80gb",
+            "--nodes", "192", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["notation"] == "dp24 tp8 pp8(interleaved-1f1b,v3) cp1 mb1 ckpt=full:all"
+    bad = tmp_path / "bad.overrides"
+    bad.write_text("recipe=RECIPE\nmodel.num_layers=96\nnonsense\n")
+    r = run("import", "--from", "megatron-bridge", str(bad), "--model", "gpt3-175b", "--gpu", "a100-80gb",
+            "--nodes", "192")
+    assert r.returncode == 2 and "line 3" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_bad_target_version(gpt3_job):
+    r = run("export", str(gpt3_job), "--to", "torchtitan", "--target-version", "latest")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+    assert "not of the form 0.3.0" in r.stderr
 
 
 def test_import_with_hf_config_model(tmp_path):
@@ -134,4 +170,4 @@ def test_import_torchtitan_flavor_preset():
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["model"]["name"] == "llama3-8b"
-    assert data["notation"] == "dp1 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"
+    assert data["notation"] == "dp8 fsdp8 tp8sp pp1 cp1 mb1 ckpt=sel:all"

@@ -56,6 +56,20 @@ def test_moe_with_sequence_parallel_is_refused_before_launch(tmp_path):
     assert "MoE with tensor + sequence parallel" in _one_error_line(meshplan("train", "--plan", str(path)))
 
 
+@pytest.mark.parametrize("model,feature", [
+    ("nemotron-3-nano", "hybrid Mamba-2 layers"), ("gpt-oss-20b", "sliding-window attention"),
+    ("deepseek-v3", "multi-token prediction"), ("nemotron-3-super", "hybrid Mamba-2 layers"),
+])
+def test_planner_only_architectures_are_refused_in_one_line(tmp_path, model, feature):
+    line = _one_error_line(meshplan("train", "--plan", str(_job_file(tmp_path, model=model))))
+    assert feature in line and "planner-only" in line
+
+
+def test_mla_with_sequence_parallel_is_refused_before_launch(tmp_path):
+    path = _job_file(tmp_path, model="toy-mla", dims=dict(tp=2), sp=True)
+    assert "latent attention with sequence parallel" in _one_error_line(meshplan("train", "--plan", str(path)))
+
+
 def test_override_that_breaks_the_plan_names_it(tmp_path):
     path = _job_file(tmp_path, dims=dict(tp=2))
     line = _one_error_line(meshplan("train", "--plan", str(path), "--override", "num_heads=3,num_kv_heads=3,hidden_size=48"))

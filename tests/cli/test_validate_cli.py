@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from meshplan.data.published import runs_csv
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-SHARED = Path("/work/shared/data/runs_calibration.csv")
 HEADER = ["id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
           "ffn_hidden_size", "vocab_size", "seq_len", "moe_num_experts", "moe_top_k",
           "moe_ffn_hidden_size", "gpu", "num_gpus", "gpus_per_node", "global_batch_size",
@@ -76,13 +77,54 @@ def test_bad_runs_files(tmp_path):
     assert r.returncode == 2 and "missing column" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(not SHARED.is_file(), reason="shared calibration data not present")
-def test_shared_csv_meets_targets():
-    r = run("validate", "--runs", str(SHARED), "--json")
+def test_shipped_runs_meet_targets():
+    """The published runs ship with the package: by name, and by default (from any directory)."""
+    r = run("validate", "--runs", "calibration", "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["summary"]
     assert s["throughput_rows"] >= 100 and s["memory_rows"] >= 30
     assert s["throughput_median_abs_error"] <= 0.10
     assert s["memory_median_abs_error"] <= 0.10
-    t = run("validate", "--runs", str(SHARED))
+    t = run("validate")
     assert t.returncode == 0 and "median" in t.stdout and "Rows not estimated" in t.stdout
+    assert json.loads(run("validate", "--json").stdout)["summary"] == s
+
+
+def test_shipped_megatron_bridge_set_is_found_by_name():
+    r = run("validate", "--runs", "megatron-bridge", "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["rows"] + s["skipped"] >= 250
+
+
+@pytest.mark.parametrize("arg, message", [("no-such-set", "no such file, nor a shipped set (calibration"),
+                                          (".", "is a directory")])
+def test_runs_that_are_neither_a_file_nor_a_shipped_set(arg, message):
+    r = run("validate", "--runs", arg)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+BRIDGE = runs_csv("megatron-bridge")
+
+
+def test_bridge_rows_build_where_their_preset_exists():
+    """Every row whose model resolves to a preset of this build is estimated (one row with an
+    inconsistent alternate configuration aside); the others are listed as 'no preset X'."""
+    from meshplan.spec.aliases import resolve_alias
+    from meshplan.spec.presets import model_names
+
+    r = run("validate", "--runs", str(BRIDGE), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    with BRIDGE.open(newline="") as fh:
+        rows = {row["id"]: row for row in csv.DictReader(fh)}
+    assert d["summary"]["rows"] + d["summary"]["skipped"] == len(rows) == 275
+    have = {i for i, row in rows.items() if resolve_alias(row["model"]).preset in model_names()}
+    built = {x["row_id"] for x in d["rows"]}
+    assert built <= have and len(built) >= len(have) - 1
+    for s in d["skipped"]:
+        assert s["reason"]
+        if s["row_id"] not in have:
+            assert s["reason"].startswith("no preset ")
+    for x in d["rows"]:
+        assert x["predicted"] > 0 and any(a.startswith("model: preset") for a in x["assumed"])

@@ -11,9 +11,9 @@ import pytest
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import rank_cost
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.fit import memory_loss
+from meshplan.calib.fit import memory_loss
 from meshplan.cost.layer import layer_cost
-from meshplan.cost.validate import build_run
+from meshplan.calib.validate import build_run
 from meshplan.plan import ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.model import ModelSpec

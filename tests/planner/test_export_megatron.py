@@ -59,10 +59,13 @@ def test_partial_selective_refused_everywhere_but_torchtitan_every_kth():
     partial = replace(job, plan=plan)
     text = export_job(partial, "megatron").text  # full, 16 of 32 layers: block method
     assert "--recompute-method block \\" in text and "--recompute-num-layers 16 \\" in text
-    assert 'selective_ac_option = "2"' in export_job(partial, "torchtitan").text  # every 2nd of 32
+    # every 2nd of 32: torchtitan's TOML form (< 0.3) had layer-level selective checkpointing
+    assert 'selective_ac_option = "2"' in export_job(partial, "torchtitan", "0.2.0").text
+    with pytest.raises(MeshplanError, match="dropped layer-level selective"):
+        export_job(partial, "torchtitan", "0.3.0")
     odd = replace(job, plan=replace(job.plan, recompute_layers=(7,)))  # 32 // k is never 7
     with pytest.raises(MeshplanError, match="every k-th block"):
-        export_job(odd, "torchtitan")
+        export_job(odd, "torchtitan", "0.2.0")
 
 
 def test_block_recompute_covers_short_stages():
@@ -76,3 +79,25 @@ def test_block_recompute_covers_short_stages():
     bad = replace(plan, recompute_layers=(9,) * 7 + (7,))
     with pytest.raises(MeshplanError, match="first k layers"):
         export_job(replace(job, plan=bad), "megatron")
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "gpt-oss-120b", "nemotron-3-super"])
+def test_2026_layouts_roundtrip_through_megatron_arguments(name):
+    """MLA, MTP, QK-norm, sliding windows + sinks, hybrid Mamba and LatentMoE survive export + import."""
+    from meshplan.plan import Job
+    from meshplan.spec.cluster import resolve_cluster
+    from meshplan.spec.training import TrainingSpec
+
+    model = model_preset(name)
+    job = Job(model=model, training=TrainingSpec(seq_len=4096, global_batch=64),
+              cluster=resolve_cluster("dgx-h100", gpus=64), plan=Plan(dims=ParallelDims(dp_shard=8, ep=8, tp=8), zero=1))
+    back = import_megatron(export_job(job, "megatron").text, num_gpus=64).model
+    got, want = back.to_dict(), model.to_dict()
+    # Megatron gives the shared experts' total width only: n experts of the routed width when it
+    # divides (Nemotron 3 Super: 5376 = 2 x 2688), the same parameters and FLOPs.
+    for key in ("name", "max_position", "moe_shared_experts", "moe_shared_ffn_hidden_size"):
+        got.pop(key), want.pop(key)
+    assert {k: v for k, v in got.items() if got[k] != want[k]} == {}
+    assert (back.moe_shared_experts * back.moe_shared_ffn_hidden_size
+            == model.moe_shared_experts * model.moe_shared_ffn_hidden_size)
+    assert back.num_params() == model.num_params()

@@ -57,3 +57,62 @@ def test_missing_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MeshplanError, match="no num_hidden_layers"):
         load_hf_config(tmp_path / "config.json")
+
+
+NEW_LAYOUTS = ["deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b", "gpt-oss-20b",
+               "nemotron-3-nano", "nemotron-3-super"]
+
+
+@pytest.mark.parametrize("name", NEW_LAYOUTS)
+def test_2026_layouts_match_their_preset(name):
+    """deepseek_v3, kimi_k2, qwen3_moe, gpt_oss and nemotron_h configs (published values, trimmed)."""
+    spec = resolve_model(str(FIXTURES / name / "config.json"))
+    preset = model_preset(name)
+    got, want = spec.to_dict(), preset.to_dict()
+    for key in ("name", "max_position"):
+        got.pop(key), want.pop(key)
+    assert got == want
+    assert spec.num_params() == preset.num_params()
+
+
+def _write(tmp_path, name, **changes):
+    cfg = json.loads((FIXTURES / name / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path / "config.json"
+
+
+def test_nemotron_layers_block_type_is_read_like_the_pattern(tmp_path):
+    blocks = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    pattern = model_preset("nemotron-3-nano").hybrid_pattern
+    path = _write(tmp_path, "nemotron-3-nano", hybrid_override_pattern=None,
+                  layers_block_type=[blocks[c] for c in pattern])
+    assert load_hf_config(path).hybrid_pattern == pattern
+
+
+@pytest.mark.parametrize("name,changes,match", [
+    ("nemotron-3-nano", {"layers_block_type": ["mamba", "cross"], "hybrid_override_pattern": None}, "'cross'"),
+    ("nemotron-3-nano", {"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "M*"}, "MTP module"),
+    ("nemotron-3-nano", {"hybrid_override_pattern": None}, "no hybrid_override_pattern"),
+    ("nemotron-3-nano", {"hybrid_override_pattern": "MEX"}, "letter"),
+    ("deepseek-v3", {"kv_lora_rank": None}, "no kv_lora_rank"),
+    ("gpt-oss-20b", {"layer_types": ["full_attention", "sliding_attention", "sliding_attention"] * 8},
+     "not a periodic"),
+    ("qwen3-30b-a3b", {"mlp_only_layers": [0]}, "mlp_only_layers"),
+])
+def test_bad_2026_configs_name_the_problem(tmp_path, name, changes, match):
+    with pytest.raises(MeshplanError, match=match):
+        load_hf_config(_write(tmp_path, name, **changes))
+
+
+def test_qwen3_dense_reads_qk_norm():
+    # Qwen3-8B model card: 8.2B parameters, 6.95B without embeddings (input and output tables).
+    spec = load_hf_config(FIXTURES / "qwen3-8b" / "config.json")
+    assert spec.qk_norm and spec.head_dim == 128
+    assert spec.num_params() / 1e9 == pytest.approx(8.19, rel=0.01)
+    non_embedding = spec.num_params() - 2 * spec.vocab_size * spec.hidden_size
+    assert non_embedding / 1e9 == pytest.approx(6.95, rel=0.01)

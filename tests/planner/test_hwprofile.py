@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import system_preset
-from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta, fit_matmul_curve
-from meshplan.spec.hwprofile import apply_profile, host_share, joint_link_fit, load_profile
-from meshplan.spec.hwcalib import profile_fit
+from meshplan.calib.hwfit import CollectiveOp, bus_factor, fit_alpha_beta, fit_matmul_curve
+from meshplan.calib.hwprofile import apply_profile_data, host_share, joint_link_fit, load_profile
+from meshplan.calib.hwcalib import profile_fit
 from meshplan.spec.training import Precision
 
 GOLDEN = Path(__file__).parent / "data" / "hwprofile_small.json"
@@ -75,7 +75,7 @@ def test_load_golden_profile():
 
 def test_apply_profile_single_process_takes_measured_figures():
     base = system_preset("cpu").with_gpus(1)
-    c = apply_profile(base, GOLDEN)
+    c = apply_profile_data(base, load_profile(GOLDEN))
     assert c.gpu.peak_fp32_flops == 1e11
     assert c.gpu.peak_bf16_flops == base.gpu.peak_bf16_flops  # not measured: preset kept
     assert c.gpu.memory_gib == 16.0
@@ -91,7 +91,7 @@ def test_cpu_processes_share_the_host(procs, compute, memory):
     # 8 processes (not measured) time-slice the 4-process share once more.
     share = host_share(load_profile(GOLDEN), procs)
     assert share.compute == pytest.approx(compute) and share.memory == pytest.approx(memory)
-    c = apply_profile(system_preset("cpu").with_gpus(procs), GOLDEN)
+    c = apply_profile_data(system_preset("cpu").with_gpus(procs), load_profile(GOLDEN))
     assert c.gpu.peak_fp32_flops == pytest.approx(1e11 * compute)
     assert c.gpu.memory_gib == pytest.approx(16.0 * memory)
 
@@ -103,7 +103,7 @@ def test_profile_without_collectives_keeps_the_preset_link(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
     base = system_preset("cpu")
-    c = apply_profile(base, path)
+    c = apply_profile_data(base, load_profile(path))
     assert c.intra_node_bandwidth_bytes_per_s == base.intra_node_bandwidth_bytes_per_s
     assert c.gpu.peak_fp32_flops == 1e11
 
@@ -163,7 +163,7 @@ def test_cli_bad_profile_is_one_line_exit_2(tmp_path):
 
 
 def test_calibration_fitted_from_golden_profile():
-    from meshplan.spec.hwcalib import calibration_from_profile
+    from meshplan.calib.hwcalib import calibration_from_profile
     from meshplan.spec.training import Precision
 
     calib, fitted = calibration_from_profile(GOLDEN, Precision.FP32)

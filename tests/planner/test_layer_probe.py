@@ -17,10 +17,10 @@ from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.plan import CPMethod, ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
-from meshplan.spec.hwcalib import (CPU_SERIAL_OVERLAPS, _probe_model, calibration_from_profile,
+from meshplan.calib.hwcalib import (CPU_SERIAL_OVERLAPS, _probe_model, calibration_from_profile,
                                    calibration_from_profile_data, host_time_scaled)
-from meshplan.spec.hwprofile import HardwareProfile, LayerProbeSample, joint_link_fit, load_profile
-from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind, probe_plan
+from meshplan.calib.hwprofile import HardwareProfile, LayerProbeSample, joint_link_fit, load_profile
+from meshplan.calib.layer_probe import PROBE_LAYERS, ProbeKind, probe_plan
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -167,7 +167,7 @@ def test_elementwise_factor_scales_the_memory_bound_time_only():
 
 
 def test_elementwise_probe_fits_the_factor():
-    from meshplan.spec.hwcalib import _elementwise_fit
+    from meshplan.calib.hwcalib import _elementwise_fit
 
     golden = load_profile(GOLDEN)
     assert "elementwise_time_factor" not in {f.field for f in calibration_from_profile(GOLDEN, Precision.FP32)[1]}

@@ -93,4 +93,4 @@ def test_job_load_errors(tmp_path):
 def test_notation():
     p = Plan(dims=ParallelDims(dp_replicate=2, dp_shard=8, tp=8, pp=4), zero=3, sp=True,
              schedule="interleaved-1f1b", vpp=2, recompute="selective", recompute_layers=(3,) * 8)
-    assert p.notation() == "dp2 fsdp8 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:24"
+    assert p.notation() == "dp16 fsdp8 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:3x8"

@@ -1,4 +1,4 @@
-"""Prediction for a run and its comparison with measurements (meshplan.runtime.predict, no torch)."""
+"""Prediction for a run and its comparison with measurements (meshplan.calib.predict, no torch)."""
 
 from pathlib import Path
 
@@ -6,10 +6,12 @@ import pytest
 
 from meshplan.cost import estimate
 from meshplan.plan import Job, ParallelDims, Plan
-from meshplan.runtime.predict import compare, comparison_table, predict, runtime_calibration
+from meshplan.calib.hardware import runtime_storage
+from meshplan.calib.predict import compare, comparison_table, predict
 from meshplan.spec.cluster import GIB, system_preset
-from meshplan.spec.hwcalib import profile_calibration
-from meshplan.spec.hwprofile import apply_profile
+from meshplan.calib.hwcalib import calibration_from_profile_data, host_time_scaled
+from meshplan.calib.hwprofile import apply_profile_data, load_profile
+from meshplan.cost.calibration import calibration_for
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -24,8 +26,10 @@ def _job(precision=Precision.FP32, dp=2):
 def test_cpu_prediction_uses_profile_and_fp32_storage():
     job = _job()
     pred = predict(job, str(GOLDEN), "cpu")
-    cluster = apply_profile(job.cluster, GOLDEN)
-    calib = runtime_calibration(profile_calibration(GOLDEN, cluster.gpu, Precision.FP32, 2), Precision.FP32, "cpu")
+    profile = load_profile(GOLDEN)
+    cluster = apply_profile_data(job.cluster, profile)
+    fitted = calibration_from_profile_data(profile, "golden", Precision.FP32, calibration_for(cluster.gpu))[0]
+    calib = runtime_storage(host_time_scaled(fitted, profile, 2), Precision.FP32, "cpu")
     est = estimate(job.model, cluster, job.training, job.plan.with_defaults(job.model), calib)
     assert pred.step_time_s == pytest.approx(est.step_time_s)
     # fp32 weights and grads, no master copy: 4 + 4 bytes, then Adam's 8 (dp without ZeRO: no sharding)
@@ -75,7 +79,7 @@ def test_compare_takes_the_median_after_warmup():
 def test_attach_prediction_adds_fields_to_the_summary(tmp_path):
     import json
 
-    from meshplan.runtime.predict import attach_prediction
+    from meshplan.calib.predict import attach_prediction
 
     log = tmp_path / "log.jsonl"
     rows = [{"step": i, "loss": 5.0, "step_time_s": t, "tokens_per_s": 1.0, "peak_memory_gib": m}

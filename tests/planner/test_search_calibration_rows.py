@@ -1,21 +1,17 @@
 """Every configuration of the shared runs CSV lies inside the search space, and the search finds
 a plan at least as fast as the row's own under the same cost model and memory limit."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from meshplan.cost import estimate
-from meshplan.cost.validate import RUN_SETTINGS, load_runs, setting_calibration
+from meshplan.calib.validate import RUN_SETTINGS, load_runs, setting_calibration
 from meshplan.search.planner import search
 from meshplan.search.space import canonical, in_space
 
-CSV = Path("/work/shared/data/runs_calibration.csv")
-if not CSV.exists():  # the data travels with the repository in CI
-    CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "runs_calibration.csv"
+from meshplan.data.published import runs_csv
 
-pytestmark = pytest.mark.skipif(not CSV.exists(), reason="runs_calibration.csv not available")
+CSV = runs_csv("calibration")  # shipped inside the package
 
 SEARCHED_MAX_GPUS = 32
 """Rows up to this many GPUs are searched in full (the larger spaces are checked for membership

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from meshplan.cost.arrays import PlanArrays
 from meshplan.errors import MeshplanError
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
 from meshplan.search.space import (
-    GlobalConfigs, SearchOptions, canonical, divisors, enumerate_space, factorisations, in_space,
+    SearchOptions, canonical, divisors, enumerate_space, factorisations, in_space,
 )
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.presets import model_preset
@@ -28,7 +29,7 @@ def test_every_row_is_a_valid_plan_and_rows_are_distinct():
     model = model_preset("llama2-7b")
     training = TrainingSpec(seq_len=2048, global_batch=64)
     space = enumerate_space(model, training, 8)
-    rows = {tuple(int(getattr(space, f.name)[i]) for f in fields(GlobalConfigs)) for i in range(len(space))}
+    rows = {tuple(int(getattr(space, f.name)[i]) for f in fields(PlanArrays)) for i in range(len(space))}
     assert len(rows) == len(space)
     for i in np.random.default_rng(0).choice(len(space), 200, replace=False):
         space.plan(int(i)).validate_for(model, training, 8)  # raises if illegal
@@ -86,7 +87,27 @@ def test_rules_prune_illegal_degrees():
     s = enumerate_space(model, training, 1024)
     assert np.all(64 % s.tp == 0) and np.all(s.pp <= 80)
     assert np.all(1024 % (s.dp_replicate * s.dp_shard * s.micro_batch) == 0)
-    assert np.all((s.dp_shard > 1) == (s.zero > 0))
+    assert np.all(s.zero[s.dp_shard > 1] > 0)
+    # ZeRO shards over dp_shard x cp: over cp alone every stage is a plan; over one rank only 0
+    assert np.all(s.zero[(s.dp_shard == 1) & (s.cp == 1)] == 0)
+    assert set(s.zero[(s.dp_shard == 1) & (s.cp > 1)]) == {0, 1, 2, 3}
+    assert np.all(s.etp == s.tp)  # dense: no expert tensor parallel of its own
+    # vpp beyond MAX_VPP only where the chunks split the 80 layers (+ embedding + loss) evenly
+    big = (s.pp > 1) & (s.vpp > 8)
+    chunks = s.pp[big] * s.vpp[big]
+    assert big.any() and np.all((80 % chunks == 0) | (82 % chunks == 0))
+    assert {(2, 10), (2, 20), (2, 40), (4, 10), (4, 20), (8, 10)} <= set(zip(s.pp[big], s.vpp[big]))
     assert not np.any(s.sp & (s.tp == 1))
     with pytest.raises(MeshplanError):
         enumerate_space(model, training, 0)
+
+
+def test_published_vpp_beyond_eight_is_searched():
+    """Qwen3-235B-A22B's recipe runs 94 layers as pp 4 x vpp 12 (96 = 94 + embedding + loss
+    slots in 48 chunks); a 94-layer stack keeps that chunk count in the space."""
+    from meshplan.spec.model import scaled
+
+    model = scaled(model_preset("llama3-8b"), num_layers=94)
+    s = enumerate_space(model, TrainingSpec(seq_len=4096, global_batch=64), 64, SearchOptions(recomputes=(Recompute.NONE,)))
+    pairs = set(zip(s.pp[s.pp > 1].tolist(), s.vpp[s.pp > 1].tolist()))
+    assert (4, 12) in pairs and (2, 47) in pairs and (4, 11) not in pairs

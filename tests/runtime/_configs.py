@@ -17,6 +17,9 @@ MODELS = {
     "llama": model_preset("toy-llama").with_overrides({"num_layers": 2}),  # RMSNorm, RoPE, GQA 4q/2kv, SwiGLU
     "gpt": model_preset("toy-gpt").with_overrides({"num_layers": 2}),  # LayerNorm, learned pos, biases, tied
     "moe": model_preset("toy-moe").with_overrides({"num_layers": 2}),  # 4 experts, top-2
+    # MLA (q and kv low rank, rope 8 + nope 16, v 16), layer 0 dense, layer 1 MoE + 1 shared expert
+    "mla": model_preset("toy-mla").with_overrides({"num_layers": 2}),
+    "qknorm": model_preset("toy-llama").with_overrides({"num_layers": 2, "qk_norm": "true"}),  # Qwen3-style
 }
 
 

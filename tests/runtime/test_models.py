@@ -23,7 +23,8 @@ def _model(name: str, **over):
     return m
 
 
-@pytest.mark.parametrize("name", ["toy-llama", "toy-gpt", "toy-moe", "llama3-8b", "mixtral-8x7b", "gpt2"])
+@pytest.mark.parametrize("name", ["toy-llama", "toy-gpt", "toy-moe", "llama3-8b", "mixtral-8x7b", "gpt2",
+                                  "toy-mla", "deepseek-v3-nomtp", "kimi-k2", "qwen3-30b-a3b"])
 def test_parameter_count_matches_the_planner(name):
     spec = model_preset(name)
     model = build_model(spec)  # meta device: no memory
@@ -46,7 +47,7 @@ def test_init_is_deterministic_and_seed_dependent():
     assert torch.equal(a.layers["0"].attention_norm.weight, torch.ones(64))
 
 
-@pytest.mark.parametrize("name", ["toy-llama", "toy-gpt", "toy-moe"])
+@pytest.mark.parametrize("name", ["toy-llama", "toy-gpt", "toy-moe", "toy-mla"])
 def test_causal(name):
     """Changing token t leaves the logits before t unchanged and changes those from t on."""
     m = _model(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.spec.cluster import system_preset
-from meshplan.spec.hwprofile import apply_profile, load_profile
+from meshplan.calib.hwprofile import apply_profile_data, load_profile
 
 pytestmark = pytest.mark.runtime
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -43,13 +43,13 @@ def test_profile_quick_writes_a_valid_profile(tmp_path):
     assert {(r.kind, r.layers) for r in p.layer_probes} == {
         (k, n) for k in ("dp", "fsdp", "tp", "cp") for n in (1, 5)}
     assert all(r.time_s > 0 for r in p.layer_probes)
-    from meshplan.spec.hwcalib import calibration_from_profile
+    from meshplan.calib.hwcalib import calibration_from_profile
     from meshplan.spec.training import Precision
 
     fitted = {f.field for f in calibration_from_profile(out, Precision.FP32)[1]}
     assert {"tp_layer_overhead_s", "dp_layer_overhead_s", "fsdp_layer_overhead_s", "cp_layer_overhead_s",
             "elementwise_time_factor"} <= fitted
     assert p.device.elementwise_probe_s > 0
-    c = apply_profile(system_preset("cpu").with_gpus(2), out)
+    c = apply_profile_data(system_preset("cpu").with_gpus(2), load_profile(out))
     assert c.intra_node_bandwidth_bytes_per_s == p.link_bandwidth_bytes_per_s
     print(f"profile --quick --procs 2 took {elapsed:.1f} s")  # a figure, not a test: see bench/

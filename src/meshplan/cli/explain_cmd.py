@@ -8,29 +8,34 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, print_json
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
+from meshplan.cli.plan_flags import plan_argv
 from meshplan.plan import Job
 
 
 @app.command("explain")
 def explain_cmd(
     plan_file: Annotated[Path, typer.Argument(help="A Job file written by `meshplan plan --out`.")],
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Print a plan's step time, memory and per-stage breakdown under the cost model."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
 
     job = Job.load(plan_file)
-    est = estimate(job.model, job.cluster, job.training, job.plan)
+    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile)
+    est = estimate(job.model, hw.cluster, job.training, job.plan, hw.calib)
     plan = est.plan
     if json_out:
         out = est.to_dict()
         out["job"] = {"model": job.model.name, "cluster": job.cluster.name,
                       "num_gpus": job.cluster.num_gpus, "seq_len": job.training.seq_len,
                       "global_batch": job.training.global_batch,
-                      "precision": job.training.precision.value, "plan": plan.to_dict()}
+                      "precision": job.training.precision.value, "plan": plan.to_dict(),
+                      "flags": plan_argv(job.plan)}
         print_json(out)
         return
     con = console()

@@ -1,4 +1,4 @@
-"""`meshplan export plan.json --to megatron|torchtitan|deepspeed`."""
+"""`meshplan export plan.json --to megatron|megatron-bridge|torchtitan|deepspeed`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import JsonOpt, err_console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
 from meshplan.cli.checks import memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -22,21 +22,25 @@ def export(
     to: Annotated[ExportTarget, typer.Option("--to", help="Target framework.")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the config here instead of stdout.")] = None,
     best: Annotated[bool, typer.Option("--best", help="Search the job's model, batch and cluster, and export the fastest plan that fits and that the target can express.")] = False,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="With --best: memory budget per GPU (default: the search's).")] = None,
+    memory_gib: MemoryGibOpt = None,
+    cluster_profile: ClusterProfileOpt = None,
+    target_version: Annotated[Optional[str], typer.Option("--target-version", help="torchtitan: the version to write for (>= 0.3: command line; older: TOML). Default: the installed one, else the current release.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Write a plan as Megatron-LM arguments, a torchtitan TOML or a DeepSpeed JSON."""
+    """Write a plan as Megatron-LM arguments, Megatron-Bridge overrides, a torchtitan command line (or TOML) or a DeepSpeed JSON."""
     if memory_gib is not None and not best:
         raise MeshplanError("--memory-gib is the budget of the --best search: give --best, or drop it")
     output_path(out, "--out", f"{to.value} config")
     job = Job.load(plan_file)
     memory_budget_gib(memory_gib, job.cluster.gpu)
     chosen = None
+    if cluster_profile is not None and not best:
+        raise MeshplanError("--cluster-profile only matters with --best (the search); drop it or add --best")
     if best:
-        chosen = _best_for_target(job, to, memory_gib)
+        chosen = _best_for_target(job, to, memory_gib, cluster_profile, target_version)
         result = chosen["export"]
     else:
-        result = export_job(job, to)
+        result = export_job(job, to, target_version)
     if out is not None:
         try:
             out.write_text(result.text)
@@ -57,15 +61,18 @@ def export(
         err_console().print(f"wrote {result.target.value} config to {out}")
 
 
-def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None) -> dict:
+def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None, profile: str | None,
+                     version: str | None) -> dict:
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.export.common import best_expressible, search_options_for
     from meshplan.search.planner import search
     from meshplan.spec.cluster import GIB
 
-    res = search(job.model, job.cluster, job.training, options=search_options_for(target),
+    hw = resolve_hardware(job.cluster, job.training.precision, profile)
+    res = search(job.model, hw.cluster, job.training, calib=hw.calib, options=search_options_for(target),
                  budget_bytes=None if memory_gib is None else memory_gib * GIB)
     budget = res.budget_bytes / GIB
-    found = best_expressible(job, res.frontier, target, budget)
+    found = best_expressible(job, res.frontier, target, budget, version)
     if found is None:
         raise MeshplanError(f"no frontier plan within {budget:.1f} GiB per GPU can be expressed in {target.value}")
     i, export = found

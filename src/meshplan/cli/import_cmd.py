@@ -1,16 +1,18 @@
-"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE.toml` -> a Job file."""
+"""`meshplan import --from megatron "ARGS..."` / `--from torchtitan FILE` (TOML or >= 0.3 command
+line) -> a Job file."""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import (ClusterOpt, GpuOpt, GpusPerNodeOpt, JsonOpt, NodesOpt, OverrideOpt,
-                                 console, err_console, load_cluster, load_model, print_json)
+from meshplan.cli.common import JsonOpt, console, err_console, load_model, print_json
+from meshplan.cli.flags import ClusterFlags, ModelFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -21,19 +23,20 @@ from meshplan.textfile import read_text_file
 
 class ImportSource(str, enum.Enum):
     MEGATRON = "megatron"
+    MEGATRON_BRIDGE = "megatron-bridge"
     TORCHTITAN = "torchtitan"
 
 
-def _cluster(cluster: str | None, gpu: str | None, nodes: int | None, gpus_per_node: int | None,
-             gpus: int | None, launcher_gpus: int | None, launcher_per_node: int | None) -> ClusterSpec:
-    if cluster is None and gpu is None:
+def _cluster(flags: ClusterFlags, gpus: int | None, launcher_gpus: int | None,
+             launcher_per_node: int | None) -> ClusterSpec:
+    if flags.cluster is None and flags.gpu is None:
         raise MeshplanError("name the cluster the config runs on: --cluster dgx-a100 or --gpu a100-80gb")
-    if nodes is None and gpus is None and launcher_gpus is not None:
+    if flags.nodes is None and gpus is None and launcher_gpus is not None:
         gpus = launcher_gpus
-        gpus_per_node = gpus_per_node or launcher_per_node
-    if nodes is None and gpus is None:
+        flags = replace(flags, gpus_per_node=flags.gpus_per_node or launcher_per_node)
+    if flags.nodes is None and gpus is None:
         raise MeshplanError("give the GPU count: --gpus N or --nodes N")
-    return load_cluster(cluster, gpu, nodes, gpus_per_node, gpus)
+    return flags.spec(gpus=gpus)
 
 
 def _read_args(config: str) -> str:
@@ -52,27 +55,25 @@ def _save(job: Job, out: Path) -> None:
 
 
 @app.command("import", context_settings={"ignore_unknown_options": True})
+@with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags)
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
-    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). torchtitan: the TOML path.")],
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset or config.json when the config gives no model shape.")] = None,
-    override: OverrideOpt = None,
-    cluster: ClusterOpt = None,
-    gpu: GpuOpt = None,
-    nodes: NodesOpt = None,
-    gpus_per_node: GpusPerNodeOpt = None,
+    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). Megatron-Bridge: the overrides file. torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
+    model_flags: ModelFlags,
+    cluster_flags: ClusterFlags,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the Job file here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Turn a Megatron-LM command line or a torchtitan TOML into a meshplan Job file."""
-    base_model = load_model(model, override) if model else None
+    model, override = model_flags.model, model_flags.override
+    base_model = model_flags.spec() if model else None
     ignored: tuple[str, ...] = ()
     if source == ImportSource.MEGATRON:
         from meshplan.export.import_megatron import import_megatron, launcher_size
 
         text = _read_args(config)
-        spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, *launcher_size(text))
+        spec_cluster = _cluster(cluster_flags, gpus, *launcher_size(text))
         imp = import_megatron(text, num_gpus=spec_cluster.num_gpus, model=base_model,
                               name=base_model.name if base_model else "megatron-model")
         spec = imp.model or base_model
@@ -82,17 +83,28 @@ def import_(
         if imp.model is not None and override:
             spec = spec.with_overrides(parse_overrides(override))
         plan, training, ignored = imp.plan, imp.training, imp.ignored
-    else:
-        from meshplan.export.import_torchtitan import flavor_preset, import_torchtitan, load_toml
+    elif source == ImportSource.MEGATRON_BRIDGE:
+        from meshplan.export.megatron_bridge import import_megatron_bridge, recipe_preset
+        from meshplan.export.megatron_bridge import parse_overrides as parse_bridge
 
-        cfg = load_toml(config)
+        text = _read_args(config if config.startswith("@") else "@" + config)
         if base_model is None:
-            preset = flavor_preset(cfg)
+            preset = recipe_preset(parse_bridge(text)[0])
+            base_model = load_model(preset, override) if preset else None
+        spec_cluster = _cluster(cluster_flags, gpus, None, None)
+        imp = import_megatron_bridge(text, num_gpus=spec_cluster.num_gpus, model=base_model)
+        spec, plan, training = base_model, imp.plan, imp.training
+    else:
+        from meshplan.export.import_torchtitan import import_torchtitan, load_config
+
+        cfg, preset = load_config(config)
+        if base_model is None:
             if preset is None:
-                raise MeshplanError("the torchtitan [model] name/flavor has no meshplan preset: give --model")
+                raise MeshplanError("the torchtitan model (TOML [model] name/flavor or --module/--config) "
+                                    "has no meshplan preset: give --model")
             base_model = load_model(preset, override)
         spec = base_model
-        spec_cluster = _cluster(cluster, gpu, nodes, gpus_per_node, gpus, None, None)
+        spec_cluster = _cluster(cluster_flags, gpus, None, None)
         imp_t = import_torchtitan(cfg, num_gpus=spec_cluster.num_gpus, num_layers=spec.num_layers)
         plan, training = imp_t.plan, imp_t.training
     job = Job(model=spec, training=training, cluster=spec_cluster, plan=plan)

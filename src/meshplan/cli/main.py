@@ -11,6 +11,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.logging import RichHandler
 
 from meshplan import __version__
@@ -40,7 +41,7 @@ def _root(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, console=None)],
+        handlers=[RichHandler(show_path=False, console=Console(stderr=True))],  # stdout: tables, --json
         force=True,
     )
 
@@ -55,6 +56,10 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except MeshplanError as exc:
+        code = getattr(exc, "exit_code", 2)  # a run stopped on SIGTERM: its own status, not an error
+        if code != 2:
+            sys.stderr.write(f"{exc}\n")
+            sys.exit(code)
         _fail(str(exc), 2)
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `meshplan`: the help, as typer prints it
         exc.show()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Annotated
+
+import typer
+import yaml
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
-from meshplan.spec.cluster import gpu_names, gpu_preset, system_names, system_preset
+from meshplan.spec.cluster import ClusterSpec, example_cluster_yaml, gpu_names, gpu_preset, system_names, system_preset
 from meshplan.spec.presets import model_names, model_preset
 
 
@@ -36,25 +41,37 @@ def models(json_out: JsonOpt = False) -> None:
 
 
 @app.command("clusters")
-def clusters(json_out: JsonOpt = False) -> None:
+def clusters(
+    example: Annotated[bool, typer.Option("--example", help="Print a commented example cluster file (YAML) to start your own from.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
     """List the GPU and system presets."""
+    if example:
+        text = example_cluster_yaml()
+        if json_out:
+            print_json({"yaml": text, "cluster": ClusterSpec.from_dict(yaml.safe_load(text)).to_dict()})
+        else:
+            sys.stdout.write(text)
+        return
     gpus = [gpu_preset(n) for n in gpu_names()]
     systems = [system_preset(n) for n in system_names()]
     if json_out:
         print_json({"gpus": [g.__dict__ for g in gpus], "systems": [s.to_dict() for s in systems]})
         return
     t = Table(title="GPU presets")
-    for col in ("gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM TB/s"):
+    for col in ("gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp4 TFLOP/s", "memory GiB", "HBM TB/s"):
         t.add_column(col, justify="left" if col == "gpu" else "right")
     for g in gpus:
         t.add_row(g.name, f"{g.peak_bf16_flops / 1e12:.0f}", f"{g.peak_fp8_flops / 1e12:.0f}",
+                  f"{g.peak_fp4_flops / 1e12:.0f}" if g.peak_fp4_flops else "",
                   f"{g.memory_gib:.1f}", f"{g.hbm_bandwidth_bytes_per_s / 1e12:.2f}")
     console().print(t)
     s = Table(title="System presets (per-GPU link bandwidth, one direction)")
-    for col in ("system", "gpu", "GPUs/node", "intra GB/s", "inter GB/s"):
+    for col in ("system", "gpu", "GPUs/node", "NVLink domain", "intra GB/s", "inter GB/s"):
         s.add_column(col, justify="left" if col in ("system", "gpu") else "right")
     for c in systems:
-        s.add_row(c.name, c.gpu.name, str(c.gpus_per_node), f"{c.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
+        s.add_row(c.name, c.gpu.name, str(c.gpus_per_node), str(c.scale_up_gpus),
+                  f"{c.intra_node_bandwidth_bytes_per_s / 1e9:.0f}",
                   f"{c.inter_node_bandwidth_bytes_per_s / 1e9:.1f}")
     console().print(s)
 

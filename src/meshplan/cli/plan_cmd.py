@@ -10,25 +10,20 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import (
-    ClusterOpt, ClusterProfileOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-    JsonOpt, NodesOpt, OverrideOpt, console, err_console,
-    load_cluster, load_model, make_training, print_json,
-)
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, console, err_console, print_json
 from meshplan.cli.checks import explain_gpu_range, memory_budget_gib, nodes_and_gpus, output_path
+from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
+from meshplan.cli.plan_flags import plan_argv
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
-from meshplan.spec.model import ModelSpec, parse_overrides
-from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.targets import Target
 
 OVER_BUDGET_ROWS = 3
 """Frontier rows shown above the recommended plan (faster, but over the budget)."""
-
-DEFAULT_SEQ_LEN = 2048
-"""Sequence length when neither --seq-len nor a --compare Job file gives one."""
 
 PROGRESS_AFTER_S = 1.0
 """Show a progress bar only once a search has run this long (short searches stay quiet)."""
@@ -86,56 +81,49 @@ class _LazyProgress:
 
 
 @app.command("plan")
+@with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags, training_flags=TrainingFlags)
 def plan_cmd(
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path (default with --compare: the Job file's model).")] = None,
-    override: OverrideOpt = None,
-    cluster: ClusterOpt = None,
-    gpu: GpuOpt = None,
-    nodes: NodesOpt = None,
-    gpus_per_node: GpusPerNodeOpt = None,
+    *,
+    model_flags: ModelFlags,
+    cluster_flags: ClusterFlags,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256).")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help=f"Sequence length in tokens (default: {DEFAULT_SEQ_LEN}, or the --compare Job file's).")] = None,
-    global_batch: GlobalBatchOpt = None,
-    global_batch_tokens: GlobalBatchTokensOpt = None,
-    precision: Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision (default: bf16, or what the GPU supports: fp16, fp32).")] = None,
-    optimizer: Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer (its states set the memory; default: adamw, or the --compare Job file's).")] = None,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
+    training_flags: TrainingFlags,
+    memory_gib: MemoryGibOpt = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
     compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`).")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
+    from meshplan.targets import search_options
 
     output_path(out, "--out", "plan file")
     output_path(plot, "--plot", "frontier plot")
     if top < 0:
         raise MeshplanError(f"--top must be >= 0 (0: all rows), got {top}")
     mine = Job.load(compare_file) if compare_file is not None else None
-    spec = _model(model, override, mine)
+    spec = model_flags.spec(mine.model if mine else None,
+                            missing="give --model (a preset or config.json), or --compare JOB.json to plan for its model")
     counts = parse_gpu_counts(gpus) if gpus else None
-    nodes_and_gpus(nodes, counts, gpus)
-    if mine is not None and not (cluster or gpu or nodes or gpus_per_node):
-        base = _job_cluster(mine, counts, cluster_profile)
+    nodes_and_gpus(cluster_flags.nodes, counts, gpus)
+    if mine is not None and not cluster_flags.given:
+        base = _job_cluster(mine, counts)
     else:
-        base = load_cluster(cluster, gpu, nodes, gpus_per_node,
-                            gpus=counts[0] if counts and len(counts) == 1 else None, profile=cluster_profile)
-    job_training = mine.training if mine is not None else None
-    if job_training is not None and global_batch is None and global_batch_tokens is None:
-        global_batch = job_training.global_batch
-    training = make_training(
-        seq_len if seq_len is not None else (job_training.seq_len if job_training else DEFAULT_SEQ_LEN),
-        global_batch, global_batch_tokens,
-        precision or (job_training.precision if job_training else _default_precision(base)),
-        optimizer or (job_training.optimizer if job_training else Optimizer.ADAMW))
+        base = cluster_flags.spec(gpus=counts[0] if counts and len(counts) == 1 else None,
+                                  use_nodes=counts is None or len(counts) == 1)
+    training = training_flags.spec(mine.training if mine else None, _default_precision(base))
     try:
-        clusters = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
+        sizes = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     except MeshplanError as exc:
         raise explain_gpu_range(gpus, counts, exc) from None
+    hardware = [resolve_hardware(cl, training.precision, cluster_profile) for cl in sizes]
+    clusters = [hw.cluster for hw in hardware]
     memory_budget_gib(memory_gib, base.gpu)
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
@@ -143,10 +131,11 @@ def plan_cmd(
         raise MeshplanError(f"--pick {pick} chooses the frontier point --out writes: give --out FILE")
     budget = None if memory_gib is None else memory_gib * GIB
     results = []
-    for cl in clusters:
-        bar = _LazyProgress(not json_out, f"{cl.num_gpus} GPUs")
+    for hw in hardware:
+        bar = _LazyProgress(not json_out, f"{hw.cluster.num_gpus} GPUs")
         try:
-            results.append(search(spec, cl, training, budget_bytes=budget, progress=bar))
+            results.append(search(spec, hw.cluster, training, calib=hw.calib, budget_bytes=budget, progress=bar,
+                                  options=search_options(target, spec, training)))
         finally:
             bar.close()
 
@@ -175,9 +164,10 @@ def plan_cmd(
     if mine is not None:  # meshplan.report.compare (export helper's module)
         from meshplan.report.compare import compare_job
 
-        res = next((r for r in results if r.num_gpus == mine.cluster.num_gpus), chosen)
+        at = next((i for i, r in enumerate(results) if r.num_gpus == mine.cluster.num_gpus), chosen_idx)
+        res = results[at]
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
-                                 num_gpus=res.num_gpus)
+                                 num_gpus=res.num_gpus, hardware=hardware[at])
     if json_out:
         print_json({**_to_json(results, training, written, str(plot) if plot else None),
                     **({"comparison": comparison.to_dict()} if comparison else {})})
@@ -196,24 +186,10 @@ def plan_cmd(
         con.print(f"wrote the frontier plot to {plot}")
 
 
-def _model(model: str | None, override: str | None, mine: Job | None) -> ModelSpec:
-    """--model wins; with --compare and no --model, the Job file's model (--override applies)."""
-    if model is not None:
-        return load_model(model, override)
-    if mine is None:
-        raise MeshplanError("give --model (a preset or config.json), or --compare JOB.json to plan for its model")
-    return mine.model.with_overrides(parse_overrides(override)) if override else mine.model
-
-
-def _job_cluster(mine: Job, counts: list[int] | None, profile: str | None) -> ClusterSpec:
+def _job_cluster(mine: Job, counts: list[int] | None) -> ClusterSpec:
     """The --compare Job file's cluster (no --cluster/--gpu/--nodes/--gpus-per-node given):
-    its hardware, resized when --gpus gives one count, and a --cluster-profile applied on top."""
-    base = mine.cluster if not counts or len(counts) > 1 else mine.cluster.with_gpus(counts[0])
-    if profile:
-        from meshplan.spec.hwprofile import apply_profile
-
-        base = apply_profile(base, profile)
-    return base
+    its hardware, resized when --gpus gives one count."""
+    return mine.cluster if not counts or len(counts) > 1 else mine.cluster.with_gpus(counts[0])
 
 
 def _default_precision(cluster: ClusterSpec) -> Precision:
@@ -251,7 +227,7 @@ def _nothing_fits(results, model_name: str, margin_gib: float, memory_gib: float
 
 def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
     return {
-        "plan": p.plan.notation(), "step_time_s": p.step_time_s,
+        "plan": p.plan.notation(), "flags": plan_argv(p.plan), "step_time_s": p.step_time_s,
         "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
         "peak_memory_gib": p.peak_memory_gib, "fits": p.peak_memory_bytes <= budget_bytes,
         "gpu_hours_per_billion_tokens": p.gpu_hours_per_billion_tokens(training),
@@ -320,6 +296,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int)
         rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
         con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
                   + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
+        con.print(f"as flags (meshplan estimate ...): {plan_argv(p.plan)}", soft_wrap=True, markup=False)
 
 
 def _print_scaling(con, results, training) -> None:

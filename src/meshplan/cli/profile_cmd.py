@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,6 +16,8 @@ from meshplan.cli.common import JsonOpt, console, err_console, print_json
 from meshplan.cli.checks import count_flag, output_path, refuse_with
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
+
+log = logging.getLogger(__name__)
 
 
 @app.command("profile")
@@ -29,7 +33,7 @@ def profile(
 ) -> None:
     """Measure matmul, attention, memory bandwidth and collectives; write a profile for --cluster-profile."""
     if show is not None:
-        from meshplan.spec.hwprofile import load_profile
+        from meshplan.calib.hwprofile import load_profile
 
         refuse_with(ctx, ("out", "procs", "quick", "device"), because="--show prints a profile, it measures nothing")
         loaded = load_profile(show)
@@ -48,6 +52,10 @@ def profile(
     except ImportError as exc:
         raise MeshplanError(f"meshplan profile needs torch ({exc})") from None
     device_type = resolve_device_type(device)
+    cores = os.cpu_count() or 1
+    if procs is not None and device_type == "cpu" and procs > cores:
+        log.warning("--procs %d is more than this machine's %d cores: the collective benchmarks will "
+                    "share the cores, run slowly and measure that contention more than the links", procs, cores)
     req = ProfileRequest(procs=procs or default_procs(device_type), quick=quick, device_type=device_type)
     with Progress(TextColumn("[bold]profile[/]"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console(),
@@ -97,7 +105,7 @@ def _render(p, out: Path | None) -> None:
 
 def _render_probes(p, con) -> None:
     """The layer probe's times and the per-layer overheads fitted from them."""
-    from meshplan.spec.hwcalib import calibration_from_profile_data, probe_table
+    from meshplan.calib.hwcalib import calibration_from_profile_data, probe_table
     from meshplan.spec.training import Precision
 
     calib = calibration_from_profile_data(p, "shown", Precision.FP32)[0]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from meshplan import ckpt_meta
-from meshplan.cli.common import ClusterOpt, GpusPerNodeOpt, JsonOpt, console, load_cluster, print_json
+from meshplan.cli.common import ClusterOpt, ClusterProfileOpt, GpusPerNodeOpt, JsonOpt, MemoryGibOpt, console, load_cluster, print_json
 from meshplan.cli.checks import count_flag, memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -37,14 +37,13 @@ def new_cluster(saved: ClusterSpec, gpus: int, cluster: str | None, gpus_per_nod
 
 def pick_runnable(points, old: Job, cluster: ClusterSpec):
     """The fastest frontier point the runtime can run, and the faster ones it skipped (with why)."""
-    from meshplan.runtime.launch import pipeline_available
     from meshplan.runtime.support import check_runnable
 
     skipped = []
     for p in points:
         try:
             job = Job(model=old.model, training=old.training, cluster=cluster, plan=p.plan)
-            check_runnable(job, pipeline_available())
+            check_runnable(job)
         except MeshplanError as exc:
             skipped.append((p.plan, str(exc)))
             continue
@@ -63,20 +62,25 @@ def replan(
     gpus: Annotated[int, typer.Option("--gpus", help="GPU count to continue on.")],
     cluster: ClusterOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less a safety margin).")] = None,
+    memory_gib: MemoryGibOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the new plan (a Job file).")] = Path("replan.json"),
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Plan a checkpointed run for a new GPU count; print the command that resumes it."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.search.planner import search
 
     count_flag("--gpus", gpus)
     output_path(out, "--out", "plan file")
     ckpt, meta = ckpt_meta.load_meta(checkpoint)
     old = meta.job
-    cl = new_cluster(old.cluster, gpus, cluster, gpus_per_node)
+    hw = resolve_hardware(new_cluster(old.cluster, gpus, cluster, gpus_per_node), old.training.precision,
+                          cluster_profile)
+    cl = hw.cluster
     memory_budget_gib(memory_gib, cl.gpu)
-    result = search(old.model, cl, old.training, budget_bytes=None if memory_gib is None else memory_gib * GIB)
+    result = search(old.model, cl, old.training, calib=hw.calib,
+                    budget_bytes=None if memory_gib is None else memory_gib * GIB)
     best, skipped = pick_runnable(result.fitting, old, cl)
     if best is None and skipped:
         raise MeshplanError(f"no plan that fits on {gpus} {cl.gpu.name} can be run by this runtime "

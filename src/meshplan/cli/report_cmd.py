@@ -7,55 +7,50 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
-                                 JsonOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, err_console,
-                                 load_cluster, load_model, make_training, print_json)
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
 from meshplan.cli.checks import memory_budget_gib, output_path, refuse_with
+from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
-from meshplan.spec.training import Optimizer, Precision
 
 
 @app.command("report")
+@with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags, training_flags=TrainingFlags)
 def report(
     ctx: typer.Context,
+    *,
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")],
     plan_file: Annotated[Optional[Path], typer.Option("--plan", help="A Job file (yours): its model, cluster and batch are planned, and it is compared with the frontier.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset or config.json (without --plan).")] = None,
-    override: OverrideOpt = None,
-    cluster: ClusterOpt = None,
-    gpu: GpuOpt = None,
-    nodes: NodesOpt = None,
-    gpus_per_node: GpusPerNodeOpt = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Sequence length (without --plan).")] = None,
-    global_batch: GlobalBatchOpt = None,
-    global_batch_tokens: GlobalBatchTokensOpt = None,
-    precision: PrecisionOpt = Precision.BF16,
-    optimizer: OptimizerOpt = Optimizer.ADAMW,
-    memory_gib: Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU (default: GPU memory less the search's safety margin).")] = None,
+    model_flags: ModelFlags,
+    cluster_flags: ClusterFlags,
+    training_flags: TrainingFlags,
+    memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
+    cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
+    from meshplan.calib.hardware import resolve_hardware
     from meshplan.report.build import build_report
 
     output_path(out, "--out", "HTML report")
     yours = None
     if plan_file is not None:
         refuse_with(ctx, ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
-                          "global_batch_tokens", "precision", "optimizer"),
+                          "global_batch_tokens", "precision", "recipe", "optimizer"),
                     because="--plan brings its own model, cluster and batch")
         job = Job.load(plan_file)
         spec, spec_cluster, training, yours = job.model, job.cluster, job.training, job.plan
     else:
-        if model is None or seq_len is None:
+        if model_flags.model is None or training_flags.seq_len is None:
             raise MeshplanError("give --plan FILE, or --model, --seq-len, a batch and a cluster")
-        spec = load_model(model, override)
-        spec_cluster = load_cluster(cluster, gpu, nodes, gpus_per_node)
-        training = make_training(seq_len, global_batch, global_batch_tokens, precision, optimizer)
+        spec = model_flags.spec()
+        spec_cluster = cluster_flags.spec()
+        training = training_flags.spec()
     memory_budget_gib(memory_gib, spec_cluster.gpu)
-    built = build_report(spec, spec_cluster, training, yours=yours, pick=pick, budget_gib=memory_gib)
+    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
+    built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib)
     try:
         out.write_text(built.html)
     except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ from meshplan.cli.checks import count_flag, output_path, positive_rate
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
+from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S
 from meshplan.spec.model import parse_overrides
 from meshplan.textfile import check_text_file
 
@@ -46,10 +48,11 @@ def train(
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and after the last); 0: only after the last.", min=0)] = 0,
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
+    collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.")] = DEFAULT_COLLECTIVE_TIMEOUT_S,
     json_out: JsonOpt = False,
 ) -> None:
-    """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
-    from meshplan.runtime.launch import launch, pipeline_available, under_torchrun
+    """Train the plan's model for some steps with the plan's parallel layout (one process per rank, gloo on CPU, nccl on GPU)."""
+    from meshplan.runtime.launch import check_machine, launch, under_torchrun, visible_gpus
     from meshplan.runtime.support import check_runnable
 
     job = Job.load(plan)
@@ -67,9 +70,12 @@ def train(
         from meshplan.runtime.data import load_text_tokens
 
         load_text_tokens(data_path, job.model.vocab_size, job.training.seq_len)
-    check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    check_runnable(job, text_data=data_path is not None)
+    check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
+    if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
+        raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
     if cluster_profile:  # a bad profile fails now, not after training
-        from meshplan.spec.hwprofile import load_profile
+        from meshplan.calib.hwprofile import load_profile
 
         load_profile(cluster_profile)
     if checkpoint_dir is None and (resume or checkpoint_every or checkpoint_keep):
@@ -94,11 +100,12 @@ def train(
         cfg = TrainConfig(steps=steps, lr=lr, seed=seed, data=data_path, log_path=log_path,
                           progress=not json_out,
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
-                          checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
+                          checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+                          collective_timeout_s=collective_timeout_s)
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return
-        from meshplan.runtime.predict import attach_prediction, comparison_table
+        from meshplan.calib.predict import attach_prediction, comparison_table
 
         versus = attach_prediction(job, log_path, cluster_profile)  # adds both to the log's summary
         lines = [json.loads(x) for x in Path(log_path).read_text().splitlines()]

@@ -6,11 +6,11 @@ import math
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
+from meshplan.data.published import DEFAULT_RUNS, runs_csv
 from meshplan.errors import MeshplanError
 
 
@@ -25,32 +25,44 @@ def _finite(obj):
     return obj
 
 
+def fit_settings(rows, given: dict) -> dict:
+    """The software settings a fit starts from: those given, else the one set the rows share
+    (their frameworks' defaults); rows of stacks that differ need them given."""
+    kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
+    if len(kinds) > 1:
+        raise MeshplanError("--fit: the rows' frameworks differ in fused attention or dropout; "
+                            "give --fused-attention/--no-fused-attention and --dropout/--no-dropout")
+    return dict(kinds.pop()) if kinds else dict(given)
+
+
 def _fmt(v: float | None, spec: str) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
 @app.command("validate")
 def validate_cmd(
-    runs: Annotated[str, typer.Option("--runs", help="CSV of measured runs (header of runs_calibration.csv).")],
+    runs: Annotated[str, typer.Option("--runs", help="A shipped set of published runs (calibration, megatron-bridge) or a CSV of that format.")] = DEFAULT_RUNS,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per GPU family on these runs first and print it.")] = False,
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="With --fit: refit without each source and score it.")] = False,
-    fused_attention: Annotated[bool, typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (the CSV's 2020-22 Megatron runs did not).")] = False,
-    dropout: Annotated[bool, typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (GPT-style runs did).")] = True,
+    fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
+    dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (default: each row's framework's: GPT-style runs did).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
     from meshplan.cost.calibration import Calibration, gpu_family
-    from meshplan.cost.validate import evaluate, load_runs
+    from meshplan.calib.validate import evaluate, load_runs
 
     if loso and not fit:
         raise MeshplanError("--leave-one-source-out scores a refit: give it with --fit")
-    settings = {"fused_attention": fused_attention, "dropout": dropout}
-    rows, skipped = load_runs(runs)
+    settings = {k: v for k, v in (("fused_attention", fused_attention), ("dropout", dropout)) if v is not None}
+    rows, skipped = load_runs(runs_csv(runs))
     fitted: dict[str, dict] = {}
     loso_out: dict[str, dict] = {}
     calib_for = None
     if fit:
-        from meshplan.cost.fit import fit_family, leave_one_source_out
+        from meshplan.calib.fit import fit_family, leave_one_source_out
+
+        settings = fit_settings(rows, settings)
 
         for fam in sorted({gpu_family(r.cluster.gpu) for r in rows}):
             res = fit_family(rows, fam, settings)
@@ -73,8 +85,6 @@ def validate_cmd(
         print_json(_finite(out))
         return
     con = console()
-    if not con.is_terminal or con.width < 160:
-        con = Console(highlight=False, width=180)
     t = Table(title=f"Predicted vs measured: {runs}")
     for col in ("id", "model", "gpu", "plan", "metric", "measured", "predicted", "error",
                 "mem GiB", "pred GiB", "mem err", "fits"):
@@ -83,7 +93,7 @@ def validate_cmd(
         fits = "yes" if r.fits else "no"
         if r.oom:
             fits += " (OOM)" if not r.fits else " [red](OOM missed)[/red]"
-        t.add_row(r.row_id, r.model[:28], r.gpu, r.plan, r.metric or "", _fmt(r.measured, ".4g"),
+        t.add_row(r.row_id, r.model, r.gpu, r.plan, r.metric or "", _fmt(r.measured, ".4g"),
                   _fmt(r.predicted, ".4g"), _fmt(r.error, "+.1%"), _fmt(r.measured_memory_gib, ".1f"),
                   _fmt(r.predicted_memory_gib, ".1f"), _fmt(r.memory_error, "+.1%"), fits)
     con.print(t)
@@ -93,7 +103,7 @@ def validate_cmd(
         sk.add_column("source")
         sk.add_column("reason")
         for s in report.skipped:
-            sk.add_row(s.row_id, s.source[:40], s.reason)
+            sk.add_row(s.row_id, s.source, s.reason)
         con.print(sk)
     s = report.summary()
     summ = Table(title="Summary (absolute relative error)")

@@ -1,4 +1,6 @@
-"""``PlanArrays``: many plans as a struct of equal-length NumPy arrays (one row per plan)."""
+"""``PlanArrays``: many plans as a struct of equal-length NumPy arrays (one row per plan): what
+the cost model estimates in one pass, and what the search enumerates (one row per global
+configuration, ``meshplan.search.space``)."""
 
 from __future__ import annotations
 
@@ -39,8 +41,12 @@ class PlanArrays:
     micro_batch: np.ndarray
     recompute: np.ndarray  # index into RECOMPUTE_CODES
     cp_method: np.ndarray  # index into CP_METHOD_CODES
+    etp: np.ndarray | None = None
+    """Expert tensor parallel degree, resolved (``ParallelDims.expert_tp``); None: tp."""
 
     def __post_init__(self) -> None:
+        if self.etp is None:
+            object.__setattr__(self, "etp", np.asarray(self.tp))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
@@ -82,22 +88,28 @@ class PlanArrays:
             micro_batch=col(lambda p: p.micro_batch),
             recompute=col(lambda p: RECOMPUTE_CODES.index(p.recompute)),
             cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
+            etp=col(lambda p: p.dims.expert_tp),
         )
 
-    def plan(self, i: int) -> Plan:
-        """The ``Plan`` of row ``i`` (even split, all-layer recompute)."""
+    def plan(self, i: int, stage_layers: tuple[int, ...] = (),
+             recompute_layers: tuple[int, ...] = ()) -> Plan:
+        """The ``Plan`` of row ``i`` (even split and all-layer recompute unless layers are given)."""
+        recompute = RECOMPUTE_CODES[int(self.recompute[i])]
         return Plan(
             dims=ParallelDims(
                 dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
                 tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]), ep=int(self.ep[i]),
+                etp=0 if self.etp[i] == self.tp[i] else int(self.etp[i]),
             ),
             zero=int(self.zero[i]),
             sp=bool(self.sp[i]),
             schedule=SCHEDULE_CODES[int(self.schedule[i])],
             vpp=int(self.vpp[i]),
             micro_batch=int(self.micro_batch[i]),
-            recompute=RECOMPUTE_CODES[int(self.recompute[i])],
+            recompute=recompute,
             cp_method=CP_METHOD_CODES[int(self.cp_method[i])],
+            stage_layers=tuple(stage_layers),
+            recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
         )
 
     def take(self, index) -> "PlanArrays":

@@ -108,13 +108,14 @@ class PlanTerms:
     """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
     the plan's ZeRO stage reaches it, else 1)."""
     expert_shards: tuple[np.ndarray, ...]
-    """The same for expert states (n1 / ep, at least 1)."""
+    """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
+    least 1; n1 / ep when etp = tp)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = cluster.gpu.peak_flops(training.precision)
+    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
@@ -141,7 +142,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
                           np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
                                    layer.act_none_bytes))
-    n1_e = np.maximum(n1 / plans.ep, 1.0)
+    n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
     m = num_microbatches(training, plans)
     return PlanTerms(
@@ -166,7 +167,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     hbm, v, T, Vt = terms.hbm, terms.v, terms.T, terms.Vt
     p = plans.pp
     m = terms.m
-    layers = np.asarray(layers, dtype=float)
+    # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
+    # as Megatron places them: each is charged as one more average layer plus one more LM-head pass.
+    mtp = float(model.mtp_num_layers)
+    layers = np.asarray(layers, dtype=float) + np.where(has_head, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
@@ -174,7 +178,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
-    compute = compute + np.where(has_head, terms.head_compute_s, 0.0)
+    compute = compute + np.where(has_head, (1.0 + mtp) * terms.head_compute_s, 0.0)
     compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
     p2p = terms.p2p_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
@@ -217,6 +221,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
     comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
     comm_tot = comm_tot + z3
+    # ZeRO-2 keeps only a shard of the gradients, so gradient accumulation cannot sum them
+    # locally: every micro-batch's backward reduce-scatters its gradients (Rajbhandari et al.
+    # 2020, Sec. 5.2; DeepSpeed stage 2, FSDP2 with reshard_after_forward=False). The last of
+    # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
+    # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
+    z2 = np.where(z == 2, rs_grads * (terms.m_float - 1.0) / terms.m_float, 0.0)
+    comm_exp = comm_exp + comms.exposed(z2, calib.fsdp_overlap, mb_bwd)
+    comm_tot = comm_tot + z2
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / terms.dense_shards[1] * (

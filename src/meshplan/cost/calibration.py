@@ -3,12 +3,16 @@
 The formulas in :mod:`meshplan.cost` only ever read factors from a :class:`Calibration`; no bare
 tuning numbers appear inside a formula. ``calibration_for(gpu)`` returns the defaults for a GPU
 family: literature/vendor-derived values, replaced for the A100 and V100 families by the values
-that ``meshplan validate --fit`` found on ``runs_calibration.csv`` (see ``FITTED``).
+that ``meshplan validate --fit`` found on ``runs_calibration.csv``, kept as data with their source
+(``FITTED_FILE``, ``fitted_records``).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
+from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -54,7 +58,7 @@ class Calibration:
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
     torch.compile): 1. Eager PyTorch runs more passes (rotary embedding, GQA's repeated K/V, the
     saved tensors of autograd); a CPU profile measures meshplan's runtime modules (the
-    elementwise probe, meshplan.spec.layer_probe)."""
+    elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
     peak forward+backward, Dao 2023 Sec. 4.1)."""
@@ -82,7 +86,7 @@ class Calibration:
     # Per-collective factors on the link's alpha and W. The link figures (cluster) are one
     # alpha-beta line for all collectives; NCCL's ring collectives all reach about the same bus
     # bandwidth (nccl-tests doc/PERFORMANCE.md), hence 1. A profile measures each op (gloo's
-    # reduce-scatter, for one, runs at a third of its all-gather's rate): meshplan.spec.hwcalib.
+    # reduce-scatter, for one, runs at a third of its all-gather's rate): meshplan.calib.hwcalib.
     all_reduce_latency_factor: float = 1.0
     """alpha of one ring step of an all-reduce, over the link's alpha."""
     all_gather_latency_factor: float = 1.0
@@ -187,7 +191,7 @@ class Calibration:
     def collective_factors(self, op: str) -> tuple[float, float]:
         """(latency factor, bandwidth factor) of a collective op ('all_reduce', 'all_gather',
         'reduce_scatter', 'all_to_all', 'send_recv', 'tp_all_gather', 'tp_reduce_scatter'; the
-        names of meshplan.spec.hwfit.CollectiveOp)."""
+        names of meshplan.calib.hwfit.CollectiveOp)."""
         if not hasattr(self, f"{op}_latency_factor"):
             raise MeshplanError(f"unknown collective {op!r}")
         return getattr(self, f"{op}_latency_factor"), getattr(self, f"{op}_bandwidth_factor")
@@ -228,34 +232,33 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
 
-# Values found by `meshplan validate --fit --runs runs_calibration.csv` (cost/fit.py): a grid
-# search minimising the median absolute log error of throughput (time fields) and the median
-# absolute error of peak memory (memory fields), per GPU family. Filled in below.
-FITTED: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    # 136 throughput rows, 65 memory rows + 6 OOM rows (one-sided) (Narayanan 2021, Korthikanti
-    # 2022, BLOOM tr11 sweeps, Megatron-LM README 2020), fitted with fused_attention=False,
-    # dropout=True. layer_overhead_s and comm_half_message_bytes fit to 0 on these runs.
-    "a100": MappingProxyType({
-        "source": "fitted on runs_calibration.csv (a100-40gb/80gb rows) by meshplan validate --fit",
-        "matmul_efficiency": 0.675, "matmul_half_dim": 96.0, "inter_node_comm_efficiency": 0.9,
-        "intra_node_comm_efficiency": 0.4, "dp_overlap": 1.0, "layer_overhead_s": 0.0,
-        "unaligned_matmul_factor": 0.1, "comm_half_message_bytes": 0.0,
-        "framework_overhead_gib": 10.0, "allocator_fragmentation": 0.05,
-        "loss_transient_bytes_per_element": 8.0, "grad_bytes_per_param_bf16": 4.5,
-    }),
-    # 4 throughput rows (Megatron-LM README 2020, DGX-2): only the GEMM efficiency is fitted.
-    "v100": MappingProxyType({
-        "source": "fitted on runs_calibration.csv (v100-32gb rows) by meshplan validate --fit",
-        "matmul_efficiency": 0.85,
-    }),
-    # Local CPU processes (the `cpu` preset): a torch + gloo worker's resident memory before any
-    # model, as `meshplan profile` measured it on the 2-core CI machine (docs/accuracy.md); the
-    # GPU default (CUDA context, NCCL buffers) would overstate it tenfold. Rates need a profile.
-    "cpu": MappingProxyType({
-        "source": "cpu preset: worker baseline measured by meshplan profile on the 2-core CI machine",
-        "framework_overhead_gib": 0.29,
-    }),
-})
+FITTED_FILE = "presets/calibration_fitted.json"
+"""Fitted values per GPU family, as data with their source (under the meshplan.spec package)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittedRecord:
+    """One GPU family's fitted Calibration fields and where they come from."""
+
+    family: str
+    source: str
+    how: str
+    values: Mapping[str, Any]
+
+
+@lru_cache(maxsize=1)
+def fitted_records() -> Mapping[str, FittedRecord]:
+    """The fitted records by GPU family (``FITTED_FILE``), each checked against Calibration."""
+    text = resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()
+    out = {}
+    for family, rec in json.loads(text).items():
+        if family.startswith("_"):
+            continue
+        record = FittedRecord(family=family, source=rec["source"], how=rec["how"],
+                              values=MappingProxyType(dict(rec["values"])))
+        Calibration().replace_fields(**record.values)  # an unknown field or a bad value fails here
+        out[family] = record
+    return MappingProxyType(out)
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -265,7 +268,7 @@ def gpu_family(gpu: GPUSpec) -> str:
 
 def calibration_for(gpu: GPUSpec) -> Calibration:
     """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
-    fitted = FITTED.get(gpu_family(gpu))
-    if fitted:
-        return Calibration().replace_fields(**dict(fitted))
-    return Calibration()
+    record = fitted_records().get(gpu_family(gpu))
+    if record is None:
+        return Calibration()
+    return Calibration().replace_fields(source=record.source, **record.values)

@@ -6,9 +6,12 @@ Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce of B bytes over n r
 
 Topology (plan.py): ranks are laid out ``pp, dp_replicate, dp_shard, cp, tp`` with tp innermost,
 so the group of an axis has its members ``stride`` ranks apart, stride = product of the inner
-axes. The group fits in one node iff ``stride * size <= gpus_per_node``; then it runs at NVLink
-speed, else at the NIC's. Each GPU has its own NIC (DGX), so a group spanning nodes gets one NIC's
-bandwidth per GPU whether one or several of its members share a node.
+axes. The group fits in one NVLink (scale-up) domain iff ``stride * size <= scale_up_gpus`` (a
+DGX node of 8, or a whole GB200/GB300 NVL72 rack of 72 even though its hosts are 4-GPU trays;
+jobs place whole groups inside a rack, e.g. 64 of its 72 GPUs); then it runs at NVLink speed,
+else at the NICs'. A group spanning domains gets the node's NIC bandwidth per GPU
+(``ClusterSpec.inter_node_bandwidth_bytes_per_s``: NICs x line rate / GPUs per node) whether one
+or several of its members share a node.
 
 All functions take and return NumPy arrays (or scalars) and broadcast: no Python branching on
 plan values, so one plan or a million plans evaluate with the same code.
@@ -43,7 +46,7 @@ def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
     """Link of a group of ``size`` ranks ``stride`` ranks apart (see module docstring)."""
     size = np.asarray(size, dtype=float)
     stride = np.asarray(stride, dtype=float)
-    inside = stride * size <= cluster.gpus_per_node
+    inside = stride * size <= cluster.scale_up_gpus
     bw = np.where(
         inside,
         cluster.intra_node_bandwidth_bytes_per_s * calib.intra_node_comm_efficiency,
@@ -87,12 +90,6 @@ def p2p_time(nbytes, active, link: Link):
     """One send/recv of ``nbytes``; zero where ``active`` is False (no peer)."""
     alpha, w = link.rates("send_recv")
     return np.where(active, nbytes / w + alpha, 0.0)
-
-
-def ring_bytes_moved(kind: str, nbytes: float, size: int) -> float:
-    """Bytes each rank sends in a ring collective (for tests and reports)."""
-    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
-    return factor * (size - 1) / size * nbytes
 
 
 def exposed(comm_s, overlap_fraction, window_s):

@@ -27,13 +27,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost import comms
-from meshplan.cost.arrays import CP_RING, PlanArrays
+from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
+from meshplan.cost.mixers import mixer_cost
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.model import Arch, ModelSpec
+from meshplan.spec.layers import (
+    Ffn,
+    LayerKind,
+    ffn_params,
+    layer_kind_counts,
+    mixer_params,
+    moe_params,
+)
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import Optimizer, Precision, TrainingSpec
-
-ACT_BYTES = 2.0  # one element of a 16-bit (bf16/fp16) activation; see activation_bytes()
 
 
 def activation_bytes(precision: Precision) -> float:
@@ -86,19 +94,6 @@ class LayerCost:
         return self.bwd_compute_s + self.bwd_comm_exposed_s
 
 
-def gemm_efficiency(calib: Calibration, m, n, k):
-    """Achieved fraction of peak for an (m x k) @ (k x n) GEMM (see Calibration fields)."""
-    x = np.minimum(np.minimum(m, n), k)
-    aligned = (np.mod(n, 8) == 0) & (np.mod(k, 8) == 0)
-    return (calib.matmul_efficiency * x / (x + calib.matmul_half_dim)
-            * np.where(aligned, 1.0, calib.unaligned_matmul_factor))
-
-
-def gemm_time(calib: Calibration, peak_flops: float, m, n, k):
-    """2mnk FLOPs at the shape's achievable rate; m, n, k per GPU."""
-    return 2.0 * m * n * k / (peak_flops * gemm_efficiency(calib, m, n, k))
-
-
 def optimizer_state_bytes_per_param(calib: Calibration, training: TrainingSpec) -> float:
     """fp32 master weights + optimizer moments (Adam 2, SGD 1)."""
     moments = calib.sgd_bytes_per_param if training.optimizer == Optimizer.SGD else calib.adam_bytes_per_param
@@ -115,13 +110,13 @@ def state_bytes(calib: Calibration, training: TrainingSpec, params, zero, shard)
     return params * (w + g + o)
 
 
-def _layer_params(model: ModelSpec, moe: bool):
-    """(dense part, expert part, active expert count) of one layer's parameters."""
-    if moe:
-        dense = model.attention_params() + 2 * model.norm_params() + model.hidden_size * model.moe_num_experts
-        dense += model.moe_shared_experts * model.mlp_params(model.moe_ffn_hidden_size)
-        return dense, model.moe_num_experts * model.mlp_params(model.moe_ffn_hidden_size)
-    return model.dense_layer_params(), 0
+def _layer_params(model: ModelSpec, kind: LayerKind):
+    """(dense part, routed-expert part) of one layer's parameters."""
+    dense = mixer_params(model, kind.mixer) + kind.parts * model.norm_params()
+    if kind.ffn == Ffn.MOE:
+        shared, experts = moe_params(model, active_only=False)
+        return dense + shared, experts
+    return dense + ffn_params(model, kind.ffn), 0
 
 
 def framework_overhead_s(calib: Calibration, plans: PlanArrays):
@@ -137,100 +132,91 @@ def framework_overhead_s(calib: Calibration, plans: PlanArrays):
 
 def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration) -> LayerCost:
-    """The average layer: MoE layers and leading dense layers weighted by their counts."""
-    if not model.is_moe:
-        return _one_layer(model, cluster, training, plans, calib, moe=False)
-    moe = _one_layer(model, cluster, training, plans, calib, moe=True)
-    if model.moe_dense_layers == 0:
-        return moe
-    dense = _one_layer(model, cluster, training, plans, calib, moe=False)
-    w = model.moe_dense_layers / model.num_layers
-    return LayerCost(**{f: (1 - w) * getattr(moe, f) + w * getattr(dense, f)
+    """The average layer of the stack: each kind of layer (spec/layers.py: attention + MLP, MoE,
+    leading dense layers, sliding-window layers, Mamba-2, ...) costed once and weighted by how many
+    layers hold it, so that ``num_layers`` times it gives the stack's exact totals of time,
+    parameters and memory. Pipeline ranks are charged by layer count (every rank sees the
+    average layer), which is approximate when kinds cluster (dense-first, hybrid patterns)."""
+    kinds = layer_kind_counts(model)
+    if len(kinds) == 1:
+        return _one_layer(model, cluster, training, plans, calib, kinds[0][0])
+    costs = [(_one_layer(model, cluster, training, plans, calib, kind), n / model.num_layers)
+             for kind, n in kinds]
+    return LayerCost(**{f: sum(w * getattr(cost, f) for cost, w in costs)
                         for f in LayerCost.__dataclass_fields__})
 
 
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               plans: PlanArrays, calib: Calibration, *, moe: bool) -> LayerCost:
+               plans: PlanArrays, calib: Calibration, kind: LayerKind) -> LayerCost:
     gpu = cluster.gpu
-    peak = gpu.peak_flops(training.precision)
+    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
     hbm = gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     ep = plans.ep.astype(float)
+    e_t = plans.etp.astype(float)  # expert tp (Megatron's MoE parallel folding); = t by default
     sp = plans.sp
     S = float(training.seq_len)
-    D, H = float(model.hidden_size), float(model.head_dim)
-    q = float(model.q_size)
-    kv_local = np.maximum(model.num_kv_heads / t, 1.0) * H  # KV heads replicate when t > K
-    heads_local = model.num_heads / t
+    D = float(model.hidden_size)
     T = plans.micro_batch * S / c  # (b*S/c) tokens on this GPU
     T_rep = np.where(sp, T / t, T)  # tokens seen by the replicated ops (norms, residual, dropout)
     m_mlp = 3.0 if model.gated_mlp else 2.0
     ab = activation_bytes(training.precision)  # bytes per activation element
+    parts = float(kind.parts)  # sub-blocks, each with a pre-norm, a residual add, a TP f/g pair
+    moe = kind.ffn == Ffn.MOE
 
-    # ---- forward math: GEMMs (per GPU shapes) ------------------------------------------
-    t_qkv = gemm_time(calib, peak, T, q / t + 2 * kv_local, D)
-    t_out = gemm_time(calib, peak, T, D, q / t)
+    # ---- forward math: token mixer, then channel mixer (per GPU shapes) ---------------------
+    mix = mixer_cost(model, cluster, kind, plans, calib, seq_len=training.seq_len, peak=peak, hbm=hbm,
+                     ab=ab, gemm_time=gemm_time)
     if moe:
         F = float(model.moe_ffn_hidden_size)
+        Fs = float(model.moe_shared_ffn_hidden_size)
         k_top = float(model.moe_top_k)
-        tok_per_expert = T * k_top * ep / model.moe_num_experts  # tokens each local expert sees
+        # tokens each local expert sees: an expert-tp group gathers its members' T*etp/t tokens
+        tok_per_expert = T * (e_t / t) * k_top * ep / model.moe_num_experts
         local_experts = model.moe_num_experts / ep
-        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / t, D)
-        down = gemm_time(calib, peak, tok_per_expert, D, F / t)
+        Dx = float(model.moe_latent_size or model.hidden_size)  # width the routed experts see
+        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
+        down = gemm_time(calib, peak, tok_per_expert, Dx, F / e_t)
         t_mlp = local_experts * (up + down)
         t_mlp += gemm_time(calib, peak, T, float(model.moe_num_experts), D)  # router
-        t_mlp += model.moe_shared_experts * (gemm_time(calib, peak, T, (m_mlp - 1) * F / t, D)
-                                             + gemm_time(calib, peak, T, D, F / t))
-        mlp_width = F * (k_top + model.moe_shared_experts)
-    else:
+        if model.moe_latent_size:  # LatentMoE down and up projections (TP-replicated here)
+            t_mlp += gemm_time(calib, peak, T, Dx, D) + gemm_time(calib, peak, T, D, Dx)
+        t_mlp += model.moe_shared_experts * (gemm_time(calib, peak, T, (m_mlp - 1) * Fs / t, D)
+                                             + gemm_time(calib, peak, T, D, Fs / t))
+        mlp_width = F * k_top + Fs * model.moe_shared_experts
+    elif kind.ffn == Ffn.DENSE:
         F = float(model.ffn_hidden_size)
         t_mlp = gemm_time(calib, peak, T, (m_mlp - 1) * F / t, D) + gemm_time(calib, peak, T, D, F / t)
         mlp_width = F
+    else:
+        t_mlp, mlp_width = 0.0 * T, 0.0
+    t_attn = mix.core_s  # attention core / SSD scan
 
-    # ---- attention core -----------------------------------------------------------------
-    causal = 0.5 if model.arch == Arch.DECODER else 1.0
-    attn_flops = 4.0 * T * S * q / t * causal
-    if calib.fused_attention:
-        head_aligned = calib.unaligned_matmul_factor if H % 8 else 1.0  # model constant
-        t_attn = attn_flops / (peak * calib.attention_efficiency * H / (H + calib.matmul_half_dim)
-                               * head_aligned)
-        softmax_bytes = 0.0
-    else:  # unfused: two batched GEMMs (k = H, then n = H) over full s x s scores + softmax pass
-        t_attn = attn_flops / causal / (peak * gemm_efficiency(calib, S, S, H))
-        scores = plans.micro_batch * heads_local * (S / c) * S  # elements (Megatron masks, not skips)
-        passes = 2.0 + (3.0 if calib.dropout else 0.0)  # softmax read+write; dropout r+w+mask
-        softmax_bytes = scores * passes * ab
     # ---- memory-bound elementwise ops (bytes read + written) ---------------------------
-    drop = 5.0 if calib.dropout else 0.0  # two hidden dropouts: read, write, half-size mask
-    rep_elems = T_rep * D * (4.0 + 6.0 + drop)  # 2 norms (r+w), 2 residual adds (2r+1w)
+    drop = 2.5 if calib.dropout else 0.0  # per sub-block dropout: read, write, half-size mask
+    rep_elems = T_rep * D * parts * (2.0 + 3.0 + drop)  # per sub-block: norm (r+w), residual (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
-    t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + softmax_bytes / hbm
+    t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + mix.softmax_bytes / hbm
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
-    fwd_compute = t_qkv + t_out + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    fwd_compute = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ab  # (b, S/c, D) activation
     tp_link = comms.group_link(cluster, calib, plans.tp, 1)
-    # Megatron f/g: two all-reduces per layer forward; with SP two all-gathers + two
-    # reduce-scatters moving the same bytes (Korthikanti et al. 2022 Sec. 4.2.2).
+    # Megatron f/g: one all-reduce per sub-block forward; with SP an all-gather + a
+    # reduce-scatter moving the same bytes (Korthikanti et al. 2022 Sec. 4.2.2).
     tp_comm = np.where(
         sp,
-        2 * (comms.all_gather_time(act_msg, t, tp_link, "tp_all_gather")
-             + comms.reduce_scatter_time(act_msg, t, tp_link, "tp_reduce_scatter")),
-        2 * comms.all_reduce_time(act_msg, t, tp_link),
+        parts * (comms.all_gather_time(act_msg, t, tp_link, "tp_all_gather")
+                 + comms.reduce_scatter_time(act_msg, t, tp_link, "tp_reduce_scatter")),
+        parts * comms.all_reduce_time(act_msg, t, tp_link),
     )
-    cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
-    kv_msg = T * 2 * kv_local * ab  # this rank's K and V chunk
-    ring = (c - 1) * comms.p2p_time(kv_msg, c > 1, cp_link)
-    # Ulysses (Jacobs et al. 2023): all-to-all of Q, K, V in and of the output back.
-    ulysses = comms.all_to_all_time(T * (2 * q / t + 2 * kv_local) * ab, c, cp_link)
-    cp_fwd = np.where(plans.cp_method == CP_RING, ring, ulysses)
-    cp_overlap = np.where(plans.cp_method == CP_RING, calib.cp_overlap, 0.0)
-    cp_bwd = np.where(plans.cp_method == CP_RING, 2 * ring, ulysses)  # ring: K/V and dK/dV
+    cp_fwd, cp_bwd, cp_overlap = mix.cp_fwd_s, mix.cp_bwd_s, mix.cp_overlap
     if moe:
-        ep_link = comms.group_link(cluster, calib, plans.ep, plans.tp)
-        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * D * ab, ep, ep_link)
+        ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)  # ep ranks etp apart
+        ep_width = float(model.moe_latent_size or model.hidden_size)  # tokens travel latent
+        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * ep_width * ab, ep, ep_link)
     else:
         ep_fwd = np.zeros_like(T)
     # Smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes).
@@ -249,27 +235,25 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                         + comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
                         + comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
                         + framework * (2.0 / 3.0))
-    rec_sel = t_attn + softmax_bytes / hbm
+    rec_sel = t_attn + mix.softmax_bytes / hbm
     rec_full = fwd_compute + fwd_comm_exposed
 
     # ---- parameters and states ----------------------------------------------------------
-    dense_p, expert_p = _layer_params(model, moe)
+    dense_p, expert_p = _layer_params(model, kind)
     dense_g = dense_p / t
-    expert_g = expert_p / (t * ep)
+    expert_g = expert_p / (e_t * ep)
     shard = (plans.dp_shard * plans.cp).astype(float)
     states = (state_bytes(calib, training, dense_g, plans.zero, shard)
-              + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard / ep, 1.0)))
+              + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard * t / (e_t * ep), 1.0)))
 
     # ---- activations (Korthikanti et al. 2022 Sec. 4.1, generalised; bytes) ------------
-    drop_masks = 2.0 if calib.dropout else 0.0  # attention-out and MLP-out dropout masks (1 B each)
-    replicated = T_rep * D * (4 * ab + drop_masks)  # LN1/LN2 inputs, QKV and MLP inputs
+    drop_masks = 1.0 if calib.dropout else 0.0  # per sub-block output dropout mask (1 B)
+    replicated = T_rep * D * parts * (2 * ab + drop_masks)  # per sub-block: norm input, linear input
     mlp_kept = (3.0 if model.gated_mlp else 2.0) * mlp_width  # GELU in+out, or gate, up, product
-    parallel = T * ab * (2 * q + 2 * kv_local * t + mlp_kept) / t  # Q,out-in, K,V, MLP
-    # softmax output (2 B), + dropout mask (1 B) and dropout output (2 B): the 5as^2b term
-    per_score = ab + ((1.0 + ab) if calib.dropout else 0.0)
-    score_bytes = 0.0 if calib.fused_attention else (
-        plans.micro_batch * heads_local * (S / c) * S * per_score)
-    act_none = replicated + parallel + score_bytes
+    parallel = mix.kept_bytes + T * ab * mlp_kept / t
+    if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
+        parallel = parallel + T * ab * 2.0 * model.moe_latent_size
+    act_none = replicated + parallel + mix.score_bytes
     act_sel = replicated + parallel
     act_full = T_rep * D * ab
     return LayerCost(

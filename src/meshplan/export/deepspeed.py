@@ -1,11 +1,12 @@
 """Job -> DeepSpeed config JSON.
 
 Key names checked against DeepSpeed's config documentation (docs/_pages/config-json.md: batch
-sizes, ``zero_optimization.stage``, ``bf16``/``fp16``, ``activation_checkpointing``; MiCS's
-``mics_shard_size`` for hybrid sharding; ``tensor_parallel.autotp_size`` for AutoTP training).
+sizes, ``zero_optimization.stage``, ``bf16``/``fp16``, ``activation_checkpointing``;
+``tensor_parallel.autotp_size`` for AutoTP training).
 What DeepSpeed sets in model code rather than in the JSON (pipeline stages through
 ``PipelineModule(num_stages=...)``, MoE ``ep_size``, which layers call
 ``deepspeed.checkpointing.checkpoint``) is stated as a warning; what it cannot run is refused.
+Checked by DeepSpeed's own config class (tests/frameworks/test_deepspeed_parses.py, 0.19.8).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, uniform_recompute
 from meshplan.plan import Job, Recompute, Schedule
 from meshplan.spec.training import Precision
 
@@ -25,9 +26,9 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     if d.cp > 1:
         raise MeshplanError("DeepSpeed's config cannot express context parallel (cp > 1); "
                             "DeepSpeed-Ulysses is set up in model code")
-    if t.precision == Precision.FP8:
-        raise MeshplanError("DeepSpeed's config has no fp8 training switch (it needs Transformer "
-                            "Engine in model code); use bf16 or fp16")
+    if t.precision in (Precision.FP8, Precision.FP4):
+        raise MeshplanError(f"DeepSpeed's config has no {t.precision.value} training switch (it needs "
+                            "Transformer Engine in model code); use bf16 or fp16")
     cfg: dict[str, object] = {
         "train_batch_size": t.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
@@ -39,14 +40,12 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
         cfg["fp16"] = {"enabled": True}
     zero: dict[str, object] = {"stage": plan.zero if d.dp_shard > 1 else 0}
     if d.dp_shard > 1 and d.dp_replicate > 1:
-        if plan.zero != 3:
-            raise MeshplanError(
-                f"DeepSpeed ZeRO-{plan.zero} shards over every data-parallel rank; hybrid sharding "
-                f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) needs ZeRO-3 (MiCS)"
-            )
-        zero["mics_shard_size"] = d.dp_shard  # shard inside groups of dp_shard, replicate across
-        warnings.append(f"hybrid sharding mapped to MiCS (mics_shard_size={d.dp_shard}): build the "
-                        "model under deepspeed.zero.MiCS_Init")
+        # its one hybrid form, MiCS (mics_shard_size), was removed: DeepSpeedConfig rejects the
+        # key since 0.19 (deepspeed/runtime/config.py _REMOVED_ZERO_CONFIG_KEYS, issue 8489)
+        raise MeshplanError(
+            f"DeepSpeed ZeRO shards over every data-parallel rank; hybrid sharding "
+            f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) was MiCS, which DeepSpeed 0.19 removed"
+        )
     cfg["zero_optimization"] = zero
     if d.tp > 1:
         if plan.zero == 3 and d.dp_shard > 1:
@@ -66,6 +65,8 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
             f"pipeline degree is set in code: PipelineModule(layers, num_stages={d.pp}); "
             f"layers per stage {list(plan.stage_layers)} (partition_method='uniform' gives an even split)"
         )
+    if d.etp and d.etp != d.tp:
+        raise MeshplanError("DeepSpeed-MoE has no expert tensor parallel of its own (etp must equal tp)")
     if d.ep > 1:
         warnings.append(f"expert parallel is set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep})")
     if plan.recompute == Recompute.SELECTIVE:

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(add_help=False, allow_abbrev=False)
     add = p.add_argument
     for name in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-                 "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+                 "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                 "--num-layers-per-virtual-pipeline-stage",
                  "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
                  "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
                  "--seq-length", "--recompute-num-layers", "--num-distributed-optimizer-instances",
@@ -49,13 +50,16 @@ def _parser() -> argparse.ArgumentParser:
                  "--num-query-groups", "--kv-channels", "--max-position-embeddings", "--vocab-size",
                  "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size", "--model-parallel-size",
+                 "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+                 "--mtp-num-layers", "--moe-latent-size", "--mamba-num-heads", "--mamba-head-dim",
+                 "--mamba-state-dim", "--mamba-num-groups",
                  # launcher (torchrun) options
                  "--nnodes", "--nproc-per-node", "--nproc_per_node"):
         add(name, type=int, default=None)
     for name in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                 "--add-qkv-bias", "--bf16", "--fp16"):
+                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm"):
         add(name, action="store_true")
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
@@ -63,8 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--position-embedding-type", default=None)
     add("--normalization", default=None)
     add("--fp8-format", default=None)
+    add("--fp8-recipe", default=None)
+    add("--fp4-format", default=None)
+    add("--fp4-recipe", default=None)
     add("--moe-layer-freq", default=None)
     add("--pipeline-model-parallel-layout", default=None)
+    for name in ("--window-size", "--window-attn-skip-freq", "--softmax-type", "--hybrid-override-pattern"):
+        add(name, default=None)
     return p
 
 
@@ -108,10 +117,17 @@ def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str
         moe = dict(moe_num_experts=a.num_experts, moe_top_k=a.moe_router_topk or 2,
                    moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0)
         if a.moe_shared_expert_intermediate_size:
+            # n shared experts of the routed width when it divides, else one of the given width
             width = a.moe_ffn_hidden_size or a.ffn_hidden_size or 4 * a.hidden_size
-            moe["moe_shared_experts"] = max(1, round(a.moe_shared_expert_intermediate_size / width))
+            n, rest = divmod(a.moe_shared_expert_intermediate_size, width)
+            if n and not rest:
+                moe["moe_shared_experts"] = n
+            else:
+                moe.update(moe_shared_experts=1, moe_shared_ffn_hidden_size=a.moe_shared_expert_intermediate_size)
         if a.moe_layer_freq and a.moe_layer_freq.startswith("[0]*"):
             moe["moe_dense_layers"] = int(a.moe_layer_freq[4:].split("+", 1)[0])
+        if a.moe_latent_size:
+            moe["moe_latent_size"] = a.moe_latent_size
     pos = a.position_embedding_type or "learned_absolute"
     if pos not in ("rope", "learned_absolute"):
         raise MeshplanError(f"--position-embedding-type {pos!r} is not supported (rope, learned_absolute)")
@@ -133,7 +149,37 @@ def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str
         attn_bias=(not a.disable_bias_linear) or a.add_qkv_bias,
         mlp_bias=not a.disable_bias_linear,
         **moe,
+        **_layout_fields(a),
     )
+
+
+def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
+    """MLA, QK-norm, sliding windows and sinks, MTP and hybrid Mamba fields (export/megatron.py)."""
+    out: dict[str, object] = {}
+    if a.multi_latent_attention:
+        out.update(q_lora_rank=a.q_lora_rank or 0, kv_lora_rank=a.kv_lora_rank or 0,
+                   qk_nope_head_dim=a.qk_head_dim or 0, qk_rope_head_dim=a.qk_pos_emb_head_dim or 0,
+                   v_head_dim=a.v_head_dim or 0)
+    elif a.qk_layernorm:
+        out["qk_norm"] = True
+    if a.window_size:
+        try:
+            out["sliding_window"] = int(str(a.window_size).split(",")[0])
+            out["full_attention_period"] = int(a.window_attn_skip_freq or 0)
+        except ValueError:
+            raise MeshplanError(f"--window-size {a.window_size} / --window-attn-skip-freq "
+                                f"{a.window_attn_skip_freq}: only 'W,0' and an integer period are read") from None
+    if a.softmax_type not in (None, "vanilla"):
+        if a.softmax_type != "learnable":
+            raise MeshplanError(f"--softmax-type {a.softmax_type!r} is not supported (vanilla, learnable)")
+        out["attention_sinks"] = True
+    if a.mtp_num_layers:
+        out["mtp_num_layers"] = a.mtp_num_layers
+    if a.hybrid_override_pattern:
+        out.update(hybrid_pattern=a.hybrid_override_pattern, mamba_num_heads=a.mamba_num_heads or 0,
+                   mamba_head_dim=a.mamba_head_dim or 0, mamba_state_size=a.mamba_state_dim or 0,
+                   mamba_groups=a.mamba_num_groups or 1)
+    return out
 
 
 def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
@@ -166,7 +212,7 @@ def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
             if not item.startswith("t"):
                 raise MeshplanError(f"pipeline layout {layout!r}: layer kind {item!r} is not supported")
             n += int(item[2:]) if "*" in item else 1
-        if n == 0:
+        if n == 0 and body == chunk:  # only a chunk holding E or L may have no transformer layer
             raise MeshplanError(f"pipeline layout {layout!r}: chunk {i} has no transformer layer")
         counts.append(n)
     return tuple(counts)
@@ -231,9 +277,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     pp = _positive("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1)
     cp = _positive("--context-parallel-size", a.context_parallel_size, 1)
     ep = _positive("--expert-model-parallel-size", a.expert_model_parallel_size, 1)
-    if gpus % (tp * pp * cp):
-        raise MeshplanError(f"{gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp}")
-    dp = gpus // (tp * pp * cp)
+    etp = _positive("--expert-tensor-parallel-size", a.expert_tensor_parallel_size, tp)
+    dp = data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
 
     vpp = 1
     layout = parse_pipeline_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else ()
@@ -290,8 +335,11 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
 
     if a.bf16 and a.fp16:  # Megatron-LM's own arguments.py asserts the same
         raise MeshplanError("the Megatron arguments give both --fp16 and --bf16: keep one")
-    if a.fp8_format:
-        precision = Precision.FP8
+    recipe = None
+    if a.fp4_format:
+        precision, recipe = Precision.FP4, a.fp4_recipe or "nvfp4"  # Megatron's default fp4 recipe
+    elif a.fp8_format:
+        precision, recipe = Precision.FP8, a.fp8_recipe or "delayed"  # Megatron's default fp8 recipe
     elif a.bf16:
         precision = Precision.BF16
     elif a.fp16:
@@ -302,10 +350,11 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("the Megatron arguments give no --global-batch-size")
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
-    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision)
+    training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
+                            recipe=recipe)
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
-        dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, **dims),
+        dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),
         zero=zero,
         sp=a.sequence_parallel,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,

@@ -1,5 +1,7 @@
-"""torchtitan job config TOML -> Plan and TrainingSpec (the model comes from --model or a
-known torchtitan flavor). The GPU count is not in the TOML (torchrun sets it): it is an input.
+"""torchtitan config -> Plan and TrainingSpec (the model comes from --model or a known torchtitan
+flavor / config function). Both forms are read: the job config TOML (torchtitan < 0.3) and the
+command line of torchtitan >= 0.3 (import_torchtitan_cli.py turns it into the same sections).
+The GPU count is in neither (torchrun sets it): it is an input.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.export.torchtitan import SCHEDULE_NAMES
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, even_split
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, even_split
 from meshplan.spec.training import Precision, TrainingSpec
 from meshplan.textfile import read_text_file
 
@@ -39,6 +41,22 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise MeshplanError(f"{p}: not valid TOML ({exc})") from None
+
+
+def load_config(path: str | Path) -> tuple[dict[str, Any], str | None]:
+    """Either form of a torchtitan config file -> (TOML-shaped sections, meshplan preset or None)."""
+    from meshplan.export.import_torchtitan_cli import looks_like_command_line, parse_command_line, preset_for
+
+    p = Path(path)
+    text = read_text_file(p, what="torchtitan config (TOML or command line)", missing="no such torchtitan config")
+    if looks_like_command_line(text):
+        parsed = parse_command_line(text)
+        return parsed.cfg, preset_for(parsed.module, parsed.config)
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MeshplanError(f"{p}: not valid TOML ({exc})") from None
+    return cfg, flavor_preset(cfg)
 
 
 def _int(section: dict[str, Any], key: str, default: int) -> int:
@@ -73,11 +91,12 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
     pp = _int(par, "pipeline_parallel_degree", 1)
     cp = _int(par, "context_parallel_degree", 1)
     ep = _int(par, "expert_parallel_degree", 1)
+    etp = _int(par, "expert_tensor_parallel_degree", 0)  # absent: as tp
     if shard == -1:  # torchtitan: the ranks left after the other degrees
-        others = rep * tp * pp * cp
-        if others < 1 or num_gpus % others:
-            raise MeshplanError(f"{num_gpus} GPUs are not divisible by the other degrees ({others})")
-        shard = num_gpus // others
+        dp = data_parallel_degree(num_gpus, tp=tp, pp=pp, cp=cp)
+        if rep < 1 or dp % rep:
+            raise MeshplanError(f"{num_gpus} GPUs are not divisible by the other degrees ({rep * tp * pp * cp})")
+        shard = dp // rep
     reshard = par.get("fsdp_reshard_after_forward", "default")
     zero = 0 if shard == 1 else (2 if reshard == "never" else 3)
 
@@ -130,8 +149,16 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
     if isinstance(converters, str):
         converters = [c.strip() for c in converters.split(",")]
     precision = Precision.FP8 if "float8" in converters else (Precision.FP32 if param == "float32" else Precision.BF16)
+    recipe = None
+    if "float8" in converters:  # torchtitan's float8 default is tensorwise scaling
+        recipe = str((cfg.get("float8") or {}).get("recipe_name") or "tensorwise")
+    elif "mx" in converters:
+        name = str((cfg.get("mx") or {}).get("recipe_name") or "mxfp8")
+        # torchao's mxfp8 recipes differ by GEMM kernel (mxfp8_cublas, mxfp8_cutlass), not format
+        precision, recipe = Precision.FP8, ("mxfp8" if name.startswith("mxfp8") else name)
     plan = Plan(
-        dims=ParallelDims(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep),
+        dims=ParallelDims(dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep,
+                          etp=0 if etp == tp else etp),
         zero=zero,
         sp=tp > 1,  # torchtitan's TP plan shards norms over the sequence
         schedule=schedule,
@@ -143,7 +170,8 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
         recompute_layers=rec,
     )
     return TorchtitanImport(plan=plan, training=TrainingSpec(seq_len=seq_len, global_batch=global_batch,
-                                                             precision=precision), preset=flavor_preset(cfg))
+                                                             precision=precision, recipe=recipe),
+                            preset=flavor_preset(cfg))
 
 
 def flavor_preset(cfg: dict[str, Any]) -> str | None:

@@ -9,17 +9,36 @@ argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, uniform_recompute
 from meshplan.plan import CPMethod, Job, Recompute, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
-from meshplan.spec.training import Precision
+from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
 _PRECISION_FLAGS = {
     Precision.BF16: ["--bf16"],
     Precision.FP16: ["--fp16"],
-    Precision.FP8: ["--bf16", "--fp8-format", "hybrid"],  # FP8 matmuls via Transformer Engine
+    # fp8/fp4 GEMMs via Transformer Engine, bf16 elsewhere: E4M3 forward, E5M2 gradients
+    # ("hybrid"); fp4 is E2M1 with the recipe's block scales.
+    Precision.FP8: ["--bf16", "--fp8-format", "hybrid"],
+    Precision.FP4: ["--bf16", "--fp4-format", "e2m1"],
     Precision.FP32: [],
 }
+_RECIPE_FLAGS = {
+    Recipe.DELAYED: ["--fp8-recipe", "delayed"],
+    Recipe.TENSORWISE: ["--fp8-recipe", "tensorwise"],
+    Recipe.BLOCKWISE: ["--fp8-recipe", "blockwise"],
+    Recipe.MXFP8: ["--fp8-recipe", "mxfp8"],
+    Recipe.NVFP4: ["--fp4-recipe", "nvfp4"],
+}
+"""Megatron-Core's --fp8-recipe / --fp4-recipe choices (megatron/training/arguments.py); it has
+no rowwise fp8 (a torchao recipe) and no MXFP4 training recipe."""
+
+
+def _precision_args(t: TrainingSpec) -> list[str]:
+    if t.recipe is not None and t.recipe not in _RECIPE_FLAGS:
+        raise MeshplanError(f"Megatron-Core has no {t.recipe.value} recipe (it runs "
+                            f"{', '.join(r.value for r in _RECIPE_FLAGS)}); choose one of those")
+    return _PRECISION_FLAGS[t.precision] + (_RECIPE_FLAGS[t.recipe] if t.recipe else [])
 
 
 def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[str]]:
@@ -60,10 +79,39 @@ def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[st
         args.append(["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)])
         if m.moe_shared_experts:
             args.append(["--moe-shared-expert-intermediate-size",
-                         str(m.moe_shared_experts * m.moe_ffn_hidden_size)])
+                         str(m.moe_shared_experts * m.moe_shared_ffn_hidden_size)])
         if m.moe_dense_layers:
             args.append(["--moe-layer-freq",
                          f"[0]*{m.moe_dense_layers}+[1]*{m.num_layers - m.moe_dense_layers}"])
+        if m.moe_latent_size:
+            args.append(["--moe-latent-size", str(m.moe_latent_size)])
+    return args + _layout_args(m, warnings)
+
+
+def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
+    """MLA, QK-norm, sliding windows and sinks, MTP and hybrid Mamba stacks (Megatron-LM flags)."""
+    args: list[list[str]] = []
+    if m.is_mla:
+        args += [["--multi-latent-attention"], ["--kv-lora-rank", str(m.kv_lora_rank)],
+                 ["--qk-head-dim", str(m.qk_nope_head_dim)], ["--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)],
+                 ["--v-head-dim", str(m.v_head_dim)]]
+        if m.q_lora_rank:
+            args.append(["--q-lora-rank", str(m.q_lora_rank)])
+    if m.qk_norm or m.is_mla:  # Megatron's MLA normalises its latents under this flag too
+        args.append(["--qk-layernorm"])
+    if m.sliding_window:
+        args.append(["--window-size", f"{m.sliding_window},0"])
+        if m.full_attention_period:
+            args.append(["--window-attn-skip-freq", str(m.full_attention_period)])
+    if m.attention_sinks:
+        args.append(["--softmax-type", "learnable"])
+    if m.mtp_num_layers:
+        args.append(["--mtp-num-layers", str(m.mtp_num_layers)])
+    if m.is_hybrid:
+        args += [["--hybrid-override-pattern", m.hybrid_pattern],
+                 ["--mamba-num-heads", str(m.mamba_num_heads)], ["--mamba-head-dim", str(m.mamba_head_dim)],
+                 ["--mamba-state-dim", str(m.mamba_state_size)], ["--mamba-num-groups", str(m.mamba_groups)]]
+        warnings.append("hybrid Mamba model: these arguments are for pretrain_mamba.py, not pretrain_gpt.py")
     return args
 
 
@@ -71,7 +119,7 @@ def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout``: one ``|``-separated chunk per virtual
     stage in model order (chunk i on pipeline rank i % pp, as in meshplan), ``E`` the embedding
     (first chunk), ``t*N`` N transformer layers, ``L`` the final norm, LM head and loss (last)."""
-    chunks = [f"t*{n}" if n > 1 else "t" for n in stage_layers]
+    chunks = [f"t*{n}" if n > 1 else "t" * n for n in stage_layers]  # n = 0: embedding / loss only
     chunks[0] = "E" + chunks[0]
     chunks[-1] += "L"
     return "|".join(chunks)
@@ -133,6 +181,8 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
         args.append(["--cp-comm-type", "a2a"])
     if d.ep > 1:
         args.append(["--expert-model-parallel-size", str(d.ep)])
+    if d.etp and d.etp != d.tp:  # MoE parallel folding; Megatron's default is etp = tp
+        args.append(["--expert-tensor-parallel-size", str(d.etp)])
     if plan.sp:
         args.append(["--sequence-parallel"])
     if d.pp > 1 and plan.schedule == Schedule.ZERO_BUBBLE:
@@ -162,7 +212,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
     args += _model_args(job.model, t.seq_len, warnings)
-    prec = _PRECISION_FLAGS[t.precision]
+    prec = _precision_args(t)
     if prec:
         args.append(prec)
     return args, warnings

@@ -10,9 +10,9 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.common import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, uniform_recompute
 from meshplan.plan import CPMethod, Job, Recompute, Schedule
-from meshplan.spec.training import Precision
+from meshplan.spec.training import Precision, Recipe
 
 SCHEDULE_NAMES = {
     Schedule.GPIPE: "GPipe",
@@ -83,6 +83,10 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
             warnings.append("torchtitan's context parallel is ring attention; 'alltoall' only "
                             "changes how K/V shards rotate (not Ulysses head/sequence all-to-all)")
     par["expert_parallel_degree"] = d.ep
+    if d.etp and d.etp != d.tp:  # torchtitan's ETP is 1 or the dense tp
+        if d.etp != 1:
+            raise MeshplanError(f"torchtitan's expert tensor parallel degree is 1 or tp={d.tp}, not {d.etp}")
+        par["expert_tensor_parallel_degree"] = 1
 
     ac: dict[str, object] = {}
     if plan.recompute == Recompute.NONE:
@@ -105,13 +109,29 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
             ac["mode"] = "selective"
             ac["selective_ac_option"] = str(_every_nth(plan.stage_layers, plan.recompute_layers))
     sections: dict[str, dict[str, object]] = {}
-    if t.precision == Precision.FP8:
-        sections["model"] = {"converters": ["float8"]}
-        warnings.append("fp8 mapped to torchtitan's float8 converter (needs torchao)")
+    sections.update(_low_precision_sections(t, warnings))
     sections["training"] = training
     sections["parallelism"] = par
     sections["activation_checkpoint"] = ac
     return sections, warnings
+
+
+def _low_precision_sections(t, warnings: list[str]) -> dict[str, dict[str, object]]:
+    """torchtitan's torchao converters: ``float8`` with a tensorwise or rowwise recipe, ``mx``
+    with mxfp8. No delayed or blockwise fp8, no fp4 training: refused in one line."""
+    if t.precision == Precision.FP4:
+        raise MeshplanError(f"torchtitan has no fp4 ({t.recipe.value}) training converter; "
+                            "export fp4 plans to megatron")
+    if t.precision != Precision.FP8:
+        return {}
+    if t.recipe in (Recipe.TENSORWISE, Recipe.ROWWISE):
+        warnings.append(f"fp8 {t.recipe.value} mapped to torchtitan's float8 converter (needs torchao)")
+        return {"model": {"converters": ["float8"]}, "float8": {"recipe_name": t.recipe.value}}
+    if t.recipe == Recipe.MXFP8:
+        warnings.append("mxfp8 mapped to torchtitan's mx converter (needs torchao and a Blackwell GPU)")
+        return {"model": {"converters": ["mx"]}, "mx": {"recipe_name": "mxfp8"}}
+    raise MeshplanError(f"torchtitan has no {t.recipe.value} fp8 recipe (it runs tensorwise, rowwise "
+                        "and mxfp8); choose one with --recipe")
 
 
 def _every_nth(layers: tuple[int, ...], rec: tuple[int, ...]) -> int:

@@ -1,4 +1,4 @@
-"""Torch micro-benchmarks of the local devices -> a hardware profile (meshplan.spec.hwprofile).
+"""Torch micro-benchmarks of the local devices -> a hardware profile (meshplan.calib.hwprofile).
 
 compute.py: matmul / attention / memory bandwidth on one device; collectives.py: torch.distributed
 collectives over a process group this package launches itself; run.py: the whole profile.

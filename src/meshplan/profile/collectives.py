@@ -1,7 +1,7 @@
 """Collective benchmarks over a process group that this module launches (gloo on CPU, nccl on GPU).
 
 One launch of N processes measures every group size 2..N: sub-groups are the first g ranks.
-Message-size convention (see meshplan.spec.hwfit.bus_factor): all-reduce and all-to-all take the
+Message-size convention (see meshplan.calib.hwfit.bus_factor): all-reduce and all-to-all take the
 per-rank buffer, all-gather its full output, reduce-scatter its full input, send/recv the message.
 Each rank also reports its resident memory right after joining the group and importing the
 runtime (the framework baseline of a training worker) and its matmul throughput while g ranks compute at once (shared cores).
@@ -24,8 +24,8 @@ import torch.multiprocessing as mp
 
 from meshplan.errors import MeshplanError
 from meshplan.profile.timing import sync, time_op
-from meshplan.spec.hwfit import CollectiveOp
-from meshplan.spec.hwprofile import CollectiveSample, ConcurrentSample
+from meshplan.calib.hwfit import CollectiveOp
+from meshplan.calib.hwprofile import CollectiveSample, ConcurrentSample
 
 
 CPU_THREADS_PER_PROC = 1

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.profile.timing import iters_for, time_op
-from meshplan.spec.hwprofile import AttentionSample, BandwidthSample, MatmulSample
+from meshplan.calib.hwprofile import AttentionSample, BandwidthSample, MatmulSample
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -144,14 +144,14 @@ def device_memory_bytes(device: torch.device) -> int:
 def bench_layer_overhead(device: torch.device, budget_s: float) -> float:
     """Fixed forward time of one layer of the runtime's own model, apart from its math.
 
-    Times forward + backward of the layer probe's model (meshplan.spec.layer_probe: D=32,
+    Times forward + backward of the layer probe's model (meshplan.calib.layer_probe: D=32,
     8 tokens, FLOPs and bytes negligible) on one process, with 1 and with 5 layers: the difference per layer is the
     dispatch cost of its ~30 operators. The cost model charges ``layer_overhead_s`` once per
     forward and twice per backward (cost/layer.py), hence the division by 3.
     """
     from meshplan.runtime.models.init import init_parameters
     from meshplan.runtime.models.transformer import build_model
-    from meshplan.spec.layer_probe import PROBE_MODEL, PROBE_OVERRIDES, PROBE_SEQ_LEN
+    from meshplan.calib.layer_probe import PROBE_MODEL, PROBE_OVERRIDES, PROBE_SEQ_LEN
     from meshplan.spec.presets import model_preset
 
     def fwd_bwd_s(layers: int) -> float:
@@ -179,7 +179,7 @@ def bench_elementwise(device: torch.device, budget_s: float) -> float:
     (and the rotary / repeat passes it does not), with no matmul in between.
     """
     from meshplan.runtime.models.layers import RMSNorm, apply_rope
-    from meshplan.spec.layer_probe import ELEMENTWISE_PROBE, ELEMENTWISE_TOKENS
+    from meshplan.calib.layer_probe import ELEMENTWISE_PROBE, ELEMENTWISE_TOKENS
 
     D, F, N, K = (ELEMENTWISE_PROBE[k] for k in ("hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads"))
     H, T = D // N, ELEMENTWISE_TOKENS

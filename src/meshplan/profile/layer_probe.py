@@ -1,4 +1,4 @@
-"""Run the layer probe (meshplan.spec.layer_probe) through the runtime over 2 CPU processes.
+"""Run the layer probe (meshplan.calib.layer_probe) through the runtime over 2 CPU processes.
 
 Each probe kind is the runtime's own path: ``build_mesh``, the reference model, ``parallelize``
 (DTensor TP + SP, FSDP2, replicate, Ulysses or ring attention) and the training loss under
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from meshplan.profile.collectives import CPU_THREADS_PER_PROC, _free_port, spawn_and_collect
-from meshplan.spec.hwprofile import LayerProbeSample
-from meshplan.spec.layer_probe import PROBE_GROUP_SIZE, PROBE_LAYERS, ProbeKind, probe_job, probe_plan
+from meshplan.calib.hwprofile import LayerProbeSample
+from meshplan.calib.layer_probe import PROBE_GROUP_SIZE, PROBE_LAYERS, ProbeKind, probe_job, probe_plan
 
 
 def progress_steps() -> int:

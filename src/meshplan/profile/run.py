@@ -15,8 +15,8 @@ from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_el
                                       bench_matmuls, device_memory_bytes, device_name, sweep_plan)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GIB
-from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
-from meshplan.spec.hwprofile import (CollectiveFit, DeviceFigures, HardwareProfile, ProfileMeta,
+from meshplan.calib.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
+from meshplan.calib.hwprofile import (CollectiveFit, DeviceFigures, HardwareProfile, ProfileMeta,
                                      joint_link_fit)
 
 

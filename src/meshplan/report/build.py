@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost import estimate
+from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, Plan
 from meshplan.report.compare import Comparison, compare
@@ -37,12 +38,14 @@ def _frontier_png(result, title: str) -> bytes:
 
 def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                  yours: Plan | None = None, pick: int | None = None,
-                 budget_gib: float | None = None, title: str | None = None) -> BuiltReport:
+                 budget_gib: float | None = None, title: str | None = None,
+                 calib: Calibration | None = None) -> BuiltReport:
     """Search, then chart ``yours`` (when given, compared with the frontier) or frontier point
-    ``pick`` (default: the recommended plan, the fastest that fits)."""
+    ``pick`` (default: the recommended plan, the fastest that fits). ``cluster`` and ``calib``:
+    the resolved hardware (``calib.hardware.resolve_hardware``)."""
     from meshplan.search.planner import search
 
-    result = search(model, cluster, training,
+    result = search(model, cluster, training, calib=calib,
                     budget_bytes=None if budget_gib is None else budget_gib * GIB)
     budget = result.budget_bytes / GIB
     frontier = result.frontier
@@ -62,9 +65,9 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 f"no plan fits {budget:.1f} GiB per GPU (the leanest needs "
                 f"{result.min_memory_bytes / GIB:.1f} GiB): use more GPUs, recompute or a larger budget")
         plan = frontier[chosen_index].plan
-    est = estimate(model, cluster, training, plan)
+    est = estimate(model, cluster, training, plan, calib)
     if yours is not None:
-        yours_est = est if pick is None else estimate(model, cluster, training, yours)
+        yours_est = est if pick is None else estimate(model, cluster, training, yours, calib)
         comparison = compare(yours_est, frontier, budget)
     job = Job(model=model, training=training, cluster=cluster, plan=plan)
     notes = [f"Search: {result.global_configs:,} global configurations, {result.plans_evaluated:,} "

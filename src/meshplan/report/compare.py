@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 from meshplan.plan import Plan
 
 if TYPE_CHECKING:
+    from meshplan.calib.hardware import Hardware
     from meshplan.plan import Job
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
@@ -94,9 +95,10 @@ def compare(yours: CostPoint, frontier: Sequence[CostPoint], budget_gib: float) 
 
 
 def compare_job(job: "Job", frontier: Sequence[CostPoint], budget_gib: float, *, model: "ModelSpec",
-                training: "TrainingSpec", num_gpus: int) -> Comparison:
-    """Estimate ``job``'s plan with the cost model and compare it with a frontier searched for
-    ``model``, ``training`` and ``num_gpus``; refuses a job for something else."""
+                training: "TrainingSpec", num_gpus: int, hardware: "Hardware | None" = None) -> Comparison:
+    """Estimate ``job``'s plan with the cost model (on ``hardware``, the frontier's resolved
+    cluster and calibration; default: the job's cluster as saved) and compare it with a frontier
+    searched for ``model``, ``training`` and ``num_gpus``; refuses a job for something else."""
     from meshplan.cost import estimate
     from meshplan.errors import MeshplanError
 
@@ -108,4 +110,5 @@ def compare_job(job: "Job", frontier: Sequence[CostPoint], budget_gib: float, *,
             f"frontier seq {training.seq_len} x batch {training.global_batch}")
     if job.cluster.num_gpus != num_gpus:
         raise MeshplanError(f"the plan file uses {job.cluster.num_gpus} GPUs, the frontier {num_gpus}")
-    return compare(estimate(job.model, job.cluster, job.training, job.plan), frontier, budget_gib)
+    cluster, calib = (job.cluster, None) if hardware is None else (hardware.cluster, hardware.calib)
+    return compare(estimate(job.model, cluster, job.training, job.plan, calib), frontier, budget_gib)

@@ -31,7 +31,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +62,13 @@ SLEEP_IN_SAVE_ENV = "MESHPLAN_TEST_SLEEP_IN_SAVE"
 # Test-only fault injection, "RANK:STEP": that rank SIGKILLs itself in the middle of that step
 # (after forward and backward, before the optimizer step); see kill_for_test.
 KILL_IN_STEP_ENV = "MESHPLAN_TEST_KILL_IN_STEP"
+
+# Test-only, "RANK:STEP:PIDFILE": that rank writes its pid to PIDFILE in the middle of that step
+# and waits there until a stop is requested (or PAUSE_MAX_S), so a test can signal the launcher or
+# SIGKILL a rank at exactly that point; see pause_for_test.
+PAUSE_IN_STEP_ENV = "MESHPLAN_TEST_PAUSE_IN_STEP"
+PAUSE_MAX_S = 600.0
+PAUSE_POLL_S = 0.05
 
 # A tied LM head saved without pipeline parallel lives under the embedding's name only.
 TIED_HEAD = ("output.weight", "tok_embeddings.weight")
@@ -287,6 +294,17 @@ def kill_for_test(rank: int, step: int) -> None:
     """SIGKILL this process when ``MESHPLAN_TEST_KILL_IN_STEP`` is ``rank:step`` (fault tests)."""
     if os.environ.get(KILL_IN_STEP_ENV) == f"{rank}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_for_test(rank: int, step: int, stop_requested: Callable[[], object]) -> None:
+    """Wait in the middle of a step when ``MESHPLAN_TEST_PAUSE_IN_STEP`` is ``rank:step:pidfile``."""
+    spec = os.environ.get(PAUSE_IN_STEP_ENV, "").split(":", 2)
+    if len(spec) != 3 or spec[:2] != [str(rank), str(step)]:
+        return
+    Path(spec[2]).write_text(str(os.getpid()))
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while not stop_requested() and time.monotonic() < deadline:
+        time.sleep(PAUSE_POLL_S)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -66,3 +66,33 @@ class _AllReduceGrad(torch.autograd.Function):
 def all_reduce_grad(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Use ``x`` as is; its gradient becomes the sum of every rank's in ``group``."""
     return _AllReduceGrad.apply(x, group)
+
+
+class _AllReduceForward(torch.autograd.Function):
+    """Sum over ``group`` in forward, identity in backward (Megatron's ``g``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def all_reduce_forward(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The sum of every rank's ``x`` in ``group``; the gradient passes through unchanged."""
+    return _AllReduceForward.apply(x, group)
+
+
+class GradAllReduce(torch.nn.Module):
+    """Module form of :func:`all_reduce_grad`, for the hooks model code leaves as nn.Identity."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce_grad(x, self.group)

@@ -54,12 +54,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Column-split wq/wk/wv/w1/w3, row-split wo/w2; with sp the norms run on sequence shards.
 
-    MoE layers (router, experts, shared experts) are not split: without sp their input is the same
-    on every tp rank, so each rank computes them whole and their gradients agree (no expert
-    tensor parallel; experts then cost tp times their planned share; sp with MoE is refused).
-    GQA: wk/wv are split by KV head like wq by query head when K % tp == 0; with fewer KV heads
-    than tp ranks each rank computes the KV head its query heads use (kv_replication). Attention
-    reads its local head counts from the weight shapes.
+    MoE layers: routed experts split along F over tp (expert tensor parallel = tp, what the cost
+    model charges), shared experts like an MLP, router whole; their input is the same on every
+    tp rank without sp (sp with MoE is refused by runtime/support.py). Attention splits by head
+    (see ``_attention_tp_plan``) and reads its local head counts from the weight shapes.
     """
     seq = Shard(1)  # activations between blocks: (B, S/tp, D) with sp, replicated without
     between = seq if sp else Replicate()
@@ -85,27 +83,12 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
     if tied:  # both are vocab-sharded (Shard(0)) DTensors: make them one parameter again
         model.output.weight = model.tok_embeddings.weight
     for layer in model.layers.values():
-        att = layer.attention
-        shard_kv = (att.wk.weight.shape[0] // att.head_dim) % tp_mesh.size() == 0
-        block: dict[str, object] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=between),
-        }
-        if shard_kv:
-            block.update({"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
-        else:  # fewer KV heads than tp ranks: each rank computes the one KV head it needs
-            from meshplan.runtime.kv_replication import ReplicatedKVProjection
-
-            rank, size, group = tp_mesh.get_local_rank(), tp_mesh.size(), tp_mesh.get_group()
-            att.wk = ReplicatedKVProjection(att.wk, att.head_dim, rank, size, group)
-            att.wv = ReplicatedKVProjection(att.wv, att.head_dim, rank, size, group)
+        block: dict[str, object] = {"attention.wo": RowwiseParallel(output_layouts=between)}
+        block.update(_attention_tp_plan(layer.attention, tp_mesh))
         if layer.feed_forward is not None:
-            block.update({
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=between),
-            })
-            if layer.feed_forward.w3 is not None:
-                block["feed_forward.w3"] = ColwiseParallel()
+            block.update(_mlp_tp_plan("feed_forward", layer.feed_forward, between))
+        if layer.moe is not None:
+            block.update(_moe_tp_plan(layer.moe, tp_mesh))
         if sp:
             gather = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
             block.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
@@ -113,6 +96,51 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
             if layer.feed_forward is not None:
                 block["feed_forward"] = gather
         parallelize_module(layer, tp_mesh, block)
+
+
+def _mlp_tp_plan(prefix: str, mlp: nn.Module, output: object) -> dict[str, object]:
+    plan: dict[str, object] = {f"{prefix}.w1": ColwiseParallel(),
+                               f"{prefix}.w2": RowwiseParallel(output_layouts=output)}
+    if mlp.w3 is not None:
+        plan[f"{prefix}.w3"] = ColwiseParallel()
+    return plan
+
+
+def _attention_tp_plan(att: nn.Module, tp_mesh: DeviceMesh) -> dict[str, object]:
+    """Split by head. GQA with fewer KV heads than tp ranks: each rank computes the KV head its
+    query heads use (kv_replication). MLA: the up projections split by head, the down
+    projections replicated, and the shared rope key's gradient summed over tp (its ``f``)."""
+    rank, size, group = tp_mesh.get_local_rank(), tp_mesh.size(), tp_mesh.get_group()
+    if hasattr(att, "wkv_b"):  # LatentAttention
+        from meshplan.runtime.collectives import GradAllReduce
+
+        att.k_rope_sync = GradAllReduce(group)
+        return {"attention.wq_b": ColwiseParallel(), "attention.wkv_b": ColwiseParallel()}
+    plan: dict[str, object] = {"attention.wq": ColwiseParallel()}
+    if att.q_norm is not None:
+        # QK-norm weights are shared by all heads and each rank holds some: replicated DTensors
+        # over a head-sharded input (dim 2), so their gradients are summed over tp.
+        plan.update({"attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                     "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)})
+    if (att.wk.weight.shape[0] // att.head_dim) % size == 0:
+        plan.update({"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
+        return plan
+    from meshplan.runtime.kv_replication import ReplicatedKVProjection
+
+    att.wk = ReplicatedKVProjection(att.wk, att.head_dim, rank, size, group)
+    att.wv = ReplicatedKVProjection(att.wv, att.head_dim, rank, size, group)
+    return plan
+
+
+def _moe_tp_plan(moe: nn.Module, tp_mesh: DeviceMesh) -> dict[str, object]:
+    """Routed experts: expert tensor parallel over the tp group (each rank an F/tp slice of every
+    expert); shared experts: a Megatron MLP; the router stays whole (its input and output
+    gradients are the same on every tp rank)."""
+    from meshplan.runtime.expert_parallel import ExpertTensorParallelExperts
+
+    moe.experts = ExpertTensorParallelExperts(moe.experts, tp_mesh.get_group(), tp_mesh.get_local_rank(),
+                                              tp_mesh.size())
+    return _mlp_tp_plan("moe.shared", moe.shared, Replicate()) if moe.shared is not None else {}
 
 
 # ---- 2. context parallel --------------------------------------------------------------------

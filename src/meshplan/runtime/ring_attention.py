@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.runtime.models.layers import apply_rope
+from meshplan.runtime.models.layers import apply_rope_part
 
 
 def _ring_pass(tensors: list[torch.Tensor], group: dist.ProcessGroup, rank: int, size: int) -> list[torch.Tensor]:
@@ -47,7 +47,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, rank, size):
         # q, k, v: (B, N, s, H) float32 working copies
-        out = torch.zeros_like(q)
+        out = q.new_zeros(q.shape[:-1] + v.shape[-1:])  # value width may differ (MLA)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (B, N, s)
         kb, vb = k, v
         for step in range(size):
@@ -94,6 +94,7 @@ class RingAttention(nn.Module):
     def __init__(self, core: nn.Module, group: dist.ProcessGroup, cp_rank: int, cp_size: int) -> None:
         super().__init__()
         self.rope = core.rope
+        self.rope_dim = core.rope_dim
         self.group, self.cp_rank, self.cp_size = group, cp_rank, cp_size
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -101,7 +102,7 @@ class RingAttention(nn.Module):
         s = q.shape[1]
         if self.rope:
             pos = torch.arange(self.cp_rank * s, (self.cp_rank + 1) * s, device=q.device)
-            q, k = apply_rope(q, pos), apply_rope(k, pos)
+            q, k = apply_rope_part(q, pos, self.rope_dim), apply_rope_part(k, pos, self.rope_dim)
         if k.shape[2] != q.shape[2]:  # GQA: expand here so autograd sums the KV-head gradients
             rep = q.shape[2] // k.shape[2]
             k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)

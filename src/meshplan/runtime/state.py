@@ -26,6 +26,11 @@ def full_parameters(modules: list[nn.Module], tied_embeddings: bool = False) -> 
                     continue
                 seen.add(id(p))
                 t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                etp_size = getattr(module, "etp_size", 1)
+                if etp_size > 1 and short in getattr(module, "etp_dims", {}):  # expert F slices
+                    parts = [torch.empty_like(t) for _ in range(etp_size)]
+                    dist.all_gather(parts, t.contiguous(), group=module.etp_group)
+                    t = torch.cat(parts, dim=module.etp_dims[short])
                 ep_size = getattr(module, "ep_size", 1)
                 if ep_size > 1:  # experts split over the ep group: concatenate along dim 0
                     parts = [torch.empty_like(t) for _ in range(ep_size)]

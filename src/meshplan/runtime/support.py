@@ -7,33 +7,21 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
-from meshplan.spec.model import Arch
+from meshplan.targets import Target, check_runs
 
 
 BYTE_VOCAB = 256
 """The byte-level tokenizer of ``--data`` needs token ids 0..255."""
 
 
-def check_runnable(job: Job, pipeline_available: bool, text_data: bool = False) -> None:
+def check_runnable(job: Job, text_data: bool = False) -> None:
     """Raise MeshplanError naming the first thing in ``job`` this runtime cannot run."""
     model, plan, d = job.model, job.plan, job.plan.dims
     if text_data and model.vocab_size < BYTE_VOCAB:
         raise MeshplanError(f"--data needs vocab_size >= {BYTE_VOCAB} (byte tokenizer), "
                             f"{model.name} has {model.vocab_size}")
-    if model.arch != Arch.DECODER:
-        raise MeshplanError(f"the runtime trains decoder models only; {model.name} is an {model.arch.value}")
-    if d.pp > 1 and not pipeline_available:
-        raise MeshplanError("pipeline parallel (pp > 1) is not available in this build of the runtime")
     if d.pp > 1:
-        from meshplan.runtime.pipeline_check import check_pipeline_plan
+        from meshplan.runtime.pipeline_check import stage_layer_keys
 
-        check_pipeline_plan(model, job.training, plan)
-    if job.training.seq_len > model.max_position and model.position.value == "learned":
-        raise MeshplanError(f"seq_len={job.training.seq_len} exceeds max_position={model.max_position}")
-    if model.is_moe and d.tp > 1 and plan.sp:
-        raise MeshplanError(
-            "MoE with tensor + sequence parallel is not supported by this runtime (no expert "
-            "tensor parallel); use tp without sp, or ep over dp_shard*cp"
-        )
-    if d.tp > 1 and model.vocab_size % d.tp:
-        raise MeshplanError(f"vocab_size={model.vocab_size} is not divisible by tp={d.tp}")
+        stage_layer_keys(plan, model.num_layers)  # the split must cover the model exactly
+    check_runs(Target.MESHPLAN, model, job.training, plan)  # the rules the search applies too

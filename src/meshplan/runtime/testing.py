@@ -1,8 +1,8 @@
-"""Test helper: run Jobs for N steps under torchrun and read back losses and final weights.
+"""Test helper: run Jobs for N steps (one process per rank) and read back losses and final weights.
 
 Reused by the runtime, pipeline and checkpoint tests::
 
-    results = run_jobs([job_a, job_b], steps=5, tmp_path=tmp_path)   # one torchrun launch
+    results = run_jobs([job_a, job_b], steps=5, tmp_path=tmp_path)   # one launch
     ref = run_jobs([single_process(job_a)], steps=5, tmp_path=tmp_path)[0]
     assert_parity(results[0], ref)
 
@@ -45,7 +45,7 @@ def single_process(job: Job, micro_batch: int | None = None) -> Job:
 
 def run_jobs(jobs: list[Job], *, steps: int, tmp_path: Path, lr: float = 1e-3, seed: int = 0,
              data: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[RunResult]:
-    """Train every job for ``steps`` steps in one torchrun launch; return their results in order."""
+    """Train every job for ``steps`` steps in one launch; return their results in order."""
     import torch
 
     tmp_path = Path(tmp_path)

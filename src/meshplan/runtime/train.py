@@ -9,11 +9,12 @@ Gradient accumulation: ``plan.num_microbatches`` micro-batches of ``plan.micro_b
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -21,17 +22,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from meshplan.ckpt_meta import latest_checkpoint
+from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Job
+from meshplan.plan import Job, Plan
 from meshplan.runtime.checkpoint import (
-    TrainState, kill_for_test, load_checkpoint, save_checkpoint, should_save,
+    TrainState, kill_for_test, load_checkpoint, pause_for_test, save_checkpoint, should_save,
 )
 from meshplan.runtime.data import BatchSource, load_text_tokens, local_microbatches
+from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S, RunStopped, StopRequests
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
-from meshplan.runtime.metrics import model_flops_per_token, peak_memory_gib
+from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_gradient_sync
 from meshplan.runtime.state import full_parameters
+from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
 
 log = logging.getLogger(__name__)
@@ -64,16 +68,8 @@ class TrainConfig:
     resume: bool = False
     """Continue from the latest complete checkpoint in ``checkpoint_dir`` (when it has one);
     ``steps`` stays the total, so a run resumed at step 40 of 100 runs steps 41..100."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepRecord:
-    step: int
-    loss: float
-    step_time_s: float
-    tokens_per_s: float
-    peak_memory_gib: float
-    mfu: float | None = None
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """How long a collective waits for a peer before it fails (init_process_group's timeout)."""
 
 
 def pick_device(job: Job) -> torch.device:
@@ -93,8 +89,8 @@ def compute_precision(precision: Precision, device: torch.device) -> Precision:
     (this runtime has no fp8 matmuls; the log's MFU is then measured against the bf16 peak)."""
     if device.type != "cuda":
         return Precision.FP32
-    if precision == Precision.FP8:
-        log.warning("fp8 matmuls are not implemented by the runtime: training in bf16")
+    if precision in (Precision.FP8, Precision.FP4):
+        log.warning(f"{precision.value} matmuls are not implemented by the runtime: training in bf16")
         return Precision.BF16
     return precision
 
@@ -130,13 +126,80 @@ def loss_context(plan) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
-    """Run ``cfg.steps`` optimizer steps of ``job`` on this rank; returns the records (all ranks)."""
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """Everything a step needs, built once by :func:`_set_up`."""
+
+    job: Job
+    cfg: TrainConfig
+    plan: Plan
+    device: torch.device
+    mesh: object
+    source: BatchSource
+    modules: list[torch.nn.Module]
+    optimizers: list[torch.optim.Optimizer]
+    pipe: object | None
+    start_step: int
+    start_position: int
+    autocast: bool
+    amp_dtype: torch.dtype
+    flops_per_token: float
+    peak_flops: float
+
+
+def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list[StepRecord]:
+    """Run ``cfg.steps`` optimizer steps of ``job`` on this rank; returns the records (all ranks).
+
+    ``stops``: a SIGTERM/SIGUSR1 seen by any rank ends the run after the current step, with a
+    checkpoint when ``cfg.checkpoint_dir`` is set (RunStopped). A loss that is not finite raises
+    MeshplanError naming the step.
+    """
+    run = _set_up(job, cfg)
+    d = run.plan.dims
+    rank0 = dist.get_rank() == 0
+    writer = LogWriter(cfg.log_path if rank0 else None)
+    records: list[StepRecord] = []
+    progress = ProgressBar(cfg.steps, enabled=rank0 and cfg.progress)
+    try:
+        for step in range(run.start_step + 1, cfg.steps + 1):
+            start = time.perf_counter()
+            local_loss = _step(run, step)
+            pause_for_test(dist.get_rank(), step, stops.requested if stops else lambda: None)
+            # Mean over ranks of per-rank means; tp replicas (and non-last pp stages, which add 0)
+            # are counted out by dividing by world / pp. The same all-reduce counts stop requests,
+            # so every rank agrees on the step it stops after.
+            stop_vote = 1.0 if stops is not None and stops.requested() else 0.0
+            total = torch.stack([local_loss.detach().float().reshape(()),
+                                 torch.tensor(stop_vote, device=run.device)])
+            dist.all_reduce(total)
+            loss = total[0].item() / (dist.get_world_size() / d.pp)
+            if not math.isfinite(loss):
+                raise MeshplanError(f"the loss is {loss} at step {step}: training diverged "
+                                    f"(lower --lr, currently {cfg.lr:g})")
+            rec = _record(run, step, loss, start)
+            records.append(rec)
+            writer.write(rec)
+            progress.advance(rec)
+            stopping = total[1].item() > 0 and step < cfg.steps  # at the last step: just finish
+            saved = _maybe_save(run, step, force=stopping)
+            if stopping:
+                _stop(run, step, saved, stops)
+    finally:
+        progress.close()
+    writer.summary(records, run.plan.notation(), d.world_size)
+    if cfg.state_out:
+        _save_state(run.modules, job, run.mesh, cfg.state_out)
+    return records
+
+
+def _set_up(job: Job, cfg: TrainConfig) -> _Run:
+    """Process group, mesh, data, the parallelised model (or pipeline stages), optimizers, resume."""
     plan = job.plan.with_defaults(job.model)
     d, training = plan.dims, job.training
     device = pick_device(job)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=cfg.collective_timeout_s))
     if dist.get_world_size() != d.world_size:
         raise MeshplanError(f"the plan needs {d.world_size} processes, torchrun started {dist.get_world_size()}")
     mesh = build_mesh(plan, device.type)
@@ -145,12 +208,8 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
     source = BatchSource(seq_len=training.seq_len, global_batch=training.global_batch,
                          vocab_size=job.model.vocab_size, seed=cfg.seed, text=text)
     compute = compute_precision(training.precision, device)
-    autocast = compute != Precision.FP32
-    amp_dtype = torch.float16 if compute == Precision.FP16 else torch.bfloat16
 
     model = build_model(job.model, "meta")
-    rows_per_rank = training.global_batch // d.dp
-    local_tokens = rows_per_rank * training.seq_len // d.cp
 
     def init_stage(module: torch.nn.Module) -> None:
         module.init_device = device
@@ -180,61 +239,76 @@ def train(job: Job, cfg: TrainConfig) -> list[StepRecord]:
         start_step, start_position = resumed.step, resumed.data_position
         if resumed.data_seed != source.seed:  # keep the run's data order, whatever --seed says now
             source = replace(source, seed=resumed.data_seed)
+    return _Run(job=job, cfg=cfg, plan=plan, device=device, mesh=mesh, source=source, modules=modules,
+                optimizers=optimizers, pipe=pipe, start_step=start_step, start_position=start_position,
+                autocast=compute != Precision.FP32,
+                amp_dtype=torch.float16 if compute == Precision.FP16 else torch.bfloat16,
+                flops_per_token=model_flops_per_token(job.model, training.seq_len),
+                peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0)
 
-    dp_rank = mesh["dp"].get_local_rank()
-    cp_rank = mesh["cp"].get_local_rank()
-    flops_per_token = model_flops_per_token(job.model, training.seq_len)
-    peak_flops = job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0
-    rank0 = dist.get_rank() == 0
-    writer = _LogWriter(cfg.log_path if rank0 else None)
-    records: list[StepRecord] = []
-    progress = _Progress(cfg.steps, enabled=rank0 and cfg.progress)
-    try:
-        for step in range(start_step + 1, cfg.steps + 1):
-            tokens, targets = source.batch(step)
-            start = time.perf_counter()
-            for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
-            if pipe is not None:
-                x, y = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp,
-                                          micro_batch=rows_per_rank, cp_rank=cp_rank, cp=d.cp)[0]
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), loss_context(plan):
-                    out = pipe.step(x.to(device), y.to(device))
-                local_loss = replicated_value(out.detach()).float() if out is not None else torch.zeros((), device=device)
-            else:
-                local_loss = _accumulate(model, plan, tokens, targets, dp_rank, cp_rank,
-                                         local_tokens, device, autocast, amp_dtype)
-            kill_for_test(dist.get_rank(), step)
-            for optimizer in optimizers:
-                optimizer.step()
-            # Mean over ranks of per-rank means; tp replicas (and non-last pp stages, which add 0)
-            # are counted out by dividing by world / pp.
-            total = local_loss.detach().clone().reshape(1)
-            dist.all_reduce(total)
-            loss = total.item() / (dist.get_world_size() / d.pp)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - start
-            peak = torch.tensor([peak_memory_gib(device)], device=device)
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the fullest rank is the one that matters
-            tps = training.tokens_per_step / elapsed
-            mfu = (flops_per_token * tps / (d.world_size * peak_flops)) if peak_flops else None
-            rec = StepRecord(step=step, loss=loss, step_time_s=elapsed, tokens_per_s=tps,
-                             peak_memory_gib=float(peak.item()), mfu=mfu)
-            records.append(rec)
-            writer.write(rec)
-            progress.advance(rec)
-            if cfg.checkpoint_dir and should_save(step, cfg.checkpoint_every, cfg.steps):
-                position = start_position + (step - start_step) * training.global_batch
-                state = TrainState(step=step, data_position=position, data_seed=source.seed)
-                save_checkpoint(cfg.checkpoint_dir, state=state, job=job, model_parts=modules,
-                                optimizers=optimizers, keep=cfg.checkpoint_keep)
-    finally:
-        progress.close()
-    writer.summary(records, plan.notation(), d.world_size)
-    if cfg.state_out:
-        _save_state(modules, job, mesh, cfg.state_out)
-    return records
+
+def _step(run: _Run, step: int) -> torch.Tensor:
+    """Forward, backward and optimizer update of one step; returns this rank's mean loss (detached)."""
+    plan, training, device = run.plan, run.job.training, run.device
+    d = plan.dims
+    dp_rank = run.mesh["dp"].get_local_rank()
+    cp_rank = run.mesh["cp"].get_local_rank()
+    rows_per_rank = training.global_batch // d.dp
+    tokens, targets = run.source.batch(step)
+    for optimizer in run.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    if run.pipe is not None:
+        x, y = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp,
+                                  micro_batch=rows_per_rank, cp_rank=cp_rank, cp=d.cp)[0]
+        with torch.autocast(device.type, dtype=run.amp_dtype, enabled=run.autocast), loss_context(plan):
+            out = run.pipe.step(x.to(device), y.to(device))
+        local_loss = replicated_value(out.detach()).float() if out is not None else torch.zeros((), device=device)
+    else:
+        local_tokens = rows_per_rank * training.seq_len // d.cp
+        local_loss = _accumulate(run.modules[0], plan, tokens, targets, dp_rank, cp_rank,
+                                 local_tokens, device, run.autocast, run.amp_dtype)
+    kill_for_test(dist.get_rank(), step)
+    for optimizer in run.optimizers:
+        optimizer.step()
+    return local_loss
+
+
+def _record(run: _Run, step: int, loss: float, start: float) -> StepRecord:
+    """The step's log record (``start``: its perf_counter at the beginning): time, throughput,
+    the fullest rank's peak memory, MFU on GPU."""
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    elapsed_s = time.perf_counter() - start
+    peak = torch.tensor([peak_memory_gib(run.device)], device=run.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the fullest rank is the one that matters
+    tps = run.job.training.tokens_per_step / elapsed_s
+    world = run.plan.dims.world_size
+    mfu = (run.flops_per_token * tps / (world * run.peak_flops)) if run.peak_flops else None
+    return StepRecord(step=step, loss=loss, step_time_s=elapsed_s, tokens_per_s=tps,
+                      peak_memory_gib=float(peak.item()), mfu=mfu)
+
+
+def _maybe_save(run: _Run, step: int, *, force: bool) -> Path | None:
+    """Save on the configured schedule (or ``force``) when the run has a checkpoint directory."""
+    cfg = run.cfg
+    if not cfg.checkpoint_dir or not (force or should_save(step, cfg.checkpoint_every, cfg.steps)):
+        return None
+    position = run.start_position + (step - run.start_step) * run.job.training.global_batch
+    state = TrainState(step=step, data_position=position, data_seed=run.source.seed)
+    return save_checkpoint(cfg.checkpoint_dir, state=state, job=run.job, model_parts=run.modules,
+                           optimizers=run.optimizers, keep=cfg.checkpoint_keep)
+
+
+def _stop(run: _Run, step: int, saved: Path | None, stops: StopRequests | None) -> None:
+    """End the run on a stop request, after step ``step`` (its checkpoint already written)."""
+    why = (stops.requested() if stops else None) or "a stop request on another rank"
+    if saved is not None:
+        msg = f"stopped by {why} after step {step}: checkpoint {saved} saved; continue with --resume"
+    else:
+        msg = f"stopped by {why} after step {step}: nothing saved (no --checkpoint-dir)"
+    if dist.get_rank() == 0:
+        log.info("%s", msg)  # the launcher prints it as the run's last line
+    raise RunStopped(msg)
 
 
 def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, device, autocast, amp_dtype):
@@ -268,54 +342,3 @@ def _save_state(modules, job: Job, mesh, path: str) -> None:
         for part in parts:
             merged.update(part or {})
         torch.save(merged, path)
-
-
-class _LogWriter:
-    def __init__(self, path: str | None) -> None:
-        self.file = open(path, "w") if path else None
-
-    def write(self, rec: StepRecord) -> None:
-        if self.file:
-            self.file.write(json.dumps(asdict(rec)) + "\n")
-            self.file.flush()
-
-    def summary(self, records: list[StepRecord], notation: str, world: int) -> None:
-        if not self.file:
-            return
-        steady = records[1:] or records  # the first step pays for warm-up
-        mfus = [r.mfu for r in steady if r.mfu is not None]
-        self.file.write(json.dumps({
-            "summary": True, "steps": len(records), "plan": notation, "world_size": world,
-            "first_loss": records[0].loss if records else None,
-            "final_loss": records[-1].loss if records else None,
-            "mean_step_time_s": sum(r.step_time_s for r in steady) / max(1, len(steady)),
-            "mean_tokens_per_s": sum(r.tokens_per_s for r in steady) / max(1, len(steady)),
-            "peak_memory_gib": max((r.peak_memory_gib for r in records), default=0.0),
-            "mfu": sum(mfus) / len(mfus) if mfus else None,
-        }) + "\n")
-        self.file.close()
-
-
-class _Progress:
-    """rich progress bar on rank 0 (stderr), showing the latest loss."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                                console=Console(stderr=True))
-            self.task = self.bar.add_task("train", total=total, info="")
-            self.bar.start()
-
-    def advance(self, rec: StepRecord) -> None:
-        if self.bar:
-            self.bar.update(self.task, advance=1,
-                            info=f"loss {rec.loss:.4f}  {rec.tokens_per_s:,.0f} tok/s")
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.stop()

@@ -16,7 +16,7 @@ The frontier covers every memory level; the recommended plan is the fastest that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -28,12 +28,12 @@ from meshplan.cost.pipeline import rank_layers_even
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan, Recompute
+from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
-from meshplan.search.space import RECOMPUTES, GlobalConfigs, SearchOptions, enumerate_space
+from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
-from meshplan.search.tables import (CostContext, _take_layer, chunk_split, pipeline_alpha, score_splits,
-                                    shared_layer_cost, stage_table)
+from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
+                                    score_splits, shared_layer_cost, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -122,10 +122,6 @@ def default_budget_bytes(cluster: ClusterSpec) -> float:
     return max(cluster.gpu.memory_gib - MEMORY_SAFETY_MARGIN_GIB, 0.0) * GIB
 
 
-def _plan_arrays(cfg: GlobalConfigs) -> PlanArrays:
-    return PlanArrays(**{f.name: getattr(cfg, f.name) for f in fields(PlanArrays)})
-
-
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
@@ -142,6 +138,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick = progress or (lambda what, frac: None)
     num_gpus = cluster.num_gpus
 
+    check_model_takes(model, training)
     space = enumerate_space(model, training, num_gpus, options)
     if len(space) == 0:
         raise MeshplanError(
@@ -149,7 +146,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             f"{training.global_batch} and seq_len {training.seq_len} (degrees must divide heads, "
             "layers, sequence and batch)")
     tick("even splits", 0.05)
-    plans = _plan_arrays(space)
+    plans = space
     layer = shared_layer_cost(ctx, plans)
     even = _even_estimate(ctx, plans, layer)
     evaluated = len(space)
@@ -202,9 +199,34 @@ def _without_recompute(plan: Plan) -> Plan:
     return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers))
 
 
-def _even_estimate(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:
+EVEN_CHUNK_ROWS = 1 << 15
+"""Global configurations costed at once. Large spaces (millions of configurations for a few
+thousand GPUs) are costed in slices of this many rows: a slice's ~100 temporary arrays then
+stay in the CPU caches and are reused by the allocator instead of paging in gigabytes."""
+
+
+@dataclass(frozen=True)
+class EvenCost:
+    """Step time and peak memory of every global configuration with an even layer split."""
+
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+
+
+def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost) -> EvenCost:
     """What ``estimate_batch`` computes (even split, policy on every layer: the first and the
-    last rank bound the step and the peak), with the layer costs shared between rows."""
+    last rank bound the step and the peak), with the layer costs shared between rows; in
+    slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads."""
+    step = np.empty(len(plans))
+    peak = np.empty(len(plans))
+    for i in range(0, len(plans), EVEN_CHUNK_ROWS):
+        rows = slice(i, i + EVEN_CHUNK_ROWS)
+        est = _even_slice(ctx, plans.take(rows), shared.take(rows))
+        step[rows], peak[rows] = est.step_time_s, est.peak_memory_bytes
+    return EvenCost(step_time_s=step, peak_memory_bytes=peak)
+
+
+def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
     kw["terms"] = plan_terms(**kw)  # shared by both ranks
@@ -214,12 +236,6 @@ def _even_estimate(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> Bat
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
     return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
-
-
-def search_gpu_counts(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      gpu_counts: list[int], **kw) -> list[SearchResult]:
-    """One search per GPU count (same hardware, whole nodes or part of one)."""
-    return [search(model, cluster.with_gpus(n), training, **kw) for n in gpu_counts]
 
 
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
@@ -235,8 +251,8 @@ def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
     return out
 
 
-def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: LayerCost,
-            even: BatchEstimate, even_front: Front, fronts: list[Front],
+def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
+            even: EvenCost, even_front: Front, fronts: list[Front],
             splits: dict[int, tuple[np.ndarray, np.ndarray, int]], *, options: SearchOptions,
             refine_slack: float, cap: float, stage_points: int,
             tick: Callable[[str, float], None]) -> tuple[int, int]:
@@ -276,7 +292,7 @@ def _refine(ctx: CostContext, space: GlobalConfigs, plans: PlanArrays, layer: La
         pts_t, pts_m, pts_k = [], [], []
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
             sub = plans.take(chunk)
-            sub_layer = _take_layer(layer, chunk)
+            sub_layer = layer.take(chunk)
             tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer)
             alpha = pipeline_alpha(ctx, sub)
             known = merge_fronts(*fronts)

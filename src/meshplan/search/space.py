@@ -2,7 +2,8 @@
 
 A *global configuration* fixes everything except the per-stage layer split and the per-stage
 number of recomputed layers (those are searched by :mod:`meshplan.search.stages`): the mesh
-degrees ``pp x dp_replicate x dp_shard x cp x tp`` (product = GPU count), expert parallel ``ep``,
+degrees ``pp x dp_replicate x dp_shard x cp x tp`` (product = GPU count), expert parallel ``ep``
+and expert tensor parallel ``etp``,
 ZeRO stage, sequence parallel, context-parallel method, pipeline schedule and virtual stages,
 micro-batch size and recompute policy.
 
@@ -18,19 +19,25 @@ from typing import Callable
 
 import numpy as np
 
+from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, Plan, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
-SCHEDULES: tuple[Schedule, ...] = tuple(Schedule)
-RECOMPUTES: tuple[Recompute, ...] = tuple(Recompute)
-CP_METHODS: tuple[CPMethod, ...] = tuple(CPMethod)
+# The integer codes of the enum columns: the cost model's (one table, cost.arrays).
+SCHEDULES: tuple[Schedule, ...] = SCHEDULE_CODES
+RECOMPUTES: tuple[Recompute, ...] = RECOMPUTE_CODES
+CP_METHODS: tuple[CPMethod, ...] = CP_METHOD_CODES
 
 MAX_VPP = 8
-"""Largest number of virtual stages per pipeline rank searched. Megatron's and torchtitan's
-published configurations use 2-8 chunks per rank; beyond that the per-chunk send/recv overhead
-grows while the bubble is already below 1/(8m). This bounds the space (it is not a dominance rule)."""
+"""Virtual stages per pipeline rank searched with any layer split. Beyond it (published
+Megatron-Core recipes use 10 to 24 chunks per rank) only chunk counts that split the layers
+evenly are searched, the layers alone or with the embedding and the loss counted as one layer
+each: Megatron needs ``num_layers`` (or ``num_layers + 2`` with
+``--account-for-embedding/loss-in-pipeline-split``) divisible by ``pp * vpp`` without a custom
+layout (Qwen3-235B's 94 layers: pp 4 x vpp 12). This bounds the space (it is not a dominance
+rule)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -57,69 +64,16 @@ class SearchOptions:
     schedules: tuple[Schedule, ...] = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     recomputes: tuple[Recompute, ...] = RECOMPUTES
     cp_methods: tuple[CPMethod, ...] = CP_METHODS
-    max_vpp: int = MAX_VPP
+    max_vpp: int | None = None
+    """Largest vpp searched; None: as many as the layer count allows (``MAX_VPP`` with any
+    split, beyond it even splits only)."""
     nonuniform_stages: bool = True
     """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
     max_cp: int | None = None
     """Largest context-parallel degree (None: any); 1 for a target without context parallel."""
-    allow: "Callable[[GlobalConfigs], np.ndarray] | None" = None
+    allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
-
-
-@dataclass(frozen=True)
-class GlobalConfigs:
-    """Struct of arrays: one row per global configuration (integer codes index the enums above)."""
-
-    pp: np.ndarray
-    dp_replicate: np.ndarray
-    dp_shard: np.ndarray
-    cp: np.ndarray
-    tp: np.ndarray
-    ep: np.ndarray
-    zero: np.ndarray
-    sp: np.ndarray
-    cp_method: np.ndarray
-    schedule: np.ndarray
-    vpp: np.ndarray
-    micro_batch: np.ndarray
-    recompute: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.pp.size)
-
-    def take(self, idx: np.ndarray) -> "GlobalConfigs":
-        return GlobalConfigs(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
-
-    def plan(self, i: int, stage_layers: tuple[int, ...] = (),
-             recompute_layers: tuple[int, ...] = ()) -> Plan:
-        """Row ``i`` as a Plan (even split and all-layer recompute unless layers are given)."""
-        rec = RECOMPUTES[int(self.recompute[i])]
-        return Plan(
-            dims=ParallelDims(dp_replicate=int(self.dp_replicate[i]), dp_shard=int(self.dp_shard[i]),
-                              tp=int(self.tp[i]), pp=int(self.pp[i]), cp=int(self.cp[i]),
-                              ep=int(self.ep[i])),
-            zero=int(self.zero[i]), sp=bool(self.sp[i]),
-            schedule=SCHEDULES[int(self.schedule[i])], vpp=int(self.vpp[i]),
-            cp_method=CP_METHODS[int(self.cp_method[i])], micro_batch=int(self.micro_batch[i]),
-            recompute=rec, stage_layers=tuple(stage_layers),
-            recompute_layers=tuple(recompute_layers) if rec != Recompute.NONE else (),
-        )
-
-    @staticmethod
-    def from_plans(plans: list[Plan]) -> "GlobalConfigs":
-        """Rows for given plans (their stage/recompute layer lists are not kept)."""
-        def col(fn, dtype=np.int64):
-            return np.array([fn(p) for p in plans], dtype=dtype)
-        return GlobalConfigs(
-            pp=col(lambda p: p.dims.pp), dp_replicate=col(lambda p: p.dims.dp_replicate),
-            dp_shard=col(lambda p: p.dims.dp_shard), cp=col(lambda p: p.dims.cp),
-            tp=col(lambda p: p.dims.tp), ep=col(lambda p: p.dims.ep), zero=col(lambda p: p.zero),
-            sp=col(lambda p: p.sp, bool), cp_method=col(lambda p: CP_METHODS.index(p.cp_method)),
-            schedule=col(lambda p: SCHEDULES.index(p.schedule)), vpp=col(lambda p: p.vpp),
-            micro_batch=col(lambda p: p.micro_batch),
-            recompute=col(lambda p: RECOMPUTES.index(p.recompute)),
-        )
 
 
 def _cross(cols: dict[str, np.ndarray], name: str, values: np.ndarray) -> dict[str, np.ndarray]:
@@ -142,8 +96,9 @@ def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
     dp = c["dp_replicate"] * c["dp_shard"]
     ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
     ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
-    if model.is_moe:
-        ok &= model.moe_ffn_hidden_size % tp == 0
+    if "M" in model.hybrid_pattern:  # Mamba-2 TP splits heads and B/C groups (Megatron MambaMixer)
+        ok &= (model.mamba_num_heads % tp == 0) & (model.mamba_groups % tp == 0)
+        ok &= (model.mamba_num_heads // tp) % cp == 0  # Mamba CP exchanges heads (all-to-all)
     ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
     ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
     return ok
@@ -155,8 +110,10 @@ def _rule_max_cp(c, options: SearchOptions) -> np.ndarray:
 
 
 def _rule_zero(c) -> np.ndarray:
-    """dp_shard > 1 needs ZeRO >= 1; over a single shard every stage equals plain DP (stage 0)."""
-    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, c["zero"] == 0)
+    """dp_shard > 1 needs ZeRO >= 1; ZeRO shards over dp_shard x cp, so with dp_shard = 1 and
+    cp > 1 every stage is its own plan (ZeRO over the context-parallel ranks alone); over a
+    single rank every stage equals plain DP (stage 0)."""
+    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, (c["cp"] > 1) | (c["zero"] == 0))
 
 
 def _rule_sp(c, training: TrainingSpec) -> np.ndarray:
@@ -174,13 +131,26 @@ def _rule_cp_method(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
 
 
 def _rule_ep(c, model: ModelSpec) -> np.ndarray:
+    """Experts fold onto the dp_shard x cp x tp ranks as edp x ep x etp (Megatron's MoE parallel
+    folding): etp * ep divides them, etp divides tp and the expert FFN; dense models: etp = tp."""
     experts = model.moe_num_experts if model.is_moe else 1
-    return ((c["dp_shard"] * c["cp"]) % c["ep"] == 0) & (experts % c["ep"] == 0)
+    ok = ((c["dp_shard"] * c["cp"] * c["tp"]) % (c["etp"] * c["ep"]) == 0) & (experts % c["ep"] == 0)
+    ok &= c["tp"] % c["etp"] == 0
+    if model.is_moe:
+        return ok & (model.moe_ffn_hidden_size % c["etp"] == 0)
+    return ok & (c["etp"] == c["tp"])
 
 
-def _schedule_pairs(options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+def _max_vpp(model: ModelSpec, options: SearchOptions) -> int:
+    return options.max_vpp if options.max_vpp is not None else max(model.num_layers // 2, 1)
+
+
+def _schedule_pairs(options: SearchOptions, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    # beyond MAX_VPP only chunk counts that can split the layers evenly (see MAX_VPP)
+    L = model.num_layers
+    vpps = [v for v in range(2, _max_vpp(model, options) + 1) if v <= MAX_VPP or L % v == 0 or (L + 2) % v == 0]
     pairs = [(SCHEDULES.index(s), v) for s in options.schedules
-             for v in (range(2, options.max_vpp + 1) if s.supports_virtual_stages else (1,))]
+             for v in (vpps if s.supports_virtual_stages else (1,))]
     if not pairs:
         raise MeshplanError("no pipeline schedule to search")
     return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -188,14 +158,16 @@ def _schedule_pairs(options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
 
 def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
     """With pp == 1 the schedule is irrelevant: one row (1F1B, else the first listed)."""
-    sched, vpp = _schedule_pairs(options)
+    sched, vpp = _schedule_pairs(options, model)
     listed = np.zeros(c["pp"].shape, dtype=bool)
     for s_code, v in zip(sched, vpp):
         listed |= (c["schedule"] == s_code) & (c["vpp"] == v)
     one_f1b = SCHEDULES.index(Schedule.ONE_F_ONE_B)
     base = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
     first = (c["schedule"] == base) & (c["vpp"] == vpp[sched == base].min())
-    return listed & np.where(c["pp"] == 1, first, c["pp"] * c["vpp"] <= model.num_layers)
+    chunks = c["pp"] * c["vpp"]
+    bounded = (c["vpp"] <= MAX_VPP) | (model.num_layers % chunks == 0) | ((model.num_layers + 2) % chunks == 0)
+    return listed & np.where(c["pp"] == 1, first, (chunks <= model.num_layers) & bounded)
 
 
 def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
@@ -208,7 +180,7 @@ def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
 
 
 def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
-                    options: SearchOptions = SearchOptions()) -> GlobalConfigs:
+                    options: SearchOptions = SearchOptions()) -> PlanArrays:
     """Every legal global configuration for ``num_gpus`` GPUs (rules: docs/search.md)."""
     if num_gpus < 1:
         raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
@@ -222,8 +194,12 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "cp_method", np.array([CP_METHODS.index(m) for m in options.cp_methods]))
     c = _keep(c, _rule_cp_method(c, model, options))
     c = _cross(c, "ep", np.array(divisors(model.moe_num_experts) if model.is_moe else [1]))
+    if model.is_moe:
+        c = _cross(c, "etp", np.array(divisors(int(c["tp"].max())) if c["tp"].size else [1]))
+    else:
+        c["etp"] = c["tp"].copy()
     c = _keep(c, _rule_ep(c, model))
-    sched, vpp = _schedule_pairs(options)
+    sched, vpp = _schedule_pairs(options, model)
     c = _cross(c, "_pair", np.arange(sched.size))
     c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
     del c["_pair"]
@@ -231,7 +207,7 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
     c = _keep(c, _rule_micro_batch(c, training))
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
-    space = GlobalConfigs(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(GlobalConfigs)})
+    space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
@@ -245,7 +221,7 @@ def canonical(plan: Plan) -> Plan:
 
     d = plan.dims
     out = plan
-    if d.dp_shard == 1 and plan.zero:
+    if d.dp_shard * d.cp == 1 and plan.zero:
         out = replace(out, zero=0)
     if (d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B) or (
             out.schedule == Schedule.INTERLEAVED_1F1B and out.vpp == 1):
@@ -259,8 +235,8 @@ def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan
              options: SearchOptions = SearchOptions()) -> bool:
     """Whether the global configuration of ``plan`` is one ``enumerate_space`` lists (same rules,
     one row; the layer split is the stage search's business)."""
-    g = GlobalConfigs.from_plans([plan])
-    c = {f.name: getattr(g, f.name) for f in fields(GlobalConfigs)}
+    g = PlanArrays.from_plans([plan])
+    c = {f.name: getattr(g, f.name) for f in fields(PlanArrays)}
     d = plan.dims
     if d.world_size != num_gpus or plan.recompute not in options.recomputes:
         return False

@@ -48,12 +48,26 @@ def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
     return plans.take(idx), idx
 
 
-LAYER_KEY_FIELDS = ("tp", "cp", "ep", "sp", "micro_batch", "cp_method", "dp_shard", "zero")
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "sp", "micro_batch", "cp_method", "dp_shard", "zero")
 """The plan fields ``layer_cost`` reads (tests/planner/test_search_tables.py checks that rows
 equal on these get equal layer costs, so a change in the cost model cannot go unnoticed)."""
 
 
-def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> LayerCost:
+@dataclass(frozen=True)
+class SharedLayerCost:
+    """``layer_cost`` of the distinct LAYER_KEY_FIELDS rows (``unique``) and, per plan, the row
+    that holds its cost (``row``). Plans' layer costs are gathered only for the slice in use, so
+    that millions of configurations never materialise ~20 full-length columns at once."""
+
+    unique: LayerCost
+    row: np.ndarray
+
+    def take(self, idx) -> LayerCost:
+        """Layer costs of the plans at ``idx`` (an index array, a mask or a slice)."""
+        return _take_layer(self.unique, self.row[idx])
+
+
+def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     """``layer_cost`` for every plan, computed once per distinct LAYER_KEY_FIELDS row.
 
     Many global configurations differ only in pipeline, schedule, replication or recompute
@@ -65,7 +79,9 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> LayerCost:
         key = key * (int(col.max(initial=0)) + 1) + col
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
-    return _take_layer(unique, inverse.reshape(-1))
+    unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
+                                                  (first.size,)) for f in fields(LayerCost)})
+    return SharedLayerCost(unique=unique, row=inverse.reshape(-1))
 
 
 def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:

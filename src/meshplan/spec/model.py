@@ -73,6 +73,46 @@ class ModelSpec:
     """Leading layers that keep a dense MLP (DeepSeek's first_k_dense_replace)."""
     type_vocab_size: int = 0
     """BERT token-type embeddings (2 for BERT)."""
+    moe_shared_ffn_hidden_size: int = 0
+    """Inner width of one shared expert; 0 means moe_ffn_hidden_size (Nemotron 3: 2x routed)."""
+    moe_latent_size: int = 0
+    """LatentMoE (Nemotron 3 Super/Ultra): routed experts read and write this width instead of D,
+    behind a D -> latent and a latent -> D projection per layer; 0 means none."""
+    q_lora_rank: int = 0
+    """MLA (DeepSeek-V2 Sec. 2.1): query down-projection rank d_c'; 0 means a full-rank W^Q."""
+    kv_lora_rank: int = 0
+    """MLA compressed KV width d_c; 0 means standard (GQA/MHA) attention."""
+    qk_rope_head_dim: int = 0
+    """MLA decoupled RoPE query/key width per head (d_h^R)."""
+    qk_nope_head_dim: int = 0
+    """MLA per-head query/key width without RoPE (d_h)."""
+    v_head_dim: int = 0
+    """MLA per-head value width."""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key (Qwen3)."""
+    sliding_window: int = 0
+    """Tokens a sliding-window attention layer attends to; 0 means full attention everywhere."""
+    full_attention_period: int = 0
+    """With sliding_window: every n-th layer keeps full attention (GPT-OSS 2); 0: all slide."""
+    attention_sinks: bool = False
+    """A learned per-head sink logit in the softmax (GPT-OSS)."""
+    mtp_num_layers: int = 0
+    """Multi-token-prediction modules after the stack (DeepSeek-V3 Sec. 2.2: D = 1)."""
+    hybrid_pattern: str = ""
+    """Per-layer kinds, one letter each (M Mamba-2, * attention, - MLP, E MoE), as Nemotron-H's
+    hybrid_override_pattern; empty means every layer is attention + MLP/MoE."""
+    mamba_state_size: int = 0
+    """Mamba-2 SSM state size N (ssm_state_size)."""
+    mamba_conv_width: int = 4
+    """Mamba-2 causal conv kernel width (conv_kernel; 4 in Dao & Gu 2024 and Nemotron-H)."""
+    mamba_num_heads: int = 0
+    """Mamba-2 heads."""
+    mamba_head_dim: int = 0
+    """Mamba-2 head dim P (d_inner = heads * P)."""
+    mamba_groups: int = 1
+    """Mamba-2 B/C groups (n_groups)."""
+    mamba_chunk_size: int = 128
+    """SSD chunk length Q (Dao & Gu 2024 Sec. 6; Nemotron-H chunk_size 128)."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("arch", Arch), ("norm", Norm), ("position", Position)):
@@ -85,7 +125,10 @@ class ModelSpec:
             check_count(f"model {self.name!r}: {f}", getattr(self, f))
         for f in ("num_kv_heads", "head_dim", "ffn_hidden_size", "moe_num_experts", "moe_top_k",
                   "moe_ffn_hidden_size", "moe_shared_experts", "moe_dense_layers", "type_vocab_size",
-                  "max_position"):
+                  "max_position", "moe_shared_ffn_hidden_size", "moe_latent_size", "q_lora_rank", "kv_lora_rank",
+                  "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
+                  "full_attention_period", "mtp_num_layers", "mamba_state_size", "mamba_conv_width",
+                  "mamba_num_heads", "mamba_head_dim", "mamba_groups", "mamba_chunk_size"):
             check_count(f"model {self.name!r}: {f}", getattr(self, f), minimum=0)
         # Fill derived defaults (frozen: go through object.__setattr__ once, here only).
         if self.num_kv_heads == 0:
@@ -113,8 +156,13 @@ class ModelSpec:
                 object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
             if self.moe_dense_layers >= self.num_layers:
                 raise MeshplanError(f"model {self.name!r}: moe_dense_layers must be below num_layers")
-        elif self.moe_top_k or self.moe_shared_experts or self.moe_dense_layers:
+            if self.moe_shared_ffn_hidden_size == 0:
+                object.__setattr__(self, "moe_shared_ffn_hidden_size", self.moe_ffn_hidden_size)
+        elif self.moe_top_k or self.moe_shared_experts or self.moe_dense_layers or self.moe_latent_size:
             raise MeshplanError(f"model {self.name!r}: MoE fields set but moe_num_experts is 0")
+        from meshplan.spec.layers import check_layout
+
+        check_layout(self)
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -122,13 +170,35 @@ class ModelSpec:
         return self.moe_num_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.hybrid_pattern)
+
+    @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.moe_dense_layers if self.is_moe else 0
+        from meshplan.spec.layers import Ffn, layer_kind_counts
+
+        return sum(n for kind, n in layer_kind_counts(self) if kind.ffn == Ffn.MOE)
 
     @property
     def q_size(self) -> int:
-        """N * H: width of the query projection output."""
+        """N * H: width of the query projection output (MLA: N * (d_nope + d_rope))."""
+        if self.is_mla:
+            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_heads * self.head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of the QK^T product."""
+        return self.q_size // self.num_heads
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of the values (the AV product)."""
+        return self.v_head_dim if self.is_mla else self.head_dim
 
     @property
     def kv_size(self) -> int:
@@ -143,19 +213,17 @@ class ModelSpec:
         return self.hidden_size * (2 if self.norm == Norm.LAYERNORM else 1)
 
     def attention_params(self) -> int:
-        D = self.hidden_size
-        p = D * self.q_size + 2 * D * self.kv_size + self.q_size * D
-        if self.attn_bias:
-            p += self.q_size + 2 * self.kv_size
-        if self.mlp_bias:
-            p += D  # output projection bias
-        return p
+        from meshplan.spec.layers import attention_params
 
-    def mlp_params(self, ffn: int) -> int:
-        """One MLP (dense layer or one expert) of inner width ``ffn``."""
-        p = self._mlp_matrices * self.hidden_size * ffn
+        return attention_params(self)
+
+    def mlp_params(self, ffn: int, width: int = 0) -> int:
+        """One MLP (dense layer or one expert) of inner width ``ffn`` on ``width``-wide tokens
+        (0: hidden_size; a LatentMoE expert: moe_latent_size)."""
+        width = width or self.hidden_size
+        p = self._mlp_matrices * width * ffn
         if self.mlp_bias:
-            p += (self._mlp_matrices - 1) * ffn + self.hidden_size
+            p += (self._mlp_matrices - 1) * ffn + width
         return p
 
     def dense_layer_params(self) -> int:
@@ -163,18 +231,20 @@ class ModelSpec:
 
     def moe_layer_params(self, active_only: bool = False) -> int:
         """Attention + router + routed experts (all, or top-k when active_only) + shared experts."""
-        experts = self.moe_top_k if active_only else self.moe_num_experts
-        return (
-            self.attention_params()
-            + self.hidden_size * self.moe_num_experts  # router
-            + (experts + self.moe_shared_experts) * self.mlp_params(self.moe_ffn_hidden_size)
-            + 2 * self.norm_params()
-        )
+        from meshplan.spec.layers import Ffn, LayerKind, Mixer, kind_params
+
+        return kind_params(self, LayerKind(Mixer.ATTENTION, Ffn.MOE), active_only)
 
     def layer_params(self, layer: int, active_only: bool = False) -> int:
-        if self.is_moe and layer >= self.moe_dense_layers:
-            return self.moe_layer_params(active_only)
-        return self.dense_layer_params()
+        from meshplan.spec.layers import kind_params, layer_kind
+
+        return kind_params(self, layer_kind(self, layer), active_only)
+
+    def mtp_params(self, active_only: bool = False) -> int:
+        """All multi-token-prediction modules (their embedding and head are the main model's)."""
+        from meshplan.spec.layers import mtp_module_params
+
+        return self.mtp_num_layers * mtp_module_params(self, active_only) if self.mtp_num_layers else 0
 
     def embedding_params(self) -> int:
         """Token (+ learned position, + token type) embeddings."""
@@ -197,10 +267,14 @@ class ModelSpec:
             p += self.vocab_size * self.hidden_size
         return p
 
-    def num_params(self, active_only: bool = False) -> int:
-        """Total parameters (or those one token touches, for MoE)."""
-        layers = sum(self.layer_params(i, active_only) for i in range(self.num_layers))
-        return self.embedding_params() + layers + self.head_params()
+    def num_params(self, active_only: bool = False, *, include_mtp: bool = True) -> int:
+        """Total parameters (or those one token touches, for MoE), MTP modules included unless
+        ``include_mtp`` is False (DeepSeek-V3's published 671B excludes its MTP module)."""
+        from meshplan.spec.layers import kind_params, layer_kind_counts
+
+        layers = sum(n * kind_params(self, kind, active_only) for kind, n in layer_kind_counts(self))
+        mtp = self.mtp_params(active_only) if include_mtp else 0
+        return self.embedding_params() + layers + mtp + self.head_params()
 
     # ---- overrides and JSON --------------------------------------------------------------
     def with_overrides(self, overrides: dict[str, Any]) -> "ModelSpec":
@@ -226,6 +300,16 @@ class ModelSpec:
                 ratio = self.moe_ffn_hidden_size / self.hidden_size
                 hid = changes.get("hidden_size", self.hidden_size)
                 changes.setdefault("moe_ffn_hidden_size", max(1, int(round(ratio * hid))))
+                if "moe_shared_ffn_hidden_size" not in changes:
+                    ratio = self.moe_shared_ffn_hidden_size / self.hidden_size
+                    changes["moe_shared_ffn_hidden_size"] = max(1, int(round(ratio * hid)))
+        if ("moe_ffn_hidden_size" in changes and "moe_shared_ffn_hidden_size" not in changes
+                and self.moe_shared_ffn_hidden_size == self.moe_ffn_hidden_size):
+            changes["moe_shared_ffn_hidden_size"] = 0  # shared experts keep following the routed width
+        if ("num_layers" in changes and self.hybrid_pattern and "hybrid_pattern" not in changes
+                and int(changes["num_layers"]) < len(self.hybrid_pattern)):
+            # a shallower copy keeps the first layers of the pattern (like num_layers=2 on a stack)
+            changes["hybrid_pattern"] = self.hybrid_pattern[: int(changes["num_layers"])]
         if "num_heads" in changes and "num_kv_heads" not in changes:
             # keep the GQA group size if it still divides, else fall back to MHA
             group = self.num_heads // self.num_kv_heads

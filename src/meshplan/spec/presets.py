@@ -27,7 +27,8 @@ def model_preset(name: str) -> ModelSpec:
     key = name.lower()
     if key not in data:
         raise MeshplanError(f"unknown model {name!r}; known: {', '.join(data)} (or a config.json path)")
-    return ModelSpec(name=key, **data[key])
+    fields = {k: v for k, v in data[key].items() if not k.startswith("_")}  # "_source": citation
+    return ModelSpec(name=key, **fields)
 
 
 def resolve_model(name_or_path: str, overrides: dict[str, Any] | None = None) -> ModelSpec:

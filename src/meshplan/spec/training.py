@@ -11,12 +11,51 @@ from meshplan.numbers import check_count
 
 
 class Precision(str, enum.Enum):
-    """Compute precision of the matmuls (mixed precision keeps fp32 master weights)."""
+    """Compute precision of the matmuls (mixed precision keeps fp32 master weights).
+
+    fp8 and fp4 are the GEMM input formats; how their scales are chosen is the ``Recipe``.
+    Weights, gradients and activations between GEMMs stay in bf16 (Transformer Engine's mixed
+    fp8/fp4 training: Micikevicius et al. 2022, "FP8 Formats for Deep Learning", Sec. 4; NVIDIA
+    2025, "Pretraining LLMs with NVFP4")."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
+    FP4 = "fp4"
     FP32 = "fp32"
+
+
+class Recipe(str, enum.Enum):
+    """How an fp8 or fp4 GEMM scales its inputs (Transformer Engine / Megatron-Core recipes).
+
+    fp8: ``delayed`` (one scale per tensor from an amax history, TE DelayedScaling), ``tensorwise``
+    (one scale per tensor from the current amax, TE Float8CurrentScaling), ``rowwise`` (one scale
+    per row, torchao), ``blockwise`` (128x128 weight / 1x128 activation blocks, DeepSeek-V3 Sec.
+    3.3.2, TE Float8BlockScaling), ``mxfp8`` (OCP microscaling: E8M0 scale per 32 elements, TE
+    MXFP8BlockScaling). fp4: ``nvfp4`` (E4M3 scale per 16 elements + tensor scale) and ``mxfp4``
+    (OCP microscaling, E8M0 scale per 32 elements)."""
+
+    DELAYED = "delayed"
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
+
+    @property
+    def block_scaled(self) -> bool:
+        """Scales per small block, applied by the tensor cores themselves (Blackwell, CDNA4):
+        a GPU must list the recipe in ``GPUSpec.block_scaled_recipes``."""
+        return self in (Recipe.MXFP8, Recipe.NVFP4, Recipe.MXFP4)
+
+
+RECIPES: dict[Precision, tuple[Recipe, ...]] = {
+    Precision.FP8: (Recipe.DELAYED, Recipe.TENSORWISE, Recipe.ROWWISE, Recipe.BLOCKWISE, Recipe.MXFP8),
+    Precision.FP4: (Recipe.NVFP4, Recipe.MXFP4),
+}
+"""The recipes each low precision accepts; the first is its default (Megatron-Core's
+``--fp8-recipe`` default is ``delayed``; ``--fp4-recipe`` default is ``nvfp4``)."""
 
 
 class Optimizer(str, enum.Enum):
@@ -33,6 +72,9 @@ class TrainingSpec:
     """B: sequences per optimizer step, over all data-parallel ranks."""
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW
+    recipe: Recipe | None = None
+    """Scaling recipe of fp8/fp4 GEMMs (``RECIPES``); None: the precision's default recipe for
+    fp8/fp4 (filled in on construction), and must stay None for bf16/fp16/fp32."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("precision", Precision), ("optimizer", Optimizer)):
@@ -41,6 +83,7 @@ class TrainingSpec:
             except ValueError:
                 raise MeshplanError(f"{f}={getattr(self, f)!r} is not one of "
                                     f"{', '.join(e.value for e in enum_cls)}") from None
+        object.__setattr__(self, "recipe", check_recipe(self.precision, self.recipe))
         for f in ("seq_len", "global_batch"):
             check_count(f, getattr(self, f))
 
@@ -63,6 +106,7 @@ class TrainingSpec:
         out = asdict(self)
         out["precision"] = self.precision.value
         out["optimizer"] = self.optimizer.value
+        out["recipe"] = self.recipe.value if self.recipe else None
         return out
 
     @classmethod
@@ -76,8 +120,28 @@ class TrainingSpec:
                 data["precision"] = Precision(data["precision"])
             if "optimizer" in data:
                 data["optimizer"] = Optimizer(data["optimizer"])
+            if data.get("recipe") is not None:  # absent in plan files before fp8 recipes
+                data["recipe"] = Recipe(data["recipe"])
             return cls(**data)
         except MeshplanError:
             raise
         except (TypeError, ValueError) as exc:
             raise MeshplanError(f"invalid training description: {exc}") from None
+
+
+def check_recipe(precision: Precision, recipe: "Recipe | str | None") -> "Recipe | None":
+    """The recipe for ``precision``: the given one if the precision accepts it, the precision's
+    default when None; MeshplanError for a recipe on bf16/fp16/fp32 or a mismatched one."""
+    allowed = RECIPES.get(Precision(precision), ())
+    if recipe is None:
+        return allowed[0] if allowed else None
+    try:
+        recipe = Recipe(recipe)
+    except ValueError:
+        raise MeshplanError(f"recipe={recipe!r} is not one of {', '.join(r.value for r in Recipe)}") from None
+    if recipe not in allowed:
+        if not allowed:
+            raise MeshplanError(f"recipe {recipe.value!r} needs precision fp8 or fp4, not {Precision(precision).value}")
+        raise MeshplanError(f"recipe {recipe.value!r} is not an {Precision(precision).value} recipe; "
+                            f"{Precision(precision).value} takes {', '.join(r.value for r in allowed)}")
+    return recipe

@@ -2,7 +2,7 @@
 
 Every parameter draws its full tensor from a generator seeded by (seed, canonical name) and keeps
 the slice this rank holds: a DTensor shard (tensor parallel, FSDP) and/or an expert-parallel slice
-of the expert dimension. So one process and any parallel layout start from identical weights,
+of the expert dimension and/or an expert-tensor-parallel slice of the experts' F dimension. So one process and any parallel layout start from identical weights,
 which the loss-parity tests rely on. Generating the full tensor on every rank costs memory and
 time proportional to the largest parameter; fine for the reference models this runtime trains.
 """
@@ -81,12 +81,19 @@ def init_parameters(model: nn.Module, seed: int, tied_embeddings: bool = False) 
             seen.add(id(p))
             name = canonical_name(f"{mod_name}.{short}" if mod_name else short, tied_embeddings)
             ep_rank, ep_size = _expert_slice(module)
+            etp_rank, etp_size = getattr(module, "etp_rank", 0), getattr(module, "etp_size", 1)
+            etp_dim = getattr(module, "etp_dims", {}).get(short) if etp_size > 1 else None
             full_shape = list(p.shape)
             full_shape[0] *= ep_size
+            if etp_dim is not None:
+                full_shape[etp_dim] *= etp_size
             full = _draw(name, tuple(full_shape), _kind(module, short), seed)
             if ep_size > 1:
                 n = p.shape[0]
                 full = full[ep_rank * n:(ep_rank + 1) * n]
+            if etp_dim is not None:  # expert tensor parallel: this rank's F slice
+                n = p.shape[etp_dim]
+                full = full.narrow(etp_dim, etp_rank * n, n)
             slices = _local_slices(p)
             if slices is not None:
                 p.to_local().copy_(full[slices])

@@ -49,24 +49,35 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return out.type_as(x)
 
 
+def apply_rope_part(x: torch.Tensor, positions: torch.Tensor, rope_dim: int = 0) -> torch.Tensor:
+    """RoPE on the last ``rope_dim`` channels of each head (0: all of them). Multi-head latent
+    attention rotates only its decoupled d_rope part (DeepSeek-V2 Sec. 2.1.3), stored last."""
+    if not rope_dim or rope_dim == x.shape[-1]:
+        return apply_rope(x, positions)
+    return torch.cat((x[..., :-rope_dim], apply_rope(x[..., -rope_dim:], positions)), dim=-1)
+
+
 class CoreAttention(nn.Module):
     """softmax(QK^T / sqrt(H)) V with a causal mask, RoPE applied here (on the positions it sees).
 
-    Inputs q: (B, S, Nq, H), k/v: (B, S, Nk, H) before RoPE; output (B, S, Nq, H).
+    Inputs q: (B, S, Nq, H), k/v: (B, S, Nk, H) before RoPE; output (B, S, Nq, H_v) (MLA: the
+value width H_v differs from the query/key width H).
     Parameter-free, so context parallel can wrap it (exchanging heads for sequence first) and
     selective recompute can checkpoint exactly this part (Korthikanti et al. 2022, Sec. 5).
     """
 
-    def __init__(self, rope: bool, causal: bool = True) -> None:
+    def __init__(self, rope: bool, causal: bool = True, rope_dim: int = 0) -> None:
         super().__init__()
         self.rope = rope
         self.causal = causal
+        self.rope_dim = rope_dim
+        """Channels of each head RoPE rotates (the last ones); 0 means all."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         S = q.shape[1]
         if self.rope:
             pos = torch.arange(S, device=q.device)
-            q, k = apply_rope(q, pos), apply_rope(k, pos)
+            q, k = apply_rope_part(q, pos, self.rope_dim), apply_rope_part(k, pos, self.rope_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, S, H)
         if k.shape[1] != q.shape[1]:  # GQA: each KV head serves Nq/Nk query heads
             rep = q.shape[1] // k.shape[1]
@@ -86,6 +97,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(D, spec.kv_size, bias=spec.attn_bias)
         self.wv = nn.Linear(D, spec.kv_size, bias=spec.attn_bias)
         self.wo = nn.Linear(spec.q_size, D, bias=spec.mlp_bias)
+        # QK-norm (Qwen3): one RMSNorm over head_dim, shared by the heads, on queries and on keys
+        self.q_norm: nn.Module | None = RMSNorm(H) if spec.qk_norm else None
+        self.k_norm: nn.Module | None = RMSNorm(H) if spec.qk_norm else None
         self.core = CoreAttention(rope=spec.position == Position.ROPE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,6 +107,8 @@ class Attention(nn.Module):
         H = self.head_dim
         q = self.wq(x).view(B, S, -1, H)  # (B, S, N_local, H)
         k = self.wk(x).view(B, S, -1, H)  # (B, S, K_local, H)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.wv(x).view(B, S, -1, H)
         out = self.core(q, k, v)  # (B, S, N_local, H)
         return self.wo(out.flatten(2))

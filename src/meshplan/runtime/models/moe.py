@@ -52,8 +52,8 @@ class MoE(nn.Module):
         self.router = nn.Linear(spec.hidden_size, spec.moe_num_experts, bias=False)
         self.experts = GroupedExperts(spec.moe_num_experts, spec.hidden_size,
                                       spec.moe_ffn_hidden_size, spec.gated_mlp)
-        # n shared experts of width F_e sum to one MLP of width n*F_e (the hidden units are disjoint)
-        self.shared = (MLP(spec.hidden_size, spec.moe_shared_experts * spec.moe_ffn_hidden_size,
+        # n shared experts of width F_s sum to one MLP of width n*F_s (the hidden units are disjoint)
+        self.shared = (MLP(spec.hidden_size, spec.moe_shared_experts * spec.moe_shared_ffn_hidden_size,
                            spec.gated_mlp, spec.mlp_bias) if spec.moe_shared_experts else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""One Transformer family for every preset: Llama-style, GPT-2 style and MoE decoders.
+"""One Transformer family for every preset: Llama-style, GPT-2 style, MoE (with shared experts and
+leading dense layers) and multi-head latent attention (DeepSeek-V3 style) decoders.
 
 Attributes are fixed by the runtime/pipeline contract: ``tok_embeddings``, ``pos_embeddings``,
 ``layers`` (a ModuleDict keyed "0".."L-1", so deleting layers for a pipeline stage keeps the
@@ -14,6 +15,7 @@ from torch import nn
 from meshplan.errors import MeshplanError
 from meshplan.runtime.models.init import init_parameters
 from meshplan.runtime.models.layers import MLP, Attention, make_norm
+from meshplan.runtime.models.mla import LatentAttention
 from meshplan.runtime.models.moe import MoE
 from meshplan.spec.model import Arch, ModelSpec, Position
 
@@ -24,7 +26,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, spec: ModelSpec, layer_id: int) -> None:
         super().__init__()
         self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec)
+        self.attention = LatentAttention(spec) if spec.is_mla else Attention(spec)
         self.ffn_norm = make_norm(spec)
         if spec.is_moe and layer_id >= spec.moe_dense_layers:
             self.moe: MoE | None = MoE(spec)

@@ -1,8 +1,9 @@
 """Predicted versus measured for one training run (pure Python: no torch, the bench uses it too).
 
 ``predict(job, profile)`` is the planner's estimate for the Job on the machine it runs on: the
-cluster's rates and the cost model's factors come from a hardware profile when one is given
-(``meshplan profile``), and the memory is put on the basis the runtime can measure:
+cluster's rates and the cost model's factors come from ``hardware.resolve_hardware`` (a hardware
+profile from ``meshplan profile`` when one is given, as in every other command), and the memory
+is put on the basis the runtime can measure:
 
 * CPU: peak resident memory of the process (ru_maxrss). The profile's framework baseline (a
   torch worker's RSS) is the cost model's framework overhead; the runtime trains in fp32 on CPU,
@@ -23,13 +24,11 @@ from pathlib import Path
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from meshplan.calib.hardware import CPU_DEVICE, device_type, resolve_hardware
 from meshplan.cost import Estimate, estimate
-from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.plan import Job
-from meshplan.spec.cluster import GIB, ClusterSpec
+from meshplan.spec.cluster import GIB
 from meshplan.spec.training import Precision
-
-FP32_BYTES = 4.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,61 +77,23 @@ class PredictedVsMeasured:
         }
 
 
-def machine_cluster(job: Job, profile_path: str | None) -> ClusterSpec:
-    """The Job's cluster, with the profile's measured figures when a profile is given."""
-    cluster = job.cluster
-    if profile_path:
-        from meshplan.spec.hwprofile import apply_profile
-
-        cluster = apply_profile(cluster, profile_path)
-    return cluster
-
-
-def runtime_calibration(calib: Calibration, precision: Precision, device_type: str) -> Calibration:
-    """The factors that describe how meshplan's runtime stores state, not the hardware.
-
-    fp32 training (the CPU path): one fp32 copy of each weight, fp32 gradients, no master copy
-    (mixed precision is what needs one, Micikevicius et al. 2018), fp32 logits and log-softmax.
-    CPU tensors come from malloc, not a caching allocator: no fragmentation term.
-    """
-    changes: dict[str, Any] = {}
-    if precision is Precision.FP32:
-        changes.update(weight_bytes_per_param=FP32_BYTES,  # fp32 gradients: Calibration.grad_bytes_per_param gives 4
-                       master_bytes_per_param=0.0,
-                       # logits and their log-softmax, 2 x fp32 per element
-                       logits_bytes_per_element=2 * FP32_BYTES)
-    if device_type == "cpu":
-        changes.update(allocator_fragmentation=0.0)
-    if not changes:
-        return calib
-    return calib.replace_fields(source=f"{calib.source}; runtime storage ({device_type}, {precision.value})",
-                                **changes)
-
-
-def predict(job: Job, profile_path: str | None = None, device_type: str = "cpu") -> Prediction:
-    """The estimate for this Job on this machine, on the memory basis ``device_type`` measures."""
-    job_plan = job.plan.with_defaults(job.model)
-    cluster = machine_cluster(job, profile_path)
+def predict(job: Job, profile_path: str | None = None, device: str | None = None) -> Prediction:
+    """The estimate for this Job on this machine, on the memory basis ``device`` measures
+    (default: where the runtime runs the Job's cluster, ``hardware.device_type``)."""
+    device = device or device_type(job.cluster)
     training = job.training
-    if device_type == "cpu":  # the runtime autocasts on CUDA only: CPU ranks compute in fp32
-        training = replace(training, precision=Precision.FP32)
-    if profile_path:
-        from meshplan.spec.hwcalib import profile_calibration
-
-        calib = profile_calibration(profile_path, cluster.gpu, training.precision, cluster.num_gpus)
-    else:
-        calib = calibration_for(cluster.gpu)
-    calib = runtime_calibration(calib, training.precision, device_type)
-    est = estimate(job.model, cluster, training, job_plan, calib)
-    mem = est.memory
-    peak_bytes = mem.total_bytes
-    if device_type == "cpu":
+    if device == CPU_DEVICE:  # the runtime autocasts on CUDA only: CPU ranks compute in fp32
+        training = replace(training, precision=Precision.FP32, recipe=None)
+    hw = resolve_hardware(job.cluster, training.precision, profile_path)
+    est = estimate(job.model, hw.cluster, training, job.plan, hw.calib)
+    peak_bytes = est.memory.total_bytes
+    if device == CPU_DEVICE:
         basis = "process resident peak (ru_maxrss), max over ranks"
     else:
-        peak_bytes -= calib.framework_overhead_gib * GIB  # the CUDA context is not allocated memory
+        peak_bytes -= hw.calib.framework_overhead_gib * GIB  # the CUDA context is not allocated memory
         basis = "torch.cuda.max_memory_allocated, max over ranks"
     return Prediction(step_time_s=est.step_time_s, peak_memory_gib=peak_bytes / GIB, memory_basis=basis,
-                      calibration_source=calib.source, estimate=est)
+                      calibration_source=hw.calib.source, estimate=est)
 
 
 def warmup_steps(num_steps: int) -> int:
@@ -170,11 +131,6 @@ def comparison_table(cmp: PredictedVsMeasured):
     return t
 
 
-def device_type_of(job: Job) -> str:
-    """Where meshplan's runtime runs this Job: the ``cpu`` cluster means CPU processes."""
-    return "cpu" if job.cluster.gpu.name == "cpu" else "cuda"
-
-
 def attach_prediction(job: Job, log_path: str | Path, profile_path: str | None = None) -> PredictedVsMeasured:
     """Compare the run logged at ``log_path`` (``meshplan train``'s JSON lines) with the
     prediction, and add the comparison's fields to the log's summary line (rewritten in place)."""
@@ -183,7 +139,7 @@ def attach_prediction(job: Job, log_path: str | Path, profile_path: str | None =
     steps = [r for r in records if not r.get("summary") and "step_time_s" in r]
     if not steps:
         raise ValueError(f"{path}: no step records to compare with")
-    pred = predict(job, profile_path, device_type_of(job))
+    pred = predict(job, profile_path)
     reserved = [r["peak_reserved_gib"] for r in steps if r.get("peak_reserved_gib") is not None]
     cmp = compare(pred, [r["step_time_s"] for r in steps], max(r["peak_memory_gib"] for r in steps),
                   max(reserved) if reserved else None)

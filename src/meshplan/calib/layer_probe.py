@@ -7,7 +7,7 @@ on that path; the part the cost model's formulas do not predict (alpha-beta coll
 profile's per-op rates, math, memory-bound ops, the single-process dispatch
 ``layer_overhead_s``) is what the runtime's path adds per layer: DTensor / FSDP2 dispatch, the
 wrapping and copies around each collective, the wake-up of the rank that waited
-(``Calibration.<kind>_layer_overhead_s``, fitted in ``meshplan.spec.hwcalib``). Both sides build their jobs here, so they measure and predict the same
+(``Calibration.<kind>_layer_overhead_s``, fitted in ``meshplan.calib.hwcalib``). Both sides build their jobs here, so they measure and predict the same
 thing. Pure Python: the planner reads profiles without torch.
 """
 

@@ -1,10 +1,12 @@
 """Check the cost model against measured runs: a CSV in the format of runs_calibration.csv.
 
-Each row becomes a model (GPT-style unless the row says otherwise: LayerNorm, learned positions,
-biases, tied embeddings, FFN = 4h plain GELU when blank), a cluster (the GPU preset's system with
-the row's GPUs per node), a training setup (blank precision = fp16, as in these runs) and a plan
-(blank degrees = 1, blank dp = GPUs / (tp*pp*cp), blank micro-batch = global batch / dp,
-ZeRO > 0 shards the data-parallel ranks). Rows that cannot be built are returned with the reason.
+Each row becomes a model (a preset named through spec/presets/model_aliases.json, its dimensions
+checked against the row's; or, for stacks whose runs were GPT models, GPT-style from the row's
+dimensions: spec/row_model.py), a cluster (the GPU preset's system with the row's GPUs per node),
+a training setup and a plan (blank degrees = 1, blank dp = GPUs / (tp*pp*cp), blank micro-batch =
+global batch / dp, ZeRO > 0 shards the data-parallel ranks). Blank precision, ZeRO stage, sequence
+parallel and recompute take the defaults of the row's ``framework`` (spec/presets/frameworks.json),
+listed per row in ``assumed``. Rows that cannot be built are returned with the reason.
 
 Throughput is compared on the quantity the row gives, in this order: TFLOP/s per GPU (on the
 row's ``flops_basis``, with the formula the source used, see ``flops.reported_flops_per_token``),
@@ -17,7 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -29,9 +31,11 @@ from meshplan.cost.flops import reported_flops_per_token
 from meshplan.cost.step import estimate
 from meshplan.errors import MeshplanError
 from meshplan.numbers import MAX_COUNT
-from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
-from meshplan.spec.model import ModelSpec, Norm, Position
+from meshplan.spec.frameworks import framework_defaults
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
 from meshplan.textfile import read_text_file
 
@@ -61,6 +65,10 @@ class Run:
     flops_basis: str
     measured_memory_gib: float | None
     oom: bool
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """Calibration fields that describe the row's stack (its framework's defaults)."""
+    assumed: tuple[str, ...] = ()
+    """Every default the row took for a blank field (spec/frameworks.py)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class RowResult:
     memory_error: float | None
     fits: bool
     oom: bool
+    assumed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,42 +208,57 @@ def _need(row: dict[str, str], key: str, cast=_int) -> Any:
 
 
 def build_run(row: dict[str, str]) -> Run:
-    """Model, cluster, training and plan of one row; MeshplanError says why it cannot be built."""
-    L, D, N = _need(row, "num_layers"), _need(row, "hidden_size"), _need(row, "num_heads")
-    S, V = _need(row, "seq_len"), _need(row, "vocab_size")
-    experts = _num(row, "moe_num_experts", _int, 0)
-    model = ModelSpec(
-        name=row.get("model") or f"row {row.get('id')}", num_layers=L, hidden_size=D, num_heads=N,
-        num_kv_heads=_num(row, "num_kv_heads", _int, N), ffn_hidden_size=_num(row, "ffn_hidden_size", _int, 4 * D),
-        vocab_size=V, tied_embeddings=True, norm=Norm.LAYERNORM, position=Position.LEARNED,
-        max_position=S, attn_bias=True, mlp_bias=True,
-        moe_num_experts=experts, moe_top_k=_num(row, "moe_top_k", _int, 0),
-        moe_ffn_hidden_size=_num(row, "moe_ffn_hidden_size", _int, 0),
-    )
+    """Model, cluster, training and plan of one row; MeshplanError says why it cannot be built.
+    Blank fields take the defaults of the row's framework (spec/frameworks.py), each listed in
+    ``Run.assumed``."""
+    fw = framework_defaults(row.get("framework"))
+    S = _need(row, "seq_len")
+    model, assumed = row_model(row.get("model"), {k: _num(row, k, _int) for k in ROW_DIMENSIONS}, S, fw)
+    assumed = list(assumed)
     gpus = _need(row, "num_gpus")
     gpn = _num(row, "gpus_per_node", _int, 8)
     gpu = (row.get("gpu") or "").strip()
     if not gpu:
         raise MeshplanError("gpu is blank")
     cluster = cluster_for_gpu(gpu, gpus_per_node=gpn).with_gpus(gpus)
-    precision = Precision((row.get("precision") or "fp16").strip() or "fp16")
+
+    def default(key: str, value: Any, cast: Callable[[str], Any] = str) -> Any:
+        if (row.get(key) or "").strip():
+            return _num(row, key, cast) if cast is not str else row[key].strip()
+        assumed.append(f"{key}: {value} ({fw.name} default)")
+        return value
+
+    precision = Precision(default("precision", fw.precision.value))
+    recipe = fw.fp8_recipe(cluster.gpu) if precision == Precision.FP8 else None  # fp4: NVFP4
+    if recipe is not None:
+        assumed.append(f"fp8 recipe: {recipe.value} ({fw.name} default on {cluster.gpu.name})")
     gbs = _need(row, "global_batch_size")
     tp, pp, cp = (_num(row, k, _int, 1) for k in ("tp", "pp", "cp"))
-    ep, vpp, zero = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1), _num(row, "zero", _int, 0)
-    dp = _num(row, "dp", _int, 0) or (gpus // (tp * pp * cp) if gpus % (tp * pp * cp) == 0 else 0)
+    ep, vpp = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1)
+    zero = default("zero", fw.zero, _int)
+    dp = _num(row, "dp", _int, 0) or data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
     if tp * pp * cp * dp != gpus:
         raise MeshplanError(f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} is not the GPU count {gpus} "
                             "(degrees not given in the source?)")
     mb = _num(row, "micro_batch_size", _int, 0) or max(1, gbs // dp)
-    recompute = Recompute((row.get("recompute") or "none").strip() or "none")
+    recompute = Recompute(default("recompute", fw.recompute))
+    sp = default("sequence_parallel", int(fw.sequence_parallel_with_tp and tp > 1), _int)
+    stage_layers: tuple[int, ...] = ()
+    if pp * vpp > model.num_layers and fw.embedding_loss_stages:
+        stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
+        assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
+    etp = 0
+    if model.is_moe and fw.expert_tensor_parallel is not None and fw.expert_tensor_parallel != tp:
+        etp = fw.expert_tensor_parallel
+        assumed.append(f"expert tensor parallel: {etp} ({fw.name} default)")
     plan = Plan(
         dims=ParallelDims(dp_replicate=1 if zero else dp, dp_shard=dp if zero else 1, tp=tp, pp=pp,
-                          cp=cp, ep=ep),
-        zero=zero, sp=bool(_num(row, "sequence_parallel", _int, 0)) and tp > 1,
+                          cp=cp, ep=ep, etp=etp),
+        zero=zero, sp=bool(sp) and tp > 1,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
-        micro_batch=mb, recompute=recompute,
+        stage_layers=stage_layers, micro_batch=mb, recompute=recompute,
     )
-    training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision)
+    training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
     plan.validate_for(model, training, cluster.num_gpus)
     metric, measured = None, None
     for key, name in (("measured_tflops_per_gpu", "tflops_per_gpu"), ("measured_mfu", "mfu"),
@@ -248,7 +272,8 @@ def build_run(row: dict[str, str]) -> Run:
     return Run(row_id=row.get("id", ""), source=row.get("source", ""), model=model, cluster=cluster,
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
                measured_memory_gib=_num(row, "measured_peak_mem_gib", float),
-               oom="OOM" in (row.get("notes") or ""))
+               oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
+               assumed=tuple(assumed))
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[Skipped]]:
@@ -290,12 +315,13 @@ def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[st
 def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, Any] | None = None,
              calib_for: Callable[[Run], Calibration] | None = None) -> ValidationReport:
     """Estimate every run. ``settings`` are calibration fields describing the runs' software
-    (e.g. fused_attention=False); ``calib_for`` replaces the per-GPU calibration (fitting)."""
+    (e.g. fused_attention=False), over each run's own (its framework's); ``calib_for`` replaces
+    the per-GPU calibration (fitting)."""
     settings = settings or {}
     out = []
     for run in runs:
         base = calib_for(run) if calib_for else None
-        calib = setting_calibration(run, base, settings)
+        calib = setting_calibration(run, base, {**run.settings, **settings})
         est = estimate(run.model, run.cluster, run.training, run.plan, calib)
         pred = predicted_metric(run, est.step_time_s)
         err = None if pred is None or run.measured is None else pred / run.measured - 1.0
@@ -305,7 +331,8 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
             row_id=run.row_id, source=run.source, model=run.model.name, plan=run.plan.notation(),
             gpu=run.cluster.gpu.name, metric=run.metric, measured=run.measured, predicted=pred,
             error=err, measured_memory_gib=run.measured_memory_gib,
-            predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom))
+            predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom,
+            assumed=run.assumed))
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 

@@ -1,6 +1,6 @@
 """The cost model's Calibration fitted from a hardware profile (no torch).
 
-``apply_profile`` already puts the measured rates into the ClusterSpec (peak = best matmul seen,
+``hwprofile.apply_profile_data`` already puts the measured rates into the ClusterSpec (peak = best matmul seen,
 HBM bandwidth = best copy/elementwise bandwidth, link = alpha-beta fit over all collectives), so
 the factors fitted here are relative to those measured rates:
 
@@ -20,7 +20,7 @@ the factors fitted here are relative to those measured rates:
   elementwise_time_factor              CPU only: the elementwise probe (the runtime's norms,
                                        residuals, SwiGLU, rotary embedding, GQA repeat, forward +
                                        backward) over the cost model's memory-bound time for it;
-  <kind>_layer_overhead_s              CPU only: the layer probe (meshplan.spec.layer_probe): the
+  <kind>_layer_overhead_s              CPU only: the layer probe (meshplan.calib.layer_probe): the
                                        runtime's measured time per extra layer under each
                                        parallelism less what the cost model, with every factor
                                        above, predicts for the same probe job; fitted in the
@@ -37,12 +37,12 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshplan.calib.hwfit import CollectiveOp, fit_matmul_curve
+from meshplan.calib.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
-from meshplan.spec.cluster import GIB, GPUSpec
-from meshplan.spec.hwfit import CollectiveOp, fit_matmul_curve
-from meshplan.spec.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
+from meshplan.spec.cluster import GIB
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -113,7 +113,7 @@ def _elementwise_fit(profile: HardwareProfile, source: str, hbm_efficiency: floa
     from meshplan.cost.arrays import PlanArrays
     from meshplan.cost.layer import layer_cost
     from meshplan.spec.cluster import system_preset
-    from meshplan.spec.layer_probe import ELEMENTWISE_PROBE, ELEMENTWISE_TOKENS, PROBE_MODEL
+    from meshplan.calib.layer_probe import ELEMENTWISE_PROBE, ELEMENTWISE_TOKENS, PROBE_MODEL
 
     model = model_preset(PROBE_MODEL).with_overrides({**ELEMENTWISE_PROBE, "num_layers": 1})
     training = TrainingSpec(seq_len=ELEMENTWISE_TOKENS, global_batch=1, precision=Precision.FP32)
@@ -158,7 +158,7 @@ def _collective_factors(profile: HardwareProfile, source: str) -> list[FittedVal
 
 def _probe_slopes(profile: HardwareProfile):
     """(kind, ranks, measured time per extra layer) for every probe kind the profile holds."""
-    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind
+    from meshplan.calib.layer_probe import PROBE_LAYERS, ProbeKind
 
     few, many = PROBE_LAYERS
     for kind in ProbeKind:
@@ -194,8 +194,8 @@ def _probe_model(profile: HardwareProfile, kind, g: int, calib: Calibration) -> 
     """(modeled forward + backward time, modeled time of the kind's collectives), per extra layer."""
     from meshplan.cost import estimate
     from meshplan.spec.cluster import system_preset
-    from meshplan.spec.hwprofile import apply_profile_data
-    from meshplan.spec.layer_probe import PROBE_LAYERS, ProbeKind, probe_job, probe_plan
+    from meshplan.calib.hwprofile import apply_profile_data
+    from meshplan.calib.layer_probe import PROBE_LAYERS, ProbeKind, probe_job, probe_plan
 
     plan = probe_plan(kind, g)
     cluster = apply_profile_data(system_preset("cpu").with_gpus(g), profile)
@@ -233,17 +233,6 @@ def calibration_from_profile_data(profile: HardwareProfile, source: str, precisi
     return calib, fitted
 
 
-def profile_calibration(path: str | Path, gpu: GPUSpec, precision: Precision, num_procs: int = 1) -> Calibration:
-    """What a command with ``--cluster-profile`` passes to ``estimate``: the GPU family's
-    calibration (overlaps, memory sizes) with the factors this profile measured, for a job of
-    ``num_procs`` processes (on a CPU: see ``host_time_scaled``)."""
-    from meshplan.cost.calibration import calibration_for
-
-    profile = load_profile(path)
-    calib = calibration_from_profile_data(profile, profile_source(profile, path), precision, calibration_for(gpu))[0]
-    return host_time_scaled(calib, profile, num_procs)
-
-
 HOST_TIME_FIELDS = ("layer_overhead_s", "tp_layer_overhead_s", "cp_layer_overhead_s", "fsdp_layer_overhead_s",
                     "dp_layer_overhead_s")
 """Calibration fields that are host CPU time (dispatch, framework work around collectives)."""
@@ -254,8 +243,8 @@ def host_time_scaled(calib: Calibration, profile: HardwareProfile, num_procs: in
     with 1 (layer_overhead_s) and PROBE_GROUP_SIZE processes take share(measured) / share(N) as
     long with N processes (4 ranks on 2 cores: about twice), and so do the collectives beyond
     what a pair of ranks measured. On a GPU the share is 1."""
-    from meshplan.spec.hwprofile import host_share
-    from meshplan.spec.layer_probe import PROBE_GROUP_SIZE
+    from meshplan.calib.hwprofile import host_share
+    from meshplan.calib.layer_probe import PROBE_GROUP_SIZE
 
     if profile.meta.device_type != "cpu" or not profile.concurrent:
         return calib

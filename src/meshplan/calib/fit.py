@@ -16,10 +16,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from meshplan.calib.validate import Run, predicted_metric
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
 from meshplan.cost.calibration import Calibration, gpu_family
-from meshplan.cost.validate import Run, predicted_metric
 from meshplan.spec.cluster import GIB
 
 TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({

@@ -2,11 +2,11 @@
 
 A profile replaces preset (datasheet) figures with measured ones:
 
-* ``apply_profile(cluster, path)``: the GPU's peak FLOP/s for each measured precision (the best
+* ``apply_profile_data(cluster, profile)``: the GPU's peak FLOP/s for each measured precision (the best
   matmul throughput seen), its memory capacity and memory bandwidth, and the intra-node link
   (alpha-beta fit over every collective sample), so the cost model's ``T = quantity / rate`` uses
   rates of this machine.
-* ``meshplan.spec.hwcalib``: the fitted factors a Calibration needs (matmul efficiency curve,
+* ``meshplan.calib.hwcalib``: the fitted factors a Calibration needs (matmul efficiency curve,
   attention and memory-bound efficiency, framework memory baseline), each with its source
   ``profile:<file>:<date>``, mapped onto the cost model's Calibration.
 
@@ -21,10 +21,10 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from meshplan.calib.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
 from meshplan.errors import MeshplanError
 from meshplan.jsonfile import load_json_file
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.hwfit import CollectiveOp, bus_factor, fit_alpha_beta
 
 PROFILE_FORMAT = "meshplan-hwprofile"
 PROFILE_VERSION = 1
@@ -62,7 +62,7 @@ class DeviceFigures:
     math to count (0 in profiles written before it was measured)."""
     elementwise_probe_s: float = 0.0
     """Forward + backward of the memory-bound ops of one runtime layer at the elementwise probe's
-    shape (meshplan.spec.layer_probe.ELEMENTWISE_PROBE); 0: not measured."""
+    shape (meshplan.calib.layer_probe.ELEMENTWISE_PROBE); 0: not measured."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +128,7 @@ class CollectiveFit:
 
 @dataclass(frozen=True, kw_only=True)
 class LayerProbeSample:
-    """Forward + backward of the probe model (meshplan.spec.layer_probe) with ``layers`` layers
+    """Forward + backward of the probe model (meshplan.calib.layer_probe) with ``layers`` layers
     through the runtime: "single" on one process, else a ProbeKind over ``group_size`` processes
     (slowest rank)."""
 
@@ -204,7 +204,7 @@ class HardwareProfile:
                                                  "link_bandwidth_bytes_per_s", positive=True),
             **parsed,
         )
-        from meshplan.spec.layer_probe import ProbeKind
+        from meshplan.calib.layer_probe import ProbeKind
 
         kinds = {"single"} | {k.value for k in ProbeKind}
         for i, probe in enumerate(profile.layer_probes):
@@ -231,13 +231,9 @@ def profile_source(profile: HardwareProfile, path: str | Path) -> str:
     return f"profile:{Path(path).name}:{profile.meta.created_utc}"
 
 
-def apply_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
-    """``cluster`` with its GPU and intra-node link figures measured by the profile at ``path``."""
-    profile = load_profile(path)
-    return apply_profile_data(cluster, profile)
-
-
 def apply_profile_data(cluster: ClusterSpec, profile: HardwareProfile) -> ClusterSpec:
+    """``cluster`` with its GPU and intra-node link figures measured by ``profile`` (idempotent:
+    every figure comes from the profile). Commands go through ``calib.hardware.resolve_hardware``."""
     if (profile.meta.device_type == "cpu") != (cluster.gpu.name == "cpu"):
         log.warning("profile of a %s device (%s) applied to cluster %r", profile.meta.device_type,
                     profile.device.name, cluster.name)

@@ -1,0 +1,127 @@
+"""Flag groups shared by several commands: each option is declared once, here, and resolved once.
+
+A group is a frozen dataclass whose fields are typer options (``Annotated``). ``@with_flags`` lists
+a group's fields among a command's options and hands the command one instance of the group, so a
+command writes ``cluster_flags: ClusterFlags`` instead of re-declaring ``--cluster --gpu --nodes
+--gpus-per-node`` and re-assembling them. The groups: the model (``--model --override``), the
+cluster (``--cluster --gpu --nodes --gpus-per-node``), the training run (``--seq-len
+--global-batch --global-batch-tokens --precision --optimizer``) and the plan (``--dp ...
+--cp-method``, in :mod:`meshplan.cli.plan_flags`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
+                                 ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, RecipeOpt, SeqLenOpt,
+                                 load_cluster, load_model, make_training)
+from meshplan.errors import MeshplanError
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec, parse_overrides
+from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+
+DEFAULT_SEQ_LEN = 2048
+"""Sequence length when neither --seq-len nor a Job file gives one."""
+
+
+def with_flags(**groups: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``@with_flags(cluster_flags=ClusterFlags)``: the command's parameter ``cluster_flags``
+    becomes the group's options (in its place in ``--help``); the command receives one
+    ``ClusterFlags`` built from them. Put it under ``@app.command``."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        params: list[inspect.Parameter] = []
+        for p in inspect.signature(command, eval_str=True).parameters.values():
+            if p.name not in groups:
+                params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+                continue
+            hints = typing.get_type_hints(groups[p.name], include_extras=True)
+            params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                         annotation=hints[f.name])
+                       for f in dataclasses.fields(groups[p.name])]
+
+        @functools.wraps(command)
+        def run(**options: Any) -> Any:
+            for name, group in groups.items():
+                options[name] = group(**{f.name: options.pop(f.name) for f in dataclasses.fields(group)})
+            return command(**options)
+
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # what typer reads
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return decorate
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelFlags:
+    """What is trained: ``--model`` and ``--override``."""
+
+    model: ModelOpt = None
+    override: OverrideOpt = None
+
+    def spec(self, job_model: ModelSpec | None = None, *,
+             missing: str = "give --model (a preset name or a Hugging Face config.json)") -> ModelSpec:
+        """--model wins; else the Job file's model (``--override`` applies to it); else ``missing``."""
+        if self.model is not None:
+            return load_model(self.model, self.override)
+        if job_model is None:
+            raise MeshplanError(missing)
+        return job_model.with_overrides(parse_overrides(self.override)) if self.override else job_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterFlags:
+    """Where: ``--cluster`` or ``--gpu``, ``--nodes``, ``--gpus-per-node``."""
+
+    cluster: ClusterOpt = None
+    gpu: GpuOpt = None
+    nodes: NodesOpt = None
+    gpus_per_node: GpusPerNodeOpt = None
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.cluster, self.gpu, self.nodes, self.gpus_per_node))
+
+    def spec(self, *, gpus: int | None = None, use_nodes: bool = True) -> ClusterSpec:
+        """The named cluster; ``gpus`` sizes it instead of (or with) ``--nodes``."""
+        return load_cluster(self.cluster, self.gpu, self.nodes if use_nodes else None, self.gpus_per_node,
+                            gpus=gpus)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingFlags:
+    """The run: ``--seq-len``, ``--global-batch`` or ``--global-batch-tokens``, ``--precision``,
+    ``--optimizer``. Left out, each comes from a Job file when there is one, else its default."""
+
+    seq_len: SeqLenOpt = None
+    global_batch: GlobalBatchOpt = None
+    global_batch_tokens: GlobalBatchTokensOpt = None
+    precision: PrecisionOpt = None
+    recipe: RecipeOpt = None
+    optimizer: OptimizerOpt = None
+
+    @property
+    def length_or_batch_given(self) -> bool:
+        return self.seq_len is not None or self.global_batch is not None or self.global_batch_tokens is not None
+
+    def spec(self, job_training: TrainingSpec | None = None,
+             default_precision: Precision = Precision.BF16) -> TrainingSpec:
+        base = job_training
+        global_batch = self.global_batch
+        if base is not None and global_batch is None and self.global_batch_tokens is None:
+            global_batch = base.global_batch
+        precision = self.precision or (base.precision if base else default_precision)
+        recipe = self.recipe
+        if recipe is None and base is not None and precision == base.precision:
+            recipe = base.recipe  # the Job file's recipe goes with its precision
+        return make_training(
+            self.seq_len if self.seq_len is not None else (base.seq_len if base else DEFAULT_SEQ_LEN),
+            global_batch, self.global_batch_tokens, precision,
+            self.optimizer or (base.optimizer if base else Optimizer.ADAMW), recipe)

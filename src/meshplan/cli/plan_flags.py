@@ -1,0 +1,110 @@
+"""The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
+--schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers``): declared once,
+turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
+reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Annotated, Optional
+
+import typer
+
+from meshplan.errors import MeshplanError
+from meshplan.plan import (CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
+                           format_counts, parse_counts)
+
+Int = Optional[int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanFlags:
+    """How to parallelise, as flags (``@with_flags(plan_flags=PlanFlags)``)."""
+
+    dp: Annotated[Int, typer.Option("--dp", help="Data-parallel degree, replicated x sharded (default: GPUs / (tp*pp*cp)).")] = None
+    dp_shard: Annotated[Int, typer.Option("--dp-shard", help="Sharded part of --dp (HSDP); default all of it when --zero > 0.")] = None
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")] = 1
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")] = 1
+    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage over the sharded data-parallel ranks (3 = FSDP).")] = 0
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1
+    recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recomputation.")] = Recompute.NONE
+    schedule: Annotated[Schedule, typer.Option("--schedule", help="Pipeline schedule.")] = Schedule.ONE_F_ONE_B
+    vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (implies --schedule interleaved-1f1b when 1f1b).")] = 1
+    sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallel (default: on when tp > 1).")] = None
+    cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING
+    stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
+    recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
+
+    @property
+    def given(self) -> bool:
+        """Whether any plan flag differs from its default."""
+        return self != PlanFlags()
+
+    def argv(self) -> list[str]:
+        """The command-line flags, only those that differ from their default (``--dp`` whenever set)."""
+        defaults = PlanFlags()
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or (f.name != "dp" and value == getattr(defaults, f.name)):
+                continue
+            if f.name == "sp":
+                out.append("--sp" if value else "--no-sp")
+                continue
+            out += [f"--{f.name.replace('_', '-')}", str(value.value if isinstance(value, enum.Enum) else value)]
+        return out
+
+
+def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
+    """Plan from the flags. ``dp`` is the total data-parallel degree (derived from the GPU count
+    when left out); with ``zero > 0`` it is sharded (``dp_shard = dp``) unless ``dp_shard`` is
+    given, in which case ``dp_replicate = dp / dp_shard`` (HSDP)."""
+    f = flags
+    for name, v in (("tp", f.tp), ("pp", f.pp), ("cp", f.cp), ("ep", f.ep), ("vpp", f.vpp),
+                    ("micro-batch", f.micro_batch), ("dp", f.dp), ("dp-shard", f.dp_shard)):
+        if v is not None and v < 1:
+            raise MeshplanError(f"--{name} must be a positive integer, got {v}")
+    dp = f.dp
+    if dp is None:
+        dp = data_parallel_degree(num_gpus, tp=f.tp, pp=f.pp, cp=f.cp)
+    dp_shard = f.dp_shard
+    if dp_shard is None:
+        dp_shard = dp if f.zero > 0 else 1
+    if dp % dp_shard:
+        raise MeshplanError(f"--dp {dp} is not divisible by --dp-shard {dp_shard}")
+    schedule = f.schedule
+    if schedule == Schedule.ONE_F_ONE_B and f.vpp > 1:
+        schedule = Schedule.INTERLEAVED_1F1B
+    return Plan(
+        dims=ParallelDims(dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep),
+        zero=f.zero, sp=(f.tp > 1) if f.sp is None else f.sp, schedule=schedule, vpp=f.vpp,
+        cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
+        stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
+        recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
+    )
+
+
+def flags_for(plan: Plan) -> PlanFlags:
+    """The flags that :func:`build_plan` turns back into ``plan`` (the same plan once both have
+    their defaults filled in by ``Plan.with_defaults``): the inverse of build_plan."""
+    d = plan.dims
+    implied_schedule = Schedule.INTERLEAVED_1F1B if plan.vpp > 1 else Schedule.ONE_F_ONE_B
+    return PlanFlags(
+        dp=d.dp, dp_shard=d.dp_shard if plan.zero and d.dp_shard != d.dp else None,
+        tp=d.tp, pp=d.pp, cp=d.cp, ep=d.ep, zero=plan.zero, micro_batch=plan.micro_batch,
+        recompute=plan.recompute,
+        schedule=plan.schedule if plan.schedule != implied_schedule else Schedule.ONE_F_ONE_B,
+        vpp=plan.vpp, sp=None if plan.sp == (d.tp > 1) else plan.sp, cp_method=plan.cp_method,
+        stage_layers=format_counts(plan.stage_layers) if plan.uneven_split else None,
+        recompute_layers=(format_counts(plan.recompute_layers)
+                          if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
+    )
+
+
+def plan_argv(plan: Plan) -> str:
+    """``flags_for(plan)`` as one command-line string, e.g. ``--dp 32 --dp-shard 2 --zero 2 --tp 2``."""
+    return " ".join(flags_for(plan).argv())

@@ -1,0 +1,147 @@
+"""Token mixers of one layer (attention: GQA/MHA or multi-head latent; Mamba-2) for many plans.
+
+Each returns a :class:`MixerCost`: its forward GEMM time, its core (attention / SSD scan) FLOPs
+and time, the bytes of its unfused score pass, the activations it keeps, and its context-parallel
+traffic. Symbols as in cost/layer.py; T tokens on this GPU, t = tp, c = cp, S sequence.
+
+* GQA/MHA: QKV and output projections, cores 2*T*S_eff*N*(d_qk + d_v)/t (QK^T and AV),
+  S_eff = min(window, S) for a sliding-window layer (GPT-OSS; Beltagy et al. 2020 Sec. 3.1),
+  halved for causal masking when the window is the whole sequence.
+* MLA (DeepSeek-V2 Sec. 2.1; Megatron-LM's MLASelfAttention): the down projections W^DQ and
+  W^DKV|W^KR are replicated over TP, the up projections and W^O split over heads. Kept: the
+  down-projection outputs (replicated), q, k (d_nope + d_rope per head) and v and the core output.
+* Mamba-2 (Dao & Gu 2024): in_proj (z, x, B, C, dt) and out_proj split over heads (Megatron's
+  MambaMixer TP); the SSD scan with chunk length Q costs per token and forward
+  2*(G*Q*N_s + n*Q*P + 2*n*N_s*P) FLOPs (Sec. 6: the diagonal blocks C B^T and their product
+  with X, the chunk states B^T X and their output C h), plus 2*W per conv channel. Kept: in_proj
+  output, conv output, scan output y and gated-norm output (Korthikanti et al. 2022's accounting
+  applied to the block's tensors). Context parallel: an all-to-all of the in_proj output (to
+  head-sharded) and of y back (Megatron-LM's Mamba context parallel), with either cp_method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost import comms
+from meshplan.cost.arrays import CP_RING, PlanArrays
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.gemm import gemm_efficiency
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.layers import (
+    LayerKind,
+    Mixer,
+    mamba_conv_channels,
+    mamba_in_proj_width,
+    mamba_inner,
+)
+from meshplan.spec.model import Arch, ModelSpec
+
+
+@dataclass(frozen=True)
+class MixerCost:
+    gemm_s: np.ndarray
+    """Forward projection GEMMs."""
+    core_s: np.ndarray
+    """Forward attention core / SSD scan math (what selective recompute repeats, with the
+    softmax pass)."""
+    softmax_bytes: np.ndarray | float
+    """HBM bytes of an unfused softmax pass (0 when fused)."""
+    kept_bytes: np.ndarray
+    """Activations kept for the backward inside the TP region (per GPU)."""
+    score_bytes: np.ndarray | float
+    """Kept s x s scores of unfused attention (dropped by selective recompute)."""
+    cp_fwd_s: np.ndarray | float
+    cp_bwd_s: np.ndarray | float
+    cp_overlap: np.ndarray | float
+
+
+def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
+               calib: Calibration, *, seq_len: int, peak: float, hbm: float, ab: float,
+               gemm_time) -> MixerCost:
+    zero = np.zeros(len(plans.tp))
+    if kind.mixer == Mixer.NONE:
+        return MixerCost(zero, zero, 0.0, zero, 0.0, 0.0, 0.0, 0.0)
+    if kind.mixer == Mixer.MAMBA:
+        return _mamba(model, cluster, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time)
+    return _attention(model, cluster, kind, plans, calib, S=float(seq_len), peak=peak, hbm=hbm, ab=ab,
+                      gemm_time=gemm_time)
+
+
+def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time) -> MixerCost:
+    t = plans.tp.astype(float)
+    c = plans.cp.astype(float)
+    D = float(model.hidden_size)
+    N = float(model.num_heads)
+    T = plans.micro_batch * S / c
+    heads_local = N / t
+    dqk, dv = float(model.qk_head_dim), float(model.v_dim)
+    if model.is_mla:
+        rope, nope = float(model.qk_rope_head_dim), float(model.qk_nope_head_dim)
+        q_lora, kv_lora = float(model.q_lora_rank), float(model.kv_lora_rank)
+        down = q_lora + kv_lora + rope  # replicated over TP
+        t_in = gemm_time(calib, peak, T, down, D)
+        t_in = t_in + (gemm_time(calib, peak, T, heads_local * dqk, q_lora) if q_lora
+                       else gemm_time(calib, peak, T, heads_local * dqk, D))
+        t_in = t_in + gemm_time(calib, peak, T, heads_local * (nope + dv), kv_lora)
+        kv_local = heads_local * (dqk + dv) / 2.0  # per-rank K and V widths, averaged
+        kept = T * ab * (down + heads_local * (2 * dqk + 2 * dv))  # down outputs, q, k, v, core out
+    else:
+        H = float(model.head_dim)
+        kv_local = np.maximum(model.num_kv_heads / t, 1.0) * H  # KV heads replicate when t > K
+        t_in = gemm_time(calib, peak, T, model.q_size / t + 2 * kv_local, D)
+        kept = T * ab * (2 * model.q_size + 2 * kv_local * t) / t  # Q, core out, K, V
+    t_out = gemm_time(calib, peak, T, D, heads_local * dv)
+    window = float(model.sliding_window) if kind.sliding else S
+    s_eff = min(window, S)
+    causal = 0.5 if (model.arch == Arch.DECODER and s_eff >= S) else 1.0
+    core_flops = 2.0 * T * s_eff * heads_local * (dqk + dv) * causal
+    head_dim = (dqk + dv) / 2.0
+    if calib.fused_attention:
+        aligned = calib.unaligned_matmul_factor if head_dim % 8 else 1.0  # model constant
+        t_core = core_flops / (peak * calib.attention_efficiency * head_dim
+                               / (head_dim + calib.matmul_half_dim) * aligned)
+        softmax_bytes, score_bytes = 0.0, 0.0
+    else:  # two batched GEMMs over the full s x s scores + a softmax pass (Megatron masks, not skips)
+        t_core = core_flops / causal / (peak * gemm_efficiency(calib, S, s_eff, head_dim))
+        scores = plans.micro_batch * heads_local * (S / c) * s_eff
+        softmax_bytes = scores * (2.0 + (3.0 if calib.dropout else 0.0)) * ab
+        # softmax output (2 B), + dropout mask (1 B) and dropout output: the 5as^2b term
+        score_bytes = scores * (ab + ((1.0 + ab) if calib.dropout else 0.0))
+    cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
+    kv_msg = T * 2 * kv_local * ab  # this rank's K and V chunk
+    ring = (c - 1) * comms.p2p_time(kv_msg, c > 1, cp_link)
+    # Ulysses (Jacobs et al. 2023): all-to-all of Q, K, V in and of the output back.
+    ulysses = comms.all_to_all_time(T * (heads_local * (dqk + dv) + 2 * kv_local) * ab, c, cp_link)
+    is_ring = plans.cp_method == CP_RING
+    return MixerCost(
+        gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=softmax_bytes,
+        kept_bytes=kept, score_bytes=score_bytes,
+        cp_fwd_s=np.where(is_ring, ring, ulysses), cp_bwd_s=np.where(is_ring, 2 * ring, ulysses),
+        cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0))
+
+
+def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time) -> MixerCost:
+    t = plans.tp.astype(float)
+    c = plans.cp.astype(float)
+    D = float(model.hidden_size)
+    T = plans.micro_batch * S / c
+    di = float(mamba_inner(model))
+    t_in = gemm_time(calib, peak, T, mamba_in_proj_width(model) / t, D)
+    t_out = gemm_time(calib, peak, T, D, di / t)
+    n, P = float(model.mamba_num_heads), float(model.mamba_head_dim)
+    G, Ns, Q = float(model.mamba_groups), float(model.mamba_state_size), float(model.mamba_chunk_size)
+    scan_flops = 2.0 * T * (G * Q * Ns + n * Q * P + 2.0 * n * Ns * P) / t
+    conv_flops = 2.0 * T * model.mamba_conv_width * mamba_conv_channels(model) / t
+    # The SSD kernels are tiled matmuls like fused attention: costed at its efficiency on P.
+    t_core = (scan_flops + conv_flops) / (peak * calib.attention_efficiency * P / (P + calib.matmul_half_dim))
+    kept = T * ab * (mamba_in_proj_width(model) + mamba_conv_channels(model) + 2 * di) / t
+    # Context parallel (Megatron's Mamba CP): all-to-all of the in_proj output from sequence- to
+    # head-sharded before the conv and scan, and of y back, whatever cp_method the attention uses.
+    cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
+    a2a = comms.all_to_all_time(T * (mamba_in_proj_width(model) + di) / t * ab, c, cp_link)
+    return MixerCost(gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=0.0, kept_bytes=kept,
+                     score_bytes=0.0, cp_fwd_s=a2a, cp_bwd_s=a2a, cp_overlap=0.0)
+

@@ -1,0 +1,41 @@
+"""What every exporter returns, and what they share (imported by the exporters and by
+``export.common``'s dispatch; it imports neither)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshplan.plan import Recompute
+
+if TYPE_CHECKING:
+    from meshplan.plan import Plan
+
+
+class ExportTarget(str, enum.Enum):
+    MEGATRON = "megatron"  # Megatron-LM pretrain_gpt.py command-line arguments
+    MEGATRON_BRIDGE = "megatron-bridge"  # Megatron-Bridge recipe + dotted overrides
+    TORCHTITAN = "torchtitan"  # torchtitan >= 0.3 command line, or job config TOML before it
+    DEEPSPEED = "deepspeed"  # DeepSpeed config JSON
+
+
+@dataclass(frozen=True)
+class Export:
+    """One exported config: its text and the approximations made (empty when exact)."""
+
+    target: ExportTarget
+    text: str
+    warnings: tuple[str, ...] = ()
+
+
+def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
+    """(all stages recompute every layer, the common per-stage count or -1 if they differ).
+
+    ``plan`` must have its defaults filled (``Plan.with_defaults``).
+    """
+    if plan.recompute == Recompute.NONE:
+        return False, 0
+    every = all(r == n for r, n in zip(plan.recompute_layers, plan.stage_layers))
+    counts = set(plan.recompute_layers)
+    return every, counts.pop() if len(counts) == 1 else -1

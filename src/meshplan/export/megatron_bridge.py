@@ -1,0 +1,192 @@
+"""Job -> Megatron-Bridge recipe + dotted overrides, and back.
+
+Megatron-Bridge configures a run as a ``ConfigContainer`` built by a recipe function (e.g.
+``megatron.bridge.recipes.llama.llama3.llama3_8b_pretrain_config``) and changed by Hydra-style
+``section.field=value`` overrides (``megatron.bridge.training.utils.omegaconf_utils``:
+``parse_hydra_overrides``). The plan's choices are the Megatron-LM export's (megatron.py, one
+mapping for both forms), moved to the fields Megatron-LM copies them into: parallel degrees,
+split, recompute and sequence parallel into ``model`` (a TransformerConfig), batch into ``train``,
+the distributed optimizer into ``ddp``, FSDP2 into ``dist``, precision into a named
+``mixed_precision`` recipe. Names read from the megatron-bridge 0.3.1 wheel (docs/interop.md).
+The model's shape is the recipe's: a model with no recipe gets a RECIPE placeholder and a note.
+"""
+
+from __future__ import annotations
+
+from meshplan.errors import MeshplanError
+from meshplan.export.base import Export, ExportTarget
+from meshplan.export.megatron import megatron_args
+from meshplan.plan import Job
+from meshplan.spec.model import ModelSpec
+
+BRIDGE_VERSION = "0.3.1"
+# meshplan preset -> recipe function (megatron/bridge/recipes/, 0.3.1)
+RECIPES = {
+    "llama3-8b": "megatron.bridge.recipes.llama.llama3:llama3_8b_pretrain_config",
+    "llama3-70b": "megatron.bridge.recipes.llama.llama3:llama3_70b_pretrain_config",
+    "llama3.1-405b": "megatron.bridge.recipes.llama.llama3:llama31_405b_pretrain_config",
+    "qwen2.5-7b": "megatron.bridge.recipes.qwen.qwen2:qwen25_7b_pretrain_config",
+    "qwen2.5-72b": "megatron.bridge.recipes.qwen.qwen2:qwen25_72b_pretrain_config",
+}
+PLACEHOLDER_RECIPE = "RECIPE"
+# Megatron-LM flag -> Bridge field (Megatron-LM copies each into the same TransformerConfig /
+# DistributedDataParallelConfig field; Bridge exposes those dataclasses under model. / ddp.)
+FIELDS = {
+    "--tensor-model-parallel-size": "model.tensor_model_parallel_size",
+    "--pipeline-model-parallel-size": "model.pipeline_model_parallel_size",
+    "--context-parallel-size": "model.context_parallel_size",
+    "--expert-model-parallel-size": "model.expert_model_parallel_size",
+    "--cp-comm-type": "model.cp_comm_type",
+    "--sequence-parallel": "model.sequence_parallel",
+    "--decoder-first-pipeline-num-layers": "model.num_layers_in_first_pipeline_stage",
+    "--decoder-last-pipeline-num-layers": "model.num_layers_in_last_pipeline_stage",
+    "--pipeline-model-parallel-layout": "model.pipeline_model_parallel_layout",
+    "--recompute-granularity": "model.recompute_granularity",
+    "--recompute-method": "model.recompute_method",
+    "--recompute-num-layers": "model.recompute_num_layers",
+    "--micro-batch-size": "train.micro_batch_size",
+    "--global-batch-size": "train.global_batch_size",
+    "--seq-length": "model.seq_length",
+    "--use-distributed-optimizer": "ddp.use_distributed_optimizer",
+    "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
+    "--use-torch-fsdp2": "dist.use_torch_fsdp2",
+}
+# written when the Megatron-LM export leaves the flag out, since a recipe sets its own (e.g. the
+# Llama-3-8B recipe: context_parallel_size 2 and the distributed optimizer on)
+ABSENT = {
+    "--context-parallel-size": "1",
+    "--expert-model-parallel-size": "1",
+    "--sequence-parallel": "false",
+    "--decoder-first-pipeline-num-layers": "null",
+    "--decoder-last-pipeline-num-layers": "null",
+    "--pipeline-model-parallel-layout": "null",
+    "--recompute-granularity": "null",
+    "--recompute-method": "null",
+    "--recompute-num-layers": "null",
+    "--use-distributed-optimizer": "false",
+    "--num-distributed-optimizer-instances": "1",
+    "--use-torch-fsdp2": "false",
+}
+VPP_FLAG, VPP_FIELD = "--num-layers-per-virtual-pipeline-stage", "model.virtual_pipeline_model_parallel_size"
+DATASET_SEQ_FIELD = "dataset.sequence_length"
+PRECISION_FIELD = "mixed_precision"
+# Megatron-LM precision flags -> Bridge's registered recipe (training/mixed_precision.py); fp8
+# 'hybrid' is Megatron-LM's default delayed-scaling recipe
+PRECISIONS = {("--bf16",): "bf16_mixed", ("--fp16",): "fp16_mixed",
+              ("--bf16", "--fp8-format"): "bf16_with_fp8_delayed_scaling_mixed"}
+SHAPE_FLAGS = ("--num-layers",)  # the recipe builds the model; only the layer count is needed here
+
+
+def bridge_overrides(job: Job) -> tuple[list[tuple[str, str]], list[str]]:
+    """(field, value) overrides of the recipe, and the warnings."""
+    args, warnings = megatron_args(job)
+    words = [w for a in args for w in a]
+    flags = {w: (words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true")
+             for i, w in enumerate(words) if w.startswith("--")}
+    out: list[tuple[str, str]] = []
+    for flag, field in FIELDS.items():
+        value = flags.get(flag, ABSENT.get(flag))
+        if value is not None:
+            out.append((field, value))
+    pp = int(flags.get("--pipeline-model-parallel-size", "1"))
+    if VPP_FLAG in flags:
+        vpp = job.model.num_layers // pp // int(flags[VPP_FLAG])
+        out.append((VPP_FIELD, str(vpp)))
+    elif "--pipeline-model-parallel-layout" not in flags:
+        out.append((VPP_FIELD, "null"))
+    out.append((DATASET_SEQ_FIELD, flags["--seq-length"]))
+    key = tuple(f for f in ("--bf16", "--fp16", "--fp8-format") if f in flags)
+    if key:
+        out.append((PRECISION_FIELD, PRECISIONS[key]))
+    else:
+        out.append((PRECISION_FIELD, "null"))  # fp32
+    return out, warnings
+
+
+def _value(v: str) -> str:
+    # Hydra's grammar: '|' and '*' need a quoted string (pipeline layouts)
+    return f'"{v}"' if any(c in v for c in '|*()') else v
+
+
+def export_megatron_bridge(job: Job) -> Export:
+    overrides, warnings = bridge_overrides(job)
+    c = job.cluster
+    recipe = RECIPES.get(job.model.name, PLACEHOLDER_RECIPE)
+    lines = [f"# meshplan plan: {job.plan.notation()} on {c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})",
+             f"# Megatron-Bridge {BRIDGE_VERSION}: build the recipe, then apply the overrides below "
+             "(Hydra syntax: megatron.bridge.training.utils.omegaconf_utils.parse_hydra_overrides)"]
+    if recipe == PLACEHOLDER_RECIPE:
+        lines.append(f"# Megatron-Bridge {BRIDGE_VERSION} has no recipe for {job.model.name}: "
+                     f"replace {PLACEHOLDER_RECIPE} with a recipe that builds this model "
+                     f"({job.model.num_layers} layers)")
+        warnings.append(f"Megatron-Bridge has no recipe for {job.model.name}: the export names a "
+                        f"{PLACEHOLDER_RECIPE} placeholder")
+    lines.append(f"recipe={recipe}")
+    lines.append(f"model.num_layers={job.model.num_layers}")
+    lines += [f"{k}={_value(v)}" for k, v in overrides]
+    return Export(ExportTarget.MEGATRON_BRIDGE, "\n".join(lines) + "\n", tuple(warnings))
+
+
+def parse_overrides(text: str) -> tuple[str | None, dict[str, str]]:
+    """``recipe=...`` and ``field=value`` lines (comments and blanks skipped) -> (recipe, fields)."""
+    recipe, fields = None, {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or not key:
+            raise MeshplanError(f"Megatron-Bridge overrides line {n}: {line!r} is not field=value")
+        value = value.strip().strip('"').strip("'")
+        if key == "recipe":
+            recipe = value
+        else:
+            fields[key.strip()] = value
+    return recipe, fields
+
+
+def megatron_flags_from_bridge(fields: dict[str, str]) -> str:
+    """The Megatron-LM arguments these Bridge fields stand for, for the Megatron importer."""
+    by_field = {f: flag for flag, f in FIELDS.items()}
+    words: list[str] = []
+    for key, value in fields.items():
+        if key in by_field:
+            flag = by_field[key]
+            if value == "true":
+                words.append(flag)
+            elif value not in ("false", "null") and ABSENT.get(flag) != value:
+                words += [flag, value]
+        elif key == VPP_FIELD and value != "null":
+            words += ["--num-virtual-stages-per-pipeline-rank", value]
+        elif key == PRECISION_FIELD and value != "null":
+            flags = {v: k for k, v in PRECISIONS.items()}.get(value)
+            if flags is None:
+                raise MeshplanError(f"Megatron-Bridge mixed_precision {value!r} is not one of "
+                                    f"{', '.join(PRECISIONS.values())}")
+            words += list(flags) + (["hybrid"] if "--fp8-format" in flags else [])
+    return " ".join(f"'{w}'" if "|" in w or "*" in w else w for w in words)
+
+
+def import_megatron_bridge(text: str, *, num_gpus: int, model: ModelSpec | None):
+    """Bridge overrides -> (MegatronImport, the recipe's meshplan preset or None). ``model`` is the
+    model to use (from --model or the recipe's preset); its layer count must be the text's."""
+    from meshplan.export.import_megatron import import_megatron
+
+    recipe, fields = parse_overrides(text)
+    if model is None:
+        raise MeshplanError(f"Megatron-Bridge recipe {recipe!r} has no meshplan preset: give --model")
+    layers = fields.get("model.num_layers")
+    if layers is not None and layers != str(model.num_layers):
+        raise MeshplanError(f"Megatron-Bridge model.num_layers={layers} but {model.name} has {model.num_layers} layers")
+    for need in ("train.global_batch_size", "model.seq_length"):
+        if need not in fields:
+            raise MeshplanError(f"Megatron-Bridge overrides give no {need} (the recipe's is not known here)")
+    imp = import_megatron(megatron_flags_from_bridge(fields), num_gpus=num_gpus, model=model, name=model.name)
+    return imp
+
+
+def recipe_preset(recipe: str | None) -> str | None:
+    for preset, r in RECIPES.items():
+        if r == recipe:
+            return preset
+    return None

@@ -1,0 +1,56 @@
+"""Through the real entry point: the flags `meshplan plan` prints for a plan, given to
+`meshplan estimate`, reproduce that plan, its step time and its memory (issue 12, item 9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README_CASE = ["--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "128", "--seq-len", "8192",
+               "--global-batch", "1024"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_readme_frontier_rows_are_distinct_and_typed_back():
+    r = run("plan", *README_CASE, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["frontier"]
+    notations = [row["plan"] for row in rows]
+    assert len(set(notations)) == len(notations)  # rows 14 and 16 used to print the same
+    rec = json.loads(r.stdout)["recommended"]
+    uneven = next(i for i, row in enumerate(rows) if "layers=" in row["plan"])
+    for i in {rec, uneven, 0}:
+        row = rows[i]
+        e = run("estimate", *README_CASE, *shlex.split(row["flags"]), "--json")
+        assert e.returncode == 0, (row["flags"], e.stderr)
+        est = json.loads(e.stdout)
+        assert est["plan"] == row["plan"]
+        assert abs(est["step_time_s"] - row["step_time_s"]) <= 1e-9 * row["step_time_s"]
+        assert abs(est["peak_memory_gib"] - row["peak_memory_gib"]) <= 1e-9 * row["peak_memory_gib"]
+
+
+def test_printed_recommendation_gives_its_flags():
+    r = run("plan", *README_CASE, "--top", "3")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("as flags"))
+    assert "--dp " in line and "--stage-layers" in line
+
+
+def test_hsdp_notation_is_accepted_as_flags():
+    """`dp16 zero2x2`-style rows: --dp is the total, --dp-shard the sharded part."""
+    e = run("estimate", *README_CASE, "--dp", "32", "--dp-shard", "2", "--zero", "2", "--tp", "2", "--pp", "8",
+            "--cp", "2", "--vpp", "8", "--json")
+    assert e.returncode == 0, e.stderr
+    out = json.loads(e.stdout)
+    assert out["plan"] == "dp32 zero2x2 tp2sp pp8(interleaved-1f1b,v8) cp2 mb1"
+    assert out["flags"] == "--dp 32 --dp-shard 2 --tp 2 --pp 8 --cp 2 --zero 2 --vpp 8"
