@@ -33,6 +33,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
+from meshplan.cost.precision import compute_dtype_peak_flops, weight_copy_bytes_per_param
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
 from meshplan.spec.cluster import ClusterSpec
@@ -115,7 +116,7 @@ class PlanTerms:
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
+    peak = compute_dtype_peak_flops(cluster, training)  # the LM head stays bf16 (cost/precision.py)
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
