@@ -61,6 +61,9 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
+    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL): allocated, not reserve."""
+    reserve_bytes: np.ndarray
+    """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
@@ -71,9 +74,15 @@ class RankCost:
         return self.dp_exposed_s + self.optimizer_s
 
     @property
-    def memory_bytes(self) -> np.ndarray:
+    def allocated_bytes(self) -> np.ndarray:
+        """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
                 + self.activations_bytes + self.other_bytes)
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        """Peak reserved: allocated + the allocator's reserve; what must fit in the GPU."""
+        return self.allocated_bytes + self.reserve_bytes
 
 
 def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -198,6 +207,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
+    # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
+    copy_b = weight_copy_bytes_per_param(training, calib)
+    if copy_b:
+        weights = weights + shard(layers * layer.dense_params_per_gpu * copy_b, expert_p * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)
     grads = shard(dense_p * gb, expert_p * gb, 2)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
@@ -248,17 +261,21 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
-    # the shard already held (Zhao et al. 2023 Sec. 3.2).
-    z3_buffers = np.where(z >= 3, np.minimum(2.0, layers) * layer.params_per_gpu
+    # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
+    # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
+    gathered = np.minimum(2.0, layers)
+    if calib.fsdp_pp_keeps_unsharded:
+        gathered = np.where(p > 1, layers, gathered)
+    z3_buffers = np.where(z >= 3, gathered * layer.params_per_gpu
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
-    other = (calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
-             + calib.allocator_fragmentation * (weights + grads + optim + acts))
+    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
+    reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
     return RankCost(
         compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
-        activations_bytes=acts, other_bytes=other,
+        activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
     )
 
 
@@ -269,6 +286,8 @@ class BatchEstimate:
     step_time_s: np.ndarray
     bubble_s: np.ndarray
     peak_memory_bytes: np.ndarray
+    """Peak reserved (allocated + allocator reserve): what ``fits`` compares with the GPU."""
+    peak_allocated_bytes: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
@@ -300,10 +319,12 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
     step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
     peak = np.max([r.memory_bytes for r in ranks], axis=0)
+    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0)
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
+                         peak_allocated_bytes=peak_allocated,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
                          fits=peak <= cluster.gpu.memory_bytes)

@@ -259,7 +259,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
         parallel = parallel + T * ab * 2.0 * model.moe_latent_size
     act_none = replicated + parallel + mix.score_bytes
-    act_sel = replicated + parallel
+    act_sel = (replicated + parallel) * calib.selective_keeps_fraction  # stack-dependent (Calibration)
     act_full = T_rep * D * ab
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,
