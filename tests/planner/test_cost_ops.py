@@ -12,9 +12,13 @@ from hypothesis import strategies as st
 
 from meshplan.cost import PlanArrays, estimate
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.layer import layer_cost
 from meshplan.cost.gemm import gemm_time
-from meshplan.cost.mixers import attention_core_efficiency, cp_causal_imbalance, mixer_cost
+from meshplan.cost.layer import layer_cost
+from meshplan.cost.mixers import (
+    attention_core_efficiency,
+    cp_causal_imbalance,
+    mixer_cost,
+)
 from meshplan.cost.moe import dispatch_time, moe_cost
 from meshplan.cost.precision import op_rates
 from meshplan.errors import MeshplanError

@@ -33,9 +33,18 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
-from meshplan.cost.precision import compute_dtype_peak_flops, weight_copy_bytes_per_param
-from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.cost.layer import (
+    LayerCost,
+    activation_bytes,
+    gemm_time,
+    layer_cost,
+    optimizer_state_bytes_per_param,
+)
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.cost.precision import (
+    compute_dtype_peak_flops,
+    weight_copy_bytes_per_param,
+)
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
