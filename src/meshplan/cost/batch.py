@@ -296,7 +296,9 @@ class BatchEstimate:
     bubble_s: np.ndarray
     peak_memory_bytes: np.ndarray
     """Peak reserved (allocated + allocator reserve): what ``fits`` compares with the GPU."""
-    peak_allocated_bytes: np.ndarray
+    peak_allocated_bytes: np.ndarray | None
+    """Peak allocated (no allocator reserve); None when ``compose`` was not asked for it (the
+    search scores on reserved alone)."""
     tokens_per_s_per_gpu: np.ndarray
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
@@ -317,18 +319,19 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(model, cluster, training, plans, [first, final], calib)
+    return compose(model, cluster, training, plans, [first, final], calib, allocated=True)
 
 
 def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-            ranks: list[RankCost], calib: Calibration) -> BatchEstimate:
-    """Step time and peak memory from the ranks' costs (max over ranks)."""
+            ranks: list[RankCost], calib: Calibration, *, allocated: bool = False) -> BatchEstimate:
+    """Step time and peak memory from the ranks' costs (max over ranks); the peak allocated
+    too with ``allocated``."""
     m = num_microbatches(training, plans)
     t_mb = np.max([r.microbatch_s for r in ranks], axis=0)
     fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
     step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
     peak = np.max([r.memory_bytes for r in ranks], axis=0)
-    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0)
+    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0) if allocated else None
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12

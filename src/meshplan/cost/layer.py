@@ -165,6 +165,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     def linear_time(calib_, peak_, m, n, k):
         """A linear layer's GEMM with its fp8/fp4 casts: the input (m x k) in the forward, the
         output gradient (m x n) in the backward; a third here, the backward is 2x the forward."""
+        if not cast:  # bf16 / fp16 / fp32: no casts (and no array work for the search)
+            return gemm_time(calib_, peak_, m, n, k)
         return gemm_time(calib_, peak_, m, n, k) + cast * (m * k + m * n) / (3.0 * hbm)
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)

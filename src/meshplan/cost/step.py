@@ -174,7 +174,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
             rank=r, layers=layers, recomputed_layers=rec,
             in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
             microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
-    batch = compose(model, cluster, training, arrays, ranks, calib)
+    batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
     tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
     heavy = int(np.argmax([_f(r.memory_bytes) for r in ranks]))
