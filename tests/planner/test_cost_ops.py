@@ -197,6 +197,22 @@ def test_imbalance_capacity_and_permutation():
     np.testing.assert_allclose(base.compute_s - no_perm.compute_s, 4.0 * (T + 8 * T) * 2048 * 2.0 / hbm)
 
 
+def test_alltoall_host_sync_is_fixed_per_moe_layer():
+    """The dropless all-to-all's host sync: the same seconds per MoE layer forward whatever the
+    micro-batch (so micro-batch 1 pays it 4x as often per token as micro-batch 4); none with the
+    all-gather dispatcher."""
+    model = model_preset("mixtral-8x7b")  # every layer MoE
+    for mb in (1, 4):
+        arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=mb))
+        synced = layer_cost(model, H100, _train(), arrays, CALIB)
+        free = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=0.0))
+        np.testing.assert_allclose(synced.fwd_compute_s - free.fwd_compute_s, 1e-3)
+        ag = _train(moe_dispatcher="allgather")
+        np.testing.assert_allclose(layer_cost(model, H100, ag, arrays, CALIB).fwd_compute_s,
+                                   layer_cost(model, H100, ag, arrays,
+                                              CALIB.replace_fields(moe_alltoall_sync_s=0.0)).fwd_compute_s)
+
+
 def test_moe_training_options_checked():
     with pytest.raises(MeshplanError, match="moe_dispatcher"):
         _train(moe_dispatcher="deepep")

@@ -131,12 +131,15 @@ class Calibration:
     routing (Megatron --moe-router-force-load-balancing; the Megatron-Bridge benchmark rows);
     natural routing with an auxiliary loss stays 1.1-1.5x off balance per step (Fedus et al.
     2022, Switch Transformer Sec. 2.2; DeepSeek-V3 Sec. 2.1.2). The step waits for the busiest."""
-    moe_alltoall_sync_s: float = 0.0
-    """Host time exposed per MoE layer forward by the dropless all-to-all dispatcher's
-    device-to-host sync of the tokens-per-expert counts (Megatron-Core MoEAlltoAllTokenDispatcher
-    moves them to the host to size the all-to-all): the launch queue drains and the layer's
-    remaining kernels start from the host. 0 by default (CUDA graphs / sync-free dispatch);
-    fitted per stack."""
+    moe_alltoall_sync_s: float = 1.0e-3
+    """Host time exposed per MoE layer forward (the backward, like all of the layer's work, 2x)
+    by the dropless all-to-all dispatcher's device-to-host sync of the tokens-per-expert counts
+    (Megatron-Core MoEAlltoAllTokenDispatcher and torchtitan's expert-parallel all-to-all move
+    them to the host to size the all-to-all): the launch queue drains, and the layer's remaining
+    ~100 kernels (permute, grouped GEMMs, activation, unpermute, combine) start from the host at
+    ~10 us of launch and dispatch each (5-20 us: PyTorch blog 'Accelerating PyTorch with CUDA
+    Graphs', 2021). Fixed per micro-batch: what makes micro-batch 1 of a fine-grained MoE slow.
+    0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75
