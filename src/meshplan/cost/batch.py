@@ -70,7 +70,8 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
-    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL): allocated, not reserve."""
+    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL), and the allocator's
+    reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays, not six)."""
     reserve_bytes: np.ndarray
     """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
 
@@ -83,15 +84,15 @@ class RankCost:
         return self.dp_exposed_s + self.optimizer_s
 
     @property
-    def allocated_bytes(self) -> np.ndarray:
-        """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
+    def memory_bytes(self) -> np.ndarray:
+        """Peak reserved: allocated + the allocator's reserve; what must fit in the GPU."""
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
                 + self.activations_bytes + self.other_bytes)
 
     @property
-    def memory_bytes(self) -> np.ndarray:
-        """Peak reserved: allocated + the allocator's reserve; what must fit in the GPU."""
-        return self.allocated_bytes + self.reserve_bytes
+    def allocated_bytes(self) -> np.ndarray:
+        """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
+        return self.memory_bytes - self.reserve_bytes
 
 
 def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -273,12 +274,12 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
     # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
     gathered = np.minimum(2.0, layers)
-    if calib.fsdp_pp_keeps_unsharded:
+    if calib.fsdp_pp_keeps_unsharded and np.any(z >= 3):
         gathered = np.where(p > 1, layers, gathered)
     z3_buffers = np.where(z >= 3, gathered * layer.params_per_gpu
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
-    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
     reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
+    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
     return RankCost(
         compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,

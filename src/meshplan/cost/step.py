@@ -201,4 +201,4 @@ def _memory(rc: RankCost) -> MemoryBreakdown:
     return MemoryBreakdown(
         parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
-        other_bytes=_f(rc.other_bytes), reserve_bytes=_f(rc.reserve_bytes))
+        other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes))
