@@ -73,7 +73,8 @@ def _render(est, model_name: str, clus) -> None:
     for k, v in (("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
                  ("tokens/s per GPU", f"{est.tokens_per_s_per_gpu:,.0f}"),
                  ("model TFLOP/s per GPU", f"{est.tflops_per_gpu:.1f}"), ("MFU", f"{est.mfu:.1%}"),
-                 ("peak memory", f"{est.peak_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
+                 ("peak memory reserved", f"{est.peak_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
+                 ("peak memory allocated", f"{est.peak_allocated_gib:.1f} GiB"),
                  ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
     con.print(s)

@@ -33,8 +33,18 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
-from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.cost.layer import (
+    LayerCost,
+    activation_bytes,
+    gemm_time,
+    layer_cost,
+    optimizer_state_bytes_per_param,
+)
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.cost.precision import (
+    compute_dtype_peak_flops,
+    weight_copy_bytes_per_param,
+)
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -60,6 +70,10 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
+    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL), and the allocator's
+    reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays, not six)."""
+    reserve_bytes: np.ndarray
+    """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
@@ -71,8 +85,14 @@ class RankCost:
 
     @property
     def memory_bytes(self) -> np.ndarray:
+        """Peak reserved: allocated + the allocator's reserve; what must fit in the GPU."""
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
                 + self.activations_bytes + self.other_bytes)
+
+    @property
+    def allocated_bytes(self) -> np.ndarray:
+        """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
+        return self.memory_bytes - self.reserve_bytes
 
 
 def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -115,7 +135,7 @@ class PlanTerms:
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
+    peak = compute_dtype_peak_flops(cluster, training)  # the LM head stays bf16 (cost/precision.py)
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
@@ -197,6 +217,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
+    # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
+    copy_b = weight_copy_bytes_per_param(training, calib)
+    if copy_b:
+        weights = weights + shard(layers * layer.dense_params_per_gpu * copy_b, expert_p * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)
     grads = shard(dense_p * gb, expert_p * gb, 2)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
@@ -247,17 +271,21 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
-    # the shard already held (Zhao et al. 2023 Sec. 3.2).
-    z3_buffers = np.where(z >= 3, np.minimum(2.0, layers) * layer.params_per_gpu
+    # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
+    # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
+    gathered = np.minimum(2.0, layers)
+    if calib.fsdp_pp_keeps_unsharded and np.any(z >= 3):
+        gathered = np.where(p > 1, layers, gathered)
+    z3_buffers = np.where(z >= 3, gathered * layer.params_per_gpu
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
-    other = (calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
-             + calib.allocator_fragmentation * (weights + grads + optim + acts))
+    reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
+    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
     return RankCost(
         compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
-        activations_bytes=acts, other_bytes=other,
+        activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
     )
 
 
@@ -268,6 +296,10 @@ class BatchEstimate:
     step_time_s: np.ndarray
     bubble_s: np.ndarray
     peak_memory_bytes: np.ndarray
+    """Peak reserved (allocated + allocator reserve): what ``fits`` compares with the GPU."""
+    peak_allocated_bytes: np.ndarray | None
+    """Peak allocated (no allocator reserve); None when ``compose`` was not asked for it (the
+    search scores on reserved alone)."""
     tokens_per_s_per_gpu: np.ndarray
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
@@ -288,21 +320,24 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(model, cluster, training, plans, [first, final], calib)
+    return compose(model, cluster, training, plans, [first, final], calib, allocated=True)
 
 
 def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-            ranks: list[RankCost], calib: Calibration) -> BatchEstimate:
-    """Step time and peak memory from the ranks' costs (max over ranks)."""
+            ranks: list[RankCost], calib: Calibration, *, allocated: bool = False) -> BatchEstimate:
+    """Step time and peak memory from the ranks' costs (max over ranks); the peak allocated
+    too with ``allocated``."""
     m = num_microbatches(training, plans)
     t_mb = np.max([r.microbatch_s for r in ranks], axis=0)
     fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
     step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
     peak = np.max([r.memory_bytes for r in ranks], axis=0)
+    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0) if allocated else None
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
+                         peak_allocated_bytes=peak_allocated,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
                          fits=peak <= cluster.gpu.memory_bytes)

@@ -56,11 +56,18 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     other_bytes: float
+    reserve_bytes: float = 0.0
+    """Reserved by the caching allocator beyond the allocated peak (fragmentation)."""
+
+    @property
+    def allocated_bytes(self) -> float:
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.other_bytes)
 
     @property
     def total_bytes(self) -> float:
-        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.other_bytes)
+        """Peak reserved: allocated + reserve."""
+        return self.allocated_bytes + self.reserve_bytes
 
     def gib(self) -> dict[str, float]:
         return {
@@ -69,6 +76,7 @@ class MemoryBreakdown:
             "optimizer": self.optimizer_bytes / GIB,
             "activations": self.activations_bytes / GIB,
             "other": self.other_bytes / GIB,
+            "allocator_reserve": self.reserve_bytes / GIB,
         }
 
 
@@ -94,12 +102,15 @@ class Estimate:
     """Model FLOPs basis (6N + 12LSq per token, no recompute)."""
     mfu: float
     peak_memory_gib: float
+    """Peak reserved (allocated + allocator reserve); ``fits`` is decided on it."""
     gpu_memory_gib: float
     fits: bool
     memory_shortfall_gib: float
     time: TimeBreakdown
     memory: MemoryBreakdown
     stages: tuple[StageCost, ...]
+    peak_allocated_gib: float = 0.0
+    """Peak allocated (torch.cuda.max_memory_allocated + CUDA context / NCCL): no reserve."""
 
     def to_dict(self) -> dict[str, Any]:
         t = self.time
@@ -111,6 +122,8 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
             "peak_memory_gib": self.peak_memory_gib,
+            "peak_reserved_gib": self.peak_memory_gib,
+            "peak_allocated_gib": self.peak_allocated_gib,
             "gpu_memory_gib": self.gpu_memory_gib,
             "fits": self.fits,
             "memory_shortfall_gib": self.memory_shortfall_gib,
@@ -161,7 +174,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
             rank=r, layers=layers, recomputed_layers=rec,
             in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
             microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
-    batch = compose(model, cluster, training, arrays, ranks, calib)
+    batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
     tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
     heavy = int(np.argmax([_f(r.memory_bytes) for r in ranks]))
@@ -180,11 +193,12 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         tokens_per_s_per_gpu=_f(batch.tokens_per_s_per_gpu), tflops_per_gpu=_f(batch.tflops_per_gpu),
         mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
         fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
-        time=time, memory=stages[heavy].memory, stages=tuple(stages))
+        time=time, memory=stages[heavy].memory, stages=tuple(stages),
+        peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB)
 
 
 def _memory(rc: RankCost) -> MemoryBreakdown:
     return MemoryBreakdown(
         parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
-        other_bytes=_f(rc.other_bytes))
+        other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes))
