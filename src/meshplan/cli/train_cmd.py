@@ -45,6 +45,8 @@ def train(
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and after the last); 0: only after the last.", min=0)] = 0,
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Simulate ranks at the plan's full world size on torch's fake process group and fake tensors (no GPU, no real memory); print memory and collectives next to the cost model.")] = False,
+    ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = "first,last",
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
@@ -59,6 +61,11 @@ def train(
         raise MeshplanError(f"--lr must be positive, got {lr}")
     data_path = resolve_data(data)
     check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    if dry_run:
+        from meshplan.cli.dryrun_cmd import dry_run as run_dry
+
+        run_dry(job, ranks, json_out)
+        return
     if cluster_profile:  # a bad profile fails now, not after training
         from meshplan.spec.hwprofile import load_profile
 
