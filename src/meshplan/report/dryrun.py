@@ -16,7 +16,7 @@ from rich.table import Table
 
 from meshplan.cost import estimate
 from meshplan.plan import Job
-from meshplan.report.dryrun_expected import GROUP_OF_AXIS, expected_collectives
+from meshplan.report.dryrun_expected import expected_collectives, group_of
 
 GIB = 2**30
 DIFFERENCE_NOTES = (
@@ -77,7 +77,7 @@ def _collective_rows(job: Job, pp_rank: int, measured: list[dict]) -> list[dict]
         kind = "send" if c["kind"] in ("send", "p2p") else c["kind"]
         if kind == "recv":
             continue  # every recv pairs with a send; the cost model charges the send
-        row = rows[(GROUP_OF_AXIS.get(c["axis"], c["axis"]), kind)]
+        row = rows[(group_of(c["axis"], kind), kind)]
         row["count"] += c["count"]
         row["bytes"] += c["total_bytes"]
         row["axes"].add(c["axis"])

@@ -23,6 +23,18 @@ GROUP_OF_AXIS = {
 """Mesh axis (as the dry run names it) -> the group the cost model charges it to."""
 
 
+def group_of(axis: str, kind: str) -> str:
+    """The cost-model group of a dry-run collective on ``axis`` ('a=b' when one process group
+    serves several axes): an all-to-all on a group that is also the ep group is expert parallel."""
+    axes = axis.split("=")
+    if kind == "all_to_all" and "ep" in axes:
+        return "ep"
+    for a in axes:
+        if a in GROUP_OF_AXIS:
+            return GROUP_OF_AXIS[a]
+    return axis
+
+
 @dataclass(frozen=True)
 class ExpectedCollective:
     group: str

@@ -71,8 +71,10 @@ class CollectiveCounter(TorchDispatchMode):
 
 
 def axis_of_groups(meshes: dict[str, "torch.distributed.device_mesh.DeviceMesh"]) -> dict[str, str]:
-    """Process-group name -> axis name, for every named (or flattened) 1-D view in ``meshes``."""
-    out: dict[str, str] = {}
+    """Process-group name -> axis name for every named (or flattened) 1-D view in ``meshes``; a
+    group that serves several views (torch reuses a group for the same ranks, e.g. dp_shard and
+    dp_shard_cp when cp = 1, or ep over all of them) is named by all, joined by '='."""
+    names: dict[str, list[str]] = {}
     for name, mesh in meshes.items():
-        out.setdefault(mesh.get_group().group_name, name)
-    return out
+        names.setdefault(mesh.get_group().group_name, []).append(name)
+    return {group: "=".join(axes) for group, axes in names.items()}
