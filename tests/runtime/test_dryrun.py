@@ -72,7 +72,7 @@ def test_every_frontier_point_dry_runs(name: str) -> None:
 def test_cli_dry_run_pipeline_and_tied_embeddings(tmp_path: Path) -> None:
     """Through the real entry point: a GPT-2-style (tied, learned positions) 2-stage tp2 plan, first
     and last rank; the last one holds the LM head and sends the tied-embedding gradient."""
-    model = model_preset("gpt2").with_overrides({"num_layers": 2})
+    model = model_preset("gpt2").with_overrides({"num_layers": 2, "vocab_size": 50304})  # tp-divisible
     job = Job(model=model, training=TrainingSpec(seq_len=512, global_batch=8),
               cluster=resolve_cluster(gpu="h100-sxm", gpus=8),
               plan=Plan(dims=ParallelDims(pp=2, tp=2, dp_shard=2), zero=1, sp=True))
