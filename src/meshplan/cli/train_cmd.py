@@ -17,6 +17,8 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.spec.model import parse_overrides
 
+DEFAULT_DRY_RUN_RANKS = "first,last"
+"""``--dry-run`` simulates rank 0 (first pipeline stage) and the last rank (last stage) by default."""
 SAMPLE_DATA = "sample"
 """``--data sample`` picks the shipped sample text (src/meshplan/data/sample.txt)."""
 
@@ -46,7 +48,7 @@ def train(
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Simulate ranks at the plan's full world size on torch's fake process group and fake tensors (no GPU, no real memory); print memory and collectives next to the cost model.")] = False,
-    ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = "first,last",
+    ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = DEFAULT_DRY_RUN_RANKS,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (torchrun, gloo on CPU, nccl on GPU)."""
@@ -61,6 +63,8 @@ def train(
         raise MeshplanError(f"--lr must be positive, got {lr}")
     data_path = resolve_data(data)
     check_runnable(job, pipeline_available(), text_data=data_path is not None)
+    if ranks != DEFAULT_DRY_RUN_RANKS and not dry_run:
+        raise MeshplanError("--ranks picks the ranks of a --dry-run; add --dry-run")
     if dry_run:
         from meshplan.cli.dryrun_cmd import dry_run as run_dry
 
