@@ -99,6 +99,14 @@ def _step_tracker():
                 del self.memory_tracking[module]
             super()._pre_fw_hook(module, inputs)
 
+        def _update_peak_stats(self, peak_state) -> None:
+            # Only the global peak (MemTracker also walks every module's local peak on every op:
+            # O(modules) per op, minutes on an 80-layer stage, for statistics not read here).
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+
     return StepMemTracker()
 
 
