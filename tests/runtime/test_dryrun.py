@@ -147,3 +147,33 @@ def test_cli_bad_ranks_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "rank 5 is outside the plan's world of 2 ranks" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_report_pairs_measured_and_model_collectives() -> None:
+    """Recvs pair with sends and are not charged again; a group shared by dp_shard and ep puts its
+    all-to-alls under ep and its gathers under dp; the rendered tables name the differences."""
+    from rich.console import Console
+
+    from meshplan.report.dryrun import render
+
+    model = model_preset("mixtral-8x7b").with_overrides({"num_layers": 1})
+    job = Job(model=model, training=TrainingSpec(seq_len=256, global_batch=4),
+              cluster=resolve_cluster(gpu="h100-sxm", gpus=4),
+              plan=Plan(dims=ParallelDims(dp_shard=4, ep=4), zero=3))
+    shared = "dp_shard=dp_shard_cp=dp=dp_cp=ep"
+    measured = {"rank": 0, "world_size": 4, "coords": {"pp": 0, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 0},
+                "stages": [0], "parameters_bytes": 4, "gradients_bytes": 4, "optimizer_bytes": 8,
+                "peak_bytes": 100, "peak_by_category": {"Activation": 84}, "microbatches": 1, "steps": 2,
+                "wall_s": 1.0, "reference_paths": ["moe-routing"],
+                "collectives": [{"kind": "all_to_all", "axis": shared, "count": 5, "total_bytes": 10},
+                                {"kind": "all_gather", "axis": shared, "count": 4, "total_bytes": 20},
+                                {"kind": "recv", "axis": "pp", "count": 3, "total_bytes": 30}]}
+    (cmp,) = compare(job, [measured])
+    rows = {(r["group"], r["kind"]): r for r in cmp.collectives}
+    assert rows[("ep", "all_to_all")]["count"] == 5 and rows[("dp", "all_gather")]["bytes"] == 20
+    assert not any(k == "recv" for _, k in rows)
+    assert rows[("ep", "all_to_all")]["model_count"] == 4  # dispatch + combine, forward and backward
+    console = Console(width=120, record=True)
+    console.print(render(job, [cmp]))
+    text = console.export_text()
+    assert "moe-routing" in text and "fp32 weights" in text and "rank 0 (pp 0" in text
