@@ -2,7 +2,8 @@
 
 ``python bench/dryrun_targets.py OUTDIR`` writes them as Job files (then ``meshplan train --plan
 OUTDIR/<name>.json --dry-run`` runs one); ``--run [NAME ...]`` also dry-runs the first and last rank
-of each, prints the side-by-side tables and saves every result under OUTDIR/results.json.
+of each (two steps; ``--one-step`` for one), prints the side-by-side tables and saves every result
+under OUTDIR/results.json.
 1. llama3-70b on 1024 H100s: tp8 (sp) pp4 with 5 virtual stages per rank (interleaved 1F1B), FSDP over 32.
 2. llama3.1-405b on 16384 H100s: the Llama 3 paper's 8k-context layout (Dubey et al. 2024, Table 4):
    tp8 pp16 dp128, 16M-token batch.
@@ -53,7 +54,8 @@ def main(argv: list[str]) -> None:
     out = Path(argv[0] if argv else "dryrun_targets")
     out.mkdir(parents=True, exist_ok=True)
     run = "--run" in argv
-    names = [a for a in argv[1:] if a != "--run"]
+    steps = 1 if "--one-step" in argv else 2
+    names = [a for a in argv[1:] if not a.startswith("--")]
     jobs = target_jobs()
     results_path = out / "results.json"
     saved = json.loads(results_path.read_text()) if results_path.exists() else {}
@@ -63,9 +65,10 @@ def main(argv: list[str]) -> None:
         if not run or (names and name not in names):
             continue
         start = time.perf_counter()
-        results = run_ranks(j, parse_ranks("first,last", j), steps=2)
+        results = run_ranks(j, parse_ranks("first,last", j), steps=steps)
         comparisons = compare(j, results)
-        saved[name] = {"wall_s": time.perf_counter() - start, "ranks": [c.to_dict() for c in comparisons]}
+        saved[name] = {"wall_s": time.perf_counter() - start, "steps": steps,
+                       "ranks": [c.to_dict() for c in comparisons]}
         results_path.write_text(json.dumps(saved, indent=1))
         console.print(render(j, comparisons))
         console.print(f"{name}: {time.perf_counter() - start:.0f} s for {len(results)} ranks")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost.layer import activation_bytes
 from meshplan.cost.calibration import calibration_for
+from meshplan.cost.layer import activation_bytes
 from meshplan.plan import CPMethod, Job
 
 GROUP_OF_AXIS = {

@@ -32,13 +32,21 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
 from meshplan.plan import Job, Plan
-from meshplan.runtime.dryrun_comms import CollectiveCounter, CollectiveTally, axis_of_groups
+from meshplan.runtime.dryrun_comms import (
+    CollectiveCounter,
+    CollectiveTally,
+    axis_of_groups,
+)
 from meshplan.runtime.dryrun_moe import use_balanced_routing
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
 from meshplan.runtime.train import (
-    _accumulate, compute_precision, loss_context, make_optimizer, token_loss_sum,
+    _accumulate,
+    compute_precision,
+    loss_context,
+    make_optimizer,
+    token_loss_sum,
 )
 from meshplan.spec.training import Precision
 
@@ -159,10 +167,10 @@ def simulate_rank(job: Job, rank: int, steps: int = 1) -> RankResult:
     """Run ``steps`` training steps of ``job`` as rank ``rank`` on the fake process group."""
     start = time.perf_counter()
     plan = job.plan.with_defaults(job.model)
-    d, training = plan.dims, job.training
+    # Importing fake_pg registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=d.world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.dims.world_size)
     try:
         return _simulate(job, plan, rank, steps, start)
     finally:

@@ -14,7 +14,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops, sync_ops
+from torch.distributed._tools.fake_collectives import (
+    CollectiveOp,
+    collective_ops,
+    sync_ops,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _KINDS: tuple[tuple[str, str], ...] = (
@@ -70,7 +74,7 @@ class CollectiveCounter(TorchDispatchMode):
                 for (k, a), n in sorted(self.counts.items())]
 
 
-def axis_of_groups(meshes: dict[str, "torch.distributed.device_mesh.DeviceMesh"]) -> dict[str, str]:
+def axis_of_groups(meshes: dict[str, torch.distributed.device_mesh.DeviceMesh]) -> dict[str, str]:
     """Process-group name -> axis name for every named (or flattened) 1-D view in ``meshes``; a
     group that serves several views (torch reuses a group for the same ranks, e.g. dp_shard and
     dp_shard_cp when cp = 1, or ep over all of them) is named by all, joined by '='."""

@@ -61,7 +61,7 @@ def run_ranks(job: Job, ranks: list[int], *, steps: int = 1, timeout_s: float | 
             cmd = [sys.executable, "-m", "meshplan.runtime.dryrun_worker", str(job_path), str(r),
                    str(steps), str(out)]
             try:
-                proc = subprocess.run(cmd, env=env, timeout=timeout_s, text=True, capture_output=True)
+                proc = subprocess.run(cmd, env=env, timeout=timeout_s, text=True, capture_output=True, check=False)
             except subprocess.TimeoutExpired:
                 raise MeshplanError(f"dry run of rank {r} did not finish within {timeout_s:.0f} s") from None
             if proc.returncode or not out.exists():
