@@ -29,6 +29,13 @@ DIFFERENCE_NOTES = (
     "collective counts: the runtime issues one collective per FSDP unit (each layer and the root) and per "
     "tensor-parallel region; the cost model charges one bucket per step or layer pass, so compare bytes. "
     "FSDP gathers and reduces the fp32 weights (no mixed-precision policy): twice the model's 16-bit bytes.",
+    "activations: the runtime keeps the residual stream in fp32 and, under tensor + sequence parallel, each "
+    "projection's own all-gathered bf16 input (autocast casts wq, wk, wv, w1, w3 inputs separately); the "
+    "cost model keeps 16-bit tensors and one sequence-parallel norm output (Korthikanti et al. 2022, 4.2.2).",
+    "pipeline + FSDP: torch's PipelineStage keeps a stage's gathered weights and unsharded gradients from its "
+    "first backward to the end of the step (reshard_after_backward and gradient sync off until then); the "
+    "cost model shards them per ZeRO stage. Pipeline sends carry fp32 hidden states; the first stage "
+    "receives no gradient and the last sends no activation.",
 )
 
 
