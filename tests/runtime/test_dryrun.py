@@ -178,3 +178,13 @@ def test_report_pairs_measured_and_model_collectives() -> None:
     console.print(render(job, [cmp]))
     text = console.export_text()
     assert "moe-routing" in text and "fp32 weights" in text and "rank 0 (pp 0" in text
+
+
+def test_cli_ranks_without_dry_run_is_refused(tmp_path: Path) -> None:
+    job = Job(model=model_preset("toy-llama"), training=TrainingSpec(seq_len=64, global_batch=4),
+              cluster=resolve_cluster(gpu="h100-sxm", gpus=2), plan=Plan(dims=ParallelDims(dp_replicate=2)))
+    job.save(tmp_path / "j.json")
+    proc = subprocess.run([sys.executable, "-m", "meshplan", "train", "--plan", str(tmp_path / "j.json"),
+                           "--ranks", "all"], env=_env(), capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert "--ranks picks the ranks of a --dry-run" in proc.stderr + proc.stdout
