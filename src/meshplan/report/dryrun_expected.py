@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.layer import activation_bytes
 from meshplan.plan import CPMethod, Job
@@ -92,8 +93,6 @@ def _data_parallel(job: Job, pp_rank: int, m: int, calib) -> list[ExpectedCollec
     """ZeRO-0: all-reduce gradients; 1/2: reduce-scatter gradients + all-gather weights once per
     step; 3: all-gather weights forward and backward and reduce-scatter gradients per micro-batch
     (cost/batch.py); plus the dp_replicate all-reduce of the sharded gradients (HSDP)."""
-    from meshplan.cost import estimate
-
     plan = job.plan.with_defaults(job.model)
     d = plan.dims
     n1 = d.dp_shard * d.cp
