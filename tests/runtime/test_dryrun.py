@@ -32,7 +32,12 @@ FRONTIER_JOBS = {
     # 11 points: FSDP, HSDP-less ZeRO-2, tp + sp, recompute (llama3.2-1b width, 2 layers)
     "dense-8": ["--model", "llama3.2-1b", "--override", "num_layers=2", "--gpu", "h100-sxm",
                 "--gpus", "8", "--seq-len", "1024", "--global-batch", "16"],
+    # context parallel (ring), tp up to 16 across nodes, HSDP, recompute, at 16K tokens
+    "long-16": ["--model", "llama3.2-1b", "--override", "num_layers=2", "--gpu", "h100-sxm",
+                "--gpus", "16", "--seq-len", "16384", "--global-batch", "4", "--memory-gib", "10"],
 }
+SLOW_FRONTIER_JOBS = {"long-16"}
+"""Longer (about 3 minutes of CPU): marked slow, run with the multi-process suite."""
 
 
 def _env() -> dict[str, str]:
@@ -53,7 +58,8 @@ def _frontier_jobs(args: list[str]) -> list[Job]:
             for p in frontier]
 
 
-@pytest.mark.parametrize("name", sorted(FRONTIER_JOBS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_FRONTIER_JOBS else n
+                                  for n in sorted(FRONTIER_JOBS)])
 def test_every_frontier_point_dry_runs(name: str) -> None:
     jobs = _frontier_jobs(FRONTIER_JOBS[name])
     assert len(jobs) >= 5

@@ -139,20 +139,17 @@ def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
 
 
 def _materialise(fake: FakeTensorMode, module: nn.Module) -> None:
-    """``to_empty`` on fake CPU tensors, keeping tied parameters one object (as init_parameters)."""
+    """``to_empty`` on fake CPU tensors; a tied LM head is tied again if the move untied it.
+
+    (init_parameters swaps tensors to keep the tie, but torch refuses to swap a tensor that a
+    weak reference points to, which fake-tensor conversion leaves on some parameters.)"""
     from meshplan.runtime.pipeline import has_tied_embeddings
 
-    if not has_tied_embeddings(module):
-        with fake:
-            module.to_empty(device="cpu")
-        return
-    previous = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        with fake:
-            module.to_empty(device="cpu")
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(previous)
+    tied = has_tied_embeddings(module)
+    with fake:
+        module.to_empty(device="cpu")
+    if tied and module.output.weight is not module.tok_embeddings.weight:
+        module.output.weight = module.tok_embeddings.weight
 
 
 def _mesh_views(mesh, ep_mesh) -> dict:
