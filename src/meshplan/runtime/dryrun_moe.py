@@ -46,12 +46,24 @@ def _moe_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out.view(B, S, D)
 
 
+def _etp(experts: nn.Module, run, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Wrap ``run`` in the experts' tensor-parallel f/g when the runtime's class has them."""
+    etp_in, etp_out = getattr(experts, "_etp_in", None), getattr(experts, "_etp_out", None)
+    if etp_in is None or etp_out is None:
+        return run(x_sorted, counts)
+    return etp_out(run(etp_in(x_sorted), counts))
+
+
 def _local_experts_forward(self: GroupedExperts, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    return expert_mlp(x_sorted, counts, self.w1, self.w2, self.w3)
+    return _etp(self, lambda x, c: expert_mlp(x, c, self.w1, self.w2, self.w3), x_sorted, counts)
 
 
 def _ep_experts_forward(self: GroupedExperts, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """ExpertParallelExperts.forward with the exchanged counts known: every rank routes alike."""
+    return _etp(self, lambda x, c: _ep_dispatch_and_run(self, x, c), x_sorted, counts)
+
+
+def _ep_dispatch_and_run(self: GroupedExperts, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """ExpertParallelExperts' dispatch with the exchanged counts known: every rank routes alike."""
     ep, E_local = self.ep_size, self.num_experts
     send_counts = torch.tensor(counts, device=x_sorted.device).view(ep, E_local)
     recv_counts = torch.empty_like(send_counts)
