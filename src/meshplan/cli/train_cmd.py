@@ -21,6 +21,8 @@ from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S
 from meshplan.spec.model import parse_overrides
 from meshplan.textfile import check_text_file
 
+DEFAULT_DRY_RUN_RANKS = "first,last"
+"""``--dry-run`` simulates rank 0 (first pipeline stage) and the last rank (last stage) by default."""
 SAMPLE_DATA = "sample"
 """``--data sample`` picks the shipped sample text (src/meshplan/data/sample.txt)."""
 
@@ -49,6 +51,8 @@ def train(
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
     collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.")] = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Simulate ranks at the plan's full world size on torch's fake process group and fake tensors (no GPU, no real memory); print memory and collectives next to the cost model.")] = False,
+    ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = DEFAULT_DRY_RUN_RANKS,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (one process per rank, gloo on CPU, nccl on GPU)."""
@@ -71,6 +75,13 @@ def train(
 
         load_text_tokens(data_path, job.model.vocab_size, job.training.seq_len)
     check_runnable(job, text_data=data_path is not None)
+    if ranks != DEFAULT_DRY_RUN_RANKS and not dry_run:
+        raise MeshplanError("--ranks picks the ranks of a --dry-run; add --dry-run")
+    if dry_run:  # before the machine check: a dry run needs no GPU
+        from meshplan.cli.dryrun_cmd import dry_run as run_dry
+
+        run_dry(job, ranks, json_out)
+        return
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
     if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
         raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
