@@ -55,7 +55,7 @@ def calibration_key(run: Run) -> str:
 def fit_start(stack: str, settings: Mapping[str, Any]) -> Calibration:
     """Where a fit starts: the literature defaults and the stack's mechanisms, not the fitted
     records, so that a refit is reproducible."""
-    return Calibration().replace_fields(**stack_records()[stack].values, **settings)
+    return Calibration().replace_fields(**{**stack_records()[stack].values, **settings})
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_fla
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
+from meshplan.targets import Target
 
 
 @app.command("report")
@@ -26,6 +27,7 @@ def report(
     memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
     cluster_profile: ClusterProfileOpt = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plans: its calibration (overlap, host costs, fitted efficiencies).")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
@@ -46,7 +48,7 @@ def report(
         spec = model_flags.spec()
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
-    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
+    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile, target.value)
     built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib)
     try:
         out.write_text(built.html)

@@ -1,10 +1,11 @@
 """Every efficiency, overlap and overhead factor of the cost model, with its source.
 
 The formulas in :mod:`meshplan.cost` only ever read factors from a :class:`Calibration`; no bare
-tuning numbers appear inside a formula. ``calibration_for(gpu)`` returns the defaults for a GPU
-family: literature/vendor-derived values, replaced for the A100 and V100 families by the values
-that ``meshplan validate --fit`` found on ``runs_calibration.csv``, kept as data with their source
-(``FITTED_FILE``, ``fitted_records``).
+tuning numbers appear inside a formula. A training stack is a named calibration (issue 14, item
+6): ``calibration_for(gpu, stack)`` layers the literature defaults, the stack's mechanisms (what
+it overlaps, its fixed host costs: ``STACK_FIELDS``, each stack's with its source) and the values
+fitted on published runs for the (GPU generation, stack) pair, all kept as data with their
+source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration`` rewrites the fitted part).
 """
 
 from __future__ import annotations
