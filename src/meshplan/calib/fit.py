@@ -117,17 +117,23 @@ def _measured(prep: Prepared) -> tuple[np.ndarray, np.ndarray]:
     return t, m
 
 
-def time_loss(prep: Prepared, calib: Calibration) -> float:
+def _prepared(runs: Prepared | list[Run]) -> Prepared:
+    return runs if isinstance(runs, Prepared) else prepare(list(runs))
+
+
+def time_loss(prep: Prepared | list[Run], calib: Calibration) -> float:
     """Mean absolute log error of the throughput metric (least absolute deviations)."""
+    prep = _prepared(prep)
     pred, _ = predict_all(prep, calib)
     meas, _ = _measured(prep)
     ok = np.isfinite(meas) & (pred > 0)
     return float(np.mean(np.abs(np.log(pred[ok] / meas[ok])))) if ok.any() else 0.0
 
 
-def memory_loss(prep: Prepared, calib: Calibration) -> float:
+def memory_loss(prep: Prepared | list[Run], calib: Calibration) -> float:
     """Mean relative error of peak memory; a row that ran out of memory only says it needed
     more than the GPU has, so it counts as a one-sided (hinge) error when predicted to fit."""
+    prep = _prepared(prep)
     _, pred = predict_all(prep, calib)
     _, meas = _measured(prep)
     errs = [abs(p / m - 1) if np.isfinite(m) else max(0.0, r.cluster.gpu.memory_gib / p - 1)
