@@ -87,3 +87,24 @@ def test_leave_one_generation_out_scores_rows_with_a_fit_that_never_saw_them():
     assert set(held.groups) == {"ampere", "volta"}
     assert held.groups["volta"]["rows"] == 4 and held.groups["ampere"]["rows"] == 12
     assert len(held.errors) == 16 and held.summary()["median_abs_error"] > 0
+
+
+LLAMA70 = ["--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "64", "--tp", "8", "--pp", "4",
+           "--seq-len", "8192", "--global-batch", "1024"]
+
+
+def test_estimate_takes_the_stack_through_target():
+    """Same plan, two stacks: Megatron-Core's fitted Hopper record and overlaps against
+    meshplan's runtime (the default)."""
+    out = {}
+    for target in ("meshplan", "megatron"):
+        r = run("estimate", *LLAMA70, "--target", target, "--json")
+        assert r.returncode == 0, r.stderr
+        out[target] = json.loads(r.stdout)
+        assert out[target]["target"] == target
+    assert "hopper/megatron" in out["megatron"]["calibration_source"] or \
+        "megatron-bridge" in out["megatron"]["calibration_source"]
+    assert out["megatron"]["step_time_s"] != out["meshplan"]["step_time_s"]
+    assert json.loads(run("estimate", *LLAMA70, "--json").stdout)["step_time_s"] == out["meshplan"]["step_time_s"]
+    bad = run("estimate", *LLAMA70, "--target", "nemo")
+    assert bad.returncode == 2

@@ -49,3 +49,19 @@ def test_microbatch_overhead_is_paid_once_per_microbatch(m):
     t0 = estimate(MODEL, CLUSTER, training, plan, base).step_time_s
     t1 = estimate(MODEL, CLUSTER, training, plan, base.replace_fields(microbatch_overhead_s=h)).step_time_s
     assert t1 - t0 == pytest.approx(m * h, rel=1e-6)
+
+
+def test_cross_node_groups_run_at_the_nodes_nic_bandwidth():
+    """A group that leaves the scale-up domain gets NICs x line rate / GPUs per node, times the
+    stack's inter-node efficiency (covhw's cluster fields, used by comms)."""
+    from meshplan.cost import comms
+
+    cluster = system_preset("dgx-h100", num_nodes=4)
+    calib = calibration_for(cluster.gpu, "megatron")
+    link = comms.group_link(cluster, calib, size=4, stride=8)  # one rank per node
+    per_gpu = cluster.nics_per_node * cluster.nic_bandwidth_bytes_per_s / cluster.gpus_per_node
+    assert cluster.nics_per_node > 0
+    assert float(link.bandwidth_bytes_per_s) == pytest.approx(per_gpu * calib.inter_node_comm_efficiency)
+    inside = comms.group_link(cluster, calib, size=8, stride=1)
+    assert float(inside.bandwidth_bytes_per_s) == pytest.approx(
+        cluster.intra_node_bandwidth_bytes_per_s * calib.intra_node_comm_efficiency)

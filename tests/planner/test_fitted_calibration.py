@@ -80,6 +80,15 @@ def test_the_default_stack_is_meshplans_runtime():
     assert calibration_for(spec).tp_overlap == 0.0  # DTensor TP: synchronous collectives
 
 
+def test_only_the_listed_lenders_lend_their_hardware_fields():
+    """The Hopper/Blackwell Megatron fits still absorb unmodelled fp8/MoE costs: not lent."""
+    assert "hopper/megatron" in fitted_records() and "hopper/megatron" not in raw_file()["lenders"]
+    mesh = calibration_for(gpu_preset("h100-sxm"), "meshplan")
+    assert mesh.matmul_efficiency == Calibration().matmul_efficiency
+    assert calibration_for(gpu_preset("a100-80gb"), "meshplan").matmul_efficiency == \
+        raw_file()["records"]["ampere/megatron"]["values"]["matmul_efficiency"]
+
+
 def test_a_generation_without_any_record_gets_defaults_and_the_stacks_mechanisms():
     calib = calibration_for(gpu_preset("mi300x"), "deepspeed")
     expected = Calibration().replace_fields(**raw_file()["stacks"]["deepspeed"]["values"])

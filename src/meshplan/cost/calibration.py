@@ -335,8 +335,8 @@ def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     calib, sources = Calibration(), []
     own = records.get(record_key(gen, stack))
     if own is None:
-        lender = next((records[record_key(gen, s)] for s in _raw()["borrow_order"]
-                       if record_key(gen, s) in records), None)
+        lender = next((records[k] for k in _raw()["lenders"]
+                       if k.split("/")[0] == gen and k in records), None)
         if lender is not None:
             hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
             calib = calib.replace_fields(**hw)
