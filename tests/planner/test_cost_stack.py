@@ -65,3 +65,20 @@ def test_cross_node_groups_run_at_the_nodes_nic_bandwidth():
     inside = comms.group_link(cluster, calib, size=8, stride=1)
     assert float(inside.bandwidth_bytes_per_s) == pytest.approx(
         cluster.intra_node_bandwidth_bytes_per_s * calib.intra_node_comm_efficiency)
+
+
+@pytest.mark.parametrize("stack", ["meshplan", "megatron", "torchtitan", "deepspeed"])
+def test_context_parallel_does_not_replace_tensor_parallel_at_short_sequences(stack):
+    """Issue 15: with TP given no overlap credit and ring CP 80% for every stack, cp2 tp4 was
+    estimated far faster than tp8 for GPT-3 175B at sequence 2048. With each stack's own
+    overlaps, a short sequence gives CP no real advantage (within 5%) under any stack."""
+    model = model_preset("gpt3-175b")
+    cluster = system_preset("dgx-a100", num_nodes=128)
+    training = TrainingSpec(seq_len=2048, global_batch=1536)
+    calib = calibration_for(cluster.gpu, stack)
+
+    def step(**dims):
+        plan = Plan(dims=ParallelDims(dp_replicate=16, pp=8, **dims), micro_batch=1, sp=True)
+        return estimate(model, cluster, training, plan, calib).step_time_s
+
+    assert step(tp=4, cp=2) >= 0.95 * step(tp=8)
