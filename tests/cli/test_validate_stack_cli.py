@@ -108,3 +108,16 @@ def test_estimate_takes_the_stack_through_target():
     assert json.loads(run("estimate", *LLAMA70, "--json").stdout)["step_time_s"] == out["meshplan"]["step_time_s"]
     bad = run("estimate", *LLAMA70, "--target", "nemo")
     assert bad.returncode == 2
+
+
+def test_fit_settings_name_what_the_frameworks_disagree_on():
+    from types import SimpleNamespace
+
+    from meshplan.cli.validate_cmd import fit_settings
+    from meshplan.errors import MeshplanError
+    from meshplan.spec.frameworks import framework_defaults
+
+    old, new = (SimpleNamespace(settings=framework_defaults(n).settings) for n in ("megatron-lm", "megatron-core"))
+    assert fit_settings([old, old], {}) == framework_defaults("megatron-lm").settings
+    with pytest.raises(MeshplanError, match="differ in dropout, fused_attention, pp_p2p_overlap, tp_overlap"):
+        fit_settings([old, new], {})

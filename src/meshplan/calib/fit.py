@@ -175,7 +175,9 @@ def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any],
     calib = _descend(m_prep, calib, mg, memory_loss, rounds) if m_rows else calib
     fitted = [*(tg if t_rows else ()), *(mg if m_rows else ())]
     return FitResult(
-        key=key, values={k: getattr(calib, k) for k in fitted},
+        # only what moved from the start: a field left at its default or its stack's value is
+        # not a fitted constant (and calibration_for gives it that value anyway)
+        key=key, values={k: getattr(calib, k) for k in fitted if getattr(calib, k) != getattr(start, k)},
         throughput_rows=len(t_rows), memory_rows=sum(1 for r in m_rows if r.measured_memory_gib),
         throughput_error_before=median_abs(t_prep, start, 0), throughput_error_after=median_abs(t_prep, calib, 0),
         memory_error_before=median_abs(m_prep, start, 1), memory_error_after=median_abs(m_prep, calib, 1),

@@ -33,8 +33,10 @@ def fit_settings(rows, given: dict) -> dict:
     (their frameworks' defaults); rows of stacks that differ need them given."""
     kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
     if len(kinds) > 1:
-        raise MeshplanError("--fit: the rows' frameworks differ in fused attention or dropout; "
-                            "give --fused-attention/--no-fused-attention and --dropout/--no-dropout")
+        differ = sorted({k for kind in kinds for k, v in kind if any(dict(o).get(k) != v for o in kinds)})
+        raise MeshplanError(f"--fit: the rows' frameworks differ in {', '.join(differ)}; fit one "
+                            "framework's rows at a time (or give --fused-attention/--dropout where "
+                            "only those differ)")
     return dict(kinds.pop()) if kinds else dict(given)
 
 
