@@ -10,6 +10,7 @@ generation: what the model would say about a generation it has never seen.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -19,11 +20,11 @@ from meshplan.calib.fit import (FitResult, calibration_key, fit_all, fit_rows, f
 from meshplan.calib.validate import Run
 from meshplan.cost.calibration import gpu_generation
 
-HOLDOUTS: Mapping[str, Callable[[Run], str]] = {
+HOLDOUTS: Mapping[str, Callable[[Run], str]] = MappingProxyType({
     "family": lambda r: r.family,
     "generation": lambda r: gpu_generation(r.cluster.gpu),
     "source": source_group,
-}
+})
 """The groups a row can be held out by."""
 
 

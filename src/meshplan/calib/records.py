@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshplan.calib.fit import TIME_GRID, FitResult
+from meshplan.calib.fit import MEMORY_GRID, TIME_GRID, FitResult
 from meshplan.cost.calibration import FITTED_FILE
 
 
@@ -30,7 +30,8 @@ def record(res: FitResult, runs_name: str, settings: Mapping[str, Any], today: s
                 f"-> {res.throughput_error_after:.1%}) and the mean absolute error of peak memory over "
                 f"{res.memory_rows} rows; "
                 f"fields fixed by the rows' framework: {fixed or 'none'}; "
-                f"{len(res.values)} fitted of the {len(TIME_GRID)} time fields' grids"),
+                f"{len(res.values)} constants moved from their start (defaults and the stack's "
+                f"mechanisms) over the grids of {len(TIME_GRID)} time and {len(MEMORY_GRID)} memory fields"),
         "values": {k: float(v) for k, v in res.values.items()},
     }
 
