@@ -14,6 +14,7 @@ from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_fla
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
 from meshplan.plan import Job
+from meshplan.targets import Target
 
 PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
                    "global_batch_tokens", "precision", "recipe", "optimizer", "dp", "dp_shard", "tp", "pp", "cp",
@@ -34,6 +35,7 @@ def estimate_cmd(
     plan_flags: PlanFlags,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above (which are then refused; --cluster-profile applies).")] = None,
     cluster_profile: ClusterProfileOpt = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plan: its calibration (overlap, host costs, fitted efficiencies).")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
@@ -51,7 +53,7 @@ def estimate_cmd(
         needs(ctx, "schedule", plan_flags.pp > 1, without="--pp > 1 (it orders the pipeline's micro-batches)")
         needs(ctx, "cp_method", plan_flags.cp > 1, without="--cp > 1 (it is how context-parallel attention is split)")
         plan = build_plan(base.num_gpus, plan_flags)
-    hw = resolve_hardware(base, train.precision, cluster_profile)
+    hw = resolve_hardware(base, train.precision, cluster_profile, target.value)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
     if json_out:
@@ -59,6 +61,8 @@ def estimate_cmd(
         out["flags"] = plan_argv(plan)
         out["model"] = spec.name
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
+        out["target"] = target.value
+        out["calibration_source"] = hw.calib.source
         print_json(out)
         return
     _render(est, spec.name, clus)

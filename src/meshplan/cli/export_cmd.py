@@ -68,7 +68,8 @@ def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None, p
     from meshplan.search.planner import search
     from meshplan.spec.cluster import GIB
 
-    hw = resolve_hardware(job.cluster, job.training.precision, profile)
+    stack = "megatron" if target is ExportTarget.MEGATRON_BRIDGE else target.value  # its calibration
+    hw = resolve_hardware(job.cluster, job.training.precision, profile, stack)
     res = search(job.model, hw.cluster, job.training, calib=hw.calib, options=search_options_for(target),
                  budget_bytes=None if memory_gib is None else memory_gib * GIB)
     budget = res.budget_bytes / GIB

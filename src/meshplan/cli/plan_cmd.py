@@ -95,7 +95,7 @@ def plan_cmd(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
     compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
-    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`).")] = Target.MESHPLAN,
+    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`) and estimates with its calibration.")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
@@ -122,7 +122,7 @@ def plan_cmd(
         sizes = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
     except MeshplanError as exc:
         raise explain_gpu_range(gpus, counts, exc) from None
-    hardware = [resolve_hardware(cl, training.precision, cluster_profile) for cl in sizes]
+    hardware = [resolve_hardware(cl, training.precision, cluster_profile, target.value) for cl in sizes]
     clusters = [hw.cluster for hw in hardware]
     memory_budget_gib(memory_gib, base.gpu)
     if pick is not None and pick < 0:

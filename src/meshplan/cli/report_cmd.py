@@ -13,6 +13,7 @@ from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_fla
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
+from meshplan.targets import Target
 
 
 @app.command("report")
@@ -28,6 +29,7 @@ def report(
     memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
     cluster_profile: ClusterProfileOpt = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plans: its calibration (overlap, host costs, fitted efficiencies).")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
@@ -49,7 +51,7 @@ def report(
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
     memory_budget_gib(memory_gib, spec_cluster.gpu)
-    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
+    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile, target.value)
     built = build_report(spec, hw.cluster, training, yours=yours, pick=pick, budget_gib=memory_gib, calib=hw.calib)
     try:
         out.write_text(built.html)

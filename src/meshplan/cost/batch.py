@@ -200,6 +200,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
     compute = compute + np.where(has_head, (1.0 + mtp) * terms.head_compute_s, 0.0)
     compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
+    compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
     p2p = terms.p2p_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
     comm_tot = comm_tot + p2p

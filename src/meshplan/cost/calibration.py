@@ -1,10 +1,11 @@
 """Every efficiency, overlap and overhead factor of the cost model, with its source.
 
 The formulas in :mod:`meshplan.cost` only ever read factors from a :class:`Calibration`; no bare
-tuning numbers appear inside a formula. ``calibration_for(gpu)`` returns the defaults for a GPU
-family: literature/vendor-derived values, replaced for the A100 and V100 families by the values
-that ``meshplan validate --fit`` found on ``runs_calibration.csv``, kept as data with their source
-(``FITTED_FILE``, ``fitted_records``).
+tuning numbers appear inside a formula. A training stack is a named calibration (issue 14, item
+6): ``calibration_for(gpu, stack)`` layers the literature defaults, the stack's mechanisms (what
+it overlaps, its fixed host costs: ``STACK_FIELDS``, each stack's with its source) and the values
+fitted on published runs for the (GPU generation, stack) pair, all kept as data with their
+source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration`` rewrites the fitted part).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class Calibration:
     small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
     latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
     micro-batches, which is why measured throughput grows with the micro-batch size."""
+    microbatch_overhead_s: float = 0.0
+    """Fixed time per micro-batch (forward + backward) on every pipeline rank, independent of
+    the layers it holds: the host work of the schedule (the loss and its scaling, posting the
+    pipeline sends/receives, the data iterator, hooks of the distributed optimizer) that a small
+    model cannot hide behind device work (PyTorch CUDA semantics, 'Asynchronous execution').
+    A stack field (STACK_FIELDS), fitted per (generation, stack)."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -316,32 +323,74 @@ class Calibration:
 
 
 FITTED_FILE = "presets/calibration_fitted.json"
-"""Fitted values per GPU family, as data with their source (under the meshplan.spec package)."""
+"""The calibration per (GPU generation, stack) as data with its sources (under meshplan.spec)."""
+
+DEFAULT_STACK = "meshplan"
+"""The stack an estimate is for when none is named: meshplan's own runtime (`meshplan train`)."""
+
+STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
+                "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s")
+"""Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
+hardware: never borrowed from another stack's record."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FittedRecord:
-    """One GPU family's fitted Calibration fields and where they come from."""
+    """The fitted Calibration fields of one (generation, stack) and where they come from."""
 
-    family: str
+    key: str
+    """'generation/stack', e.g. 'hopper/megatron'."""
     source: str
     how: str
     values: Mapping[str, Any]
 
 
+@dataclass(frozen=True, kw_only=True)
+class StackRecord:
+    """How one training stack runs a plan: its overlap and host-cost fields, with the source."""
+
+    stack: str
+    source: str
+    values: Mapping[str, Any]
+
+
+def record_key(generation: str, stack: str) -> str:
+    return f"{generation}/{stack}"
+
+
+@lru_cache(maxsize=1)
+def _raw() -> Mapping[str, Any]:
+    return MappingProxyType(json.loads(resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()))
+
+
 @lru_cache(maxsize=1)
 def fitted_records() -> Mapping[str, FittedRecord]:
-    """The fitted records by GPU family (``FITTED_FILE``), each checked against Calibration."""
-    text = resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()
+    """The fitted records by 'generation/stack' (``FITTED_FILE``), each checked against Calibration."""
     out = {}
-    for family, rec in json.loads(text).items():
-        if family.startswith("_"):
-            continue
-        record = FittedRecord(family=family, source=rec["source"], how=rec["how"],
+    for key, rec in _raw()["records"].items():
+        record = FittedRecord(key=key, source=rec["source"], how=rec["how"],
                               values=MappingProxyType(dict(rec["values"])))
         Calibration().replace_fields(**record.values)  # an unknown field or a bad value fails here
-        out[family] = record
+        out[key] = record
     return MappingProxyType(out)
+
+
+@lru_cache(maxsize=1)
+def stack_records() -> Mapping[str, StackRecord]:
+    """Each stack's mechanisms (``FITTED_FILE`` 'stacks'), checked against Calibration."""
+    out = {}
+    for stack, rec in _raw()["stacks"].items():
+        bad = set(rec["values"]) - set(STACK_FIELDS)
+        if bad:
+            raise MeshplanError(f"{FITTED_FILE}: stack {stack}: not stack fields: {', '.join(sorted(bad))}")
+        record = StackRecord(stack=stack, source=rec["source"], values=MappingProxyType(dict(rec["values"])))
+        Calibration().replace_fields(**record.values)
+        out[stack] = record
+    return MappingProxyType(out)
+
+
+def stack_names() -> tuple[str, ...]:
+    return tuple(stack_records())
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -349,9 +398,36 @@ def gpu_family(gpu: GPUSpec) -> str:
     return gpu.name.split("-")[0].lower()
 
 
-def calibration_for(gpu: GPUSpec) -> Calibration:
-    """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
-    record = fitted_records().get(gpu_family(gpu))
-    if record is None:
-        return Calibration()
-    return Calibration().replace_fields(source=record.source, **record.values)
+def gpu_generation(gpu: GPUSpec) -> str:
+    """'volta', 'ampere', 'hopper', 'blackwell', 'cpu', ...: the family's generation (data);
+    a family the file does not list is its own generation."""
+    family = gpu_family(gpu)
+    return _raw()["generations"].get(family, family)
+
+
+def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
+    """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
+    defaults, then the hardware fields of a record borrowed from another stack of the same
+    generation when this pair has none, then the stack's mechanisms, then the pair's own record."""
+    stack = (stack or DEFAULT_STACK).lower()
+    stacks = stack_records()
+    if stack not in stacks:
+        raise MeshplanError(f"unknown stack {stack!r}; known: {', '.join(stacks)}")
+    gen = gpu_generation(gpu)
+    records = fitted_records()
+    calib, sources = Calibration(), []
+    own = records.get(record_key(gen, stack))
+    if own is None:
+        lender = next((records[k] for k in _raw()["lenders"]
+                       if k.split("/")[0] == gen and k in records), None)
+        if lender is not None:
+            hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
+            calib = calib.replace_fields(**hw)
+            sources.append(f"{lender.source} (hardware fields of {lender.key})")
+    calib = calib.replace_fields(**stacks[stack].values)
+    sources.append(f"{stack} stack mechanisms")
+    if own is not None:
+        calib = calib.replace_fields(**own.values)
+        sources.insert(0, own.source)
+    return calib.replace_fields(source="; ".join(sources) if own or len(sources) > 1 else
+                                f"defaults; {stack} stack mechanisms")
