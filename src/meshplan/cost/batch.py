@@ -30,10 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost import comms
+from meshplan.cost.offload import host_budget_bytes, rank_offload
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
@@ -60,14 +62,22 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
+    offload_exposed_s: np.ndarray | float = 0.0
+    """Per micro-batch: host-device copies of offloaded parameters and activations left exposed
+    (:mod:`meshplan.cost.offload`)."""
+    offload_total_s: np.ndarray | float = 0.0
+    offload_step_s: np.ndarray | float = 0.0
+    """Per step: the offloaded optimizer's gradient download, host (CPU Adam) step and upload."""
+    host_bytes: np.ndarray | float = 0.0
+    """Host memory this GPU's offloaded tensors take (not part of ``memory_bytes``)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.comm_exposed_s
+        return self.compute_s + self.recompute_s + self.comm_exposed_s + self.offload_exposed_s
 
     @property
     def step_extra_s(self) -> np.ndarray:
-        return self.dp_exposed_s + self.optimizer_s
+        return self.dp_exposed_s + self.optimizer_s + self.offload_step_s
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -245,6 +255,17 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
                                                    + calib.loss_transient_bytes_per_element), 0.0)
 
+    # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
+    off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
+                       microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
+                       layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
+                       layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
+                       backward_s=mb_bwd)
+    offloaded = plans.offload > 0
+    weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
+    optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
+    optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
+
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
     # the shard already held (Zhao et al. 2023 Sec. 3.2).
@@ -258,6 +279,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
         activations_bytes=acts, other_bytes=other,
+        offload_exposed_s=np.where(offloaded, off.microbatch_exposed_s, 0.0),
+        offload_total_s=off.microbatch_total_s, offload_step_s=off.step_exposed_s, host_bytes=off.host_bytes,
     )
 
 
@@ -272,6 +295,9 @@ class BatchEstimate:
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
     fits: np.ndarray
+    """GPU memory fits, and the offloaded tensors fit in the GPU's share of host memory."""
+    host_memory_bytes: np.ndarray | float = 0.0
+    """Host memory of the GPU whose offloaded tensors take the most."""
 
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -303,6 +329,8 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
+    host = np.max([r.host_bytes * np.ones_like(peak) for r in ranks], axis=0)
+    host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=peak <= cluster.gpu.memory_bytes)
+                         fits=(peak <= cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)
