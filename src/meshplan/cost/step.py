@@ -78,7 +78,6 @@ class MemoryBreakdown:
             "optimizer": self.optimizer_bytes / GIB,
             "activations": self.activations_bytes / GIB,
             "other": self.other_bytes / GIB,
-            "host": self.host_bytes / GIB,
         }
 
 

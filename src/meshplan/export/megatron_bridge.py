@@ -68,7 +68,6 @@ ABSENT = {
     "--use-distributed-optimizer": "false",
     "--num-distributed-optimizer-instances": "1",
     "--use-torch-fsdp2": "false",
-    "--optimizer-cpu-offload": "false",
 }
 VPP_FLAG, VPP_FIELD = "--num-layers-per-virtual-pipeline-stage", "model.virtual_pipeline_model_parallel_size"
 DATASET_SEQ_FIELD = "dataset.sequence_length"
