@@ -159,3 +159,13 @@ def test_exporters_map_or_refuse_offload():
     with pytest.raises(MeshplanError, match="together"):
         export_job(_job(O), "torchtitan")
     assert replace(_job(O).plan, offload=()).offload == ()
+
+
+def test_megatron_export_imports_back_with_offload():
+    from meshplan.export.import_megatron import import_megatron
+
+    job = _job(O)
+    back = import_megatron(export_job(job, "megatron").text, num_gpus=8)
+    assert back.plan.offload == (O,) and back.plan.zero in (1, 2)
+    with pytest.raises(MeshplanError, match="fraction"):
+        import_megatron(export_job(job, "megatron").text.replace("fraction 1.0", "fraction 0.5"), num_gpus=8)
