@@ -1,6 +1,8 @@
 """`export --best`: the search is restricted to what the target can run, so the fastest fitting
 plan of that restricted space is exported (not a far-down point of the unrestricted frontier)."""
 
+from dataclasses import replace
+
 from meshplan.export.common import ExportTarget, best_expressible, export_job, search_options_for
 from meshplan.plan import Job, Schedule
 from meshplan.search.planner import search
