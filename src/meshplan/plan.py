@@ -234,6 +234,10 @@ class Plan:
     (or none when ``recompute`` is NONE)."""
     offload: tuple[Offload, ...] = ()
     """What is kept in host memory (:class:`Offload`); empty: nothing. Kept in the enum's order."""
+    vocab_parallel: bool = False
+    """Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024): the embedding and the
+    LM head with its loss split over all ``pp`` ranks instead of sitting on the first and last;
+    needs ``pp > 1``."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod)):
@@ -265,6 +269,8 @@ class Plan:
             )
         if self.sp and d.tp == 1:
             raise MeshplanError("sequence parallel (sp) needs tp > 1")
+        if self.vocab_parallel and d.pp == 1:
+            raise MeshplanError("vocab_parallel splits the vocabulary over pipeline ranks: it needs pp > 1")
         _check_positive("vpp", self.vpp)
         _check_positive("micro_batch", self.micro_batch)
         if self.vpp > 1 and not self.schedule.supports_virtual_stages:
@@ -403,7 +409,8 @@ class Plan:
 
         ``dpN`` total data parallel (``--dp N``); ``zeroZxM`` / ``fsdpM`` ZeRO stage Z (3 = FSDP)
         sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
-        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)``; ``cpC`` + ``a2a`` for
+        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
+        parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
         not all; ``offload=optimizer+params+activations`` what lives in host memory.
@@ -419,7 +426,7 @@ class Plan:
         pp = f"pp{d.pp}"
         if d.pp > 1 or self.schedule != Schedule.ONE_F_ONE_B:
             pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
-        parts.append(pp)
+        parts.append(pp + ("vocab" if self.vocab_parallel else ""))
         parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
@@ -476,6 +483,7 @@ class Plan:
                 recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
                 recompute_layers=tuple(int(x) for x in data.pop("recompute_layers", ())),
                 offload=tuple(data.pop("offload", ())),
+                vocab_parallel=bool(data.pop("vocab_parallel", False)),
                 **_no_extra("plan", data),
             )
         except (TypeError, ValueError) as exc:

@@ -130,6 +130,9 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
+    Rule(lambda c, model, tr: np.asarray(c.vocab_parallel, dtype=bool),
+         lambda p, model, tr: ("vocabulary parallelism over pipeline ranks is planner-only: this runtime keeps "
+                               "the embedding on the first stage and the LM head on the last; plan without it")),
     # FSDP2's only offload policy moves parameters, gradients and the optimizer step together
     Rule(lambda c, model, tr: (np.asarray(c.offload) & (OFFLOAD_OPTIMIZER_BIT | OFFLOAD_PARAMS_BIT))
          == OFFLOAD_OPTIMIZER_BIT,

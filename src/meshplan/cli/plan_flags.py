@@ -38,6 +38,7 @@ class PlanFlags:
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
+    vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
     offload: Annotated[Optional[str], typer.Option("--offload", help="Keep in host memory: optimizer, params (needs optimizer and --zero 3), activations; '+'-separated, e.g. optimizer+activations.")] = None
 
     @property
@@ -55,6 +56,9 @@ class PlanFlags:
                 continue
             if f.name == "sp":
                 out.append("--sp" if value else "--no-sp")
+                continue
+            if f.name == "vocab_parallel":
+                out.append("--vocab-parallel")
                 continue
             out += [f"--{f.name.replace('_', '-')}", str(value.value if isinstance(value, enum.Enum) else value)]
         return out
@@ -86,7 +90,7 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
         stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
-        offload=_parse_offload(f.offload),
+        offload=_parse_offload(f.offload), vocab_parallel=f.vocab_parallel,
     )
 
 
@@ -115,7 +119,7 @@ def flags_for(plan: Plan) -> PlanFlags:
         stage_layers=format_counts(plan.stage_layers) if plan.uneven_split else None,
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
-        offload="+".join(o.value for o in plan.offload) or None,
+        offload="+".join(o.value for o in plan.offload) or None, vocab_parallel=plan.vocab_parallel,
     )
 
 

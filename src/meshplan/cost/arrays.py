@@ -45,16 +45,20 @@ class PlanArrays:
     """Expert tensor parallel degree, resolved (``ParallelDims.expert_tp``); None: tp."""
     offload: np.ndarray | None = None
     """What lives in host memory, as the bit mask of ``meshplan.plan.offload_code``; None: nothing."""
+    vocab_parallel: np.ndarray | None = None
+    """Vocabulary parallelism over the pipeline ranks (bool); None: off."""
 
     def __post_init__(self) -> None:
         if self.etp is None:
             object.__setattr__(self, "etp", np.asarray(self.tp))
         if self.offload is None:
             object.__setattr__(self, "offload", np.zeros_like(np.asarray(self.tp)))
+        if self.vocab_parallel is None:
+            object.__setattr__(self, "vocab_parallel", np.zeros(np.shape(self.tp), dtype=bool))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
-            a = a.astype(bool) if f.name == "sp" else a.astype(np.int64)
+            a = a.astype(bool) if f.name in ("sp", "vocab_parallel") else a.astype(np.int64)
             a = np.atleast_1d(a)
             object.__setattr__(self, f.name, a)
             if n is None:
@@ -94,6 +98,7 @@ class PlanArrays:
             cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
             etp=col(lambda p: p.dims.expert_tp),
             offload=col(lambda p: offload_code(p.offload)),
+            vocab_parallel=col(lambda p: p.vocab_parallel),
         )
 
     def plan(self, i: int, stage_layers: tuple[int, ...] = (),
@@ -116,6 +121,7 @@ class PlanArrays:
             stage_layers=tuple(stage_layers),
             recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
             offload=offload_choices(int(self.offload[i])),
+            vocab_parallel=bool(self.vocab_parallel[i]),
         )
 
     def take(self, index) -> "PlanArrays":

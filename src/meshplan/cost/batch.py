@@ -31,6 +31,7 @@ import numpy as np
 
 from meshplan.cost import comms
 from meshplan.cost.offload import host_budget_bytes, rank_offload
+from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
@@ -120,6 +121,8 @@ class PlanTerms:
     expert_shards: tuple[np.ndarray, ...]
     """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
     least 1; n1 / ep when etp = tp)."""
+    vocab_sync_s: np.ndarray | float = 0.0
+    """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -155,7 +158,8 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
     m = num_microbatches(training, plans)
-    return PlanTerms(
+    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
+    return PlanTerms(vocab_sync_s=vocab_sync,
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
         hbm=hbm, t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
@@ -188,15 +192,19 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
-    compute = compute + np.where(has_head, (1.0 + mtp) * terms.head_compute_s, 0.0)
-    compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
-    p2p = terms.p2p_s
+    # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
+    # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
+    embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
+    compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
+    compute = compute + embed_share * terms.embed_compute_s
+    p2p = terms.p2p_s + terms.vocab_sync_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
     comm_tot = comm_tot + p2p
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
-    dense_p = (layers * layer.dense_params_per_gpu + np.where(has_embedding, terms.embed_p, 0.0)
-               + np.where(has_head, terms.head_p, 0.0))
+    # a tied head needs no copy of the embedding when both rows sit on the same rank
+    head_p = np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+    dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
     n1 = terms.n1
@@ -252,8 +260,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
-                                                   + calib.loss_transient_bytes_per_element), 0.0)
+    acts = acts + head_share * T * Vt * (calib.logits_bytes_per_element + calib.loss_transient_bytes_per_element)
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
     off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,

@@ -50,8 +50,9 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
         # (the exporter's own rules).
         return SearchOptions(schedules=(Schedule.ONE_F_ONE_B,), max_vpp=1, max_cp=1,
                              recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs,
-                             offloads=offloads[ExportTarget.DEEPSPEED])
-    return SearchOptions(offloads=offloads[ExportTarget(target)])
+                             offloads=offloads[ExportTarget.DEEPSPEED], vocab_parallel=False)
+    # no stack runs vocabulary parallelism over pipeline ranks (Yeung et al. 2024 is a Megatron fork)
+    return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False)
 
 
 def _deepspeed_runs(space) -> "object":

@@ -46,6 +46,8 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
             f"DeepSpeed ZeRO shards over every data-parallel rank; hybrid sharding "
             f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) was MiCS, which DeepSpeed 0.19 removed"
         )
+    if plan.vocab_parallel:
+        raise MeshplanError("DeepSpeed has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     zero.update(_offload_config(plan, zero["stage"]))
     cfg["zero_optimization"] = zero
     if d.tp > 1:

@@ -211,6 +211,9 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
+    if plan.vocab_parallel:
+        raise MeshplanError("Megatron-LM has no vocabulary parallelism over pipeline ranks (Yeung et al. "
+                            "2024 is a fork of it); plan without --vocab-parallel")
     args += _offload_args(plan)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)

@@ -57,6 +57,8 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         # no pipeline: one micro-batch per forward, gradient accumulation over the rest
         training["local_batch_size"] = plan.micro_batch
     training["mixed_precision_param"] = "float32" if t.precision == Precision.FP32 else "bfloat16"
+    if plan.vocab_parallel:
+        raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     if plan.offload:
         # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
         if set(plan.offload) != {Offload.OPTIMIZER, Offload.PARAMS} or d.dp_shard == 1:

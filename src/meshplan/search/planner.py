@@ -31,6 +31,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.cost.offload import host_budget_bytes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.search.vocab import vocab_rows, vocab_variants
 from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
@@ -165,6 +166,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                          stage_points=stage_points, tick=tick)
         evaluated += scored_splits
 
+    vocab_space = None
+    if options.vocab_parallel:
+        vocab_space, vocab_front, scored_vocab = _vocab_pass(ctx, space, layer, even, even_front, options,
+                                                             refine_slack)
+        fronts.append(vocab_front)
+        evaluated += scored_vocab
     off_space = None
     if searches_offload(cluster, options):
         off_space, off_front, scored_off = _offload_pass(ctx, space, layer, even, merge_fronts(*fronts),
@@ -177,7 +184,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     peak = cluster.gpu.peak_flops(training.precision)
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
-        if k >= OFFLOAD_KEY_BASE:
+        if k >= VOCAB_KEY_BASE:
+            plan = vocab_space.plan(k - VOCAB_KEY_BASE).with_defaults(model)
+        elif k >= OFFLOAD_KEY_BASE:
             plan = off_space.plan(k - OFFLOAD_KEY_BASE).with_defaults(model)
         elif k < 0:
             plan = space.plan(-1 - k).with_defaults(model)
@@ -233,6 +242,25 @@ def _offload_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, e
     t = np.concatenate([floor.step_time_s[ok_m], est.step_time_s[ok_v]])
     m = np.concatenate([floor.peak_memory_bytes[ok_m], est.peak_memory_bytes[ok_v]])
     return both, Front.of(t, m, OFFLOAD_KEY_BASE + np.arange(t.size)), len(most) + len(variants)
+
+
+VOCAB_KEY_BASE = 1 << 41
+"""Frontier keys at or above this index the vocabulary-parallel variants."""
+
+
+def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost,
+                even_front: Front, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
+    """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
+                              even.step_time_s * shrink, even.peak_memory_bytes * shrink)
+    rows = vocab_rows(candidate, space.pp)
+    variants, src = _allowed(vocab_variants(space, rows), rows, options)
+    if len(variants) == 0:
+        return variants, Front.empty(), 0
+    est = _even_estimate(ctx, variants, _SharedRows(layer, src))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
+                              VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
 
 
 def _allowed(variants: PlanArrays, src: np.ndarray, options: SearchOptions) -> tuple[PlanArrays, np.ndarray]:

@@ -79,6 +79,8 @@ class SearchOptions:
     offloads: tuple[tuple[Offload, ...], ...] = OFFLOAD_CHOICES
     """Offload choices tried on the configurations memory holds back (``meshplan.search.offload``);
     empty: no offload. Tried only on clusters that describe their host side."""
+    vocab_parallel: bool = True
+    """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -216,6 +218,7 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _keep(c, _rule_micro_batch(c, training))
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
     c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
+    c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
     space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
