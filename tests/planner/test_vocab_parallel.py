@@ -93,3 +93,14 @@ def test_runtime_and_exporters_refuse_it():
     for target in ("megatron", "megatron-bridge", "deepspeed", "torchtitan"):
         with pytest.raises(MeshplanError, match="vocabulary parallelism"):
             export_job(job, target)
+
+
+def test_the_choice_only_adds_points():
+    """Searched on top of the rest, vocabulary parallelism never loses a point of the frontier
+    without it: every such point is matched or beaten."""
+    cluster = system_preset("dgx-h100", num_nodes=2)
+    base = search(L8, cluster, TRAIN, options=SearchOptions(vocab_parallel=False, offloads=()))
+    more = search(L8, cluster, TRAIN, options=SearchOptions(offloads=()))
+    for pt in base.frontier:
+        assert any(q.step_time_s <= pt.step_time_s * (1 + 1e-12) and q.peak_memory_bytes <= pt.peak_memory_bytes * (1 + 1e-12)
+                   for q in more.frontier)
