@@ -16,4 +16,7 @@ def time_breakdown_table(est, title: str) -> Table:
                     ("exposed communication", tb.exposed_communication_s), ("pipeline bubble", tb.bubble_s),
                     ("optimizer", tb.optimizer_s)):
         t.add_row(name, f"{v:.3f}", f"{v / est.step_time_s:.1%}")
+    if est.plan.offload:
+        v = tb.offload_s
+        t.add_row("offload (host copies, CPU Adam)", f"{v:.3f}", f"{v / est.step_time_s:.1%}")
     return t

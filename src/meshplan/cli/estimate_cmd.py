@@ -74,6 +74,8 @@ def _render(est, model_name: str, clus) -> None:
     s.add_column("metric")
     s.add_column("value", justify="right")
     fit = "yes" if est.fits else f"[red]NO, short by {est.memory_shortfall_gib:.1f} GiB[/red]"
+    if not est.fits and est.memory_shortfall_gib == 0:
+        fit = "[red]NO, the offloaded tensors overflow host memory[/red]"
     for k, v in (("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
                  ("tokens/s per GPU", f"{est.tokens_per_s_per_gpu:,.0f}"),
                  ("model TFLOP/s per GPU", f"{est.tflops_per_gpu:.1f}"), ("MFU", f"{est.mfu:.1%}"),
@@ -81,6 +83,10 @@ def _render(est, model_name: str, clus) -> None:
                  ("peak memory allocated", f"{est.peak_allocated_gib:.1f} GiB"),
                  ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
+    if est.plan.offload:
+        over = est.host_memory_gib > est.host_memory_budget_gib
+        s.add_row("host memory (offload)", f"{'[red]' if over else ''}{est.host_memory_gib:.1f} / "
+                  f"{est.host_memory_budget_gib:.1f} GiB{' over' if over else ''}{'[/red]' if over else ''}")
     con.print(s)
     con.print(time_breakdown_table(est, "Step time breakdown (critical path)"))
     m = Table(title="Memory of the most loaded GPU (GiB)")

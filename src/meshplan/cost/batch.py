@@ -30,16 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost import comms
+from meshplan.cost.offload import host_budget_bytes, rank_offload
+from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
-from meshplan.cost.layer import (
-    LayerCost,
-    activation_bytes,
-    gemm_time,
-    layer_cost,
-    optimizer_state_bytes_per_param,
-)
+from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
 from meshplan.cost.precision import (
     compute_dtype_peak_flops,
@@ -74,14 +71,22 @@ class RankCost:
     reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays, not six)."""
     reserve_bytes: np.ndarray
     """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
+    offload_exposed_s: np.ndarray | float = 0.0
+    """Per micro-batch: host-device copies of offloaded parameters and activations left exposed
+    (:mod:`meshplan.cost.offload`)."""
+    offload_total_s: np.ndarray | float = 0.0
+    offload_step_s: np.ndarray | float = 0.0
+    """Per step: the offloaded optimizer's gradient download, host (CPU Adam) step and upload."""
+    host_bytes: np.ndarray | float = 0.0
+    """Host memory this GPU's offloaded tensors take (not part of ``memory_bytes``)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.comm_exposed_s
+        return self.compute_s + self.recompute_s + self.comm_exposed_s + self.offload_exposed_s
 
     @property
     def step_extra_s(self) -> np.ndarray:
-        return self.dp_exposed_s + self.optimizer_s
+        return self.dp_exposed_s + self.optimizer_s + self.offload_step_s
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -130,6 +135,8 @@ class PlanTerms:
     expert_shards: tuple[np.ndarray, ...]
     """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
     least 1; n1 / ep when etp = tp)."""
+    vocab_sync_s: np.ndarray | float = 0.0
+    """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -165,7 +172,8 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
     m = num_microbatches(training, plans)
-    return PlanTerms(
+    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
+    return PlanTerms(vocab_sync_s=vocab_sync,
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
         hbm=hbm, t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
@@ -198,16 +206,20 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
-    compute = compute + np.where(has_head, (1.0 + mtp) * terms.head_compute_s, 0.0)
-    compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
+    # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
+    # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
+    embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
+    compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
+    compute = compute + embed_share * terms.embed_compute_s
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
-    p2p = terms.p2p_s
+    p2p = terms.p2p_s + terms.vocab_sync_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
     comm_tot = comm_tot + p2p
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
-    dense_p = (layers * layer.dense_params_per_gpu + np.where(has_embedding, terms.embed_p, 0.0)
-               + np.where(has_head, terms.head_p, 0.0))
+    # a tied head needs no copy of the embedding when both rows sit on the same rank
+    head_p = np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+    dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
     n1 = terms.n1
@@ -267,8 +279,18 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
-                                                   + calib.loss_transient_bytes_per_element), 0.0)
+    acts = acts + head_share * T * Vt * (calib.logits_bytes_per_element + calib.loss_transient_bytes_per_element)
+
+    # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
+    off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
+                       microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
+                       layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
+                       layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
+                       backward_s=mb_bwd)
+    offloaded = plans.offload > 0
+    weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
+    optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
+    optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
@@ -287,6 +309,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
         activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
+        offload_exposed_s=np.where(offloaded, off.microbatch_exposed_s, 0.0),
+        offload_total_s=off.microbatch_total_s, offload_step_s=off.step_exposed_s, host_bytes=off.host_bytes,
     )
 
 
@@ -305,6 +329,9 @@ class BatchEstimate:
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
     fits: np.ndarray
+    """GPU memory fits, and the offloaded tensors fit in the GPU's share of host memory."""
+    host_memory_bytes: np.ndarray | float = 0.0
+    """Host memory of the GPU whose offloaded tensors take the most."""
 
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -338,7 +365,9 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
+    host = np.max([r.host_bytes * np.ones_like(peak) for r in ranks], axis=0)
+    host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
                          peak_allocated_bytes=peak_allocated,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=peak <= cluster.gpu.memory_bytes)
+                         fits=(peak <= cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)

@@ -16,6 +16,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
+from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
 from meshplan.plan import Plan
 from meshplan.spec.cluster import GIB, ClusterSpec
@@ -41,10 +42,16 @@ class TimeBreakdown:
     dp_comm_total_s: float
     """Data-parallel communication per step, hidden or not."""
     num_microbatches: int
+    offload_s: float = 0.0
+    """Host-device copies of offloaded tensors left exposed, and the host's optimizer step
+    (CPU Adam) with its gradient download and weight upload (:mod:`meshplan.cost.offload`)."""
+    offload_total_s: float = 0.0
+    """All host-device copies per step, hidden or not, plus the host's optimizer step."""
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.exposed_communication_s + self.bubble_s + self.optimizer_s
+        return (self.compute_s + self.exposed_communication_s + self.bubble_s + self.optimizer_s
+                + self.offload_s)
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class MemoryBreakdown:
     def allocated_bytes(self) -> float:
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
                 + self.activations_bytes + self.other_bytes)
+    host_bytes: float = 0.0
+    """Offloaded tensors in host memory (not part of ``total_bytes``, the GPU's)."""
 
     @property
     def total_bytes(self) -> float:
@@ -111,6 +120,10 @@ class Estimate:
     stages: tuple[StageCost, ...]
     peak_allocated_gib: float = 0.0
     """Peak allocated (torch.cuda.max_memory_allocated + CUDA context / NCCL): no reserve."""
+    host_memory_gib: float = 0.0
+    """Host memory of the GPU whose offloaded tensors take the most."""
+    host_memory_budget_gib: float = 0.0
+    """That GPU's share of the node's usable host memory (0: no offload)."""
 
     def to_dict(self) -> dict[str, Any]:
         t = self.time
@@ -136,7 +149,11 @@ class Estimate:
                 "recompute": t.recompute_s,
                 "microbatch_comm_total": t.microbatch_comm_total_s,
                 "dp_comm_total": t.dp_comm_total_s,
+                "offload": t.offload_s,
+                "offload_total": t.offload_total_s,
             },
+            "host_memory_gib": self.host_memory_gib,
+            "host_memory_budget_gib": self.host_memory_budget_gib,
             "num_microbatches": t.num_microbatches,
             "stages": [
                 {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
@@ -157,6 +174,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     """Cost of ``plan``; the plan must be valid for the model, batch and GPU count."""
     plan.validate_for(model, training, cluster.num_gpus)
     plan = plan.with_defaults(model)
+    if plan.offload:
+        check_offload_hardware(cluster)
     calib = calib or calibration_for(cluster.gpu)
     arrays = PlanArrays.from_plans([plan])
     layer = layer_cost(model, cluster, training, arrays, calib)
@@ -184,7 +203,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         exposed_communication_s=m * _f(rs.comm_exposed_s) + _f(rt.dp_exposed_s),
         bubble_s=_f(batch.bubble_s), optimizer_s=_f(rt.optimizer_s),
         recompute_s=m * _f(rs.recompute_s), microbatch_comm_total_s=m * _f(rs.comm_total_s),
-        dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m)
+        dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m,
+        offload_s=m * _f(rs.offload_exposed_s) + _f(rt.offload_step_s),
+        offload_total_s=m * _f(rs.offload_total_s) + _f(rt.offload_step_s))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
@@ -194,11 +215,14 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
         fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
-        peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB)
+        peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
+        host_memory_gib=_f(batch.host_memory_bytes) / GIB,
+        host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0)
 
 
 def _memory(rc: RankCost) -> MemoryBreakdown:
     return MemoryBreakdown(
         parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
-        other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes))
+        other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes),
+        host_bytes=_f(rc.host_bytes * np.ones(1)))

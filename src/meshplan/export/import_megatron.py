@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
+from meshplan.plan import CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -59,8 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm"):
+                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
+                 "--optimizer-cpu-offload"):
         add(name, action="store_true")
+    add("--optimizer-offload-fraction", type=float, default=None)
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
     add("--cp-comm-type", nargs="+", default=None)
@@ -364,7 +366,20 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         micro_batch=_positive("--micro-batch-size", a.micro_batch_size, 1),
         recompute=recompute,
         recompute_layers=rec_layers,
+        offload=_offload(a),
     )
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+
+
+def _offload(a) -> tuple[Offload, ...]:
+    """``--optimizer-cpu-offload`` (HybridDeviceOptimizer): the whole optimizer on the host; a
+    fraction below 1 keeps part of it on the GPU, which meshplan does not model."""
+    fraction = a.optimizer_offload_fraction
+    if not a.optimizer_cpu_offload:
+        return ()
+    if fraction is not None and fraction != 1.0:
+        raise MeshplanError(f"--optimizer-offload-fraction {fraction}: meshplan models the whole optimizer "
+                            "on the host (fraction 1.0) only")
+    return (Offload.OPTIMIZER,)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Job, Plan
+from meshplan.plan import Job, Offload, Plan
 from meshplan.runtime.checkpoint import (
     TrainState, kill_for_test, load_checkpoint, pause_for_test, save_checkpoint, should_save,
 )
@@ -311,6 +311,15 @@ def _stop(run: _Run, step: int, saved: Path | None, stops: StopRequests | None) 
     raise RunStopped(msg)
 
 
+def activation_offload(plan, device: torch.device) -> contextlib.AbstractContextManager:
+    """Tensors saved for backward go to host memory in the forward and come back in the backward
+    (``Offload.ACTIVATIONS``; torch.autograd.graph.save_on_cpu, pinned on a GPU so the copies can
+    be asynchronous). On a CPU run they are already on the host: the hooks run, nothing moves."""
+    if Offload.ACTIVATIONS not in plan.offload:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
+
 def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, device, autocast, amp_dtype):
     """Forward/backward over this rank's micro-batches; returns the rank's mean loss (detached)."""
     d = plan.dims
@@ -322,7 +331,7 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
         set_gradient_sync(model, last or plan.zero >= 2)
         with loss_context(plan):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
                 logits = model(x.to(device))
             loss = token_loss_sum(logits, y.to(device)) / local_tokens
             loss.backward()

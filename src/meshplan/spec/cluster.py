@@ -123,6 +123,14 @@ class ClusterSpec:
     or a locked clock (``nvidia-smi -pl`` / ``-lgc``) below 1. Peak FLOP/s = SMs x FLOP/clock x
     clock, so every compute peak scales by this factor; HBM and link bandwidths do not (they
     run on their own clocks). MFU stays on the datasheet peak."""
+    host_device_bandwidth_bytes_per_s: float = 0.0
+    """Host <-> GPU link per GPU, one direction (PCIe Gen5 x16 ~55e9 measured of 64e9; Grace
+    NVLink-C2C 450e9 per Grace). 0: unknown, offload cannot be estimated."""
+    host_memory_gib_per_node: float = 0.0
+    """Host DRAM per node (per NVL72 tray), for offloaded tensors; 0: unknown."""
+    host_memory_bandwidth_bytes_per_s: float = 0.0
+    """Peak host DRAM bandwidth per node (channels x transfer rate x 8 bytes, all sockets), which
+    the host's optimizer step (CPU Adam) streams through; 0: unknown."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -140,6 +148,8 @@ class ClusterSpec:
         v = self.clock_fraction
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
             raise MeshplanError(f"cluster {self.name!r}: clock_fraction must be in (0, 1], got {v!r}")
+        # given with NICs too, where it must agree with them (0: derived from them)
+        check_finite(f"cluster {self.name!r}: inter_node_bandwidth_bytes_per_s", self.inter_node_bandwidth_bytes_per_s)
         if self.nics_per_node:
             check_finite(f"cluster {self.name!r}: nic_bandwidth_bytes_per_s", self.nic_bandwidth_bytes_per_s,
                          positive=True)
@@ -155,6 +165,9 @@ class ClusterSpec:
             object.__setattr__(self, "inter_node_bandwidth_bytes_per_s", derived)
         for f in ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"):
             check_finite(f"cluster {self.name!r}: {f}", getattr(self, f), positive=True)
+        for f in ("host_device_bandwidth_bytes_per_s", "host_memory_gib_per_node",
+                  "host_memory_bandwidth_bytes_per_s"):  # 0: unknown (no offload offered)
+            check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
         for f in ("intra_node_latency_s", "inter_node_latency_s"):
             check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
 
@@ -183,8 +196,11 @@ class ClusterSpec:
                 raise MeshplanError(f"cluster {self.name!r}: {nics} NICs per {self.gpus_per_node} GPUs "
                                     f"is not a whole number of NICs for a {gpn}-GPU node")
             nics = nics * gpn // self.gpus_per_node
+        per_gpu = gpn / self.gpus_per_node  # host memory and its bandwidth keep their share per GPU
         return replace(self, num_nodes=self.num_nodes if num_nodes is None else num_nodes,
-                       gpus_per_node=gpn, nics_per_node=nics)
+                       gpus_per_node=gpn, nics_per_node=nics,
+                       host_memory_gib_per_node=self.host_memory_gib_per_node * per_gpu,
+                       host_memory_bandwidth_bytes_per_s=self.host_memory_bandwidth_bytes_per_s * per_gpu)
 
     def with_gpus(self, num_gpus: int) -> "ClusterSpec":
         """Same hardware, ``num_gpus`` in total: whole nodes, or a part of one node."""
@@ -192,8 +208,11 @@ class ClusterSpec:
         if num_gpus <= self.gpus_per_node:
             # Part of one node: its GPUs keep their NVLink and their share of the NICs.
             domain = self.scale_up_domain_gpus and max(self.scale_up_domain_gpus, num_gpus)
+            share = num_gpus / self.gpus_per_node  # and their share of the host's memory
             return replace(self, num_nodes=1, gpus_per_node=num_gpus, scale_up_domain_gpus=domain,
-                           nics_per_node=0, inter_node_bandwidth_bytes_per_s=self.inter_node_bandwidth_bytes_per_s) \
+                           nics_per_node=0, inter_node_bandwidth_bytes_per_s=self.inter_node_bandwidth_bytes_per_s,
+                           host_memory_gib_per_node=self.host_memory_gib_per_node * share,
+                           host_memory_bandwidth_bytes_per_s=self.host_memory_bandwidth_bytes_per_s * share) \
                 if num_gpus < self.gpus_per_node else replace(self, num_nodes=1)
         if num_gpus % self.gpus_per_node:
             raise MeshplanError(
