@@ -1,0 +1,109 @@
+"""The optimizer step's basics: learning-rate schedule, weight-decay groups, gradient clipping.
+
+The schedule is a pure function of the step, so a resumed run recomputes exactly the learning rate
+the uninterrupted run had (the checkpoint stores the step, and the optimizer's param_groups hold
+the last lr applied).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from meshplan.errors import MeshplanError
+
+CLIP_EPS = 1e-6
+"""Added to the norm before dividing (torch.nn.utils.clip_grad_norm_ uses the same)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRSchedule:
+    """Linear warmup to ``peak_lr``, then cosine decay to ``min_lr_ratio * peak_lr`` at ``total_steps``
+    (Loshchilov and Hutter 2017, SGDR, Eq. 5 without restarts; warmup: Goyal et al. 2017, Sec. 2.2).
+    ``cosine=False`` keeps the peak after warmup (the constant schedule of earlier runs)."""
+
+    peak_lr: float
+    warmup_steps: int = 0
+    total_steps: int
+    cosine: bool = False
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.peak_lr > 0:
+            raise MeshplanError(f"--lr must be positive, got {self.peak_lr}")
+        if self.warmup_steps < 0 or self.warmup_steps > self.total_steps:
+            raise MeshplanError(f"--warmup-steps must be in 0..{self.total_steps} (--steps), got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise MeshplanError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (1-based)."""
+        if step <= self.warmup_steps:
+            return self.peak_lr * step / self.warmup_steps
+        if not self.cosine or self.total_steps == self.warmup_steps:
+            return self.peak_lr
+        progress = (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)
+        floor = self.min_lr_ratio * self.peak_lr
+        return floor + 0.5 * (self.peak_lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], lr: float) -> None:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = lr
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices and embeddings, none on biases and norm gains (the 1-D tensors),
+    as GPT-2/nanoGPT and Llama pre-training do (Loshchilov and Hutter 2019, AdamW)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _expert_group(module: nn.Module):
+    return getattr(module, "group", None) if getattr(module, "ep_size", 1) > 1 else None
+
+
+@torch.no_grad()
+def clip_gradients(modules: list[nn.Module], max_norm: float, pp_group) -> float:
+    """Scale every gradient so the global L2 norm is at most ``max_norm``; returns the norm before.
+
+    The norm covers each parameter once: a DTensor's norm is reduced over its mesh (shards add,
+    replicas do not), expert-parallel slices are summed over their ep group, pipeline stages over
+    the pp group (Pascanu et al. 2013, Sec. 3.2: clip by the global norm)."""
+    sq = torch.zeros((), dtype=torch.float64)
+    grads: list[torch.Tensor] = []
+    by_group: dict[object, torch.Tensor] = {}
+    for root in modules:
+        for module in root.modules():
+            ep_group = _expert_group(module)
+            if getattr(module, "etp_size", 1) > 1:
+                raise MeshplanError("--clip-grad is not supported with expert tensor parallel")
+            for p in module.parameters(recurse=False):
+                if p.grad is None:
+                    continue
+                grads.append(p.grad)
+                n = torch.linalg.vector_norm(p.grad.float())
+                n = n.full_tensor() if isinstance(n, DTensor) else n
+                if ep_group is not None:
+                    by_group[ep_group] = by_group.get(ep_group, torch.zeros((), dtype=torch.float64)) + n.double().cpu() ** 2
+                else:
+                    sq += n.double().cpu() ** 2
+    for group, part in by_group.items():
+        dist.all_reduce(part, group=group)
+        sq += part
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    total = float(sq.sqrt())
+    if total > max_norm:
+        scale = max_norm / (total + CLIP_EPS)
+        for g in grads:
+            g.mul_(scale)
+    return total
