@@ -53,7 +53,8 @@ def _train(d: Path, plan: str, log: Path, steps: int, *extra: str, env: dict | N
     return run(cmd, env)
 
 
-def _hf_first_loss(d: Path) -> float:
+def _hf_first_step(d: Path) -> tuple[float, float]:
+    """transformers' loss and global gradient norm on the batch of step 1 (the run's data order)."""
     from transformers import AutoModelForCausalLM
 
     from meshplan.runtime.datasets import load_packed
@@ -62,9 +63,14 @@ def _hf_first_loss(d: Path) -> float:
                          seed=0, eval_fraction=0.1)
     x, y = packed.batch(1)
     model = AutoModelForCausalLM.from_pretrained(d / "llama", dtype=torch.float32)
-    with torch.no_grad():
-        logits = model(x).logits
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).item()
+    loss = torch.nn.functional.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
+    return loss.item(), norm.item()
+
+
+def _hf_first_loss(d: Path) -> float:
+    return _hf_first_step(d)[0]
 
 
 def test_fsdp2_first_step_loss_matches_transformers(files, tmp_path):
@@ -82,7 +88,11 @@ def test_tp2_trains_resumes_exactly_and_exports(files, tmp_path):
     assert r.returncode != 0
     before = read_losses(logs[0])
     assert sorted(before) == list(range(1, KILL_STEP))
-    assert before[1] == pytest.approx(_hf_first_loss(files), rel=FP32_REL_TOL)
+    hf_loss, hf_norm = _hf_first_step(files)
+    assert before[1] == pytest.approx(hf_loss, rel=FP32_REL_TOL)
+    first = json.loads(logs[0].read_text().splitlines()[0])
+    assert first["grad_norm"] == pytest.approx(hf_norm, rel=1e-4)  # clipping sees the global norm
+    assert first["lr"] == pytest.approx(1e-2 / 3)  # warmup step 1 of 3
     # 2. resume from step 10: steps 11..14 repeat bit for bit (data order, AdamW moments, lr schedule)
     r = _train(files, "tp2", logs[1], STEPS, *loop, "--resume")
     assert r.returncode == 0, r.stderr[-4000:]
