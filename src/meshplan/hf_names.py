@@ -141,7 +141,10 @@ def hf_keys(sources: dict[str, Source]) -> set[str]:
     """Every HF tensor name the table reads."""
     keys: set[str] = set()
     for s in sources.values():
-        keys.update(s.key.format(e=e) for e in range(s.num_experts)) if s.num_experts else keys.add(s.key)
+        if s.num_experts:
+            keys.update(s.key.format(e=e) for e in range(s.num_experts))
+        else:
+            keys.add(s.key)
     return keys
 
 

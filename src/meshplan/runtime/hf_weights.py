@@ -146,7 +146,7 @@ def _global_index(module: nn.Module, short: str, p: torch.Tensor) -> tuple[slice
         lshape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     else:
         lshape, offset = tuple(local.shape), (0,) * len(shape)
-    return tuple(slice(b + o, b + o + n) for b, o, n in zip(base, offset, lshape))
+    return tuple(slice(b + o, b + o + n) for b, o, n in zip(base, offset, lshape, strict=True))
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ the last lr applied).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -17,8 +18,12 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.errors import MeshplanError
 
+log = logging.getLogger(__name__)
+
 CLIP_EPS = 1e-6
 """Added to the norm before dividing (torch.nn.utils.clip_grad_norm_ uses the same)."""
+LR_REL_TOL = 1e-9
+"""Learning rates closer than this (relative) are the same schedule (float round-off only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,3 +112,22 @@ def clip_gradients(modules: list[nn.Module], max_norm: float, pp_group) -> float
         for g in grads:
             g.mul_(scale)
     return total
+
+
+def note_schedule_change(optimizers: list[torch.optim.Optimizer], schedule: LRSchedule, step: int) -> None:
+    """The checkpoint's optimizer holds the lr its last step used; say so when this run's schedule
+    gives another value there (new --lr, --warmup-steps, --cosine or --steps on resume)."""
+    saved = optimizers[0].param_groups[0]["lr"]
+    now = schedule.lr_at(step)
+    if not math.isclose(saved, now, rel_tol=LR_REL_TOL):
+        log.warning("the checkpoint's learning rate at step %d was %.6g; this run's schedule gives %.6g there "
+                    "(changed --lr, --warmup-steps, --cosine or --steps?)", step, saved, now)
+
+
+def loop_settings(cfg, job, optimizer: torch.optim.Optimizer, eval_batches: int) -> dict:
+    """What the log's summary says about the optimizer step: schedule, clipping, decay groups, data."""
+    groups = [{"params": len(g["params"]), "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+    return {"optimizer": job.training.optimizer.value, "peak_lr": cfg.lr, "warmup_steps": cfg.warmup_steps,
+            "cosine": cfg.cosine, "min_lr_ratio": cfg.min_lr_ratio, "clip_grad": cfg.clip_grad or None,
+            "param_groups": groups, "init_from": cfg.init_from, "tokenizer": cfg.tokenizer,
+            "eval_every": cfg.eval_every, "eval_batches": eval_batches}

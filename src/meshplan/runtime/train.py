@@ -34,7 +34,9 @@ from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_gradient_sync
-from meshplan.runtime.schedule import LRSchedule, clip_gradients, decay_groups, set_lr
+from meshplan.runtime.schedule import (
+    LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
+)
 from meshplan.runtime.state import full_parameters
 from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
@@ -213,7 +215,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
                 _stop(run, step, saved, stops)
     finally:
         progress.close()
-    writer.summary(records, run.plan.notation(), d.world_size, loop=_loop_settings(run))
+    writer.summary(records, run.plan.notation(), d.world_size, loop=loop_settings(run.cfg, run.job, run.optimizers[0], len(run.held_out)))
     if cfg.state_out:
         _save_state(run.modules, job, run.mesh, cfg.state_out)
     return records
@@ -272,26 +274,18 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
         start_step, start_position = resumed.step, resumed.data_position
         if resumed.data_seed != source.seed:  # keep the run's data order, whatever --seed says now
             source = replace(source, seed=resumed.data_seed)
+    schedule = LRSchedule(peak_lr=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+                          cosine=cfg.cosine, min_lr_ratio=cfg.min_lr_ratio)
+    if start_step and dist.get_rank() == 0:
+        note_schedule_change(optimizers, schedule, start_step)
     return _Run(job=job, cfg=cfg, plan=plan, device=device, mesh=mesh, source=source, modules=modules,
                 optimizers=optimizers, pipe=pipe, start_step=start_step, start_position=start_position,
                 autocast=compute != Precision.FP32,
                 amp_dtype=torch.float16 if compute == Precision.FP16 else torch.bfloat16,
                 flops_per_token=model_flops_per_token(job.model, training.seq_len),
                 peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0,
-                schedule=LRSchedule(peak_lr=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
-                                    cosine=cfg.cosine, min_lr_ratio=cfg.min_lr_ratio),
+                schedule=schedule,
                 held_out=held_out)
-
-
-def _loop_settings(run: _Run) -> dict:
-    """What the log's summary says about the optimizer step: schedule, clipping, decay groups."""
-    cfg = run.cfg
-    groups = [{"params": sum(1 for _ in g["params"]), "weight_decay": g["weight_decay"]}
-              for g in run.optimizers[0].param_groups]
-    return {"optimizer": run.job.training.optimizer.value, "peak_lr": cfg.lr, "warmup_steps": cfg.warmup_steps,
-            "cosine": cfg.cosine, "min_lr_ratio": cfg.min_lr_ratio, "clip_grad": cfg.clip_grad or None,
-            "param_groups": groups, "init_from": cfg.init_from, "tokenizer": cfg.tokenizer,
-            "eval_every": cfg.eval_every, "eval_batches": len(run.held_out)}
 
 
 def _data_source(job: Job, cfg: TrainConfig):
