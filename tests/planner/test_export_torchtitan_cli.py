@@ -11,7 +11,7 @@ from meshplan.export.import_torchtitan import import_torchtitan
 from meshplan.export.import_torchtitan_cli import parse_command_line, preset_for
 from meshplan.export.torchtitan_cli import parse_version, stage_modules, uses_command_line
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute
-from meshplan.spec.training import Precision
+from meshplan.spec.training import Precision, Recipe
 
 
 @pytest.mark.parametrize("version,cli", [("0.3.0", True), ("0.3.1+cu128", True), ("1.0", True),
@@ -57,7 +57,10 @@ def test_uneven_split_round_trips():
 
 def test_refusals_and_warnings():
     job = cases.llama8b_zero2()
-    with pytest.raises(MeshplanError, match="float8"):
+    with pytest.raises(MeshplanError, match="float8"):  # a recipe torchtitan has, but not from the command line
+        export_job(replace(job, training=replace(job.training, precision=Precision.FP8, recipe=Recipe.TENSORWISE)),
+                   "torchtitan", "0.3.0")
+    with pytest.raises(MeshplanError, match="no delayed fp8 recipe"):  # the default fp8 recipe: none in torchtitan
         export_job(replace(job, training=replace(job.training, precision=Precision.FP8)), "torchtitan", "0.3.0")
     cp = replace(job, plan=Plan(dims=ParallelDims(dp_shard=8, cp=2), zero=3, cp_method=CPMethod.ALL_TO_ALL))
     assert any("rotate-method" in w for w in export_job(cp, "torchtitan", "0.3.0").warnings)
