@@ -39,10 +39,11 @@ def files(tmp_path_factory):
     make_llama(d / "llama", vocab=vocab)
     write_jsonl(d / "data.jsonl", 300)
     spec = load_hf_config(d / "llama")
-    for name, dims, zero in (("tp2", {"tp": 2}, 0), ("fsdp2", {"dp_shard": 2}, 3)):
+    for name, dims, zero, mb in (("tp2", {"tp": 2}, 0, 4), ("fsdp2", {"dp_shard": 2}, 3, 2), ("pp2", {"pp": 2}, 0, 1)):
         Job(model=spec, training=TrainingSpec(seq_len=SEQ, global_batch=BATCH, optimizer=Optimizer.ADAMW,
                                               precision=Precision.FP32),
-            cluster=resolve_cluster("cpu", gpus=2), plan=Plan(dims=ParallelDims(**dims), zero=zero)).save(d / f"{name}.json")
+            cluster=resolve_cluster("cpu", gpus=2),
+            plan=Plan(dims=ParallelDims(**dims), zero=zero, micro_batch=mb)).save(d / f"{name}.json")
     return d
 
 
@@ -73,8 +74,9 @@ def _hf_first_loss(d: Path) -> float:
     return _hf_first_step(d)[0]
 
 
-def test_fsdp2_first_step_loss_matches_transformers(files, tmp_path):
-    r = _train(files, "fsdp2", tmp_path / "log.jsonl", 1)
+@pytest.mark.parametrize("plan", ["fsdp2", "pp2"])
+def test_first_step_loss_matches_transformers(files, tmp_path, plan):
+    r = _train(files, plan, tmp_path / "log.jsonl", 1)
     assert r.returncode == 0, r.stderr[-4000:]
     assert read_losses(tmp_path / "log.jsonl")[1] == pytest.approx(_hf_first_loss(files), rel=FP32_REL_TOL)
 
