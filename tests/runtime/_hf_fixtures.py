@@ -51,3 +51,16 @@ def make_llama(out: Path, vocab: int = 64, *, shard_bytes: str = "20KB", seed: i
 
 def write_jsonl(path: Path, n: int, seed: int = 1) -> None:
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus_lines(n, seed)))
+
+
+def make_mixtral(out: Path, vocab: int = 64, seed: int = 0) -> None:
+    """A 2-layer Mixtral (4 experts, top-2) shaped like make_llama's model, one safetensors file."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    MixtralForCausalLM(MixtralConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+    )).save_pretrained(out)

@@ -19,7 +19,7 @@ pytest.importorskip("tokenizers")
 import torch  # noqa: E402
 
 from _ckpt_helpers import read_losses, run  # noqa: E402
-from _hf_fixtures import make_llama, make_tokenizer, write_jsonl  # noqa: E402
+from _hf_fixtures import make_llama, make_mixtral, make_tokenizer, write_jsonl  # noqa: E402
 from meshplan.plan import Job, ParallelDims, Plan  # noqa: E402
 from meshplan.spec.cluster import resolve_cluster  # noqa: E402
 from meshplan.spec.hf import load_hf_config  # noqa: E402
@@ -37,24 +37,26 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
     vocab = make_tokenizer(d / "tok")
     make_llama(d / "llama", vocab=vocab)
+    make_mixtral(d / "mixtral", vocab=vocab)
     write_jsonl(d / "data.jsonl", 300)
-    spec = load_hf_config(d / "llama")
-    for name, dims, zero, mb in (("tp2", {"tp": 2}, 0, 4), ("fsdp2", {"dp_shard": 2}, 3, 2), ("pp2", {"pp": 2}, 0, 1)):
-        Job(model=spec, training=TrainingSpec(seq_len=SEQ, global_batch=BATCH, optimizer=Optimizer.ADAMW,
+    layouts = (("tp2", "llama", {"tp": 2}, 0, 4), ("fsdp2", "llama", {"dp_shard": 2}, 3, 2),
+               ("pp2", "llama", {"pp": 2}, 0, 1), ("ep2", "mixtral", {"dp_shard": 2, "ep": 2}, 3, 2))
+    for name, model, dims, zero, mb in layouts:
+        Job(model=load_hf_config(d / model), training=TrainingSpec(seq_len=SEQ, global_batch=BATCH, optimizer=Optimizer.ADAMW,
                                               precision=Precision.FP32),
             cluster=resolve_cluster("cpu", gpus=2),
             plan=Plan(dims=ParallelDims(**dims), zero=zero, micro_batch=mb)).save(d / f"{name}.json")
     return d
 
 
-def _train(d: Path, plan: str, log: Path, steps: int, *extra: str, env: dict | None = None):
+def _train(d: Path, plan: str, log: Path, steps: int, *extra: str, env: dict | None = None, model: str = "llama"):
     cmd = [sys.executable, "-m", "meshplan", "train", "--plan", str(d / f"{plan}.json"), "--steps", str(steps),
-           "--init-from", str(d / "llama"), "--tokenizer", str(d / "tok"), "--data", str(d / "data.jsonl"),
+           "--init-from", str(d / model), "--tokenizer", str(d / "tok"), "--data", str(d / "data.jsonl"),
            "--eval-fraction", "0.1", "--log", str(log), "--json", *extra]
     return run(cmd, env)
 
 
-def _hf_first_step(d: Path) -> tuple[float, float]:
+def _hf_first_step(d: Path, model_dir: str = "llama") -> tuple[float, float]:
     """transformers' loss and global gradient norm on the batch of step 1 (the run's data order)."""
     from transformers import AutoModelForCausalLM
 
@@ -63,22 +65,22 @@ def _hf_first_step(d: Path) -> tuple[float, float]:
     packed = load_packed(d / "data.jsonl", d / "tok", seq_len=SEQ, global_batch=BATCH, vocab_size=64,
                          seed=0, eval_fraction=0.1)
     x, y = packed.batch(1)
-    model = AutoModelForCausalLM.from_pretrained(d / "llama", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(d / model_dir, dtype=torch.float32)
     loss = torch.nn.functional.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
     loss.backward()
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
     return loss.item(), norm.item()
 
 
-def _hf_first_loss(d: Path) -> float:
-    return _hf_first_step(d)[0]
+def _hf_first_loss(d: Path, model_dir: str = "llama") -> float:
+    return _hf_first_step(d, model_dir)[0]
 
 
-@pytest.mark.parametrize("plan", ["fsdp2", "pp2"])
-def test_first_step_loss_matches_transformers(files, tmp_path, plan):
-    r = _train(files, plan, tmp_path / "log.jsonl", 1)
+@pytest.mark.parametrize("plan,model", [("fsdp2", "llama"), ("pp2", "llama"), ("ep2", "mixtral")])
+def test_first_step_loss_matches_transformers(files, tmp_path, plan, model):
+    r = _train(files, plan, tmp_path / "log.jsonl", 1, model=model)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert read_losses(tmp_path / "log.jsonl")[1] == pytest.approx(_hf_first_loss(files), rel=FP32_REL_TOL)
+    assert read_losses(tmp_path / "log.jsonl")[1] == pytest.approx(_hf_first_loss(files, model), rel=FP32_REL_TOL)
 
 
 def test_tp2_trains_resumes_exactly_and_exports(files, tmp_path):
