@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from meshplan.errors import MeshplanError
 
@@ -80,33 +80,46 @@ def _expert_group(module: nn.Module):
 def clip_gradients(modules: list[nn.Module], max_norm: float, pp_group) -> float:
     """Scale every gradient so the global L2 norm is at most ``max_norm``; returns the norm before.
 
-    The norm covers each parameter once: a DTensor's norm is reduced over its mesh (shards add,
-    replicas do not), expert-parallel slices are summed over their ep group, pipeline stages over
-    the pp group (Pascanu et al. 2013, Sec. 3.2: clip by the global norm)."""
-    sq = torch.zeros((), dtype=torch.float64)
+    The norm covers each parameter once (Pascanu et al. 2013, Sec. 3.2: clip by the global norm):
+    squares of local shards are summed per (mesh, sharded mesh dims) and all-reduced over those
+    dims only (replicas are not added twice), expert-parallel slices over their ep group, pipeline
+    stages over the pp group; a few collectives per step, not one per parameter."""
     grads: list[torch.Tensor] = []
-    by_group: dict[object, torch.Tensor] = {}
+    partial_sums: dict[tuple, torch.Tensor] = {}  # (group key) -> local sum of squares
+    reducers: dict[tuple, list] = {}  # (group key) -> process groups to all-reduce over
     for root in modules:
         for module in root.modules():
-            ep_group = _expert_group(module)
             if getattr(module, "etp_size", 1) > 1:
                 raise MeshplanError("--clip-grad is not supported with expert tensor parallel")
+            ep_group = _expert_group(module)
             for p in module.parameters(recurse=False):
                 if p.grad is None:
                     continue
                 grads.append(p.grad)
-                n = torch.linalg.vector_norm(p.grad.float())
-                n = n.full_tensor() if isinstance(n, DTensor) else n
-                if ep_group is not None:
-                    by_group[ep_group] = by_group.get(ep_group, torch.zeros((), dtype=torch.float64)) + n.double().cpu() ** 2
+                g = p.grad
+                if isinstance(g, DTensor):
+                    if any(pl.is_partial() for pl in g.placements):
+                        g = g.redistribute(g.device_mesh, [pl if not pl.is_partial() else Replicate()
+                                                           for pl in g.placements])
+                    dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
+                    key = (id(g.device_mesh), dims, id(ep_group))
+                    groups = [g.device_mesh.get_group(i) for i in dims]
+                    local = g.to_local()
                 else:
-                    sq += n.double().cpu() ** 2
-    for group, part in by_group.items():
-        dist.all_reduce(part, group=group)
-        sq += part
+                    key, groups, local = ((), (), id(ep_group)), [], g
+                if ep_group is not None:
+                    groups = [*groups, ep_group]
+                sq = local.float().pow(2).sum()
+                partial_sums[key] = partial_sums[key] + sq if key in partial_sums else sq
+                reducers[key] = groups
+    total_sq = torch.zeros((), dtype=torch.float64)
+    for key, sq in partial_sums.items():
+        for group in reducers[key]:
+            dist.all_reduce(sq, group=group)
+        total_sq += sq.double().cpu()
     if pp_group is not None:
-        dist.all_reduce(sq, group=pp_group)
-    total = float(sq.sqrt())
+        dist.all_reduce(total_sq, group=pp_group)
+    total = float(total_sq.sqrt())
     if total > max_norm:
         scale = max_norm / (total + CLIP_EPS)
         for g in grads:
