@@ -255,17 +255,35 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step
         dp_ranks = plans.dp_replicate * n1
         dp_exposed = dp_exposed + np.where(z <= 1, layers * (dp_ranks - 1) * calib.dp_layer_overhead_s, 0.0)
-    z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
-    comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
-    comm_tot = comm_tot + z3
+    # ZeRO-3 (FSDP) all-gathers each layer's parameters (forward and backward) and
+    # reduce-scatters its gradients every micro-batch, each collective behind that layer's own
+    # compute (prefetch, Zhao et al. 2023 Sec. 3.3); the embedding / LM head's behind theirs.
+    # Per layer, so that a rank's time stays affine in its layer count (search/stages.py).
     # ZeRO-2 keeps only a shard of the gradients, so gradient accumulation cannot sum them
     # locally: every micro-batch's backward reduce-scatters its gradients (Rajbhandari et al.
     # 2020, Sec. 5.2; DeepSpeed stage 2, FSDP2 with reshard_after_forward=False). The last of
     # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
     # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
-    z2 = np.where(z == 2, rs_grads * (terms.m_float - 1.0) / terms.m_float, 0.0)
-    comm_exp = comm_exp + comms.exposed(z2, calib.fsdp_overlap, mb_bwd)
-    comm_tot = comm_tot + z2
+    layer_p = layer.params_per_gpu
+    rest_p = np.maximum(total_p - layers * layer_p, 0.0)  # embedding / LM head shares on this rank
+    layer_compute = layer.fwd_compute_s + layer.bwd_compute_s
+    rest_compute = np.maximum(compute - layers * layer_compute, 0.0)
+
+    def fsdp_time(params):
+        gather = comms.all_gather_time(params * calib.weight_bytes_per_param, n1, lvl1)
+        return 2 * gather + comms.reduce_scatter_time(params * gb, n1, lvl1)
+
+    accumulate = (terms.m_float - 1.0) / terms.m_float
+    z3_layer, z3_rest = fsdp_time(layer_p), np.where(rest_p > 0, fsdp_time(rest_p), 0.0)
+    z2_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1) * accumulate
+    z2_rest = np.where(rest_p > 0, comms.reduce_scatter_time(rest_p * gb, n1, lvl1), 0.0) * accumulate
+    z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
+              + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
+    z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
+              + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
+    comm_exp = comm_exp + np.where(z >= 3, z3_exp, np.where(z == 2, z2_exp, 0.0))
+    comm_tot = comm_tot + np.where(z >= 3, layers * z3_layer + z3_rest,
+                                   np.where(z == 2, layers * z2_layer + z2_rest, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / terms.dense_shards[1] * (
