@@ -23,7 +23,7 @@ LAYERS = {
     "meshplan.errors": 0, "meshplan.numbers": 1, "meshplan.textfile": 1,
     "meshplan.data": 2, "meshplan.jsonfile": 2,
     "meshplan.spec": 3,  # imports errors, numbers, textfile and jsonfile only
-    "meshplan.plan": 4,
+    "meshplan.plan": 4, "meshplan.hf_names": 4,
     "meshplan.cost": 5, "meshplan.ckpt_meta": 5,
     "meshplan.search": 6, "meshplan.calib": 6,
     "meshplan.export": 7,
