@@ -113,7 +113,7 @@ class CheckpointMeta:
         try:
             files = tuple(CheckpointFile(name=str(f["name"]), size_bytes=int(f["size_bytes"]))
                           for f in data["files"])
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):
             raise MeshplanError("'files' must be a list of {name, size_bytes}") from None
         return cls(
             step=data["step"], data_position=data["data_position"], data_seed=data["data_seed"],
@@ -168,7 +168,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def read_meta(ckpt: str | Path) -> CheckpointMeta:
     """Parse one checkpoint's metadata file; errors name the file."""
     return load_json_file(Path(ckpt) / META_FILENAME, CheckpointMeta.from_dict,
-                          missing="missing (not a meshplan checkpoint)")
+                          missing="missing (not a meshplan checkpoint)", what="checkpoint metadata (JSON)")
 
 
 def verify_files(ckpt: str | Path, meta: CheckpointMeta) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 
 if TYPE_CHECKING:
     from meshplan.spec.cluster import ClusterSpec
@@ -76,6 +77,35 @@ class Recompute(str, enum.Enum):
     FULL = "full"  # keep only each layer's input; recompute the whole layer in backward
 
 
+class Offload(str, enum.Enum):
+    """What lives in host memory instead of the GPU's (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
+    Rajbhandari et al. 2021). ``PARAMS`` moves the parameter and gradient shards (and needs
+    ``OPTIMIZER``: the step then runs on the host, where both are); ``ACTIVATIONS`` moves the tensors
+    saved for backward (torch's ``save_on_cpu``)."""
+
+    OPTIMIZER = "optimizer"
+    PARAMS = "params"
+    ACTIVATIONS = "activations"
+
+    @property
+    def bit(self) -> int:
+        """Bit of this choice in the search's integer column (``PlanArrays.offload``)."""
+        return 1 << tuple(Offload).index(self)
+
+
+OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OFFLOAD_ACTIVATIONS_BIT = (o.bit for o in Offload)
+
+
+def offload_code(choices: "tuple[Offload, ...]") -> int:
+    """The bit mask of a set of offload choices (0: nothing offloaded)."""
+    return sum(Offload(c).bit for c in set(choices))
+
+
+def offload_choices(code: int) -> "tuple[Offload, ...]":
+    """The inverse of :func:`offload_code`, in the enum's order."""
+    return tuple(o for o in Offload if code & o.bit)
+
+
 class CPMethod(str, enum.Enum):
     """Context-parallel attention: ring (pass K/V around) or all-to-all (Ulysses, heads <-> seq)."""
 
@@ -92,8 +122,7 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
 
 
 def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise MeshplanError(f"{name} must be a positive integer, got {value!r}")
+    check_count(name, value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,6 +232,12 @@ class Plan:
     recompute_layers: tuple[int, ...] = ()
     """Layers recomputed per (virtual) stage under ``recompute``; empty means every layer
     (or none when ``recompute`` is NONE)."""
+    offload: tuple[Offload, ...] = ()
+    """What is kept in host memory (:class:`Offload`); empty: nothing. Kept in the enum's order."""
+    vocab_parallel: bool = False
+    """Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024): the embedding and the
+    LM head with its loss split over all ``pp`` ranks instead of sitting on the first and last;
+    needs ``pp > 1``."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod)):
@@ -213,7 +248,19 @@ class Plan:
                                     f"{', '.join(e.value for e in enum_cls)}") from None
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
         object.__setattr__(self, "recompute_layers", tuple(self.recompute_layers))
+        try:
+            chosen = {Offload(o) for o in self.offload}
+        except ValueError:
+            raise MeshplanError(f"offload={list(self.offload)!r}: each must be one of "
+                                f"{', '.join(o.value for o in Offload)}") from None
+        object.__setattr__(self, "offload", tuple(o for o in Offload if o in chosen))
         d = self.dims
+        if Offload.PARAMS in chosen and Offload.OPTIMIZER not in chosen:
+            raise MeshplanError("offload 'params' needs 'optimizer' too: the step runs on the host, "
+                                "where the parameters and gradients then are")
+        if Offload.PARAMS in chosen and self.zero != 3:
+            raise MeshplanError(f"offload 'params' needs zero 3 (each GPU gathers the parameters it "
+                                f"copies up from the host), got zero {self.zero}")
         if self.zero not in (0, 1, 2, 3):
             raise MeshplanError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
         if d.dp_shard > 1 and self.zero == 0:
@@ -222,6 +269,8 @@ class Plan:
             )
         if self.sp and d.tp == 1:
             raise MeshplanError("sequence parallel (sp) needs tp > 1")
+        if self.vocab_parallel and d.pp == 1:
+            raise MeshplanError("vocab_parallel splits the vocabulary over pipeline ranks: it needs pp > 1")
         _check_positive("vpp", self.vpp)
         _check_positive("micro_batch", self.micro_batch)
         if self.vpp > 1 and not self.schedule.supports_virtual_stages:
@@ -360,10 +409,12 @@ class Plan:
 
         ``dpN`` total data parallel (``--dp N``); ``zeroZxM`` / ``fsdpM`` ZeRO stage Z (3 = FSDP)
         sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
-        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)``; ``cpC`` + ``a2a`` for
+        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
+        parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all. Lists are comma separated, a run of K equal counts N written ``NxK``.
+        not all; ``offload=optimizer+params+activations`` what lives in host memory.
+        Lists are comma separated, a run of K equal counts N written ``NxK``.
         """
         d = self.dims
         parts = [f"dp{d.dp}"]
@@ -375,7 +426,7 @@ class Plan:
         pp = f"pp{d.pp}"
         if d.pp > 1 or self.schedule != Schedule.ONE_F_ONE_B:
             pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
-        parts.append(pp)
+        parts.append(pp + ("vocab" if self.vocab_parallel else ""))
         parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
             parts.append(f"ep{d.ep}")
@@ -387,6 +438,8 @@ class Plan:
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
             parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
+        if self.offload:
+            parts.append("offload=" + "+".join(o.value for o in self.offload))
         return " ".join(parts)
 
     @property
@@ -410,6 +463,7 @@ class Plan:
         out["cp_method"] = self.cp_method.value
         out["stage_layers"] = list(self.stage_layers)
         out["recompute_layers"] = list(self.recompute_layers)
+        out["offload"] = [o.value for o in self.offload]
         return out
 
     @classmethod
@@ -417,23 +471,42 @@ class Plan:
         try:
             data = dict(data)
             dims = ParallelDims(**data.pop("dims", {}))
+            sp = data.pop("sp", False)
+            if not isinstance(sp, bool):
+                raise MeshplanError(f"sp must be true or false, got {sp!r}")
             return cls(
                 dims=dims,
-                zero=int(data.pop("zero", 0)),
-                sp=bool(data.pop("sp", False)),
+                zero=_json_int("zero", data.pop("zero", 0)),
+                sp=sp,
                 schedule=Schedule(data.pop("schedule", Schedule.ONE_F_ONE_B.value)),
-                vpp=int(data.pop("vpp", 1)),
-                stage_layers=tuple(int(x) for x in data.pop("stage_layers", ())),
+                vpp=_json_int("vpp", data.pop("vpp", 1)),
+                stage_layers=tuple(_json_int("stage_layers", x) for x in data.pop("stage_layers", ())),
                 cp_method=CPMethod(data.pop("cp_method", CPMethod.RING.value)),
-                micro_batch=int(data.pop("micro_batch", 1)),
+                micro_batch=_json_int("micro_batch", data.pop("micro_batch", 1)),
                 recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
-                recompute_layers=tuple(int(x) for x in data.pop("recompute_layers", ())),
+                recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
+                offload=tuple(data.pop("offload", ())),
+                vocab_parallel=_json_bool("vocab_parallel", data.pop("vocab_parallel", False)),
                 **_no_extra("plan", data),
             )
         except (TypeError, ValueError) as exc:
             if isinstance(exc, MeshplanError):
                 raise
             raise MeshplanError(f"invalid plan: {exc}") from None
+
+
+def _json_bool(name: str, value: Any) -> bool:
+    """A plan file's boolean, as written (``"false"`` is not False)."""
+    if not isinstance(value, bool):
+        raise MeshplanError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _json_int(name: str, value: Any) -> int:
+    """An integer read from a file, taken as written: 1.5 is not rounded nor "8" parsed."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MeshplanError(f"{name} must be an integer, got {value!r}")
+    return value
 
 
 def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:
@@ -544,4 +617,4 @@ class Job:
     def load(cls, path: str | Path) -> "Job":
         from meshplan.jsonfile import load_json_file
 
-        return load_json_file(path, cls.from_dict, missing="no such plan file")
+        return load_json_file(path, cls.from_dict, missing="no such plan file", what="plan file (JSON)")

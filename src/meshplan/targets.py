@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import Recompute, Schedule
+from meshplan.plan import OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, Recompute, Schedule
 
 if TYPE_CHECKING:
     from meshplan.plan import Plan
@@ -130,6 +130,23 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
+    Rule(lambda c, model, tr: np.asarray(c.vocab_parallel, dtype=bool),
+         lambda p, model, tr: ("vocabulary parallelism over pipeline ranks is planner-only: this runtime keeps "
+                               "the embedding on the first stage and the LM head on the last; plan without it")),
+    # FSDP2's only offload policy moves parameters, gradients and the optimizer step together
+    Rule(lambda c, model, tr: (np.asarray(c.offload) & (OFFLOAD_OPTIMIZER_BIT | OFFLOAD_PARAMS_BIT))
+         == OFFLOAD_OPTIMIZER_BIT,
+         lambda p, model, tr: ("offloading the optimizer states alone is not supported by this runtime: FSDP2's "
+                               "CPUOffloadPolicy moves parameters, gradients and optimizer states together; "
+                               "use offload optimizer+params with zero 3 (or --target deepspeed/megatron)")),
+    Rule(lambda c, model, tr: ((np.asarray(c.offload) & OFFLOAD_PARAMS_BIT) > 0)
+         & (c.dp_replicate * c.dp_shard * c.cp == 1),
+         lambda p, model, tr: ("offload params needs data-parallel sharding in this runtime (FSDP2's "
+                               "CPUOffloadPolicy): dp_shard*cp must be above 1")),
+    Rule(lambda c, model, tr: ((np.asarray(c.offload) & OFFLOAD_ACTIVATIONS_BIT) > 0) & (c.pp > 1),
+         lambda p, model, tr: ("activation offload with pipeline parallel is not supported by this runtime "
+                               "(torch's pipeline schedules run the stage forwards outside its save_on_cpu "
+                               "hooks); use pp=1")),
     Rule(lambda c, model, tr: np.asarray(c.etp) != np.asarray(c.tp),
          lambda p, model, tr: (f"expert tensor parallel etp={p.dims.etp} different from tp={p.dims.tp} is not "
                                "supported by this runtime (planner and Megatron export only); use etp=0 (as tp)")),

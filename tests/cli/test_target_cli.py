@@ -31,10 +31,12 @@ def test_estimate_warns_in_one_line_naming_why():
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "meshplan cannot run this plan" in lines[0] and "sequence parallel" in lines[0]
     out = json.loads(r.stdout)
-    assert out["target"]["name"] == "meshplan" and "sequence parallel" in out["target"]["refuses"]
+    assert out["target"] == "meshplan" and "sequence parallel" in out["target_refuses"]
     quiet = run("estimate", *MOE_TP_SP, "--target", "megatron", "--json")
     assert quiet.returncode == 0 and quiet.stderr.strip() == ""
-    assert json.loads(quiet.stdout)["target"]["refuses"] is None
+    assert json.loads(quiet.stdout)["target_refuses"] is None
+    default = run("estimate", *MOE_TP_SP, "--json")  # no --target typed: no warning
+    assert default.returncode == 0 and default.stderr.strip() == ""
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ def test_shipped_megatron_bridge_set_is_found_by_name():
 
 
 @pytest.mark.parametrize("arg, message", [("no-such-set", "no such file, nor a shipped set (calibration"),
-                                          (".", "not a file")])
+                                          (".", "is a directory")])
 def test_runs_that_are_neither_a_file_nor_a_shipped_set(arg, message):
     r = run("validate", "--runs", arg)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -96,7 +96,12 @@ def test_to_dict_has_the_issue_keys():
     for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
               "peak_memory_gib", "fits", "memory_gib", "time_s", "stages", "plan"):
         assert k in d
-    assert set(d["memory_gib"]) == {"parameters", "gradients", "optimizer", "activations", "other"}
+    assert set(d["memory_gib"]) == {"parameters", "gradients", "optimizer", "activations", "other",
+                                    "allocator_reserve"}
+    # two numbers: reserved (what must fit) = allocated + the allocator's reserve
+    assert d["peak_reserved_gib"] == d["peak_memory_gib"]
+    assert d["peak_allocated_gib"] + d["memory_gib"]["allocator_reserve"] == pytest.approx(d["peak_reserved_gib"])
+    assert d["peak_allocated_gib"] < d["peak_reserved_gib"]
     assert {"compute", "exposed_communication", "bubble", "optimizer"} <= set(d["time_s"])
 
 

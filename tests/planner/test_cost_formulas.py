@@ -136,7 +136,7 @@ def test_calibration_roundtrip_and_fitted_family():
     assert Calibration.from_dict(c.to_dict()) == c
     a100 = calibration_for(system_preset("dgx-a100").gpu)
     assert "fitted" in a100.source
-    assert calibration_for(system_preset("dgx-h100").gpu).source == "defaults"
+    assert "meshplan stack mechanisms" in calibration_for(system_preset("dgx-h100").gpu).source
     with pytest.raises(Exception):
         Calibration(matmul_efficiency=1.5)
     with pytest.raises(Exception):

@@ -49,7 +49,12 @@ def test_fp32_doubles_layer_activations_and_tp_cp_ep_traffic(model_name):
         f32, f16, f8 = (getattr(lc[pr], f) for pr in (Precision.FP32, Precision.BF16, Precision.FP8))
         assert np.all(f16 > 0), f
         np.testing.assert_allclose(f32, 2.0 * f16, rtol=1e-12, err_msg=f)
-        np.testing.assert_allclose(f8, f16, rtol=1e-12, err_msg=f)
+        if f == "fwd_comm_total_s":  # tensors sent between GEMMs stay bf16 under fp8
+            np.testing.assert_allclose(f8, f16, rtol=1e-12, err_msg=f)
+        elif f != "act_full_bytes":  # TE keeps a linear's fp8 input copy, not its bf16 input
+            assert np.all(f8 < f16) and np.all(f8 > 0.5 * f16), f
+        else:  # full recompute keeps only the layer input, bf16
+            np.testing.assert_allclose(f8, f16, rtol=1e-12, err_msg=f)
     # weights, grads and optimizer states keep their own byte rules (fp32 grads: 4 B either way here)
     np.testing.assert_allclose(lc[Precision.FP8].state_bytes, lc[Precision.BF16].state_bytes)
 

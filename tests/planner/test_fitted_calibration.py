@@ -1,5 +1,6 @@
-"""Fitted calibration values live as data with their source (spec/presets/calibration_fitted.json),
-and calibration_for reads them (issue 12, item 3)."""
+"""A training stack is a named calibration (issue 14, item 6): the stacks' mechanisms and the
+values fitted per (GPU generation, stack) live as data with their source
+(spec/presets/calibration_fitted.json), and calibration_for layers them in a documented order."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from importlib import resources
 
 import pytest
 
-from meshplan.cost.calibration import FITTED_FILE, Calibration, calibration_for, fitted_records, gpu_family
+from meshplan.cost.calibration import (FITTED_FILE, STACK_FIELDS, Calibration, calibration_for,
+                                       fitted_records, gpu_generation, stack_records)
+from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import gpu_preset
+from meshplan.spec.frameworks import framework_defaults, framework_names
+from meshplan.targets import Target
 
 
 def raw_file() -> dict:
@@ -18,25 +23,88 @@ def raw_file() -> dict:
 
 def test_every_record_names_its_source_and_how_it_was_fitted():
     records = fitted_records()
-    assert set(records) == {k for k in raw_file() if not k.startswith("_")}
-    for family, rec in records.items():
-        assert rec.family == family and rec.source.strip() and rec.how.strip()
-        assert rec.values, f"{family}: a record without values"
+    assert set(records) == set(raw_file()["records"])
+    generations = set(raw_file()["generations"].values())
+    for key, rec in records.items():
+        generation, stack = key.split("/")
+        assert generation in generations and stack in stack_records()
+        assert rec.key == key and rec.source.strip() and rec.how.strip()
+        assert rec.values, f"{key}: a record without values"
 
 
-@pytest.mark.parametrize("gpu", ["a100-80gb", "a100-40gb", "v100-32gb", "cpu"])
-def test_calibration_for_takes_the_files_values(gpu):
+def test_every_target_is_a_stack_with_a_source_and_only_stack_fields():
+    assert set(stack_records()) == {t.value for t in Target}
+    for stack, rec in stack_records().items():
+        assert rec.source.strip() and set(rec.values) <= set(STACK_FIELDS)
+
+
+@pytest.mark.parametrize("name", framework_names())
+def test_every_framework_maps_to_a_stack(name):
+    assert framework_defaults(name).stack in stack_records()
+
+
+@pytest.mark.parametrize("gpu,generation", [("v100-32gb", "volta"), ("a100-80gb", "ampere"),
+                                            ("h100-sxm", "hopper"), ("h200", "hopper"),
+                                            ("gb200", "blackwell"), ("b300", "blackwell"), ("cpu", "cpu")])
+def test_generation_of_a_gpu(gpu, generation):
+    assert gpu_generation(gpu_preset(gpu)) == generation
+
+
+@pytest.mark.parametrize("gpu,stack", [("a100-80gb", "megatron"), ("v100-32gb", "megatron"),
+                                       ("h100-sxm", "megatron"), ("gb200", "megatron"), ("cpu", "meshplan")])
+def test_a_pair_with_a_record_takes_its_values_over_the_stacks(gpu, stack):
     spec = gpu_preset(gpu)
-    rec = raw_file()[gpu_family(spec)]
-    calib = calibration_for(spec)
-    assert calib.source == rec["source"]
-    for field, value in rec["values"].items():
-        assert getattr(calib, field) == value
-    untouched = set(Calibration().to_dict()) - set(rec["values"]) - {"source"}
+    rec = raw_file()["records"][f"{gpu_generation(spec)}/{stack}"]
+    calib = calibration_for(spec, stack)
+    assert calib.source.startswith(rec["source"])
+    for field, value in {**raw_file()["stacks"][stack]["values"], **rec["values"]}.items():
+        assert getattr(calib, field) == value, field
+    untouched = (set(Calibration().to_dict()) - set(rec["values"]) - {"source"}
+                 - set(raw_file()["stacks"][stack]["values"]))
     assert all(getattr(calib, f) == getattr(Calibration(), f) for f in untouched)
 
 
-def test_a_family_without_a_record_gets_the_defaults():
+def test_a_pair_without_a_record_borrows_hardware_fields_but_keeps_its_stacks_mechanisms():
+    spec = gpu_preset("a100-80gb")
+    lender = raw_file()["records"]["ampere/megatron"]["values"]
+    mine = raw_file()["stacks"]["torchtitan"]["values"]
+    calib = calibration_for(spec, "torchtitan")
+    assert calib.matmul_efficiency == lender["matmul_efficiency"]
+    assert calib.dp_overlap == mine["dp_overlap"] != calibration_for(spec, "megatron").dp_overlap
+    assert "ampere/megatron" in calib.source and "torchtitan" in calib.source
+
+
+def test_the_default_stack_is_meshplans_runtime():
     spec = gpu_preset("h100-sxm")
-    assert gpu_family(spec) not in fitted_records()
-    assert calibration_for(spec) == Calibration()
+    assert calibration_for(spec) == calibration_for(spec, "meshplan")
+    assert calibration_for(spec).tp_overlap == 0.0  # DTensor TP: synchronous collectives
+
+
+def test_only_the_listed_lenders_lend_their_hardware_fields():
+    """The Hopper/Blackwell Megatron fits still absorb unmodelled fp8/MoE costs: not lent."""
+    assert "hopper/megatron" in fitted_records() and "hopper/megatron" not in raw_file()["lenders"]
+    mesh = calibration_for(gpu_preset("h100-sxm"), "meshplan")
+    assert mesh.matmul_efficiency == Calibration().matmul_efficiency
+    assert calibration_for(gpu_preset("a100-80gb"), "meshplan").matmul_efficiency == \
+        raw_file()["records"]["ampere/megatron"]["values"]["matmul_efficiency"]
+
+
+def test_a_generation_without_any_record_gets_defaults_and_the_stacks_mechanisms():
+    calib = calibration_for(gpu_preset("mi300x"), "deepspeed")
+    expected = Calibration().replace_fields(**raw_file()["stacks"]["deepspeed"]["values"])
+    assert calib.replace_fields(source="x") == expected.replace_fields(source="x")
+
+
+def test_an_unknown_stack_is_one_clear_error():
+    with pytest.raises(MeshplanError, match="unknown stack 'nemo'"):
+        calibration_for(gpu_preset("h100-sxm"), "nemo")
+
+
+def test_megatron_overlaps_tp_as_it_overlaps_cp():
+    """Consistent across axes (issue 15 item 1): a stack that overlaps ring CP's passes with
+    attention overlaps TP's collectives with its GEMMs too when it has the mechanism."""
+    for gpu in ("h100-sxm", "gb200"):
+        c = calibration_for(gpu_preset(gpu), "megatron")
+        assert c.tp_overlap > 0 and c.cp_overlap > 0
+    meshplan = calibration_for(gpu_preset("h100-sxm"), "meshplan")
+    assert meshplan.tp_overlap == 0 and meshplan.cp_overlap == 0

@@ -48,9 +48,11 @@ def _job(precision, recipe=None, system="gb200-nvl72", nodes=16):
 
 def test_fp4_gemms_run_at_the_fp4_peak():
     """Same plan, fp8 vs fp4 on GB200 (5 vs 10 PFLOP/s dense): the GEMM-bound compute time
-    nearly halves; memory-bound work and the attention core do not speed up."""
+    shrinks, by less than half: fp4 GEMMs reach a lower fraction of their peak
+    (Calibration.fp4_matmul_factor), the first and last layers stay bf16, and memory-bound work,
+    casts and the bf16 attention core do not speed up (cost/precision.py)."""
     f8, f4 = (estimate(j.model, j.cluster, j.training, j.plan) for j in (_job("fp8", "mxfp8"), _job("fp4")))
-    assert f4.time.compute_s < 0.75 * f8.time.compute_s
+    assert f4.time.compute_s < 0.85 * f8.time.compute_s
     assert f4.time.compute_s > 0.5 * f8.time.compute_s
     bf = _job("bf16")
     b = estimate(bf.model, bf.cluster, bf.training, bf.plan)

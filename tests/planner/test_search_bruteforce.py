@@ -57,7 +57,7 @@ def small_cases(draw):
     return model, cluster, training
 
 
-OPTIONS = SearchOptions(max_vpp=2)
+OPTIONS = SearchOptions(max_vpp=2, offloads=(), vocab_parallel=False)  # the brute force enumerates neither
 
 
 @settings(max_examples=8, deadline=None)

@@ -66,7 +66,9 @@ def test_unstated_framework_is_the_old_gpt_convention_and_says_so():
            "dp": "64", "num_layers": "24", "hidden_size": "2304", "num_heads": "24", "global_batch_size": "512"}
     run = build_run(row)
     assert run.model.ffn_hidden_size == 4 * 2304 and run.model.attn_bias and run.model.tied_embeddings
-    assert run.training.precision.value == "fp16" and run.settings == {"fused_attention": False, "dropout": True}
+    assert run.training.precision.value == "fp16" and run.settings == {
+        "fused_attention": False, "dropout": True, "tp_overlap": 0.0, "pp_p2p_overlap": 0.5}
+    assert run.stack == "megatron"
     assert any("GPT-style" in a and "unstated" in a for a in run.assumed)
     with pytest.raises(MeshplanError, match="vocab_size is blank"):
         build_run({**row, "vocab_size": ""})

@@ -1,11 +1,11 @@
-"""Fit a few calibration factors per GPU family against measured runs (no scipy).
+"""Fit a few calibration factors per (GPU generation, stack) against measured runs (no scipy).
 
 Coordinate descent over small grids: each round sweeps one factor over its grid with the others
 fixed and keeps the best value. Time factors minimise the mean absolute log error of the
 throughput metric (least absolute deviations: robust to the odd noisy row); memory factors
-minimise the mean absolute relative error of peak memory. Only rows of the family are used and
-nothing is specific to a row. ``leave_one_source_out`` refits without each source and scores the
-held-out rows, which says how well the fitted model transfers.
+minimise the mean absolute relative error of peak memory. Only rows of the (generation, stack)
+are used and nothing is specific to a row. ``calib/holdout.py`` refits without a model family,
+a GPU generation or a source and scores the held-out rows: how well the fit transfers.
 """
 
 from __future__ import annotations
@@ -19,20 +19,33 @@ import numpy as np
 from meshplan.calib.validate import Run, predicted_metric
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
-from meshplan.cost.calibration import Calibration, gpu_family
+from meshplan.cost.calibration import (Calibration, calibration_for, gpu_generation, record_key,
+                                       stack_records)
 from meshplan.spec.cluster import GIB
 
 TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
-    "matmul_efficiency": tuple(np.round(np.arange(0.50, 0.951, 0.025), 3)),
-    "matmul_half_dim": (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0),
-    "inter_node_comm_efficiency": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-    "intra_node_comm_efficiency": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    "matmul_efficiency": tuple(np.round(np.arange(0.40, 0.951, 0.025), 3)),
+    "matmul_half_dim": (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0),
+    # NCCL bus bandwidth over the link rate: nccl-tests reach 70-80% on NVLink and 80-95% on
+    # InfiniBand at large messages; the grids stop at 0.4 (intra: a ring over NVLink switches at
+    # mid-size messages) so that a missing cost elsewhere is not absorbed by an impossible link.
+    "inter_node_comm_efficiency": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    "intra_node_comm_efficiency": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "dp_overlap": (0.0, 0.25, 0.5, 0.75, 0.9, 1.0),
     "layer_overhead_s": (0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3),
     "unaligned_matmul_factor": (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0),
     "comm_half_message_bytes": (0.0, 16e6, 32e6, 64e6, 128e6, 256e6),
+    "tp_overlap": (0.0, 0.25, 0.5, 0.7, 0.85, 1.0),
+    "ep_overlap": (0.0, 0.25, 0.5, 0.75, 1.0),
+    "microbatch_overhead_s": (0.0, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3),
+    # low-precision GEMMs over bf16 at the same shape (cost/precision.py) and the host sync of a
+    # dropless all-to-all dispatch per MoE layer (cost/moe.py): the per-op mechanisms' constants
+    "fp8_matmul_factor": (0.6, 0.7, 0.8, 0.85, 0.9, 1.0),
+    "fp4_matmul_factor": (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0),
+    "moe_alltoall_sync_s": (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3),
 })
-"""Factors fitted on throughput, with their grids. Families with few rows fit only the first."""
+"""Factors fitted on throughput, with their grids. Groups with few rows fit only the first; a
+field a row's framework fixes (its ``settings``) is not fitted."""
 MEMORY_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "framework_overhead_gib": tuple(np.round(np.arange(0.0, 12.01, 0.5), 2)),
     "allocator_fragmentation": (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2),
@@ -42,9 +55,21 @@ MEMORY_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
 MIN_ROWS_FOR_ALL = 10
 
 
+def calibration_key(run: Run) -> str:
+    """The (generation, stack) record a run is fitted into and estimated with."""
+    return record_key(gpu_generation(run.cluster.gpu), run.stack)
+
+
+def fit_start(stack: str, settings: Mapping[str, Any]) -> Calibration:
+    """Where a fit starts: the literature defaults and the stack's mechanisms, not the fitted
+    records, so that a refit is reproducible."""
+    return Calibration().replace_fields(**{**stack_records()[stack].values, **settings})
+
+
 @dataclass(frozen=True)
 class FitResult:
-    family: str
+    key: str
+    """'generation/stack'."""
     values: dict[str, float]
     throughput_rows: int
     memory_rows: int
@@ -59,32 +84,79 @@ def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
     return predicted_metric(run, float(b.step_time_s[0])), float(b.peak_memory_bytes[0]) / GIB
 
 
-def time_loss(runs: list[Run], calib: Calibration) -> float:
-    errs = [abs(np.log(p / r.measured)) for r in runs for p in [_predict(r, calib)[0]] if p]
-    return float(np.mean(errs)) if errs else 0.0
+@dataclass(frozen=True)
+class Prepared:
+    """Runs grouped by (model, cluster, training): one batched estimate per group, and each
+    run's metric as ``scale / step_time`` (throughput) or the step time itself."""
+
+    runs: tuple[Run, ...]
+    groups: tuple[tuple[Run, PlanArrays, tuple[int, ...]], ...]
+    scale: np.ndarray
+    """predicted metric = scale / step_time (0: the row has no throughput metric)."""
+    is_step_time: np.ndarray
 
 
-def memory_loss(runs: list[Run], calib: Calibration) -> float:
+def prepare(runs: list[Run]) -> Prepared:
+    by_key: dict[tuple, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_key.setdefault((r.model, r.cluster, r.training), []).append(i)
+    groups = tuple((runs[ix[0]], PlanArrays.from_plans([runs[i].plan for i in ix]), tuple(ix))
+                   for ix in by_key.values())
+    scale = np.array([(predicted_metric(r, 1.0) or 0.0) if r.metric != "step_time_s" else 1.0
+                      for r in runs])
+    return Prepared(runs=tuple(runs), groups=groups, scale=scale,
+                    is_step_time=np.array([r.metric == "step_time_s" for r in runs]))
+
+
+def predict_all(prep: Prepared, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
+    """(throughput metric, peak memory GiB) of every run under ``calib``."""
+    step = np.empty(len(prep.runs))
+    mem = np.empty(len(prep.runs))
+    for run, arrays, ix in prep.groups:
+        b = estimate_batch(run.model, run.cluster, run.training, arrays, calib)
+        step[list(ix)] = b.step_time_s
+        mem[list(ix)] = b.peak_memory_bytes / GIB
+    return np.where(prep.is_step_time, step, prep.scale / step), mem
+
+
+def _measured(prep: Prepared) -> tuple[np.ndarray, np.ndarray]:
+    t = np.array([r.measured if r.metric and r.measured else np.nan for r in prep.runs])
+    m = np.array([r.measured_memory_gib or np.nan for r in prep.runs])
+    return t, m
+
+
+def _prepared(runs: Prepared | list[Run]) -> Prepared:
+    return runs if isinstance(runs, Prepared) else prepare(list(runs))
+
+
+def time_loss(prep: Prepared | list[Run], calib: Calibration) -> float:
+    """Mean absolute log error of the throughput metric (least absolute deviations)."""
+    prep = _prepared(prep)
+    pred, _ = predict_all(prep, calib)
+    meas, _ = _measured(prep)
+    ok = np.isfinite(meas) & (pred > 0)
+    return float(np.mean(np.abs(np.log(pred[ok] / meas[ok])))) if ok.any() else 0.0
+
+
+def memory_loss(prep: Prepared | list[Run], calib: Calibration) -> float:
     """Mean relative error of peak memory; a row that ran out of memory only says it needed
     more than the GPU has, so it counts as a one-sided (hinge) error when predicted to fit."""
-    errs = []
-    for r in runs:
-        pred = _predict(r, calib)[1]
-        if r.measured_memory_gib:
-            errs.append(abs(pred / r.measured_memory_gib - 1))
-        elif r.oom:
-            errs.append(max(0.0, r.cluster.gpu.memory_gib / pred - 1))
+    prep = _prepared(prep)
+    _, pred = predict_all(prep, calib)
+    _, meas = _measured(prep)
+    errs = [abs(p / m - 1) if np.isfinite(m) else max(0.0, r.cluster.gpu.memory_gib / p - 1)
+            for r, p, m in zip(prep.runs, pred, meas) if np.isfinite(m) or r.oom]
     return float(np.mean(errs)) if errs else 0.0
 
 
-def _descend(runs, calib, grid, loss, rounds) -> Calibration:
-    best = loss(runs, calib)
+def _descend(prep: Prepared, calib, grid, loss, rounds) -> Calibration:
+    best = loss(prep, calib)
     for _ in range(rounds):
         improved = False
         for name, values in grid.items():
             for v in values:
                 trial = calib.replace_fields(**{name: float(v)})
-                val = loss(runs, trial)
+                val = loss(prep, trial)
                 if val < best - 1e-9:
                     best, calib, improved = val, trial, True
         if not improved:
@@ -92,57 +164,58 @@ def _descend(runs, calib, grid, loss, rounds) -> Calibration:
     return calib
 
 
-def fit_family(runs: list[Run], family: str, settings: Mapping[str, Any], rounds: int = 2,
-               time_grid: dict | None = None, memory_grid: dict | None = None) -> FitResult:
-    """Fit the family's factors on its rows; ``settings`` describe the runs' software."""
-    rows = [r for r in runs if gpu_family(r.cluster.gpu) == family]
+def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any], rounds: int = 2,
+             time_grid: Mapping | None = None, memory_grid: Mapping | None = None) -> FitResult:
+    """Fit the factors of one (generation, stack) ``key`` on ``rows``; ``settings`` describe the
+    runs' software and are not fitted."""
     t_rows = [r for r in rows if r.metric and r.measured]
     m_rows = [r for r in rows if r.measured_memory_gib or r.oom]
-    # Start from the literature defaults, not from FITTED, so that a refit is reproducible.
-    start = Calibration().replace_fields(**settings)
-    tg = dict(TIME_GRID if time_grid is None else time_grid)
+    start = fit_start(stack, settings)
+    tg = {k: v for k, v in (TIME_GRID if time_grid is None else time_grid).items() if k not in settings}
     if len(t_rows) < MIN_ROWS_FOR_ALL:
         tg = dict(list(tg.items())[:1])
-    calib = _descend(t_rows, start, tg, time_loss, rounds) if t_rows else start
+    t_prep, m_prep = prepare(t_rows), prepare(m_rows)
+    calib = _descend(t_prep, start, tg, time_loss, rounds) if t_rows else start
     mg = dict(MEMORY_GRID if memory_grid is None else memory_grid)
-    calib = _descend(m_rows, calib, mg, memory_loss, rounds) if m_rows else calib
-    fitted = [*tg, *(mg if m_rows else ())]
+    calib = _descend(m_prep, calib, mg, memory_loss, rounds) if m_rows else calib
+    fitted = [*(tg if t_rows else ()), *(mg if m_rows else ())]
     return FitResult(
-        family=family, values={k: getattr(calib, k) for k in fitted if t_rows or k in mg},
+        # only what moved from the start: a field left at its default or its stack's value is
+        # not a fitted constant (and calibration_for gives it that value anyway)
+        key=key, values={k: getattr(calib, k) for k in fitted if getattr(calib, k) != getattr(start, k)},
         throughput_rows=len(t_rows), memory_rows=sum(1 for r in m_rows if r.measured_memory_gib),
-        throughput_error_before=_median_abs(t_rows, start, 0), throughput_error_after=_median_abs(t_rows, calib, 0),
-        memory_error_before=_median_abs(m_rows, start, 1), memory_error_after=_median_abs(m_rows, calib, 1),
+        throughput_error_before=median_abs(t_prep, start, 0), throughput_error_after=median_abs(t_prep, calib, 0),
+        memory_error_before=median_abs(m_prep, start, 1), memory_error_after=median_abs(m_prep, calib, 1),
     )
 
 
-def _median_abs(runs: list[Run], calib: Calibration, which: int) -> float:
-    if not runs:
+def fit_all(runs: list[Run], settings: Mapping[str, Any], rounds: int = 2,
+            memory_grid: Mapping | None = None) -> dict[str, FitResult]:
+    """One fit per (generation, stack) present in ``runs``."""
+    out = {}
+    for key in sorted({calibration_key(r) for r in runs}):
+        rows = [r for r in runs if calibration_key(r) == key]
+        out[key] = fit_rows(rows, key, rows[0].stack, settings, rounds, memory_grid=memory_grid)
+    return out
+
+
+def fitted_calibration(run: Run, fits: Mapping[str, FitResult], settings: Mapping[str, Any]) -> Calibration:
+    """The calibration of ``run`` under ``fits``: its (generation, stack) fit, else the shipped one."""
+    res = fits.get(calibration_key(run))
+    if res is None:
+        return calibration_for(run.cluster.gpu, run.stack)
+    return fit_start(run.stack, settings).replace_fields(**res.values, source=f"fitted just now ({res.key})")
+
+
+def median_abs(prep: Prepared, calib: Calibration, which: int) -> float:
+    if not prep.runs:
         return float("nan")
-    errs = []
-    for r in runs:
-        pred = _predict(r, calib)[which]
-        meas = r.measured if which == 0 else r.measured_memory_gib
-        if pred and meas:
-            errs.append(abs(pred / meas - 1))
-    return float(np.median(errs)) if errs else float("nan")
+    pred = predict_all(prep, calib)[which]
+    meas = _measured(prep)[which]
+    ok = np.isfinite(meas) & (pred > 0)
+    return float(np.median(np.abs(pred[ok] / meas[ok] - 1))) if ok.any() else float("nan")
 
 
 def source_group(run: Run) -> str:
     """Coarse source: the citation's first word (Narayanan2021, Korthikanti2022, BLOOM, ...)."""
     return (run.source.split() or ["?"])[0]
-
-
-def leave_one_source_out(runs: list[Run], family: str, settings: Mapping[str, Any],
-                         rounds: int = 1) -> dict[str, tuple[int, float]]:
-    """For each source: (held-out throughput rows, their median abs error when fitted without)."""
-    rows = [r for r in runs if gpu_family(r.cluster.gpu) == family and r.metric and r.measured]
-    out = {}
-    for group in sorted({source_group(r) for r in rows}):
-        train = [r for r in rows if source_group(r) != group]
-        test = [r for r in rows if source_group(r) == group]
-        if not train:
-            continue
-        res = fit_family(train, family, settings, rounds=rounds, memory_grid={})
-        calib = Calibration().replace_fields(**settings, **res.values)
-        out[group] = (len(test), _median_abs(test, calib, 0))
-    return out

@@ -45,21 +45,22 @@ def device_type(cluster: ClusterSpec) -> str:
 
 
 def resolve_hardware(cluster: ClusterSpec, precision: Precision,
-                     profile: str | Path | None = None) -> Hardware:
+                     profile: str | Path | None = None, stack: str | None = None) -> Hardware:
     """``cluster`` (its GPU count included: a CPU host's share per process depends on it) with
-    the rates and factors of ``profile`` when one is given, for matmuls in ``precision``."""
+    the rates and factors of ``profile`` when one is given, for matmuls in ``precision``, as
+    the training ``stack`` runs them (default: meshplan's runtime; ``calibration_for``)."""
     if profile is None:
-        calib = runtime_storage(calibration_for(cluster.gpu), precision, device_type(cluster))
+        calib = runtime_storage(calibration_for(cluster.gpu, stack), precision, device_type(cluster))
         return Hardware(cluster=cluster, calib=calib)
     data = load_profile(profile)
-    return resolve_hardware_data(cluster, precision, data, profile_source(data, profile))
+    return resolve_hardware_data(cluster, precision, data, profile_source(data, profile), stack)
 
 
 def resolve_hardware_data(cluster: ClusterSpec, precision: Precision, profile: HardwareProfile,
-                          source: str) -> Hardware:
+                          source: str, stack: str | None = None) -> Hardware:
     """``resolve_hardware`` for a profile already in memory (``source``: its file and date)."""
     cluster = apply_profile_data(cluster, profile)
-    calib = calibration_from_profile_data(profile, source, precision, calibration_for(cluster.gpu))[0]
+    calib = calibration_from_profile_data(profile, source, precision, calibration_for(cluster.gpu, stack))[0]
     calib = host_time_scaled(calib, profile, cluster.num_gpus)
     return Hardware(cluster=cluster, calib=runtime_storage(calib, precision, device_type(cluster)))
 

@@ -16,6 +16,7 @@ The format is versioned; a malformed file raises MeshplanError naming the file a
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -221,9 +222,8 @@ class HardwareProfile:
 
 def load_profile(path: str | Path) -> HardwareProfile:
     """Read and validate a profile; every problem is one MeshplanError naming the file."""
-    if Path(path).is_dir():
-        raise MeshplanError(f"{path}: no such profile file")
-    return load_json_file(path, HardwareProfile.from_dict, missing="no such profile file")
+    return load_json_file(path, HardwareProfile.from_dict, missing="no such profile file",
+                          what="hardware profile (JSON)")
 
 
 def profile_source(profile: HardwareProfile, path: str | Path) -> str:
@@ -313,8 +313,9 @@ def _check_keys(data: Any, known: set[str], where: str) -> None:
 
 
 def _number(v: Any, where: str, *, positive: bool = False) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or v < 0 or (positive and v == 0):
-        raise MeshplanError(f"profile: {where} must be a {'positive' if positive else 'non-negative'} "
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0 \
+            or (positive and v == 0):
+        raise MeshplanError(f"profile: {where} must be a finite {'positive' if positive else 'non-negative'} "
                             f"number, got {v!r}")
     return float(v)
 

@@ -17,6 +17,7 @@ are checked to be predicted as not fitting.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,16 +26,20 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from meshplan.cost.calibration import Calibration, calibration_for
+import re
+
+from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
 from meshplan.cost.flops import reported_flops_per_token
 from meshplan.cost.step import estimate
 from meshplan.errors import MeshplanError
+from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.textfile import read_text_file
 
 REQUIRED_COLUMNS = (
     "id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -66,6 +71,10 @@ class Run:
     """Calibration fields that describe the row's stack (its framework's defaults)."""
     assumed: tuple[str, ...] = ()
     """Every default the row took for a blank field (spec/frameworks.py)."""
+    stack: str = DEFAULT_STACK
+    """The calibration the row is estimated with: its framework's stack (frameworks.json)."""
+    family: str = ""
+    """The model family (``model_family``): the unit of leave-one-family-out."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,21 @@ class RowResult:
     fits: bool
     oom: bool
     assumed: tuple[str, ...] = ()
+    stack: str = DEFAULT_STACK
+    family: str = ""
+    generation: str = ""
+    precision: str = ""
+    moe: bool = False
+
+
+GROUPINGS: Mapping[str, Callable[[RowResult], str]] = MappingProxyType({
+    "precision": lambda r: r.precision,
+    "dense_moe": lambda r: "moe" if r.moe else "dense",
+    "gpu": lambda r: r.gpu,
+    "generation": lambda r: r.generation,
+    "family": lambda r: r.family,
+})
+"""How the signed errors are broken down (bias shows there, issue 14 item 7)."""
 
 
 @dataclass(frozen=True)
@@ -127,12 +151,25 @@ class ValidationReport:
     def oom_predicted(self) -> int:
         return sum(r.oom and not r.fits for r in self.rows)
 
+    def signed_by(self, key: Callable[[RowResult], str]) -> dict[str, dict[str, float]]:
+        """Rows, median signed and median absolute throughput error per group."""
+        groups: dict[str, list[float]] = {}
+        for r in self.rows:
+            if r.error is not None:
+                groups.setdefault(key(r), []).append(r.error)
+        return {g: {"rows": len(e), "median_signed_error": float(np.median(e)),
+                    "median_abs_error": float(np.median(np.abs(e)))} for g, e in sorted(groups.items())}
+
+    def breakdown(self) -> dict[str, dict[str, dict[str, float]]]:
+        return {name: self.signed_by(key) for name, key in GROUPINGS.items()}
+
     def summary(self) -> dict[str, Any]:
         return {
             "rows": len(self.rows), "skipped": len(self.skipped),
             "throughput_rows": int(self._abs("error").size),
             "throughput_median_abs_error": self.throughput_median_abs_error,
             "throughput_p90_abs_error": self.throughput_p90_abs_error,
+            "throughput_median_signed_error": _pct(np.array([r.error for r in self.rows if r.error is not None]), 50),
             "memory_rows": int(self._abs("memory_error").size),
             "memory_median_abs_error": self.memory_median_abs_error,
             "memory_p90_abs_error": self.memory_p90_abs_error,
@@ -142,6 +179,7 @@ class ValidationReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "summary": self.summary(),
+            "signed_error_by": self.breakdown(),
             "rows": [r.__dict__ for r in self.rows],
             "skipped": [s.__dict__ for s in self.skipped],
         }
@@ -154,18 +192,21 @@ def _pct(a: np.ndarray, q: float) -> float:
 # ---- reading -------------------------------------------------------------------------------
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such runs file")
+    text = read_text_file(p, what="runs CSV", missing="no such runs file")
     try:
-        with p.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            missing = [c for c in REQUIRED_COLUMNS if c not in header]
-            if missing:
-                raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
-            return [dict(r) for r in reader]
-    except (csv.Error, UnicodeDecodeError) as exc:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        if missing:
+            raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
+        return [dict(r) for r in reader]
+    except csv.Error as exc:
         raise MeshplanError(f"{p}: cannot read CSV: {exc}") from None
+
+
+class MalformedCell(MeshplanError):
+    """A numeric column holding text, nan or inf: the file is wrong, not the run (load_runs
+    refuses the file instead of skipping the row)."""
 
 
 def _num(row: dict[str, str], key: str, cast: Callable[[str], Any], default: Any = None) -> Any:
@@ -176,17 +217,21 @@ def _num(row: dict[str, str], key: str, cast: Callable[[str], Any], default: Any
         return default
     try:
         value = cast(raw)
-    except ValueError:
-        raise MeshplanError(f"column {key}: {raw!r} is not a number") from None
+    except MalformedCell as exc:
+        raise MalformedCell(f"column {key}: {exc}") from None
+    except (ValueError, OverflowError):
+        raise MalformedCell(f"column {key}: {raw!r} is not a {'number' if cast is float else 'whole number'}") from None
     if isinstance(value, float) and not math.isfinite(value):
-        raise MeshplanError(f"column {key}: {raw!r} is not finite")
+        raise MalformedCell(f"column {key}: {raw!r} is not finite")
     return value
 
 
 def _int(raw: str) -> int:
     f = float(raw)
-    if f != int(f):
+    if not math.isfinite(f) or f != int(f):
         raise ValueError(raw)
+    if abs(f) > MAX_COUNT:
+        raise MalformedCell(f"{raw!r} is too large (at most {MAX_COUNT:,})")
     return int(f)
 
 
@@ -263,14 +308,24 @@ def build_run(row: dict[str, str]) -> Run:
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
                measured_memory_gib=_num(row, "measured_peak_mem_gib", float),
                oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
-               assumed=tuple(assumed))
+               assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture))
+
+
+def model_family(name: str, architecture: str | None) -> str:
+    """The family of a model: the leading letters of its name ('llama3.1-405b' -> 'llama',
+    'BLOOM-176B' -> 'bloom', 'qwen3-30b-a3b' -> 'qwen'); a name without (a row given only by its
+    dimensions, '175B (GPT-3)') is of its framework's architecture ('gpt')."""
+    m = re.match(r"[a-z]+", name.strip().lower())
+    return m.group() if m else (architecture or "unnamed")
 
 
 def load_runs(path: str | Path) -> tuple[list[Run], list[Skipped]]:
     runs, skipped = [], []
-    for row in read_rows(path):
+    for n, row in enumerate(read_rows(path), start=1):
         try:
             runs.append(build_run(row))
+        except MalformedCell as exc:
+            raise MeshplanError(f"{path}: data row {n} (id {row.get('id', '?')}): {exc}") from None
         except (MeshplanError, ValueError) as exc:
             skipped.append(Skipped(row_id=row.get("id", ""), source=row.get("source", ""), reason=str(exc)))
     return runs, skipped
@@ -295,21 +350,23 @@ def predicted_metric(run: Run, step_time_s: float) -> float | None:
     return None
 
 
-def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[str, Any]) -> Calibration:
-    calib = base or calibration_for(run.cluster.gpu)
+def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[str, Any],
+                        stack: str | None = None) -> Calibration:
+    calib = base or calibration_for(run.cluster.gpu, stack or run.stack)
     return calib.replace_fields(**settings) if settings else calib
 
 
 def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, Any] | None = None,
-             calib_for: Callable[[Run], Calibration] | None = None) -> ValidationReport:
+             calib_for: Callable[[Run], Calibration] | None = None,
+             stack: str | None = None) -> ValidationReport:
     """Estimate every run. ``settings`` are calibration fields describing the runs' software
     (e.g. fused_attention=False), over each run's own (its framework's); ``calib_for`` replaces
-    the per-GPU calibration (fitting)."""
+    the per-(generation, stack) calibration (fitting); ``stack`` replaces each row's stack."""
     settings = settings or {}
     out = []
     for run in runs:
         base = calib_for(run) if calib_for else None
-        calib = setting_calibration(run, base, {**run.settings, **settings})
+        calib = setting_calibration(run, base, {**run.settings, **settings}, stack)
         est = estimate(run.model, run.cluster, run.training, run.plan, calib)
         pred = predicted_metric(run, est.step_time_s)
         err = None if pred is None or run.measured is None else pred / run.measured - 1.0
@@ -320,7 +377,9 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
             gpu=run.cluster.gpu.name, metric=run.metric, measured=run.measured, predicted=pred,
             error=err, measured_memory_gib=run.measured_memory_gib,
             predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom,
-            assumed=run.assumed))
+            assumed=run.assumed, stack=stack or run.stack, family=run.family,
+            generation=gpu_generation(run.cluster.gpu), precision=run.training.precision.value,
+            moe=run.model.is_moe))
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 

@@ -20,4 +20,7 @@ def time_breakdown_table(est, title: str) -> Table:
             for kind, s in tb.terms_s().items():
                 if s > 0 and (kind.startswith("exposed ") or kind == "collective host overhead"):
                     t.add_row(f"  {kind.replace('exposed ', 'of which ')}", f"{s:.3f}", f"{s / est.step_time_s:.1%}")
+    if est.plan.offload:
+        v = tb.offload_s
+        t.add_row("offload (host copies, CPU Adam)", f"{v:.3f}", f"{v / est.step_time_s:.1%}")
     return t

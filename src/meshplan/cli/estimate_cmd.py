@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from meshplan.cli.checks import needs, refuse_with, typed_flags
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, err_console, print_json
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
@@ -15,18 +16,26 @@ from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
 from meshplan.plan import Job
 from meshplan.targets import Target
 
+PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
+                   "global_batch_tokens", "precision", "recipe", "optimizer", "dp", "dp_shard", "tp", "pp", "cp",
+                   "ep", "zero", "micro_batch", "recompute", "schedule", "vpp", "sp", "cp_method", "stage_layers",
+                   "recompute_layers")
+"""Flags a ``--plan`` Job file already answers: typing one with it is an error, not an override
+(to change a plan, estimate it with flags, or write a new Job with ``meshplan plan --out``)."""
+
 
 @app.command("estimate")
 @with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags, training_flags=TrainingFlags,
             plan_flags=PlanFlags)
 def estimate_cmd(
+    ctx: typer.Context,
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
     training_flags: TrainingFlags,
     plan_flags: PlanFlags,
-    plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above.")] = None,
+    plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above (which are then refused; --cluster-profile applies).")] = None,
     cluster_profile: ClusterProfileOpt = None,
-    target: Annotated[Optional[Target], typer.Option("--target", help="The stack that will run the plan: warn (stderr) when it cannot.")] = None,
+    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plan: its calibration (overlap, host costs, fitted efficiencies); given, a warning (stderr) when it cannot run the plan.")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
@@ -34,23 +43,28 @@ def estimate_cmd(
     from meshplan.cost import estimate
 
     if plan_file is not None:
+        refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
         job = Job.load(plan_file)
         spec, train, base, plan = job.model, job.training, job.cluster, job.plan
     else:
         spec = model_flags.spec(missing="name a model with --model (or give --plan plan.json)")
         base = cluster_flags.spec()
         train = training_flags.spec()
+        needs(ctx, "schedule", plan_flags.pp > 1, without="--pp > 1 (it orders the pipeline's micro-batches)")
+        needs(ctx, "cp_method", plan_flags.cp > 1, without="--cp > 1 (it is how context-parallel attention is split)")
         plan = build_plan(base.num_gpus, plan_flags)
-    hw = resolve_hardware(base, train.precision, cluster_profile)
+    hw = resolve_hardware(base, train.precision, cluster_profile, target.value)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
-    refused = warn_if_refused(target, spec, train, plan)
+    refused = warn_if_refused(target if typed_flags(ctx, ["target"]) else None, spec, train, plan)
     if json_out:
         out = est.to_dict()
-        out["target"] = None if target is None else {"name": target.value, "refuses": refused}
+        out["target_refuses"] = refused
         out["flags"] = plan_argv(plan)
         out["model"] = spec.name
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
+        out["target"] = target.value
+        out["calibration_source"] = hw.calib.source
         print_json(out)
         return
     _render(est, spec.name, clus)
@@ -75,12 +89,19 @@ def _render(est, model_name: str, clus) -> None:
     s.add_column("metric")
     s.add_column("value", justify="right")
     fit = "yes" if est.fits else f"[red]NO, short by {est.memory_shortfall_gib:.1f} GiB[/red]"
+    if not est.fits and est.memory_shortfall_gib == 0:
+        fit = "[red]NO, the offloaded tensors overflow host memory[/red]"
     for k, v in (("step time", f"{est.step_time_s:.3f} s"), ("tokens/s", f"{est.tokens_per_s:,.0f}"),
                  ("tokens/s per GPU", f"{est.tokens_per_s_per_gpu:,.0f}"),
                  ("model TFLOP/s per GPU", f"{est.tflops_per_gpu:.1f}"), ("MFU", f"{est.mfu:.1%}"),
-                 ("peak memory", f"{est.peak_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
+                 ("peak memory reserved", f"{est.peak_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
+                 ("peak memory allocated", f"{est.peak_allocated_gib:.1f} GiB"),
                  ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
+    if est.plan.offload:
+        over = est.host_memory_gib > est.host_memory_budget_gib
+        s.add_row("host memory (offload)", f"{'[red]' if over else ''}{est.host_memory_gib:.1f} / "
+                  f"{est.host_memory_budget_gib:.1f} GiB{' over' if over else ''}{'[/red]' if over else ''}")
     con.print(s)
     con.print(time_breakdown_table(est, "Step time breakdown (critical path)"))
     m = Table(title="Memory of the most loaded GPU (GiB)")

@@ -51,21 +51,24 @@ def explain_cmd(
     con.print(s)
     con.print(time_breakdown_table(est, f"Time per step ({est.time.num_microbatches} micro-batches)"))
     m = Table(title="Memory of the most loaded GPU (GiB)")
-    for col in ("parameters", "gradients", "optimizer", "activations", "other", "total"):
+    for col in ("parameters", "gradients", "optimizer", "activations", "other", "allocated",
+                "allocator reserve", "reserved"):
         m.add_column(col, justify="right")
     g = est.memory.gib()
     m.add_row(*(f"{g[k]:.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "other")),
+              f"{est.memory.allocated_bytes / 2**30:.2f}", f"{g['allocator_reserve']:.2f}",
               f"{est.memory.total_bytes / 2**30:.2f}")
     con.print(m)
     st = Table(title="Per pipeline rank")
     for col in ("rank", "virtual stages", "layers", "recomputed", "in flight", "mb time ms",
-                "params", "grads", "optim", "acts", "other", "total GiB"):
+                "params", "grads", "optim", "acts", "other", "reserve", "total GiB"):
         st.add_column(col, justify="right")
     for sc in est.stages:
         vs = [i for i in range(plan.num_stages) if plan.stage_rank(i) == sc.rank]
         mg = sc.memory.gib()
         st.add_row(str(sc.rank), ",".join(map(str, vs)), str(sc.layers), str(sc.recomputed_layers),
                    f"{sc.in_flight_microbatches:g}", f"{1e3 * sc.microbatch_time_s:.1f}",
-                   *(f"{mg[k]:.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "other")),
+                   *(f"{mg[k]:.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "other",
+                                              "allocator_reserve")),
                    f"{sc.memory.total_bytes / 2**30:.2f}")
     con.print(st)

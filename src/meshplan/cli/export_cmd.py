@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
+from meshplan.cli.checks import memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.export.common import ExportTarget, export_job
@@ -48,7 +49,11 @@ def export(
 ) -> None:
     """Write a plan as Megatron-LM arguments, Megatron-Bridge overrides, a torchtitan command line (or TOML) or a DeepSpeed JSON."""
     to = _framework(to, target)
+    if memory_gib is not None and not best:
+        raise MeshplanError("--memory-gib is the budget of the --best search: give --best, or drop it")
+    output_path(out, "--out", f"{to.value} config")
     job = Job.load(plan_file)
+    memory_budget_gib(memory_gib, job.cluster.gpu)
     chosen = None
     if cluster_profile is not None and not best:
         raise MeshplanError("--cluster-profile only matters with --best (the search); drop it or add --best")
@@ -84,7 +89,8 @@ def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None, p
     from meshplan.search.planner import search
     from meshplan.spec.cluster import GIB
 
-    hw = resolve_hardware(job.cluster, job.training.precision, profile)
+    stack = "megatron" if target is ExportTarget.MEGATRON_BRIDGE else target.value  # its calibration
+    hw = resolve_hardware(job.cluster, job.training.precision, profile, stack)
     res = search(job.model, hw.cluster, job.training, calib=hw.calib, options=search_options_for(target),
                  budget_bytes=None if memory_gib is None else memory_gib * GIB)
     budget = res.budget_bytes / GIB

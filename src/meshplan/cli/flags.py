@@ -16,7 +16,9 @@ import functools
 import inspect
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Optional
+
+import typer
 
 from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOpt, GpuOpt, GpusPerNodeOpt,
                                  ModelOpt, NodesOpt, OptimizerOpt, OverrideOpt, PrecisionOpt, RecipeOpt, SeqLenOpt,
@@ -24,7 +26,7 @@ from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOp
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec, parse_overrides
-from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
 
 DEFAULT_SEQ_LEN = 2048
 """Sequence length when neither --seq-len nor a Job file gives one."""
@@ -95,6 +97,14 @@ class ClusterFlags:
                             gpus=gpus)
 
 
+MoeDispatcherOpt = Annotated[Optional[MoeDispatcher], typer.Option(
+    "--moe-dispatcher", help="MoE token dispatcher (Megatron --moe-token-dispatcher-type): alltoall "
+    "[default], allgather, flex (DeepEP).")]
+MoeCapacityOpt = Annotated[Optional[float], typer.Option(
+    "--moe-capacity-factor", help="MoE expert capacity over the mean tokens per expert; tokens beyond it "
+    "are dropped (default: dropless).")]
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingFlags:
     """The run: ``--seq-len``, ``--global-batch`` or ``--global-batch-tokens``, ``--precision``,
@@ -106,6 +116,8 @@ class TrainingFlags:
     precision: PrecisionOpt = None
     recipe: RecipeOpt = None
     optimizer: OptimizerOpt = None
+    moe_dispatcher: MoeDispatcherOpt = None
+    moe_capacity_factor: MoeCapacityOpt = None
 
     @property
     def length_or_batch_given(self) -> bool:
@@ -121,7 +133,12 @@ class TrainingFlags:
         recipe = self.recipe
         if recipe is None and base is not None and precision == base.precision:
             recipe = base.recipe  # the Job file's recipe goes with its precision
-        return make_training(
+        training = make_training(
             self.seq_len if self.seq_len is not None else (base.seq_len if base else DEFAULT_SEQ_LEN),
             global_batch, self.global_batch_tokens, precision,
             self.optimizer or (base.optimizer if base else Optimizer.ADAMW), recipe)
+        dispatcher = self.moe_dispatcher or (base.moe_dispatcher if base else training.moe_dispatcher)
+        capacity = self.moe_capacity_factor if self.moe_capacity_factor is not None else (
+            base.moe_capacity_factor if base else None)
+        return TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
+                                       "moe_capacity_factor": capacity})

@@ -18,6 +18,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import parse_overrides
+from meshplan.textfile import read_text_file
 
 
 class ImportSource(str, enum.Enum):
@@ -42,10 +43,8 @@ def _read_args(config: str) -> str:
     """The argument string itself, or the contents of ``@file``."""
     if not config.startswith("@"):
         return config
-    try:
-        return Path(config[1:]).read_text()
-    except OSError as exc:
-        raise MeshplanError(f"{config[1:]}: cannot read the Megatron arguments ({exc.strerror})") from None
+    return read_text_file(config[1:], what="file of Megatron arguments", allow_empty=False,
+                          missing="cannot read the Megatron arguments (no such file)")
 
 
 def _save(job: Job, out: Path) -> None:

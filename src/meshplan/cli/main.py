@@ -1,6 +1,7 @@
 """The ``meshplan`` console script: one typer app, one module per command.
 
-Every MeshplanError becomes one line on stderr and exit code 2 (never a traceback).
+Every MeshplanError, and every usage error typer finds (a missing option, a value that is not a
+number), becomes one line on stderr and exit code 2 (never a traceback, never a panel).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from meshplan import __version__
+from meshplan.cli.checks import click
 from meshplan.errors import MeshplanError
 
 app = typer.Typer(
@@ -52,11 +54,35 @@ def _register() -> None:
 def main() -> None:
     _register()
     try:
-        app()
+        code = app(standalone_mode=False)
     except MeshplanError as exc:
         code = getattr(exc, "exit_code", 2)  # a run stopped on SIGTERM: its own status, not an error
-        sys.stderr.write(f"error: {exc}\n" if code == 2 else f"{exc}\n")
-        sys.exit(code)
+        if code != 2:
+            sys.stderr.write(f"{exc}\n")
+            sys.exit(code)
+        _fail(str(exc), 2)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `meshplan`: the help, as typer prints it
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.ClickException as exc:  # typer's usage errors, on one line like ours
+        _fail(_usage_message(exc), exc.exit_code)
+    except typer.Abort:
+        _fail("aborted", 1)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    sys.stderr.write(f"error: {' '.join(message.split())}\n")
+    sys.exit(code)
+
+
+def _usage_message(exc: click.exceptions.ClickException) -> str:
+    """typer's usage error as one sentence, with the command whose --help to read."""
+    msg = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        msg += f" (see `{ctx.command_path} --help`)"
+    return msg

@@ -11,10 +11,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, console, err_console, print_json
+from meshplan.cli.checks import explain_gpu_range, memory_budget_gib, nodes_and_gpus, output_path
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import plan_argv
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.training import Precision, TrainingSpec
@@ -32,8 +34,8 @@ def parse_gpu_counts(text: str) -> list[int]:
     try:
         if "-" in text:
             lo_s, hi_s = text.split("-", 1)
-            lo, hi = int(lo_s), int(hi_s)
-            if lo < 1 or hi < lo:
+            lo, hi = check_count("--gpus", int(lo_s)), check_count("--gpus", int(hi_s))
+            if hi < lo:
                 raise ValueError
             counts, n = [], lo
             while n <= hi:
@@ -41,10 +43,14 @@ def parse_gpu_counts(text: str) -> list[int]:
                 n *= 2
             return counts
         counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except MeshplanError:
+        raise
     except ValueError:
         raise MeshplanError(f"--gpus {text!r}: give a count, a list (64,128) or a range (64-256)") from None
     if not counts or counts[0] < 1:
         raise MeshplanError(f"--gpus {text!r}: GPU counts must be positive")
+    for n in counts:
+        check_count("--gpus", n)
     return counts
 
 
@@ -80,7 +86,7 @@ def plan_cmd(
     *,
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, 64,128,256 or 64-256 (powers of 2).")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256).")] = None,
     training_flags: TrainingFlags,
     memory_gib: MemoryGibOpt = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
@@ -89,7 +95,7 @@ def plan_cmd(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
     compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
-    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`).")] = Target.MESHPLAN,
+    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`) and estimates with its calibration.")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
@@ -97,23 +103,32 @@ def plan_cmd(
     from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
     from meshplan.targets import check_runs, search_options
 
+    output_path(out, "--out", "plan file")
+    output_path(plot, "--plot", "frontier plot")
+    if top < 0:
+        raise MeshplanError(f"--top must be >= 0 (0: all rows), got {top}")
     mine = Job.load(compare_file) if compare_file is not None else None
     spec = model_flags.spec(mine.model if mine else None,
                             missing="give --model (a preset or config.json), or --compare JOB.json to plan for its model")
     counts = parse_gpu_counts(gpus) if gpus else None
+    nodes_and_gpus(cluster_flags.nodes, counts, gpus)
     if mine is not None and not cluster_flags.given:
         base = _job_cluster(mine, counts)
     else:
         base = cluster_flags.spec(gpus=counts[0] if counts and len(counts) == 1 else None,
-                                  use_nodes=counts is None)
+                                  use_nodes=counts is None or len(counts) == 1)
     training = training_flags.spec(mine.training if mine else None, _default_precision(base))
-    sizes = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
-    hardware = [resolve_hardware(cl, training.precision, cluster_profile) for cl in sizes]
+    try:
+        sizes = [base] if counts is None or len(counts) == 1 else [base.with_gpus(n) for n in counts]
+    except MeshplanError as exc:
+        raise explain_gpu_range(gpus, counts, exc) from None
+    hardware = [resolve_hardware(cl, training.precision, cluster_profile, target.value) for cl in sizes]
     clusters = [hw.cluster for hw in hardware]
-    if memory_gib is not None and memory_gib <= 0:
-        raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
+    memory_budget_gib(memory_gib, base.gpu)
     if pick is not None and pick < 0:
         raise MeshplanError(f"--pick must be a frontier index >= 0, got {pick}")
+    if pick is not None and out is None:
+        raise MeshplanError(f"--pick {pick} chooses the frontier point --out writes: give --out FILE")
     budget = None if memory_gib is None else memory_gib * GIB
     results = []
     for hw in hardware:

@@ -1,5 +1,5 @@
 """The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
---schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers``): declared once,
+--schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload``): declared once,
 turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
 reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
 
@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import (CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
+from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
                            format_counts, parse_counts)
 
 Int = Optional[int]
@@ -38,6 +38,8 @@ class PlanFlags:
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
+    vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
+    offload: Annotated[Optional[str], typer.Option("--offload", help="Keep in host memory: optimizer, params (needs optimizer and --zero 3), activations; '+'-separated, e.g. optimizer+activations.")] = None
 
     @property
     def given(self) -> bool:
@@ -54,6 +56,9 @@ class PlanFlags:
                 continue
             if f.name == "sp":
                 out.append("--sp" if value else "--no-sp")
+                continue
+            if f.name == "vocab_parallel":
+                out.append("--vocab-parallel")
                 continue
             out += [f"--{f.name.replace('_', '-')}", str(value.value if isinstance(value, enum.Enum) else value)]
         return out
@@ -85,7 +90,19 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
         stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
+        offload=_parse_offload(f.offload), vocab_parallel=f.vocab_parallel,
     )
+
+
+def _parse_offload(text: str | None) -> tuple[Offload, ...]:
+    if not text:
+        return ()
+    names = [t.strip() for t in text.split("+")]
+    known = {o.value: o for o in Offload}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise MeshplanError(f"--offload {text!r}: {bad[0]!r} is not one of {', '.join(known)}")
+    return tuple(known[n] for n in names)
 
 
 def flags_for(plan: Plan) -> PlanFlags:
@@ -102,6 +119,7 @@ def flags_for(plan: Plan) -> PlanFlags:
         stage_layers=format_counts(plan.stage_layers) if plan.uneven_split else None,
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
+        offload="+".join(o.value for o in plan.offload) or None, vocab_parallel=plan.vocab_parallel,
     )
 
 

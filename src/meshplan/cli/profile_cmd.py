@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, err_console, print_json
+from meshplan.cli.checks import count_flag, output_path, refuse_with
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 @app.command("profile")
 def profile(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the profile JSON.")] = Path("profile.json"),
     procs: Annotated[Optional[int], typer.Option("--procs", help="Processes for the collective benchmarks "
                                                   "(group sizes 2..N; default 4 on CPU, all GPUs on CUDA; 1 skips them).")] = None,
@@ -33,6 +35,7 @@ def profile(
     if show is not None:
         from meshplan.calib.hwprofile import load_profile
 
+        refuse_with(ctx, ("out", "procs", "quick", "device"), because="--show prints a profile, it measures nothing")
         loaded = load_profile(show)
         if json_out:
             print_json(loaded.to_dict())
@@ -41,12 +44,8 @@ def profile(
         return
     if device not in ("auto", "cpu", "cuda"):
         raise MeshplanError(f"--device must be auto, cpu or cuda, got {device!r}")
-    if procs is not None and procs < 1:
-        raise MeshplanError(f"--procs must be at least 1, got {procs}")
-    if out.exists() and out.is_dir():
-        raise MeshplanError(f"--out {out} is a directory")
-    if not out.parent.exists():
-        raise MeshplanError(f"--out {out}: folder {out.parent} does not exist")
+    count_flag("--procs", procs)
+    output_path(out, "--out", "hardware profile")
     try:
         from meshplan.profile.run import (ProfileRequest, default_procs, planned_steps, resolve_device_type,
                                           run_profile)

@@ -16,6 +16,7 @@ import typer
 
 from meshplan import ckpt_meta
 from meshplan.cli.common import ClusterOpt, ClusterProfileOpt, GpusPerNodeOpt, JsonOpt, MemoryGibOpt, console, load_cluster, print_json
+from meshplan.cli.checks import count_flag, memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
@@ -70,15 +71,14 @@ def replan(
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.search.planner import search
 
-    if gpus < 1:
-        raise MeshplanError(f"--gpus must be a positive integer, got {gpus}")
-    if memory_gib is not None and memory_gib <= 0:
-        raise MeshplanError(f"--memory-gib must be positive, got {memory_gib}")
+    count_flag("--gpus", gpus)
+    output_path(out, "--out", "plan file")
     ckpt, meta = ckpt_meta.load_meta(checkpoint)
     old = meta.job
     hw = resolve_hardware(new_cluster(old.cluster, gpus, cluster, gpus_per_node), old.training.precision,
                           cluster_profile)
     cl = hw.cluster
+    memory_budget_gib(memory_gib, cl.gpu)
     result = search(old.model, cl, old.training, calib=hw.calib,
                     budget_bytes=None if memory_gib is None else memory_gib * GIB)
     best, skipped = pick_runnable(result.fitting, old, cl)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
+from meshplan.cli.checks import memory_budget_gib, output_path, refuse_with
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -18,6 +19,7 @@ from meshplan.targets import Target
 @app.command("report")
 @with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags, training_flags=TrainingFlags)
 def report(
+    ctx: typer.Context,
     *,
     out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")],
     plan_file: Annotated[Optional[Path], typer.Option("--plan", help="A Job file (yours): its model, cluster and batch are planned, and it is compared with the frontier.")] = None,
@@ -27,20 +29,20 @@ def report(
     memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
     cluster_profile: ClusterProfileOpt = None,
-    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the frontier keeps only what it can run; warns when yours cannot.")] = Target.MESHPLAN,
+    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plans: its calibration (overlap, host costs, fitted efficiencies); the frontier keeps only what it can run; warns when yours cannot.")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.report.build import build_report
 
+    output_path(out, "--out", "HTML report")
     yours = None
     if plan_file is not None:
+        refuse_with(ctx, ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
+                          "global_batch_tokens", "precision", "recipe", "optimizer"),
+                    because="--plan brings its own model, cluster and batch")
         job = Job.load(plan_file)
-        c = cluster_flags
-        if model_flags.model is not None or training_flags.length_or_batch_given or any(
-                v is not None for v in (c.cluster, c.gpu, c.nodes)):
-            raise MeshplanError("--plan brings its own model, cluster and batch: drop the planning options")
         spec, spec_cluster, training, yours = job.model, job.cluster, job.training, job.plan
     else:
         if model_flags.model is None or training_flags.seq_len is None:
@@ -48,7 +50,8 @@ def report(
         spec = model_flags.spec()
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
-    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile)
+    memory_budget_gib(memory_gib, spec_cluster.gpu)
+    hw = resolve_hardware(spec_cluster, training.precision, cluster_profile, target.value)
     refused = None
     if yours is not None:
         from meshplan.cli.estimate_cmd import warn_if_refused

@@ -13,23 +13,33 @@ import typer
 from rich.table import Table
 
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.checks import count_flag, output_path, positive_rate
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S
 from meshplan.spec.model import parse_overrides
+from meshplan.textfile import check_text_file
 
+DEFAULT_DRY_RUN_RANKS = "first,last"
+"""``--dry-run`` simulates rank 0 (first pipeline stage) and the last rank (last stage) by default."""
 SAMPLE_DATA = "sample"
 """``--data sample`` picks the shipped sample text (src/meshplan/data/sample.txt)."""
 
 
-def resolve_data(data: str | None) -> str | None:
+def resolve_data(data: str | None, tokenized: bool = False) -> str | None:
+    """The data path; with a tokenizer it may also be a saved `datasets` directory."""
     if data is None:
         return None
     if data == SAMPLE_DATA and not Path(data).exists():
         return str(resources.files("meshplan.data").joinpath("sample.txt"))
-    if not Path(data).is_file():
-        raise MeshplanError(f"{data}: no such data file")
+    if tokenized and Path(data).is_dir():  # a saved `datasets` directory
+        return data
+    if tokenized:  # jsonl, parquet (binary) or text, read by the tokenizing loader
+        if not Path(data).is_file():
+            raise MeshplanError(f"{data}: no such data file")
+        return data
+    check_text_file(data, what="data file")
     return data
 
 
@@ -48,6 +58,17 @@ def train(
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
     collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.")] = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Simulate ranks at the plan's full world size on torch's fake process group and fake tensors (no GPU, no real memory); print memory and collectives next to the cost model.")] = False,
+    ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = DEFAULT_DRY_RUN_RANKS,
+    init_from: Annotated[Optional[Path], typer.Option("--init-from", help="Local Hugging Face model directory (config.json + safetensors): its model and weights replace the plan's model and the random init.")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer directory (tokenizer.json): --data is then .jsonl / .parquet / .txt or a saved datasets directory, tokenised and packed.")] = None,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out loss every N steps (needs --tokenizer and --eval-fraction).", min=0)] = 0,
+    eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Share of the packed sequences held out for --eval-every.")] = 0.0,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear learning-rate warmup steps.", min=0)] = 0,
+    cosine: Annotated[bool, typer.Option("--cosine", help="Cosine decay of the learning rate after warmup, to --min-lr-ratio x --lr at the last step.")] = False,
+    min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Final learning rate of --cosine, as a fraction of --lr.")] = 0.0,
+    clip_grad: Annotated[float, typer.Option("--clip-grad", help="Clip the global gradient norm to this (0: no clipping).", min=0.0)] = 0.0,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay of matrices and embeddings (never of biases and norms).", min=0.0)] = 0.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (one process per rank, gloo on CPU, nccl on GPU)."""
@@ -58,10 +79,28 @@ def train(
     if override:
         model = job.model.with_overrides(parse_overrides(override))
         job = Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
-    if lr <= 0:
-        raise MeshplanError(f"--lr must be positive, got {lr}")
-    data_path = resolve_data(data)
-    check_runnable(job, text_data=data_path is not None)
+    positive_rate("--lr", lr)
+    count_flag("--steps", steps)
+    count_flag("--seed", seed, minimum=0)
+    count_flag("--checkpoint-every", checkpoint_every, minimum=0)
+    count_flag("--checkpoint-keep", checkpoint_keep)
+    output_path(log, "--log", "training log")
+    if init_from is not None:
+        job = _job_for_checkpoint(job, init_from)
+    _check_loop_flags(job, data, tokenizer, eval_every, eval_fraction, weight_decay)
+    data_path = resolve_data(data, tokenized=tokenizer is not None)
+    if data_path is not None and tokenizer is None:  # the workers' own check, before starting them
+        from meshplan.runtime.data import load_text_tokens
+
+        load_text_tokens(data_path, job.model.vocab_size, job.training.seq_len)
+    check_runnable(job, text_data=data_path is not None and tokenizer is None)
+    if ranks != DEFAULT_DRY_RUN_RANKS and not dry_run:
+        raise MeshplanError("--ranks picks the ranks of a --dry-run; add --dry-run")
+    if dry_run:  # before the machine check: a dry run needs no GPU
+        from meshplan.cli.dryrun_cmd import dry_run as run_dry
+
+        run_dry(job, ranks, json_out)
+        return
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
     if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
         raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
@@ -92,7 +131,11 @@ def train(
                           progress=not json_out,
                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
                           checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
-                          collective_timeout_s=collective_timeout_s)
+                          collective_timeout_s=collective_timeout_s,
+                          init_from=str(init_from) if init_from else None,
+                          tokenizer=str(tokenizer) if tokenizer else None, eval_every=eval_every,
+                          eval_fraction=eval_fraction, warmup_steps=warmup_steps, cosine=cosine,
+                          min_lr_ratio=min_lr_ratio, clip_grad=clip_grad, weight_decay=weight_decay)
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return
@@ -117,6 +160,31 @@ def train(
     if not cluster_profile:
         console().print("[dim]no hardware profile: the prediction uses preset rates; run `meshplan profile "
                         "--out profile.json` and pass --cluster-profile profile.json for a calibrated one[/dim]")
+
+
+def _job_for_checkpoint(job: Job, model_dir: Path) -> Job:
+    """The plan's Job with the model read from ``model_dir``'s config.json, its weights checked
+    (every tensor mapped, the numerics supported) before anything is launched."""
+    from meshplan.runtime.hf_weights import check_checkpoint
+    from meshplan.spec.hf import load_hf_config
+
+    if not model_dir.is_dir():
+        raise MeshplanError(f"--init-from {model_dir}: no such directory")
+    model = load_hf_config(model_dir)
+    check_checkpoint(model_dir, model)
+    return Job(model=model, training=job.training, cluster=job.cluster, plan=job.plan)
+
+
+def _check_loop_flags(job: Job, data: str | None, tokenizer: Path | None, eval_every: int,
+                      eval_fraction: float, weight_decay: float) -> None:
+    if tokenizer is not None and data is None:
+        raise MeshplanError("--tokenizer needs --data (the documents to tokenise)")
+    if eval_every and (tokenizer is None or eval_fraction <= 0):
+        raise MeshplanError("--eval-every needs --tokenizer and an --eval-fraction above 0 (the held-out split)")
+    if eval_every and job.plan.dims.pp > 1:
+        raise MeshplanError("--eval-every is not supported with pipeline parallel (pp > 1)")
+    if weight_decay and job.training.optimizer.value != "adamw":
+        raise MeshplanError(f"--weight-decay needs the adamw optimizer, the plan uses {job.training.optimizer.value}")
 
 
 def _is_rank0() -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -12,6 +14,7 @@ from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
 from meshplan.data.published import DEFAULT_RUNS, runs_csv
 from meshplan.errors import MeshplanError
+from meshplan.targets import Target
 
 
 def _finite(obj):
@@ -30,8 +33,10 @@ def fit_settings(rows, given: dict) -> dict:
     (their frameworks' defaults); rows of stacks that differ need them given."""
     kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
     if len(kinds) > 1:
-        raise MeshplanError("--fit: the rows' frameworks differ in fused attention or dropout; "
-                            "give --fused-attention/--no-fused-attention and --dropout/--no-dropout")
+        differ = sorted({k for kind in kinds for k, v in kind if any(dict(o).get(k) != v for o in kinds)})
+        raise MeshplanError(f"--fit: the rows' frameworks differ in {', '.join(differ)}; fit one "
+                            "framework's rows at a time (or give --fused-attention/--dropout where "
+                            "only those differ)")
     return dict(kinds.pop()) if kinds else dict(given)
 
 
@@ -42,44 +47,57 @@ def _fmt(v: float | None, spec: str) -> str:
 @app.command("validate")
 def validate_cmd(
     runs: Annotated[str, typer.Option("--runs", help="A shipped set of published runs (calibration, megatron-bridge) or a CSV of that format.")] = DEFAULT_RUNS,
-    fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per GPU family on these runs first and print it.")] = False,
-    loso: Annotated[bool, typer.Option("--leave-one-source-out", help="With --fit: refit without each source and score it.")] = False,
+    target: Annotated[Optional[Target], typer.Option("--target", help="Estimate every row with this stack's calibration (default: each row's framework's stack).")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per (GPU generation, stack) on these runs first and print it.")] = False,
+    write: Annotated[bool, typer.Option("--write-calibration", help="With --fit: write the fitted records into the calibration data file (spec/presets/calibration_fitted.json).")] = False,
+    holdout: Annotated[bool, typer.Option("--holdout", help="Also refit without each model family and each GPU generation and score the held-out rows (minutes).")] = False,
+    loso: Annotated[bool, typer.Option("--leave-one-source-out", help="Refit without each source and score it.")] = False,
     fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
     dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (default: each row's framework's: GPT-style runs did).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
-    from meshplan.cost.calibration import Calibration, gpu_family
     from meshplan.calib.validate import evaluate, load_runs
 
+    if loso and not fit:
+        raise MeshplanError("--leave-one-source-out scores a refit: give it with --fit")
+    if write and not fit:
+        raise MeshplanError("--write-calibration needs --fit")
     settings = {k: v for k, v in (("fused_attention", fused_attention), ("dropout", dropout)) if v is not None}
     rows, skipped = load_runs(runs_csv(runs))
+    if target is not None:
+        rows = [replace(r, stack=target.value) for r in rows]
     fitted: dict[str, dict] = {}
-    loso_out: dict[str, dict] = {}
+    held: dict[str, dict] = {}
     calib_for = None
-    if fit:
-        from meshplan.calib.fit import fit_family, leave_one_source_out
-
+    if fit or holdout or loso:
         settings = fit_settings(rows, settings)
+    if fit:
+        from meshplan.calib.fit import fit_all, fitted_calibration
 
-        for fam in sorted({gpu_family(r.cluster.gpu) for r in rows}):
-            res = fit_family(rows, fam, settings)
-            fitted[fam] = res.__dict__
-            if loso:
-                loso_out[fam] = {g: {"rows": n, "median_abs_error": e}
-                                 for g, (n, e) in leave_one_source_out(rows, fam, settings).items()}
+        fits = fit_all(rows, settings)
+        fitted = {k: res.__dict__ for k, res in fits.items()}
+        if write:
+            from meshplan.calib.records import write_records
 
-        def calib_for(run):  # noqa: F811 - the fitted calibration of the run's family
-            values = fitted[gpu_family(run.cluster.gpu)]["values"]
-            return Calibration().replace_fields(**values, source="fitted just now")
+            path = write_records(fits, runs, settings)
+            logging.getLogger(__name__).info("wrote %s to %s", ", ".join(fits), path)
+
+        def calib_for(run):  # noqa: F811 - the fitted calibration of the run's (generation, stack)
+            return fitted_calibration(run, fits, settings)
+    if holdout or loso:
+        from meshplan.calib.holdout import leave_one_out
+
+        for by in (("family", "generation") if holdout else ()) + (("source",) if loso else ()):
+            held[by] = leave_one_out(rows, by, settings).summary()
 
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
     if json_out:
         out = report.to_dict()
         if fit:
             out["fit"] = fitted
-        if loso:
-            out["leave_one_source_out"] = loso_out
+        if held:
+            out["leave_one_out"] = held
         print_json(_finite(out))
         return
     con = console()
@@ -116,12 +134,22 @@ def validate_cmd(
     con.print(summ)
     con.print(f"OOM rows predicted not to fit: {s['oom_predicted_not_fitting']} of {s['oom_rows']}; "
               f"{s['rows']} rows estimated, {s['skipped']} not estimated.")
-    for fam, res in fitted.items():
-        con.print(f"fit {fam}: {res['values']} (throughput median error {res['throughput_error_before']:.1%}"
+    by = report.breakdown()
+    bias = Table(title="Median signed throughput error (predicted / measured - 1) by group")
+    for col in ("by", "group", "rows", "median signed", "median |error|"):
+        bias.add_column(col, justify="right" if col in ("rows", "median signed", "median |error|") else "left")
+    for name in ("precision", "dense_moe", "generation", "gpu"):
+        for g, v in by[name].items():
+            bias.add_row(name, g, str(v["rows"]), _fmt(v["median_signed_error"], "+.1%"),
+                         _fmt(v["median_abs_error"], ".1%"))
+    con.print(bias)
+    for key, res in fitted.items():
+        con.print(f"fit {key}: {res['values']} (throughput median error {res['throughput_error_before']:.1%}"
                   f" -> {res['throughput_error_after']:.1%} on {res['throughput_rows']} rows; memory "
                   f"{_fmt(res['memory_error_before'], '.1%')} -> {_fmt(res['memory_error_after'], '.1%')} "
                   f"on {res['memory_rows']} rows)")
-    for fam, groups in loso_out.items():
-        for g, v in groups.items():
-            con.print(f"leave-one-source-out {fam}: {g}: {v['rows']} rows, median error "
-                      f"{_fmt(v['median_abs_error'], '.1%')}")
+    for name, h in held.items():
+        con.print(f"leave one {name} out: {h['rows']} held-out rows, median |error| "
+                  f"{_fmt(h['median_abs_error'], '.1%')}, p90 {_fmt(h['p90_abs_error'], '.1%')}, median signed "
+                  f"{_fmt(h['median_signed_error'], '+.1%')}; " + ", ".join(
+                      f"{g}: {_fmt(v['median_abs_error'], '.1%')} ({v['rows']})" for g, v in h["groups"].items()))

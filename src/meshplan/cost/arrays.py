@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, offload_choices, offload_code
 
 SCHEDULE_CODES: tuple[Schedule, ...] = tuple(Schedule)
 """Integer code of a schedule = its index here (gpipe 0, 1f1b 1, interleaved 2, zero-bubble 3)."""
@@ -43,14 +43,22 @@ class PlanArrays:
     cp_method: np.ndarray  # index into CP_METHOD_CODES
     etp: np.ndarray | None = None
     """Expert tensor parallel degree, resolved (``ParallelDims.expert_tp``); None: tp."""
+    offload: np.ndarray | None = None
+    """What lives in host memory, as the bit mask of ``meshplan.plan.offload_code``; None: nothing."""
+    vocab_parallel: np.ndarray | None = None
+    """Vocabulary parallelism over the pipeline ranks (bool); None: off."""
 
     def __post_init__(self) -> None:
         if self.etp is None:
             object.__setattr__(self, "etp", np.asarray(self.tp))
+        if self.offload is None:
+            object.__setattr__(self, "offload", np.zeros_like(np.asarray(self.tp)))
+        if self.vocab_parallel is None:
+            object.__setattr__(self, "vocab_parallel", np.zeros(np.shape(self.tp), dtype=bool))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
-            a = a.astype(bool) if f.name == "sp" else a.astype(np.int64)
+            a = a.astype(bool) if f.name in ("sp", "vocab_parallel") else a.astype(np.int64)
             a = np.atleast_1d(a)
             object.__setattr__(self, f.name, a)
             if n is None:
@@ -89,6 +97,8 @@ class PlanArrays:
             recompute=col(lambda p: RECOMPUTE_CODES.index(p.recompute)),
             cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
             etp=col(lambda p: p.dims.expert_tp),
+            offload=col(lambda p: offload_code(p.offload)),
+            vocab_parallel=col(lambda p: p.vocab_parallel),
         )
 
     def plan(self, i: int, stage_layers: tuple[int, ...] = (),
@@ -110,6 +120,8 @@ class PlanArrays:
             cp_method=CP_METHOD_CODES[int(self.cp_method[i])],
             stage_layers=tuple(stage_layers),
             recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
+            offload=offload_choices(int(self.offload[i])),
+            vocab_parallel=bool(self.vocab_parallel[i]),
         )
 
     def take(self, index) -> "PlanArrays":

@@ -30,11 +30,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost import comms
+from meshplan.cost.offload import host_budget_bytes, rank_offload
+from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.cost.precision import (
+    compute_dtype_peak_flops,
+    weight_copy_bytes_per_param,
+)
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -60,19 +67,37 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
+    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL), and the allocator's
+    reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays, not six)."""
+    reserve_bytes: np.ndarray
+    """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
+    offload_exposed_s: np.ndarray | float = 0.0
+    """Per micro-batch: host-device copies of offloaded parameters and activations left exposed
+    (:mod:`meshplan.cost.offload`)."""
+    offload_total_s: np.ndarray | float = 0.0
+    offload_step_s: np.ndarray | float = 0.0
+    """Per step: the offloaded optimizer's gradient download, host (CPU Adam) step and upload."""
+    host_bytes: np.ndarray | float = 0.0
+    """Host memory this GPU's offloaded tensors take (not part of ``memory_bytes``)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.comm_exposed_s
+        return self.compute_s + self.recompute_s + self.comm_exposed_s + self.offload_exposed_s
 
     @property
     def step_extra_s(self) -> np.ndarray:
-        return self.dp_exposed_s + self.optimizer_s
+        return self.dp_exposed_s + self.optimizer_s + self.offload_step_s
 
     @property
     def memory_bytes(self) -> np.ndarray:
+        """Peak reserved: allocated + the allocator's reserve; what must fit in the GPU."""
         return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
                 + self.activations_bytes + self.other_bytes)
+
+    @property
+    def allocated_bytes(self) -> np.ndarray:
+        """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
+        return self.memory_bytes - self.reserve_bytes
 
 
 def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -110,12 +135,14 @@ class PlanTerms:
     expert_shards: tuple[np.ndarray, ...]
     """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
     least 1; n1 / ep when etp = tp)."""
+    vocab_sync_s: np.ndarray | float = 0.0
+    """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
+    peak = compute_dtype_peak_flops(cluster, training)  # the LM head stays bf16 (cost/precision.py)
     hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
@@ -145,7 +172,8 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
     m = num_microbatches(training, plans)
-    return PlanTerms(
+    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
+    return PlanTerms(vocab_sync_s=vocab_sync,
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
         hbm=hbm, t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
@@ -178,15 +206,20 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
-    compute = compute + np.where(has_head, (1.0 + mtp) * terms.head_compute_s, 0.0)
-    compute = compute + np.where(has_embedding, terms.embed_compute_s, 0.0)
-    p2p = terms.p2p_s
+    # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
+    # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
+    embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
+    compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
+    compute = compute + embed_share * terms.embed_compute_s
+    compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
+    p2p = terms.p2p_s + terms.vocab_sync_s
     comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
     comm_tot = comm_tot + p2p
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
-    dense_p = (layers * layer.dense_params_per_gpu + np.where(has_embedding, terms.embed_p, 0.0)
-               + np.where(has_head, terms.head_p, 0.0))
+    # a tied head needs no copy of the embedding when both rows sit on the same rank
+    head_p = np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+    dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
     n1 = terms.n1
@@ -197,6 +230,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
+    # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
+    copy_b = weight_copy_bytes_per_param(training, calib)
+    if copy_b:
+        weights = weights + shard(layers * layer.dense_params_per_gpu * copy_b, expert_p * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)
     grads = shard(dense_p * gb, expert_p * gb, 2)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
@@ -218,17 +255,35 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step
         dp_ranks = plans.dp_replicate * n1
         dp_exposed = dp_exposed + np.where(z <= 1, layers * (dp_ranks - 1) * calib.dp_layer_overhead_s, 0.0)
-    z3 = np.where(z >= 3, 2 * ag_weights + rs_grads, 0.0)
-    comm_exp = comm_exp + comms.exposed(z3, calib.fsdp_overlap, compute)
-    comm_tot = comm_tot + z3
+    # ZeRO-3 (FSDP) all-gathers each layer's parameters (forward and backward) and
+    # reduce-scatters its gradients every micro-batch, each collective behind that layer's own
+    # compute (prefetch, Zhao et al. 2023 Sec. 3.3); the embedding / LM head's behind theirs.
+    # Per layer, so that a rank's time stays affine in its layer count (search/stages.py).
     # ZeRO-2 keeps only a shard of the gradients, so gradient accumulation cannot sum them
     # locally: every micro-batch's backward reduce-scatters its gradients (Rajbhandari et al.
     # 2020, Sec. 5.2; DeepSpeed stage 2, FSDP2 with reshard_after_forward=False). The last of
     # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
     # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
-    z2 = np.where(z == 2, rs_grads * (terms.m_float - 1.0) / terms.m_float, 0.0)
-    comm_exp = comm_exp + comms.exposed(z2, calib.fsdp_overlap, mb_bwd)
-    comm_tot = comm_tot + z2
+    layer_p = layer.params_per_gpu
+    rest_p = np.maximum(total_p - layers * layer_p, 0.0)  # embedding / LM head shares on this rank
+    layer_compute = layer.fwd_compute_s + layer.bwd_compute_s
+    rest_compute = np.maximum(compute - layers * layer_compute, 0.0)
+
+    def fsdp_time(params):
+        gather = comms.all_gather_time(params * calib.weight_bytes_per_param, n1, lvl1)
+        return 2 * gather + comms.reduce_scatter_time(params * gb, n1, lvl1)
+
+    accumulate = (terms.m_float - 1.0) / terms.m_float
+    z3_layer, z3_rest = fsdp_time(layer_p), np.where(rest_p > 0, fsdp_time(rest_p), 0.0)
+    z2_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1) * accumulate
+    z2_rest = np.where(rest_p > 0, comms.reduce_scatter_time(rest_p * gb, n1, lvl1), 0.0) * accumulate
+    z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
+              + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
+    z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
+              + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
+    comm_exp = comm_exp + np.where(z >= 3, z3_exp, np.where(z == 2, z2_exp, 0.0))
+    comm_tot = comm_tot + np.where(z >= 3, layers * z3_layer + z3_rest,
+                                   np.where(z == 2, layers * z2_layer + z2_rest, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / terms.dense_shards[1] * (
@@ -242,22 +297,38 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    acts = acts + np.where(has_head, T * Vt * (calib.logits_bytes_per_element
-                                                   + calib.loss_transient_bytes_per_element), 0.0)
+    acts = acts + head_share * T * Vt * (calib.logits_bytes_per_element + calib.loss_transient_bytes_per_element)
+
+    # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
+    off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
+                       microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
+                       layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
+                       layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
+                       backward_s=mb_bwd)
+    offloaded = plans.offload > 0
+    weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
+    optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
+    optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
-    # the shard already held (Zhao et al. 2023 Sec. 3.2).
-    z3_buffers = np.where(z >= 3, np.minimum(2.0, layers) * layer.params_per_gpu
+    # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
+    # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
+    gathered = np.minimum(2.0, layers)
+    if calib.fsdp_pp_keeps_unsharded and np.any(z >= 3):
+        gathered = np.where(p > 1, layers, gathered)
+    z3_buffers = np.where(z >= 3, gathered * layer.params_per_gpu
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
-    other = (calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3
-             + calib.allocator_fragmentation * (weights + grads + optim + acts))
+    reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
+    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
     return RankCost(
         compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
-        activations_bytes=acts, other_bytes=other,
+        activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
+        offload_exposed_s=np.where(offloaded, off.microbatch_exposed_s, 0.0),
+        offload_total_s=off.microbatch_total_s, offload_step_s=off.step_exposed_s, host_bytes=off.host_bytes,
     )
 
 
@@ -268,10 +339,17 @@ class BatchEstimate:
     step_time_s: np.ndarray
     bubble_s: np.ndarray
     peak_memory_bytes: np.ndarray
+    """Peak reserved (allocated + allocator reserve): what ``fits`` compares with the GPU."""
+    peak_allocated_bytes: np.ndarray | None
+    """Peak allocated (no allocator reserve); None when ``compose`` was not asked for it (the
+    search scores on reserved alone)."""
     tokens_per_s_per_gpu: np.ndarray
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
     fits: np.ndarray
+    """GPU memory fits, and the offloaded tensors fit in the GPU's share of host memory."""
+    host_memory_bytes: np.ndarray | float = 0.0
+    """Host memory of the GPU whose offloaded tensors take the most."""
 
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -288,21 +366,26 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(model, cluster, training, plans, [first, final], calib)
+    return compose(model, cluster, training, plans, [first, final], calib, allocated=True)
 
 
 def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-            ranks: list[RankCost], calib: Calibration) -> BatchEstimate:
-    """Step time and peak memory from the ranks' costs (max over ranks)."""
+            ranks: list[RankCost], calib: Calibration, *, allocated: bool = False) -> BatchEstimate:
+    """Step time and peak memory from the ranks' costs (max over ranks); the peak allocated
+    too with ``allocated``."""
     m = num_microbatches(training, plans)
     t_mb = np.max([r.microbatch_s for r in ranks], axis=0)
     fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
     step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
     peak = np.max([r.memory_bytes for r in ranks], axis=0)
+    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0) if allocated else None
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
+    host = np.max([r.host_bytes * np.ones_like(peak) for r in ranks], axis=0)
+    host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
+                         peak_allocated_bytes=peak_allocated,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=peak <= cluster.gpu.memory_bytes)
+                         fits=(peak <= cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)

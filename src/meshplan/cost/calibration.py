@@ -1,10 +1,11 @@
 """Every efficiency, overlap and overhead factor of the cost model, with its source.
 
 The formulas in :mod:`meshplan.cost` only ever read factors from a :class:`Calibration`; no bare
-tuning numbers appear inside a formula. ``calibration_for(gpu)`` returns the defaults for a GPU
-family: literature/vendor-derived values, replaced for the A100 and V100 families by the values
-that ``meshplan validate --fit`` found on ``runs_calibration.csv``, kept as data with their source
-(``FITTED_FILE``, ``fitted_records``).
+tuning numbers appear inside a formula. A training stack is a named calibration (issue 14, item
+6): ``calibration_for(gpu, stack)`` layers the literature defaults, the stack's mechanisms (what
+it overlaps, its fixed host costs: ``STACK_FIELDS``, each stack's with its source) and the values
+fitted on published runs for the (GPU generation, stack) pair, all kept as data with their
+source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration`` rewrites the fitted part).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class Calibration:
     small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
     latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
     micro-batches, which is why measured throughput grows with the micro-batch size."""
+    microbatch_overhead_s: float = 0.0
+    """Fixed time per micro-batch (forward + backward) on every pipeline rank, independent of
+    the layers it holds: the host work of the schedule (the loss and its scaling, posting the
+    pipeline sends/receives, the data iterator, hooks of the distributed optimizer) that a small
+    model cannot hide behind device work (PyTorch CUDA semantics, 'Asynchronous execution').
+    A stack field (STACK_FIELDS), fitted per (generation, stack)."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -71,6 +78,75 @@ class Calibration:
     dropout: bool = False
     """Whether the layers use dropout (GPT-3/Megatron 2021-2022 runs: yes, Llama: no). Adds the
     2sbh bytes of masks of Korthikanti et al. 2022, Sec. 4.1, and their memory-bound time."""
+
+    # ---- precision per operation (cost/precision.py) --------------------------------------
+    fp8_matmul_factor: float = 0.85
+    """Fraction of the fp8 peak an fp8 GEMM reaches, over the fraction a bf16 GEMM of the same
+    shape reaches of the bf16 peak: cuBLASLt fp8 GEMMs on H100 sustain ~1.6-1.8x, not 2x, the
+    bf16 rate on large shapes (NVIDIA Transformer Engine performance notes; scaling and amax
+    epilogues). Literature default; fitted per stack (calib/fit.py)."""
+    fp4_matmul_factor: float = 0.75
+    """The same for NVFP4/MXFP4 GEMMs over the fp4 peak (Blackwell fp4 GEMMs reach ~1.5x the fp8
+    rate on training shapes rather than 2x: block-scale loads, NVIDIA 2025 NVFP4 pretraining
+    report). Literature default; fitted per stack."""
+    fp8_attention: bool = False
+    """The attention core runs in fp8 (Megatron --fp8-dot-product-attention, cuDNN fp8 fused
+    attention); off by default in Megatron-Core and the Megatron-Bridge recipes: bf16 core."""
+    fp4_bf16_edge_layers: float = 2.0
+    """Layers an fp4 recipe keeps in bf16: Megatron --first-last-layers-bf16 with its defaults
+    --num-layers-at-start-in-bf16 1 and --num-layers-at-end-in-bf16 1 (NVIDIA 2025, 'Pretraining
+    LLMs with NVFP4', Sec. 4: the last layers are the sensitive ones)."""
+    lowp_cast_bytes_per_element: float = 4.0
+    """HBM bytes per element of an fp8/fp4 GEMM input for its cast, amax and transpose: bf16 read
+    (2) + row-wise and column-wise low-precision copies written (1 + 1), TE's fused
+    cast_transpose kernel. Charged on activation inputs (forward) and output gradients
+    (backward); weights are cast once per step and cached across micro-batches."""
+    fp8_saved_input_bytes_per_element: float = 1.0
+    """Bytes per element of a linear's input saved for its backward under fp8: TE keeps the fp8
+    (column-wise) copy it made for the weight-gradient GEMM, not the bf16 tensor."""
+    fp4_saved_input_bytes_per_element: float = 0.5625
+    """The same under NVFP4: 4-bit values plus one 1-byte E4M3 scale per 16 elements."""
+    fp8_weight_copy_bytes_per_param: float = 2.0
+    """fp8 copies of each linear weight kept beside the bf16 weight: row-wise and the transposed
+    copy TE caches for the backward (Float8Tensor transpose cache; MXFP8 keeps row- and
+    column-wise data the same way)."""
+    fp4_weight_copy_bytes_per_param: float = 1.125
+    """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
+
+    # ---- long-context attention (cost/mixers.py) -----------------------------------------
+    attention_half_seq: float = 128.0
+    """Sequence (KV length seen by one kernel call) at which a non-causal fused attention
+    reaches half its large-sequence efficiency: efficiency x s / (s + attention_half_seq).
+    FlashAttention-3 forward, H100 bf16, head dim 128, non-causal: ~500 TFLOP/s at 512, ~660 at
+    16k (Shah et al. 2024, Fig. 5)."""
+    attention_half_seq_causal: float = 1024.0
+    """The same for a causal mask, whose diagonal tiles are partly wasted and whose early query
+    blocks see few keys: FlashAttention-3 causal, head dim 128: ~200 TFLOP/s at 512, ~530 at 4k,
+    ~640 at 16k (Shah et al. 2024, Fig. 5)."""
+    cp_causal_balanced: bool = True
+    """Context parallel splits a causal sequence in 2c chunks, rank i holding chunks i and
+    2c-1-i, so every rank does the same attention work (Megatron-Core's load-balanced CP, the
+    'zig-zag' split). False: a contiguous split, where the last rank does (2c-1)/c of the mean."""
+
+    # ---- MoE as it runs (cost/moe.py) ------------------------------------------------------
+    moe_permute_passes: float = 1.0
+    """HBM passes of the token permutation before the experts and the un-permutation (with the
+    routing-probability weighting) after them: each reads and writes every routed token copy
+    once (Megatron-Core / TE fused moe_permute / moe_unpermute kernels)."""
+    moe_routing_imbalance: float = 1.0
+    """Routed tokens of the busiest expert-parallel rank over the mean: 1 with force-balanced
+    routing (Megatron --moe-router-force-load-balancing; the Megatron-Bridge benchmark rows);
+    natural routing with an auxiliary loss stays 1.1-1.5x off balance per step (Fedus et al.
+    2022, Switch Transformer Sec. 2.2; DeepSeek-V3 Sec. 2.1.2). The step waits for the busiest."""
+    moe_alltoall_sync_s: float = 1.0e-3
+    """Host time exposed per MoE layer forward (the backward, like all of the layer's work, 2x)
+    by the dropless all-to-all dispatcher's device-to-host sync of the tokens-per-expert counts
+    (Megatron-Core MoEAlltoAllTokenDispatcher and torchtitan's expert-parallel all-to-all move
+    them to the host to size the all-to-all): the launch queue drains, and the layer's remaining
+    ~100 kernels (permute, grouped GEMMs, activation, unpermute, combine) start from the host at
+    ~10 us of launch and dispatch each (5-20 us: PyTorch blog 'Accelerating PyTorch with CUDA
+    Graphs', 2021). Fixed per micro-batch: what makes micro-batch 1 of a fine-grained MoE slow.
+    0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75
@@ -178,6 +254,15 @@ class Calibration:
     caching allocator notes)."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
+    fsdp_pp_keeps_unsharded: bool = True
+    """With pipeline parallelism, FSDP does not reshard a stage's parameters after the forward
+    (torchtitan's default reshard_after_forward policy under PP: the backward of in-flight
+    micro-batches would gather them again), so a rank holds its whole stage unsharded."""
+    selective_keeps_fraction: float = 1.0
+    """Of the activations that selective recompute keeps (all but the attention scores, Megatron's
+    core_attn selective, Korthikanti et al. 2022 Sec. 5), the fraction a stack really keeps: 1
+    for Megatron-Core; an op-level policy that recomputes norms and activation functions
+    (torchtitan's op selective AC: saves matmul outputs) keeps less. A stack-dependent field."""
 
     # ---- behaviour ------------------------------------------------------------------------
     def grad_bytes_per_param(self, precision: Precision) -> float:
@@ -219,6 +304,10 @@ class Calibration:
                 continue
             if not isinstance(v, (int, float)) or v < 0:
                 raise MeshplanError(f"calibration {f.name} must be a non-negative number, got {v!r}")
+        if self.fp8_matmul_factor <= 0 or self.fp4_matmul_factor <= 0:
+            raise MeshplanError("calibration fp8_matmul_factor and fp4_matmul_factor must be > 0")
+        if self.moe_routing_imbalance < 1:
+            raise MeshplanError(f"calibration moe_routing_imbalance must be >= 1, got {self.moe_routing_imbalance!r}")
         for f in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency",
                   "intra_node_comm_efficiency", "inter_node_comm_efficiency"):
             if not 0 < getattr(self, f) <= 1:
@@ -227,38 +316,81 @@ class Calibration:
             if not getattr(self, f) > 0:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
-                  "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor"):
+                  "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
+                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
 
 FITTED_FILE = "presets/calibration_fitted.json"
-"""Fitted values per GPU family, as data with their source (under the meshplan.spec package)."""
+"""The calibration per (GPU generation, stack) as data with its sources (under meshplan.spec)."""
+
+DEFAULT_STACK = "meshplan"
+"""The stack an estimate is for when none is named: meshplan's own runtime (`meshplan train`)."""
+
+STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
+                "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s")
+"""Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
+hardware: never borrowed from another stack's record."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FittedRecord:
-    """One GPU family's fitted Calibration fields and where they come from."""
+    """The fitted Calibration fields of one (generation, stack) and where they come from."""
 
-    family: str
+    key: str
+    """'generation/stack', e.g. 'hopper/megatron'."""
     source: str
     how: str
     values: Mapping[str, Any]
 
 
+@dataclass(frozen=True, kw_only=True)
+class StackRecord:
+    """How one training stack runs a plan: its overlap and host-cost fields, with the source."""
+
+    stack: str
+    source: str
+    values: Mapping[str, Any]
+
+
+def record_key(generation: str, stack: str) -> str:
+    return f"{generation}/{stack}"
+
+
+@lru_cache(maxsize=1)
+def _raw() -> Mapping[str, Any]:
+    return MappingProxyType(json.loads(resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()))
+
+
 @lru_cache(maxsize=1)
 def fitted_records() -> Mapping[str, FittedRecord]:
-    """The fitted records by GPU family (``FITTED_FILE``), each checked against Calibration."""
-    text = resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()
+    """The fitted records by 'generation/stack' (``FITTED_FILE``), each checked against Calibration."""
     out = {}
-    for family, rec in json.loads(text).items():
-        if family.startswith("_"):
-            continue
-        record = FittedRecord(family=family, source=rec["source"], how=rec["how"],
+    for key, rec in _raw()["records"].items():
+        record = FittedRecord(key=key, source=rec["source"], how=rec["how"],
                               values=MappingProxyType(dict(rec["values"])))
         Calibration().replace_fields(**record.values)  # an unknown field or a bad value fails here
-        out[family] = record
+        out[key] = record
     return MappingProxyType(out)
+
+
+@lru_cache(maxsize=1)
+def stack_records() -> Mapping[str, StackRecord]:
+    """Each stack's mechanisms (``FITTED_FILE`` 'stacks'), checked against Calibration."""
+    out = {}
+    for stack, rec in _raw()["stacks"].items():
+        bad = set(rec["values"]) - set(STACK_FIELDS)
+        if bad:
+            raise MeshplanError(f"{FITTED_FILE}: stack {stack}: not stack fields: {', '.join(sorted(bad))}")
+        record = StackRecord(stack=stack, source=rec["source"], values=MappingProxyType(dict(rec["values"])))
+        Calibration().replace_fields(**record.values)
+        out[stack] = record
+    return MappingProxyType(out)
+
+
+def stack_names() -> tuple[str, ...]:
+    return tuple(stack_records())
 
 
 def gpu_family(gpu: GPUSpec) -> str:
@@ -266,9 +398,36 @@ def gpu_family(gpu: GPUSpec) -> str:
     return gpu.name.split("-")[0].lower()
 
 
-def calibration_for(gpu: GPUSpec) -> Calibration:
-    """Defaults for this GPU family, with fitted values where the CSV allowed a fit."""
-    record = fitted_records().get(gpu_family(gpu))
-    if record is None:
-        return Calibration()
-    return Calibration().replace_fields(source=record.source, **record.values)
+def gpu_generation(gpu: GPUSpec) -> str:
+    """'volta', 'ampere', 'hopper', 'blackwell', 'cpu', ...: the family's generation (data);
+    a family the file does not list is its own generation."""
+    family = gpu_family(gpu)
+    return _raw()["generations"].get(family, family)
+
+
+def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
+    """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
+    defaults, then the hardware fields of a record borrowed from another stack of the same
+    generation when this pair has none, then the stack's mechanisms, then the pair's own record."""
+    stack = (stack or DEFAULT_STACK).lower()
+    stacks = stack_records()
+    if stack not in stacks:
+        raise MeshplanError(f"unknown stack {stack!r}; known: {', '.join(stacks)}")
+    gen = gpu_generation(gpu)
+    records = fitted_records()
+    calib, sources = Calibration(), []
+    own = records.get(record_key(gen, stack))
+    if own is None:
+        lender = next((records[k] for k in _raw()["lenders"]
+                       if k.split("/")[0] == gen and k in records), None)
+        if lender is not None:
+            hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
+            calib = calib.replace_fields(**hw)
+            sources.append(f"{lender.source} (hardware fields of {lender.key})")
+    calib = calib.replace_fields(**stacks[stack].values)
+    sources.append(f"{stack} stack mechanisms")
+    if own is not None:
+        calib = calib.replace_fields(**own.values)
+        sources.insert(0, own.source)
+    return calib.replace_fields(source="; ".join(sources) if own or len(sources) > 1 else
+                                f"defaults; {stack} stack mechanisms")

@@ -22,7 +22,7 @@ keeps only the layer input, 2sbh (/t with SP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,8 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
 from meshplan.cost.mixers import mixer_cost
+from meshplan.cost.moe import moe_cost
+from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.layers import (
     Ffn,
@@ -41,7 +43,7 @@ from meshplan.spec.layers import (
     moe_params,
 )
 from meshplan.spec.model import ModelSpec
-from meshplan.spec.training import Optimizer, Precision, TrainingSpec
+from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
 
 
 def activation_bytes(precision: Precision) -> float:
@@ -52,7 +54,7 @@ def activation_bytes(precision: Precision) -> float:
     GEMMs in FP8, casting their inputs inside each module, while the tensors passed between
     modules, the residual stream, the attention core and the TP/CP/PP/EP collectives stay in the
     bf16 compute dtype (TE "Using FP8 with Transformer Engine"; Micikevicius et al. 2022 Sec. 4).
-    This is the conservative choice for memory: TE may save some GEMM inputs as FP8 copies.
+    The inputs a linear saves for its backward are its fp8 copies (cost/precision.saved_input_bytes).
     """
     return 4.0 if precision == Precision.FP32 else 2.0
 
@@ -142,6 +144,12 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     layers hold it, so that ``num_layers`` times it gives the stack's exact totals of time,
     parameters and memory. Pipeline ranks are charged by layer count (every rank sees the
     average layer), which is approximate when kinds cluster (dense-first, hybrid patterns)."""
+    bf16_share = bf16_layer_fraction(training, calib, model.num_layers)
+    if bf16_share > 0:  # fp4 recipes keep the first and last layers in bf16 (cost/precision.py)
+        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0))
+        bf16 = layer_cost(model, cluster, replace(training, precision=Precision.BF16, recipe=None), plans, calib)
+        return LayerCost(**{f: (1.0 - bf16_share) * getattr(lowp, f) + bf16_share * getattr(bf16, f)
+                            for f in LayerCost.__dataclass_fields__})
     kinds = layer_kind_counts(model)
     if len(kinds) == 1:
         return _one_layer(model, cluster, training, plans, calib, kinds[0][0])
@@ -154,8 +162,17 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration, kind: LayerKind) -> LayerCost:
     gpu = cluster.gpu
-    peak = cluster.compute_peak_flops(training)  # fp4 peak for fp4, x clock_fraction
+    rates = op_rates(cluster, training, calib)  # precision per operation (cost/precision.py)
+    peak = rates.linear_flops
     hbm = gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
+    cast = rates.cast_bytes_per_element
+
+    def linear_time(calib_, peak_, m, n, k):
+        """A linear layer's GEMM with its fp8/fp4 casts: the input (m x k) in the forward, the
+        output gradient (m x n) in the backward; a third here, the backward is 2x the forward."""
+        if not cast:  # bf16 / fp16 / fp32: no casts (and no array work for the search)
+            return gemm_time(calib_, peak_, m, n, k)
+        return gemm_time(calib_, peak_, m, n, k) + cast * (m * k + m * n) / (3.0 * hbm)
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     ep = plans.ep.astype(float)
@@ -172,27 +189,17 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- forward math: token mixer, then channel mixer (per GPU shapes) ---------------------
     mix = mixer_cost(model, cluster, kind, plans, calib, seq_len=training.seq_len, peak=peak, hbm=hbm,
-                     ab=ab, gemm_time=gemm_time)
+                     ab=ab, gemm_time=linear_time, core_peak=rates.core_flops)
     if moe:
-        F = float(model.moe_ffn_hidden_size)
-        Fs = float(model.moe_shared_ffn_hidden_size)
-        k_top = float(model.moe_top_k)
-        # tokens each local expert sees: an expert-tp group gathers its members' T*etp/t tokens
-        tok_per_expert = T * (e_t / t) * k_top * ep / model.moe_num_experts
-        local_experts = model.moe_num_experts / ep
-        Dx = float(model.moe_latent_size or model.hidden_size)  # width the routed experts see
-        up = gemm_time(calib, peak, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
-        down = gemm_time(calib, peak, tok_per_expert, Dx, F / e_t)
-        t_mlp = local_experts * (up + down)
-        t_mlp += gemm_time(calib, peak, T, float(model.moe_num_experts), D)  # router
-        if model.moe_latent_size:  # LatentMoE down and up projections (TP-replicated here)
-            t_mlp += gemm_time(calib, peak, T, Dx, D) + gemm_time(calib, peak, T, D, Dx)
-        t_mlp += model.moe_shared_experts * (gemm_time(calib, peak, T, (m_mlp - 1) * Fs / t, D)
-                                             + gemm_time(calib, peak, T, D, Fs / t))
-        mlp_width = F * k_top + Fs * model.moe_shared_experts
+        block = moe_cost(model, cluster, training, plans, calib, T=T, hbm=hbm, ab=ab,
+                         bf16_flops=rates.bf16_flops, linear_flops=peak, gemm_time=gemm_time,
+                         linear_time=linear_time)
+        t_mlp, mlp_width = block.compute_s, block.kept_width
+        if calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
+            t_mlp = t_mlp + calib.moe_alltoall_sync_s  # host sync of the token counts (Calibration)
     elif kind.ffn == Ffn.DENSE:
         F = float(model.ffn_hidden_size)
-        t_mlp = gemm_time(calib, peak, T, (m_mlp - 1) * F / t, D) + gemm_time(calib, peak, T, D, F / t)
+        t_mlp = linear_time(calib, peak, T, (m_mlp - 1) * F / t, D) + linear_time(calib, peak, T, D, F / t)
         mlp_width = F
     else:
         t_mlp, mlp_width = 0.0 * T, 0.0
@@ -219,9 +226,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     )
     cp_fwd, cp_bwd, cp_overlap = mix.cp_fwd_s, mix.cp_bwd_s, mix.cp_overlap
     if moe:
-        ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)  # ep ranks etp apart
-        ep_width = float(model.moe_latent_size or model.hidden_size)  # tokens travel latent
-        ep_fwd = 2 * comms.all_to_all_time(T / t * model.moe_top_k * ep_width * ab, ep, ep_link)
+        ep_fwd = block.dispatch_s  # dispatch + combine per the dispatcher (cost/moe.py)
     else:
         ep_fwd = np.zeros_like(T)
     # Smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes).
@@ -253,13 +258,15 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- activations (Korthikanti et al. 2022 Sec. 4.1, generalised; bytes) ------------
     drop_masks = 1.0 if calib.dropout else 0.0  # per sub-block output dropout mask (1 B)
-    replicated = T_rep * D * parts * (2 * ab + drop_masks)  # per sub-block: norm input, linear input
-    mlp_kept = (3.0 if model.gated_mlp else 2.0) * mlp_width  # GELU in+out, or gate, up, product
-    parallel = mix.kept_bytes + T * ab * mlp_kept / t
+    sib = saved_input_bytes(training, calib, ab)  # a linear's saved input (fp8: its fp8 copy)
+    replicated = T_rep * D * parts * (ab + sib + drop_masks)  # per sub-block: norm input, linear input
+    # GELU in + out, or gate, up, product; the last is fc2's input
+    mlp_kept = ((2.0 if model.gated_mlp else 1.0) * ab + sib) * mlp_width
+    parallel = mix.kept_bytes + T * mlp_kept / t
     if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
         parallel = parallel + T * ab * 2.0 * model.moe_latent_size
     act_none = replicated + parallel + mix.score_bytes
-    act_sel = replicated + parallel
+    act_sel = (replicated + parallel) * calib.selective_keeps_fraction  # stack-dependent (Calibration)
     act_full = T_rep * D * ab
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,

@@ -60,17 +60,43 @@ class MixerCost:
 
 def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
                calib: Calibration, *, seq_len: int, peak: float, hbm: float, ab: float,
-               gemm_time) -> MixerCost:
+               gemm_time, core_peak: float | None = None) -> MixerCost:
+    """``peak`` is the projections' rate, ``core_peak`` the attention core's / scan's (bf16 under
+    an fp8 recipe unless fp8 attention: cost/precision.py); ``gemm_time`` costs a projection."""
+    core_peak = peak if core_peak is None else core_peak
     zero = np.zeros(len(plans.tp))
     if kind.mixer == Mixer.NONE:
         return MixerCost(zero, zero, 0.0, zero, 0.0, 0.0, 0.0, 0.0)
     if kind.mixer == Mixer.MAMBA:
-        return _mamba(model, cluster, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time)
+        return _mamba(model, cluster, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time,
+                      core_peak=core_peak)
     return _attention(model, cluster, kind, plans, calib, S=float(seq_len), peak=peak, hbm=hbm, ab=ab,
-                      gemm_time=gemm_time)
+                      gemm_time=gemm_time, core_peak=core_peak)
 
 
-def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time) -> MixerCost:
+def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causal: bool):
+    """Fraction of peak a fused attention kernel reaches: the large-problem efficiency, times the
+    head-dim falloff of a GEMM of that inner size, times the sequence falloff s / (s + s_half)
+    with the KV length one kernel call sees (causal masks ramp up later; FlashAttention-3
+    curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor."""
+    aligned = calib.unaligned_matmul_factor if head_dim % 8 else 1.0  # model constant
+    half_seq = calib.attention_half_seq_causal if causal else calib.attention_half_seq
+    return (calib.attention_efficiency * head_dim / (head_dim + calib.matmul_half_dim)
+            * kv_len / (kv_len + half_seq) * aligned)
+
+
+def cp_causal_imbalance(calib: Calibration, c, causal: bool):
+    """Attention work of the busiest CP rank over the mean: 1 with the load-balanced (zig-zag)
+    split; (2c-1)/c with a contiguous split of a causal sequence: of the c x c blocks of S/c
+    queries by S/c keys, rank i computes i + 1/2 (its diagonal block half masked), the last
+    c - 1/2 against c/2 on average (Megatron-Core context parallel docs: the load-balanced split).
+    """
+    if not causal or calib.cp_causal_balanced:
+        return np.ones_like(c)
+    return (2.0 * c - 1.0) / c
+
+
+def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time, core_peak) -> MixerCost:
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     D = float(model.hidden_size)
@@ -96,16 +122,18 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
     t_out = gemm_time(calib, peak, T, D, heads_local * dv)
     window = float(model.sliding_window) if kind.sliding else S
     s_eff = min(window, S)
-    causal = 0.5 if (model.arch == Arch.DECODER and s_eff >= S) else 1.0
+    is_causal = model.arch == Arch.DECODER and s_eff >= S
+    causal = 0.5 if is_causal else 1.0
     core_flops = 2.0 * T * s_eff * heads_local * (dqk + dv) * causal
     head_dim = (dqk + dv) / 2.0
+    is_ring = plans.cp_method == CP_RING
     if calib.fused_attention:
-        aligned = calib.unaligned_matmul_factor if head_dim % 8 else 1.0  # model constant
-        t_core = core_flops / (peak * calib.attention_efficiency * head_dim
-                               / (head_dim + calib.matmul_half_dim) * aligned)
+        # KV length of one kernel call: ring CP runs c blocks of S/c keys, Ulysses the whole S
+        kv_len = np.where(is_ring & (c > 1), np.minimum(s_eff, S / c), s_eff)
+        t_core = core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
         softmax_bytes, score_bytes = 0.0, 0.0
     else:  # two batched GEMMs over the full s x s scores + a softmax pass (Megatron masks, not skips)
-        t_core = core_flops / causal / (peak * gemm_efficiency(calib, S, s_eff, head_dim))
+        t_core = core_flops / causal / (core_peak * gemm_efficiency(calib, S, s_eff, head_dim))
         scores = plans.micro_batch * heads_local * (S / c) * s_eff
         softmax_bytes = scores * (2.0 + (3.0 if calib.dropout else 0.0)) * ab
         # softmax output (2 B), + dropout mask (1 B) and dropout output: the 5as^2b term
@@ -115,7 +143,7 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
     ring = (c - 1) * comms.p2p_time(kv_msg, c > 1, cp_link)
     # Ulysses (Jacobs et al. 2023): all-to-all of Q, K, V in and of the output back.
     ulysses = comms.all_to_all_time(T * (heads_local * (dqk + dv) + 2 * kv_local) * ab, c, cp_link)
-    is_ring = plans.cp_method == CP_RING
+    t_core = t_core * cp_causal_imbalance(calib, c, is_causal)
     return MixerCost(
         gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=softmax_bytes,
         kept_bytes=kept, score_bytes=score_bytes,
@@ -123,7 +151,7 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
         cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0))
 
 
-def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time) -> MixerCost:
+def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time, core_peak) -> MixerCost:
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     D = float(model.hidden_size)
@@ -136,7 +164,7 @@ def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time) -> MixerCost
     scan_flops = 2.0 * T * (G * Q * Ns + n * Q * P + 2.0 * n * Ns * P) / t
     conv_flops = 2.0 * T * model.mamba_conv_width * mamba_conv_channels(model) / t
     # The SSD kernels are tiled matmuls like fused attention: costed at its efficiency on P.
-    t_core = (scan_flops + conv_flops) / (peak * calib.attention_efficiency * P / (P + calib.matmul_half_dim))
+    t_core = (scan_flops + conv_flops) / (core_peak * calib.attention_efficiency * P / (P + calib.matmul_half_dim))
     kept = T * ab * (mamba_in_proj_width(model) + mamba_conv_channels(model) + 2 * di) / t
     # Context parallel (Megatron's Mamba CP): all-to-all of the in_proj output from sequence- to
     # head-sharded before the conv and scan, and of y back, whatever cp_method the attention uses.

@@ -16,6 +16,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
+from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
 from meshplan.plan import Plan
 from meshplan.spec.cluster import GIB, ClusterSpec
@@ -56,10 +57,16 @@ class TimeBreakdown:
     """The step's data-parallel gradient reduce (and ZeRO-1/2 parameter gather)."""
     exposed_host_s: float = 0.0
     """The runtime's host time per collective (Calibration.*_layer_overhead_s), never hidden."""
+    offload_s: float = 0.0
+    """Host-device copies of offloaded tensors left exposed, and the host's optimizer step
+    (CPU Adam) with its gradient download and weight upload (:mod:`meshplan.cost.offload`)."""
+    offload_total_s: float = 0.0
+    """All host-device copies per step, hidden or not, plus the host's optimizer step."""
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.exposed_communication_s + self.bubble_s + self.optimizer_s
+        return (self.compute_s + self.exposed_communication_s + self.bubble_s + self.optimizer_s
+                + self.offload_s)
 
     def terms_s(self) -> dict[str, float]:
         """The step as named terms that sum to it: what `plan --compare` attributes a gap to."""
@@ -69,7 +76,7 @@ class TimeBreakdown:
             "exposed EP": self.exposed_ep_s, "exposed PP p2p": self.exposed_pp_s,
             "exposed ZeRO per micro-batch": self.exposed_zero_s, "exposed DP": self.exposed_dp_s,
             "collective host overhead": self.exposed_host_s,
-            "bubble": self.bubble_s, "optimizer": self.optimizer_s,
+            "bubble": self.bubble_s, "optimizer": self.optimizer_s, "offload": self.offload_s,
         }
 
 
@@ -82,11 +89,20 @@ class MemoryBreakdown:
     optimizer_bytes: float
     activations_bytes: float
     other_bytes: float
+    reserve_bytes: float = 0.0
+    """Reserved by the caching allocator beyond the allocated peak (fragmentation)."""
+
+    @property
+    def allocated_bytes(self) -> float:
+        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.other_bytes)
+    host_bytes: float = 0.0
+    """Offloaded tensors in host memory (not part of ``total_bytes``, the GPU's)."""
 
     @property
     def total_bytes(self) -> float:
-        return (self.parameters_bytes + self.gradients_bytes + self.optimizer_bytes
-                + self.activations_bytes + self.other_bytes)
+        """Peak reserved: allocated + reserve."""
+        return self.allocated_bytes + self.reserve_bytes
 
     def gib(self) -> dict[str, float]:
         return {
@@ -95,6 +111,7 @@ class MemoryBreakdown:
             "optimizer": self.optimizer_bytes / GIB,
             "activations": self.activations_bytes / GIB,
             "other": self.other_bytes / GIB,
+            "allocator_reserve": self.reserve_bytes / GIB,
         }
 
 
@@ -120,12 +137,19 @@ class Estimate:
     """Model FLOPs basis (6N + 12LSq per token, no recompute)."""
     mfu: float
     peak_memory_gib: float
+    """Peak reserved (allocated + allocator reserve); ``fits`` is decided on it."""
     gpu_memory_gib: float
     fits: bool
     memory_shortfall_gib: float
     time: TimeBreakdown
     memory: MemoryBreakdown
     stages: tuple[StageCost, ...]
+    peak_allocated_gib: float = 0.0
+    """Peak allocated (torch.cuda.max_memory_allocated + CUDA context / NCCL): no reserve."""
+    host_memory_gib: float = 0.0
+    """Host memory of the GPU whose offloaded tensors take the most."""
+    host_memory_budget_gib: float = 0.0
+    """That GPU's share of the node's usable host memory (0: no offload)."""
 
     def to_dict(self) -> dict[str, Any]:
         t = self.time
@@ -137,6 +161,8 @@ class Estimate:
             "tflops_per_gpu": self.tflops_per_gpu,
             "mfu": self.mfu,
             "peak_memory_gib": self.peak_memory_gib,
+            "peak_reserved_gib": self.peak_memory_gib,
+            "peak_allocated_gib": self.peak_allocated_gib,
             "gpu_memory_gib": self.gpu_memory_gib,
             "fits": self.fits,
             "memory_shortfall_gib": self.memory_shortfall_gib,
@@ -149,8 +175,12 @@ class Estimate:
                 "recompute": t.recompute_s,
                 "microbatch_comm_total": t.microbatch_comm_total_s,
                 "dp_comm_total": t.dp_comm_total_s,
+                "offload": t.offload_s,
+                "offload_total": t.offload_total_s,
             },
             "terms_s": t.terms_s(),
+            "host_memory_gib": self.host_memory_gib,
+            "host_memory_budget_gib": self.host_memory_budget_gib,
             "num_microbatches": t.num_microbatches,
             "stages": [
                 {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
@@ -171,6 +201,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     """Cost of ``plan``; the plan must be valid for the model, batch and GPU count."""
     plan.validate_for(model, training, cluster.num_gpus)
     plan = plan.with_defaults(model)
+    if plan.offload:
+        check_offload_hardware(cluster)
     calib = calib or calibration_for(cluster.gpu)
     arrays = PlanArrays.from_plans([plan])
     layer = layer_cost(model, cluster, training, arrays, calib)
@@ -188,7 +220,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
             rank=r, layers=layers, recomputed_layers=rec,
             in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
             microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
-    batch = compose(model, cluster, training, arrays, ranks, calib)
+    batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
     tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
     heavy = int(np.argmax([_f(r.memory_bytes) for r in ranks]))
@@ -201,7 +233,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         bubble_s=_f(batch.bubble_s), optimizer_s=_f(rt.optimizer_s),
         recompute_s=m * _f(rs.recompute_s), microbatch_comm_total_s=m * _f(rs.comm_total_s),
         dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m,
-        **{k: m * v for k, v in kinds.items()}, exposed_dp_s=_f(rt.dp_exposed_s))
+        **{k: m * v for k, v in kinds.items()}, exposed_dp_s=_f(rt.dp_exposed_s),
+        offload_s=m * _f(rs.offload_exposed_s) + _f(rt.offload_step_s),
+        offload_total_s=m * _f(rs.offload_total_s) + _f(rt.offload_step_s))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
@@ -210,7 +244,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         tokens_per_s_per_gpu=_f(batch.tokens_per_s_per_gpu), tflops_per_gpu=_f(batch.tflops_per_gpu),
         mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
         fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
-        time=time, memory=stages[heavy].memory, stages=tuple(stages))
+        time=time, memory=stages[heavy].memory, stages=tuple(stages),
+        peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
+        host_memory_gib=_f(batch.host_memory_bytes) / GIB,
+        host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0)
 
 
 def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, arrays: PlanArrays,
@@ -223,7 +260,8 @@ def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     tp, cp, ep = (n * _f(getattr(layer, f)) for f in ("tp_exposed_s", "cp_exposed_s", "ep_exposed_s"))
     layer_comm = n * _f(layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     terms = plan_terms(model, cluster, training, arrays, calib, layer)
-    pp = _f(terms.p2p_s) * (1.0 - calib.pp_p2p_overlap)
+    # the pipeline's p2p and, with vocabulary parallelism, its per-micro-batch sync over the stages
+    pp = _f(terms.p2p_s + terms.vocab_sync_s) * (1.0 - calib.pp_p2p_overlap)
     return {"exposed_tp_s": tp, "exposed_cp_s": cp, "exposed_ep_s": ep, "exposed_pp_s": pp,
             "exposed_host_s": max(layer_comm - tp - cp - ep, 0.0),
             "exposed_zero_s": max(_f(rank.comm_exposed_s) - layer_comm - pp, 0.0)}
@@ -233,4 +271,5 @@ def _memory(rc: RankCost) -> MemoryBreakdown:
     return MemoryBreakdown(
         parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
-        other_bytes=_f(rc.other_bytes))
+        other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes),
+        host_bytes=_f(rc.host_bytes * np.ones(1)))

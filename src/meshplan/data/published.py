@@ -30,7 +30,9 @@ def runs_csv(name_or_path: str) -> Path:
         return path
     if name_or_path in PUBLISHED_RUNS:
         return Path(str(resources.files("meshplan.data").joinpath(PUBLISHED_RUNS[name_or_path])))
-    if path.exists():
-        raise MeshplanError(f"--runs {name_or_path}: not a file")
+    if path.is_dir():
+        raise MeshplanError(f"{path}: is a directory, expected a runs CSV")
+    if path.exists():  # a device or a FIFO: reading it may never end
+        raise MeshplanError(f"{path}: is not a regular file, expected a runs CSV")
     names = ", ".join(PUBLISHED_RUNS)
     raise MeshplanError(f"--runs {name_or_path}: no such file, nor a shipped set ({names})")

@@ -35,17 +35,24 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     """The part of the search space a target can express at all, so that ``--best`` searches
     it instead of hoping the unrestricted frontier holds an expressible point. Conditional
     limits (DeepSpeed: ZeRO <= 1 with a pipeline) are still checked by the exporter itself."""
-    from meshplan.plan import Recompute, Schedule
+    from meshplan.plan import Offload, Recompute, Schedule
     from meshplan.search.space import SearchOptions
 
+    opt, par = Offload.OPTIMIZER, Offload.PARAMS
+    # what each stack offloads (the exporters' own rules): Megatron the distributed optimizer,
+    # DeepSpeed ZeRO-Offload and ZeRO-Infinity's parameters, torchtitan FSDP2's CPUOffloadPolicy
+    offloads = {ExportTarget.MEGATRON: ((opt,),), ExportTarget.MEGATRON_BRIDGE: ((opt,),),
+                ExportTarget.DEEPSPEED: ((opt,), (opt, par)), ExportTarget.TORCHTITAN: ((opt, par),)}
     if ExportTarget(target) == ExportTarget.DEEPSPEED:
         # DeepSpeed's pipeline engine runs 1F1B, has no virtual stages, no context parallel and
         # checkpoints whole layers (docs/interop.md).
         # Its pipeline engine takes ZeRO 0-1 only, AutoTP ZeRO 0-2, and no hybrid sharding
         # (the exporter's own rules).
         return SearchOptions(schedules=(Schedule.ONE_F_ONE_B,), max_vpp=1, max_cp=1,
-                             recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs)
-    return SearchOptions()
+                             recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs,
+                             offloads=offloads[ExportTarget.DEEPSPEED], vocab_parallel=False)
+    # no stack runs vocabulary parallelism over pipeline ranks (Yeung et al. 2024 is a Megatron fork)
+    return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False)
 
 
 def _deepspeed_runs(space) -> "object":

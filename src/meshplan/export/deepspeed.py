@@ -15,7 +15,7 @@ import json
 
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, uniform_recompute
-from meshplan.plan import Job, Recompute, Schedule
+from meshplan.plan import Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision
 
 
@@ -46,6 +46,9 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
             f"DeepSpeed ZeRO shards over every data-parallel rank; hybrid sharding "
             f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) was MiCS, which DeepSpeed 0.19 removed"
         )
+    if plan.vocab_parallel:
+        raise MeshplanError("DeepSpeed has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
+    zero.update(_offload_config(plan, zero["stage"]))
     cfg["zero_optimization"] = zero
     if d.tp > 1:
         if plan.zero == 3 and d.dp_shard > 1:
@@ -86,6 +89,23 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
         warnings.append(f"activation checkpointing runs where the model calls "
                         f"deepspeed.checkpointing.checkpoint: wrap {which}")
     return cfg, warnings
+
+
+def _offload_config(plan, stage) -> dict[str, object]:
+    """ZeRO-Offload (``offload_optimizer``, stages 1-3) and ZeRO-Infinity's parameter offload
+    (``offload_param``, stage 3) to host memory; activations: not expressible (its
+    ``cpu_checkpointing`` needs partitioned activations over model parallel ranks)."""
+    if not plan.offload:
+        return {}
+    if Offload.ACTIVATIONS in plan.offload:
+        raise MeshplanError("DeepSpeed offloads activations only as partitioned checkpoints "
+                            "(cpu_checkpointing with partition_activations); not exported")
+    if not stage:
+        raise MeshplanError("DeepSpeed's offload_optimizer needs ZeRO stage 1-3 over dp_shard > 1")
+    out: dict[str, object] = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    if Offload.PARAMS in plan.offload:
+        out["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return out
 
 
 def export_deepspeed(job: Job) -> Export:

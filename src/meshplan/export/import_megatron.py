@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
+from meshplan.plan import CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -59,8 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2",
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm"):
+                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
+                 "--optimizer-cpu-offload"):
         add(name, action="store_true")
+    add("--optimizer-offload-fraction", type=float, default=None)
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
     add("--cp-comm-type", nargs="+", default=None)
@@ -241,6 +243,24 @@ def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> 
     return tuple(layers)
 
 
+def _check_same_shape(a: argparse.Namespace, model: ModelSpec) -> None:
+    """The shape the arguments give explicitly must be the shape of the ``--model`` named beside
+    them: a contradiction is refused, not settled silently for one side."""
+    gqa = a.group_query_attention and a.num_query_groups
+    given = (("--num-layers", a.num_layers, model.num_layers),
+             ("--hidden-size", a.hidden_size, model.hidden_size),
+             ("--num-attention-heads", a.num_attention_heads, model.num_heads),
+             ("--num-query-groups", a.num_query_groups if gqa else None, model.num_kv_heads),
+             ("--ffn-hidden-size", a.ffn_hidden_size, model.ffn_hidden_size),
+             ("--vocab-size", a.vocab_size, model.vocab_size),
+             ("--num-experts", a.num_experts, model.moe_num_experts))
+    differ = [f"{flag} {mine} (the preset has {theirs})" for flag, mine, theirs in given
+              if mine is not None and mine != theirs]
+    if differ:
+        raise MeshplanError(f"the Megatron arguments contradict --model {model.name}: {', '.join(differ)}; "
+                            "drop --model or fix the arguments")
+
+
 def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: int | None = None,
                     model: ModelSpec | None = None, name: str = "megatron-model") -> MegatronImport:
     """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size."""
@@ -252,6 +272,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("the GPU count is unknown: give --gpus (or --nodes) or include the "
                             "launcher's --nnodes and --nproc-per-node")
     parsed_model = _model_from_args(a, vocab_default if model is None else model.vocab_size, name)
+    if parsed_model is not None and model is not None:
+        _check_same_shape(a, model)
     spec = parsed_model or model
     tp = _positive("--tensor-model-parallel-size", a.tensor_model_parallel_size or a.model_parallel_size, 1)
     pp = _positive("--pipeline-model-parallel-size", a.pipeline_model_parallel_size, 1)
@@ -313,6 +335,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
             n = _positive("--recompute-num-layers", a.recompute_num_layers, 1)
             rec_layers = tuple(min(n, k) for k in per_stage)
 
+    if a.bf16 and a.fp16:  # Megatron-LM's own arguments.py asserts the same
+        raise MeshplanError("the Megatron arguments give both --fp16 and --bf16: keep one")
     recipe = None
     if a.fp4_format:
         precision, recipe = Precision.FP4, a.fp4_recipe or "nvfp4"  # Megatron's default fp4 recipe
@@ -342,7 +366,20 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         micro_batch=_positive("--micro-batch-size", a.micro_batch_size, 1),
         recompute=recompute,
         recompute_layers=rec_layers,
+        offload=_offload(a),
     )
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+
+
+def _offload(a) -> tuple[Offload, ...]:
+    """``--optimizer-cpu-offload`` (HybridDeviceOptimizer): the whole optimizer on the host; a
+    fraction below 1 keeps part of it on the GPU, which meshplan does not model."""
+    fraction = a.optimizer_offload_fraction
+    if not a.optimizer_cpu_offload:
+        return ()
+    if fraction is not None and fraction != 1.0:
+        raise MeshplanError(f"--optimizer-offload-fraction {fraction}: meshplan models the whole optimizer "
+                            "on the host (fraction 1.0) only")
+    return (Offload.OPTIMIZER,)

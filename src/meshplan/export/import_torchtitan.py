@@ -15,6 +15,7 @@ from meshplan.errors import MeshplanError
 from meshplan.export.torchtitan import SCHEDULE_NAMES
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, even_split
 from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.textfile import read_text_file
 
 # torchtitan model name/flavor -> meshplan preset (same architecture numbers)
 FLAVOR_PRESETS = {
@@ -35,10 +36,9 @@ class TorchtitanImport:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such torchtitan config")
+    text = read_text_file(p, what="torchtitan config (TOML)", missing="no such torchtitan config")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise MeshplanError(f"{p}: not valid TOML ({exc})") from None
 
@@ -48,13 +48,14 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str | None]:
     from meshplan.export.import_torchtitan_cli import looks_like_command_line, parse_command_line, preset_for
 
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such torchtitan config")
-    text = p.read_text()
+    text = read_text_file(p, what="torchtitan config (TOML or command line)", missing="no such torchtitan config")
     if looks_like_command_line(text):
         parsed = parse_command_line(text)
         return parsed.cfg, preset_for(parsed.module, parsed.config)
-    cfg = load_toml(p)
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MeshplanError(f"{p}: not valid TOML ({exc})") from None
     return cfg, flavor_preset(cfg)
 
 

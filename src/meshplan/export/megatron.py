@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, uniform_recompute
-from meshplan.plan import CPMethod, Job, Recompute, Schedule
+from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
@@ -211,11 +211,30 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
+    if plan.vocab_parallel:
+        raise MeshplanError("Megatron-LM has no vocabulary parallelism over pipeline ranks (Yeung et al. "
+                            "2024 is a fork of it); plan without --vocab-parallel")
+    args += _offload_args(plan)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)
     if prec:
         args.append(prec)
     return args, warnings
+
+
+def _offload_args(plan) -> list[list[str]]:
+    """Megatron-LM offloads the distributed optimizer's states and step to the host
+    (``--optimizer-cpu-offload``, HybridDeviceOptimizer; fraction 1: all of it); nothing else."""
+    if not plan.offload:
+        return []
+    if set(plan.offload) != {Offload.OPTIMIZER}:
+        raise MeshplanError("Megatron-LM offloads only the optimizer (--optimizer-cpu-offload); the plan also "
+                            f"offloads {'+'.join(o.value for o in plan.offload if o != Offload.OPTIMIZER)}")
+    if plan.zero not in (1, 2) or plan.dims.dp_shard == 1:
+        raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
+                            f"(zero 1 or 2 over dp_shard > 1); the plan has zero {plan.zero}, "
+                            f"dp_shard {plan.dims.dp_shard}")
+    return [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
 
 
 def export_megatron(job: Job) -> Export:

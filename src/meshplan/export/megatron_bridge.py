@@ -50,6 +50,8 @@ FIELDS = {
     "--use-distributed-optimizer": "ddp.use_distributed_optimizer",
     "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
     "--use-torch-fsdp2": "dist.use_torch_fsdp2",
+    "--optimizer-cpu-offload": "optimizer.optimizer_cpu_offload",  # megatron.core OptimizerConfig
+    "--optimizer-offload-fraction": "optimizer.optimizer_offload_fraction",
 }
 # written when the Megatron-LM export leaves the flag out, since a recipe sets its own (e.g. the
 # Llama-3-8B recipe: context_parallel_size 2 and the distributed optimizer on)

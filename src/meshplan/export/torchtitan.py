@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, uniform_recompute
-from meshplan.plan import CPMethod, Job, Recompute, Schedule
+from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
 
 SCHEDULE_NAMES = {
@@ -57,6 +57,16 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         # no pipeline: one micro-batch per forward, gradient accumulation over the rest
         training["local_batch_size"] = plan.micro_batch
     training["mixed_precision_param"] = "float32" if t.precision == Precision.FP32 else "bfloat16"
+    if plan.vocab_parallel:
+        raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
+    if plan.offload:
+        # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
+        if set(plan.offload) != {Offload.OPTIMIZER, Offload.PARAMS} or d.dp_shard == 1:
+            raise MeshplanError("torchtitan offloads parameters, gradients and optimizer states together "
+                                "(training.enable_cpu_offload, FSDP over dp_shard > 1): offload optimizer+params "
+                                f"only, the plan has {'+'.join(o.value for o in plan.offload)} with "
+                                f"dp_shard {d.dp_shard}")
+        training["enable_cpu_offload"] = True
 
     par: dict[str, object] = {
         "data_parallel_replicate_degree": d.dp_replicate,

@@ -23,7 +23,6 @@ from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget
 from meshplan.export.torchtitan import export_torchtitan, torchtitan_sections
 from meshplan.plan import Job
-from meshplan.spec.training import Precision
 
 CURRENT_VERSION = "0.3.0"
 """The torchtitan release the command-line form was checked against (PyPI, 2026)."""
@@ -123,7 +122,9 @@ def command_line(job: Job) -> tuple[CommandLine, list[str]]:
         raise MeshplanError("torchtitan 0.3 dropped layer-level selective checkpointing (every "
                             f"{option}-th block): recompute all layers, none, or use --target-version 0.2")
     plan = job.plan.with_defaults(job.model)
-    overrides: list[tuple[str, str]] = [(f"training.{k}", _value(v)) for k, v in sections["training"].items()]
+    # a bool that defaults to False is a bare flag for tyro (like training.disable_cuda_graphs)
+    overrides: list[tuple[str, str]] = [(f"training.{k}", "" if v is True else _value(v))
+                                        for k, v in sections["training"].items()]
     par = dict(sections["parallelism"])
     par.pop("pipeline_parallel_split_points", None)
     if par.pop("context_parallel_rotate_method", None) == "alltoall":

@@ -18,6 +18,7 @@ PARTS = (
     ("optimizer", "optimizer_bytes", "#F58518"),
     ("activations", "activations_bytes", "#E45756"),
     ("other", "other_bytes", "#BAB0AC"),
+    ("allocator reserve", "reserve_bytes", "#D8D8D8"),
 )
 
 

@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshplan.plan import CPMethod, Plan, Recompute
+from meshplan.plan import CPMethod, Offload, Plan, Recompute
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 
 
@@ -239,7 +239,14 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
     if d.dp_replicate * d.dp_shard * d.cp == 1:
         return
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    # Offloaded parameters (ZeRO-Infinity's param offload): FSDP2 keeps each sharded parameter and
+    # its gradient on the host, copies it up before the all-gather and runs the optimizer step on
+    # the host (torch.distributed.fsdp.CPUOffloadPolicy); Plan allows it with zero 3 only. Pinned
+    # host memory (asynchronous copies) needs an accelerator: not on a CPU run.
+    pinned = mesh.device_type != "cpu"
+    policy = CPUOffloadPolicy(pin_memory=pinned) if Offload.PARAMS in plan.offload else OffloadPolicy()
 
     # Experts split by ep are different tensors on each ep rank: they are data-parallel only over
     # the ranks holding the same experts (edp), and must be kept out of the dense groups.
@@ -252,7 +259,8 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
             if plan.zero == 0:
                 replicate(layer.moe.experts, mesh=ep_mesh["dp_edp"])
             else:
-                fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=plan.zero == 3)
+                fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=plan.zero == 3,
+                            offload_policy=policy)
         else:
             expert_params.update(layer.moe.experts.parameters())
 
@@ -266,7 +274,7 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
 
         def wrap(module: nn.Module) -> None:
             fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.zero == 3,
-                        ignored_params=expert_params or None)
+                        ignored_params=expert_params or None, offload_policy=policy)
 
     for layer in model.layers.values():
         wrap(layer)

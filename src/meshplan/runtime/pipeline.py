@@ -247,11 +247,14 @@ def build_pipeline(
     parallelize_stage: Callable[[nn.Module], nn.Module],
     init_stage: Callable[[nn.Module], None],
     n_microbatches: int | None = None,
+    make_stage: Callable[..., PipelineStage] = PipelineStage,
 ) -> PipelineRuntime:
     """Cut ``model_meta`` into this rank's stages, parallelise and materialise them, build the schedule.
 
     ``n_microbatches`` is ``plan.num_microbatches(training)``; when left out it is taken from the
     first batch given to ``step`` (its rows / ``plan.micro_batch``), which every rank must then get.
+    ``make_stage`` builds each stage (``PipelineStage``'s signature); the dry run passes one that
+    states the stages' shapes up front (meshplan.runtime.dryrun).
     """
     if n_microbatches is not None and n_microbatches < 1:
         raise MeshplanError(f"n_microbatches must be positive, got {n_microbatches}")
@@ -297,7 +300,7 @@ def build_pipeline(
         if flag.item():
             raise MeshplanError(ZERO_BUBBLE_RECOMPUTE)
     stages = [
-        PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, local)
+        make_stage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, local)
     ]
     return PipelineRuntime(
         stage_modules=modules,

@@ -14,6 +14,12 @@ class StepRecord:
     tokens_per_s: float
     peak_memory_gib: float
     mfu: float | None = None
+    lr: float | None = None
+    """Learning rate this step's update used (runtime/schedule.py)."""
+    grad_norm: float | None = None
+    """Global gradient norm before clipping (only when clipping)."""
+    eval_loss: float | None = None
+    """Held-out loss after this step (only on evaluation steps)."""
 
 
 class LogWriter:
@@ -27,7 +33,8 @@ class LogWriter:
             self.file.write(json.dumps(asdict(rec)) + "\n")
             self.file.flush()
 
-    def summary(self, records: list[StepRecord], notation: str, world: int) -> None:
+    def summary(self, records: list[StepRecord], notation: str, world: int, loop: dict | None = None) -> None:
+        """``loop``: the run's optimizer-step settings (schedule, clipping, weight-decay groups)."""
         if not self.file:
             return
         steady = records[1:] or records  # the first step pays for warm-up
@@ -40,6 +47,8 @@ class LogWriter:
             "mean_tokens_per_s": sum(r.tokens_per_s for r in steady) / max(1, len(steady)),
             "peak_memory_gib": max((r.peak_memory_gib for r in records), default=0.0),
             "mfu": sum(mfus) / len(mfus) if mfus else None,
+            "final_eval_loss": next((r.eval_loss for r in reversed(records) if r.eval_loss is not None), None),
+            "loop": loop or {},
         }) + "\n")
         self.file.close()
 

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Job, Plan
+from meshplan.plan import Job, Offload, Plan
 from meshplan.runtime.checkpoint import (
     TrainState, kill_for_test, load_checkpoint, pause_for_test, save_checkpoint, should_save,
 )
@@ -34,6 +34,9 @@ from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_gradient_sync
+from meshplan.runtime.schedule import (
+    LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
+)
 from meshplan.runtime.state import full_parameters
 from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
@@ -70,6 +73,26 @@ class TrainConfig:
     ``steps`` stays the total, so a run resumed at step 40 of 100 runs steps 41..100."""
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     """How long a collective waits for a peer before it fails (init_process_group's timeout)."""
+    init_from: str | None = None
+    """Local Hugging Face model directory whose weights replace the random init (runtime/hf_weights.py)."""
+    tokenizer: str | None = None
+    """Local tokenizer directory: ``data`` is then jsonl / parquet / text / a datasets directory,
+    tokenised and packed (runtime/datasets.py) instead of byte tokens."""
+    eval_every: int = 0
+    """Held-out loss every this many steps (and after the last); 0 never evaluates."""
+    eval_fraction: float = 0.0
+    """Share of the packed sequences held out for the eval loss (with ``tokenizer``)."""
+    eval_batches: int = 4
+    """Held-out global batches averaged per evaluation (fewer if the split is smaller)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup steps (runtime/schedule.py)."""
+    cosine: bool = False
+    """Cosine decay from the peak to ``min_lr_ratio * lr`` at the last step, after warmup."""
+    min_lr_ratio: float = 0.0
+    clip_grad: float = 0.0
+    """Clip the global gradient norm to this; 0 does not clip."""
+    weight_decay: float = WEIGHT_DECAY
+    """AdamW decay of matrices and embeddings (biases and norm gains are never decayed)."""
 
 
 def pick_device(job: Job) -> torch.device:
@@ -95,11 +118,13 @@ def compute_precision(precision: Precision, device: torch.device) -> Precision:
     return precision
 
 
-def make_optimizer(job: Job, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def make_optimizer(job: Job, params: list, lr: float, weight_decay: float = WEIGHT_DECAY) -> torch.optim.Optimizer:
+    """``params``: parameters, or param groups (runtime/schedule.decay_groups) whose own
+    weight_decay wins over ``weight_decay``."""
     opt = job.training.optimizer
     if opt == Optimizer.SGD:
         return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
-    wd = WEIGHT_DECAY if opt == Optimizer.ADAMW else 0.0
+    wd = weight_decay if opt == Optimizer.ADAMW else 0.0
     return torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, weight_decay=wd)
 
 
@@ -145,6 +170,9 @@ class _Run:
     amp_dtype: torch.dtype
     flops_per_token: float
     peak_flops: float
+    schedule: LRSchedule
+    held_out: list = field(default_factory=list)
+    """Held-out global batches (inputs, targets) for the eval loss."""
 
 
 def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list[StepRecord]:
@@ -163,7 +191,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
     try:
         for step in range(run.start_step + 1, cfg.steps + 1):
             start = time.perf_counter()
-            local_loss = _step(run, step)
+            local_loss, grad_norm = _step(run, step)
             pause_for_test(dist.get_rank(), step, stops.requested if stops else lambda: None)
             # Mean over ranks of per-rank means; tp replicas (and non-last pp stages, which add 0)
             # are counted out by dividing by world / pp. The same all-reduce counts stop requests,
@@ -176,7 +204,8 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
             if not math.isfinite(loss):
                 raise MeshplanError(f"the loss is {loss} at step {step}: training diverged "
                                     f"(lower --lr, currently {cfg.lr:g})")
-            rec = _record(run, step, loss, start)
+            rec = _record(run, step, loss, start, grad_norm=grad_norm,
+                          eval_loss=_maybe_eval(run, step))
             records.append(rec)
             writer.write(rec)
             progress.advance(rec)
@@ -186,7 +215,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
                 _stop(run, step, saved, stops)
     finally:
         progress.close()
-    writer.summary(records, run.plan.notation(), d.world_size)
+    writer.summary(records, run.plan.notation(), d.world_size, loop=loop_settings(run.cfg, run.job, run.optimizers[0], len(run.held_out)))
     if cfg.state_out:
         _save_state(run.modules, job, run.mesh, cfg.state_out)
     return records
@@ -204,10 +233,10 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
         raise MeshplanError(f"the plan needs {d.world_size} processes, torchrun started {dist.get_world_size()}")
     mesh = build_mesh(plan, device.type)
     ep_mesh = build_ep_mesh(plan, device.type)
-    text = load_text_tokens(cfg.data, job.model.vocab_size, training.seq_len) if cfg.data else None
-    source = BatchSource(seq_len=training.seq_len, global_batch=training.global_batch,
-                         vocab_size=job.model.vocab_size, seed=cfg.seed, text=text)
+    source, held_out = _data_source(job, cfg)
     compute = compute_precision(training.precision, device)
+    if cfg.eval_every and d.pp > 1:
+        raise MeshplanError("--eval-every is not supported with pipeline parallel (pp > 1)")
 
     model = build_model(job.model, "meta")
 
@@ -230,21 +259,48 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
         parallelize(model, plan, mesh, ep_mesh=ep_mesh)
         init_stage(model)
         modules = [model]
+    resuming = cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None
+    if cfg.init_from and not resuming:
+        from meshplan.runtime.hf_weights import load_hf_weights
+
+        load_hf_weights(modules, cfg.init_from, job.model)
     # One optimizer per model part (virtual pipeline stages): AdamW/SGD are per-parameter, so this
     # equals one optimizer over all, and checkpoints key each part's state by its own FQNs.
-    optimizers = [make_optimizer(job, list(m.parameters()), cfg.lr) for m in modules]
+    optimizers = [make_optimizer(job, decay_groups(m, cfg.weight_decay) if cfg.weight_decay else list(m.parameters()),
+                                 cfg.lr) for m in modules]
     start_step, start_position = 0, 0
-    if cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None:
+    if resuming:
         resumed = load_checkpoint(cfg.checkpoint_dir, job=job, model_parts=modules, optimizers=optimizers)
         start_step, start_position = resumed.step, resumed.data_position
         if resumed.data_seed != source.seed:  # keep the run's data order, whatever --seed says now
             source = replace(source, seed=resumed.data_seed)
+    schedule = LRSchedule(peak_lr=cfg.lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps,
+                          cosine=cfg.cosine, min_lr_ratio=cfg.min_lr_ratio)
+    if start_step and dist.get_rank() == 0:
+        note_schedule_change(optimizers, schedule, start_step)
     return _Run(job=job, cfg=cfg, plan=plan, device=device, mesh=mesh, source=source, modules=modules,
                 optimizers=optimizers, pipe=pipe, start_step=start_step, start_position=start_position,
                 autocast=compute != Precision.FP32,
                 amp_dtype=torch.float16 if compute == Precision.FP16 else torch.bfloat16,
                 flops_per_token=model_flops_per_token(job.model, training.seq_len),
-                peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0)
+                peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0,
+                schedule=schedule,
+                held_out=held_out)
+
+
+def _data_source(job: Job, cfg: TrainConfig):
+    """(training batches, held-out batches): packed tokenizer data, byte text or synthetic tokens."""
+    training = job.training
+    if cfg.tokenizer:
+        from meshplan.runtime.datasets import load_packed
+
+        packed = load_packed(cfg.data, cfg.tokenizer, seq_len=training.seq_len,
+                             global_batch=training.global_batch, vocab_size=job.model.vocab_size,
+                             seed=cfg.seed, eval_fraction=cfg.eval_fraction)
+        return packed, packed.eval_batches(cfg.eval_batches)
+    text = load_text_tokens(cfg.data, job.model.vocab_size, training.seq_len) if cfg.data else None
+    return BatchSource(seq_len=training.seq_len, global_batch=training.global_batch,
+                       vocab_size=job.model.vocab_size, seed=cfg.seed, text=text), []
 
 
 def _step(run: _Run, step: int) -> torch.Tensor:
@@ -268,12 +324,16 @@ def _step(run: _Run, step: int) -> torch.Tensor:
         local_loss = _accumulate(run.modules[0], plan, tokens, targets, dp_rank, cp_rank,
                                  local_tokens, device, run.autocast, run.amp_dtype)
     kill_for_test(dist.get_rank(), step)
+    grad_norm = (clip_gradients(run.modules, run.cfg.clip_grad, run.mesh["pp"].get_group() if d.pp > 1 else None)
+                 if run.cfg.clip_grad else None)
+    set_lr(run.optimizers, run.schedule.lr_at(step))
     for optimizer in run.optimizers:
         optimizer.step()
-    return local_loss
+    return local_loss, grad_norm
 
 
-def _record(run: _Run, step: int, loss: float, start: float) -> StepRecord:
+def _record(run: _Run, step: int, loss: float, start: float, *, grad_norm: float | None = None,
+            eval_loss: float | None = None) -> StepRecord:
     """The step's log record (``start``: its perf_counter at the beginning): time, throughput,
     the fullest rank's peak memory, MFU on GPU."""
     if run.device.type == "cuda":
@@ -285,7 +345,29 @@ def _record(run: _Run, step: int, loss: float, start: float) -> StepRecord:
     world = run.plan.dims.world_size
     mfu = (run.flops_per_token * tps / (world * run.peak_flops)) if run.peak_flops else None
     return StepRecord(step=step, loss=loss, step_time_s=elapsed_s, tokens_per_s=tps,
-                      peak_memory_gib=float(peak.item()), mfu=mfu)
+                      peak_memory_gib=float(peak.item()), mfu=mfu, lr=run.schedule.lr_at(step),
+                      grad_norm=grad_norm, eval_loss=eval_loss)
+
+
+@torch.no_grad()
+def _maybe_eval(run: _Run, step: int) -> float | None:
+    """Mean held-out loss over ``run.held_out`` every ``eval_every`` steps and after the last one
+    (the same token-mean as the training loss, forward only)."""
+    cfg, plan = run.cfg, run.plan
+    if not cfg.eval_every or not run.held_out or not (step % cfg.eval_every == 0 or step == cfg.steps):
+        return None
+    d = plan.dims
+    dp_rank, cp_rank = run.mesh["dp"].get_local_rank(), run.mesh["cp"].get_local_rank()
+    local_tokens = run.job.training.global_batch // d.dp * run.job.training.seq_len // d.cp
+    total = torch.zeros((), device=run.device)
+    model = run.modules[0]
+    for tokens, targets in run.held_out:
+        for x, y in local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp, micro_batch=plan.micro_batch,
+                                       cp_rank=cp_rank, cp=d.cp):
+            with loss_context(plan), torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.autocast):
+                total += replicated_value(token_loss_sum(model(x.to(run.device)), y.to(run.device))).float() / local_tokens
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size() / len(run.held_out)
 
 
 def _maybe_save(run: _Run, step: int, *, force: bool) -> Path | None:
@@ -311,6 +393,15 @@ def _stop(run: _Run, step: int, saved: Path | None, stops: StopRequests | None) 
     raise RunStopped(msg)
 
 
+def activation_offload(plan, device: torch.device) -> contextlib.AbstractContextManager:
+    """Tensors saved for backward go to host memory in the forward and come back in the backward
+    (``Offload.ACTIVATIONS``; torch.autograd.graph.save_on_cpu, pinned on a GPU so the copies can
+    be asynchronous). On a CPU run they are already on the host: the hooks run, nothing moves."""
+    if Offload.ACTIVATIONS not in plan.offload:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
+
 def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, device, autocast, amp_dtype):
     """Forward/backward over this rank's micro-batches; returns the rank's mean loss (detached)."""
     d = plan.dims
@@ -322,7 +413,7 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
         set_gradient_sync(model, last or plan.zero >= 2)
         with loss_context(plan):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
                 logits = model(x.to(device))
             loss = token_loss_sum(logits, y.to(device)) / local_tokens
             loss.backward()

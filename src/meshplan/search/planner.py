@@ -16,7 +16,7 @@ The frontier covers every memory level; the recommended plan is the fastest that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
@@ -29,7 +29,10 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
+from meshplan.cost.offload import host_budget_bytes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.search.vocab import vocab_rows, vocab_variants
+from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
@@ -163,13 +166,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                          stage_points=stage_points, tick=tick)
         evaluated += scored_splits
 
+    vocab_space = None
+    if options.vocab_parallel:
+        vocab_space, vocab_front, scored_vocab = _vocab_pass(ctx, space, layer, even, even_front, options,
+                                                             refine_slack)
+        fronts.append(vocab_front)
+        evaluated += scored_vocab
+    off_space = None
+    if searches_offload(cluster, options):
+        off_space, off_front, scored_off = _offload_pass(ctx, space, layer, even, merge_fronts(*fronts),
+                                                         budget, options)
+        fronts.append(off_front)
+        evaluated += scored_off
     front = merge_fronts(*fronts)
     scored = []
     tokens_flops = model_flops_per_token(model, training.seq_len)
     peak = cluster.gpu.peak_flops(training.precision)
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
-        if k < 0:
+        if k >= VOCAB_KEY_BASE:
+            plan = vocab_space.plan(k - VOCAB_KEY_BASE).with_defaults(model)
+        elif k >= OFFLOAD_KEY_BASE:
+            plan = off_space.plan(k - OFFLOAD_KEY_BASE).with_defaults(model)
+        elif k < 0:
             plan = space.plan(-1 - k).with_defaults(model)
         else:
             n, r, cfg = splits[k]
@@ -193,6 +212,75 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                         plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start)
 
 
+OFFLOAD_KEY_BASE = 1 << 40
+"""Frontier keys at or above this index the offload variants (below: uneven splits; negative:
+even splits of the space's rows)."""
+
+
+def _offload_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost,
+                  known: Front, budget: float, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
+    """Offload variants of the configurations memory holds back (:mod:`meshplan.search.offload`),
+    even split. First the most offloaded variant of every such configuration (its memory floor:
+    each choice only removes GPU memory); then every choice of the fastest configurations whose
+    floor fits. Variants whose offloaded tensors overflow the host's memory are dropped."""
+    fitting = known.time_s[known.memory_bytes <= budget]
+    rows = held_back_rows(even.step_time_s, even.peak_memory_bytes, budget,
+                          float(fitting.min()) if fitting.size else np.inf)
+    host_cap = host_budget_bytes(ctx.cluster)
+    most, src = offload_variants(space, rows, most_offloaded(options.offloads))
+    most, src = _allowed(most, src, options)
+    floor = _even_estimate(ctx, most, _SharedRows(layer, src))
+    lean = (floor.peak_memory_bytes <= budget) & (floor.host_memory_bytes <= host_cap)
+    firsts = fastest(src[lean], floor.step_time_s[lean])
+    variants, vsrc = offload_variants(space, firsts, options.offloads)
+    variants, vsrc = _allowed(variants, vsrc, options)
+    est = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
+    ok_m = np.flatnonzero(floor.host_memory_bytes <= host_cap)
+    ok_v = np.flatnonzero(est.host_memory_bytes <= host_cap)
+    both = PlanArrays(**{f.name: np.concatenate([getattr(most, f.name)[ok_m], getattr(variants, f.name)[ok_v]])
+                         for f in fields(PlanArrays)})
+    t = np.concatenate([floor.step_time_s[ok_m], est.step_time_s[ok_v]])
+    m = np.concatenate([floor.peak_memory_bytes[ok_m], est.peak_memory_bytes[ok_v]])
+    return both, Front.of(t, m, OFFLOAD_KEY_BASE + np.arange(t.size)), len(most) + len(variants)
+
+
+VOCAB_KEY_BASE = 1 << 41
+"""Frontier keys at or above this index the vocabulary-parallel variants."""
+
+
+def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost,
+                even_front: Front, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
+    """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
+                              even.step_time_s * shrink, even.peak_memory_bytes * shrink)
+    rows = vocab_rows(candidate, space.pp)
+    variants, src = _allowed(vocab_variants(space, rows), rows, options)
+    if len(variants) == 0:
+        return variants, Front.empty(), 0
+    est = _even_estimate(ctx, variants, _SharedRows(layer, src))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
+                              VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
+
+
+def _allowed(variants: PlanArrays, src: np.ndarray, options: SearchOptions) -> tuple[PlanArrays, np.ndarray]:
+    if options.allow is None or len(variants) == 0:
+        return variants, src
+    keep = np.flatnonzero(options.allow(variants))
+    return variants.take(keep), src[keep]
+
+
+@dataclass(frozen=True)
+class _SharedRows:
+    """The shared layer costs of the space's rows ``src``, indexed like the variants."""
+
+    layer: SharedLayerCost
+    src: np.ndarray
+
+    def take(self, idx) -> LayerCost:
+        return self.layer.take(self.src[idx])
+
+
 def _without_recompute(plan: Plan) -> Plan:
     from dataclasses import replace
 
@@ -211,6 +299,7 @@ class EvenCost:
 
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray
+    host_memory_bytes: np.ndarray
 
 
 def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost) -> EvenCost:
@@ -219,11 +308,12 @@ def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost)
     slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads."""
     step = np.empty(len(plans))
     peak = np.empty(len(plans))
+    host = np.zeros(len(plans))
     for i in range(0, len(plans), EVEN_CHUNK_ROWS):
         rows = slice(i, i + EVEN_CHUNK_ROWS)
         est = _even_slice(ctx, plans.take(rows), shared.take(rows))
-        step[rows], peak[rows] = est.step_time_s, est.peak_memory_bytes
-    return EvenCost(step_time_s=step, peak_memory_bytes=peak)
+        step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
+    return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host)
 
 
 def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:

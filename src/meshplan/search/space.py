@@ -21,7 +21,7 @@ import numpy as np
 
 from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, Plan, Recompute, Schedule
+from meshplan.plan import CPMethod, Offload, Plan, Recompute, Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -29,6 +29,11 @@ from meshplan.spec.training import TrainingSpec
 SCHEDULES: tuple[Schedule, ...] = SCHEDULE_CODES
 RECOMPUTES: tuple[Recompute, ...] = RECOMPUTE_CODES
 CP_METHODS: tuple[CPMethod, ...] = CP_METHOD_CODES
+
+OFFLOAD_CHOICES: tuple[tuple[Offload, ...], ...] = (
+    (Offload.OPTIMIZER,), (Offload.ACTIVATIONS,), (Offload.OPTIMIZER, Offload.ACTIVATIONS),
+    (Offload.OPTIMIZER, Offload.PARAMS), (Offload.OPTIMIZER, Offload.PARAMS, Offload.ACTIVATIONS))
+"""Every legal non-empty offload combination (``params`` goes with ``optimizer``: Plan's rule)."""
 
 MAX_VPP = 8
 """Virtual stages per pipeline rank searched with any layer split. Beyond it (published
@@ -71,6 +76,11 @@ class SearchOptions:
     """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
     max_cp: int | None = None
     """Largest context-parallel degree (None: any); 1 for a target without context parallel."""
+    offloads: tuple[tuple[Offload, ...], ...] = OFFLOAD_CHOICES
+    """Offload choices tried on the configurations memory holds back (``meshplan.search.offload``);
+    empty: no offload. Tried only on clusters that describe their host side."""
+    vocab_parallel: bool = True
+    """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -207,6 +217,8 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
     c = _keep(c, _rule_micro_batch(c, training))
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
+    c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
+    c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
     space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count, check_finite
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
+from meshplan.textfile import read_text_file
 
 GIB = 1024**3
 
@@ -49,7 +51,14 @@ class GPUSpec:
     """Where the figures come from (datasheet, page)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise MeshplanError(f"gpu name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.block_scaled_recipes, (list, tuple)):
+            raise MeshplanError(f"gpu {self.name!r}: block_scaled_recipes must be a list of recipe names, "
+                                f"got {self.block_scaled_recipes!r}")
         object.__setattr__(self, "block_scaled_recipes", tuple(self.block_scaled_recipes))
+        if not isinstance(self.source, str):
+            raise MeshplanError(f"gpu {self.name!r}: source must be text, got {self.source!r}")
         for r in self.block_scaled_recipes:
             if r not in {x.value for x in Recipe if x.block_scaled}:
                 raise MeshplanError(f"gpu {self.name!r}: block_scaled_recipes has {r!r}; "
@@ -57,11 +66,8 @@ class GPUSpec:
         for f in fields(self):
             if f.name in ("name", "block_scaled_recipes", "source"):
                 continue
-            v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise MeshplanError(f"gpu {self.name!r}: {f.name} must be a non-negative number, got {v!r}")
-        if self.memory_gib <= 0 or self.hbm_bandwidth_bytes_per_s <= 0:
-            raise MeshplanError(f"gpu {self.name!r}: memory_gib and hbm_bandwidth_bytes_per_s must be > 0")
+            check_finite(f"gpu {self.name!r}: {f.name}", getattr(self, f.name),
+                         positive=f.name in ("memory_gib", "hbm_bandwidth_bytes_per_s"))
 
     def peak_flops(self, precision: Precision) -> float:
         """Dense peak FLOP/s of the tensor cores for this precision; raises if unsupported."""
@@ -117,26 +123,36 @@ class ClusterSpec:
     or a locked clock (``nvidia-smi -pl`` / ``-lgc``) below 1. Peak FLOP/s = SMs x FLOP/clock x
     clock, so every compute peak scales by this factor; HBM and link bandwidths do not (they
     run on their own clocks). MFU stays on the datasheet peak."""
+    host_device_bandwidth_bytes_per_s: float = 0.0
+    """Host <-> GPU link per GPU, one direction (PCIe Gen5 x16 ~55e9 measured of 64e9; Grace
+    NVLink-C2C 450e9 per Grace). 0: unknown, offload cannot be estimated."""
+    host_memory_gib_per_node: float = 0.0
+    """Host DRAM per node (per NVL72 tray), for offloaded tensors; 0: unknown."""
+    host_memory_bandwidth_bytes_per_s: float = 0.0
+    """Peak host DRAM bandwidth per node (channels x transfer rate x 8 bytes, all sockets), which
+    the host's optimizer step (CPU Adam) streams through; 0: unknown."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise MeshplanError(f"cluster name must be a string, got {self.name!r}")
+        if not isinstance(self.gpu, GPUSpec):
+            raise MeshplanError(f"cluster {self.name!r}: gpu must be a GPU description, got {self.gpu!r}")
         for f in ("gpus_per_node", "num_nodes"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be a positive integer, got {v!r}")
+            check_count(f"cluster {self.name!r}: {f}", getattr(self, f))
+        check_count(f"cluster {self.name!r}: GPU count", self.num_gpus)
         for f in ("scale_up_domain_gpus", "nics_per_node"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be a non-negative integer, got {v!r}")
+            check_count(f"cluster {self.name!r}: {f}", getattr(self, f), minimum=0)
         if self.scale_up_domain_gpus and self.scale_up_domain_gpus < self.gpus_per_node:
             raise MeshplanError(f"cluster {self.name!r}: scale_up_domain_gpus={self.scale_up_domain_gpus} "
                                 f"is smaller than a node of {self.gpus_per_node} GPUs")
         v = self.clock_fraction
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
             raise MeshplanError(f"cluster {self.name!r}: clock_fraction must be in (0, 1], got {v!r}")
+        # given with NICs too, where it must agree with them (0: derived from them)
+        check_finite(f"cluster {self.name!r}: inter_node_bandwidth_bytes_per_s", self.inter_node_bandwidth_bytes_per_s)
         if self.nics_per_node:
-            if not isinstance(self.nic_bandwidth_bytes_per_s, (int, float)) or self.nic_bandwidth_bytes_per_s <= 0:
-                raise MeshplanError(f"cluster {self.name!r}: nics_per_node={self.nics_per_node} needs "
-                                    f"nic_bandwidth_bytes_per_s > 0, got {self.nic_bandwidth_bytes_per_s!r}")
+            check_finite(f"cluster {self.name!r}: nic_bandwidth_bytes_per_s", self.nic_bandwidth_bytes_per_s,
+                         positive=True)
             # One fact, one place: the per-GPU figure follows from the NICs (a value given as
             # well must agree: a stale one, e.g. after a change of node size, is refused).
             derived = self.nics_per_node * self.nic_bandwidth_bytes_per_s / self.gpus_per_node
@@ -148,13 +164,12 @@ class ClusterSpec:
                     "give one or the other")
             object.__setattr__(self, "inter_node_bandwidth_bytes_per_s", derived)
         for f in ("intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v <= 0:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be > 0, got {v!r}")
+            check_finite(f"cluster {self.name!r}: {f}", getattr(self, f), positive=True)
+        for f in ("host_device_bandwidth_bytes_per_s", "host_memory_gib_per_node",
+                  "host_memory_bandwidth_bytes_per_s"):  # 0: unknown (no offload offered)
+            check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
         for f in ("intra_node_latency_s", "inter_node_latency_s"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or v < 0:
-                raise MeshplanError(f"cluster {self.name!r}: {f} must be >= 0, got {v!r}")
+            check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
 
     @property
     def num_gpus(self) -> int:
@@ -181,18 +196,23 @@ class ClusterSpec:
                 raise MeshplanError(f"cluster {self.name!r}: {nics} NICs per {self.gpus_per_node} GPUs "
                                     f"is not a whole number of NICs for a {gpn}-GPU node")
             nics = nics * gpn // self.gpus_per_node
+        per_gpu = gpn / self.gpus_per_node  # host memory and its bandwidth keep their share per GPU
         return replace(self, num_nodes=self.num_nodes if num_nodes is None else num_nodes,
-                       gpus_per_node=gpn, nics_per_node=nics)
+                       gpus_per_node=gpn, nics_per_node=nics,
+                       host_memory_gib_per_node=self.host_memory_gib_per_node * per_gpu,
+                       host_memory_bandwidth_bytes_per_s=self.host_memory_bandwidth_bytes_per_s * per_gpu)
 
     def with_gpus(self, num_gpus: int) -> "ClusterSpec":
         """Same hardware, ``num_gpus`` in total: whole nodes, or a part of one node."""
-        if num_gpus < 1:
-            raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
+        check_count("GPU count", num_gpus)
         if num_gpus <= self.gpus_per_node:
             # Part of one node: its GPUs keep their NVLink and their share of the NICs.
             domain = self.scale_up_domain_gpus and max(self.scale_up_domain_gpus, num_gpus)
+            share = num_gpus / self.gpus_per_node  # and their share of the host's memory
             return replace(self, num_nodes=1, gpus_per_node=num_gpus, scale_up_domain_gpus=domain,
-                           nics_per_node=0, inter_node_bandwidth_bytes_per_s=self.inter_node_bandwidth_bytes_per_s) \
+                           nics_per_node=0, inter_node_bandwidth_bytes_per_s=self.inter_node_bandwidth_bytes_per_s,
+                           host_memory_gib_per_node=self.host_memory_gib_per_node * share,
+                           host_memory_bandwidth_bytes_per_s=self.host_memory_bandwidth_bytes_per_s * share) \
                 if num_gpus < self.gpus_per_node else replace(self, num_nodes=1)
         if num_gpus % self.gpus_per_node:
             raise MeshplanError(
@@ -315,9 +335,7 @@ def example_cluster_yaml() -> str:
 def load_cluster_file(path: str | Path) -> ClusterSpec:
     """A custom cluster from YAML or JSON (see docs: full form or ``system:`` + overrides)."""
     p = Path(path)
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such cluster file")
-    text = p.read_text()
+    text = read_text_file(p, what="cluster file (YAML or JSON)", missing="no such cluster file")
     try:
         if p.suffix.lower() in (".yaml", ".yml"):
             import yaml
@@ -350,9 +368,12 @@ def resolve_cluster(
         raise MeshplanError("name a cluster (--cluster dgx-h100 or a file) or a GPU type (--gpu h100-sxm)")
     if cluster is not None and gpu is not None:
         raise MeshplanError("give either --cluster or --gpu, not both")
+    if not (cluster if cluster is not None else gpu).strip():
+        raise MeshplanError("the cluster name is empty: give a system preset (see `meshplan clusters`), "
+                            "a cluster file or a GPU type")
     if gpu is not None:
-        spec = cluster_for_gpu(gpu, gpus_per_node=gpus_per_node or 8)
-    elif Path(cluster).suffix.lower() in (".yaml", ".yml", ".json") or Path(cluster).is_file():
+        spec = cluster_for_gpu(gpu, gpus_per_node=8 if gpus_per_node is None else gpus_per_node)
+    elif Path(cluster).suffix.lower() in (".yaml", ".yml", ".json") or Path(cluster).exists():
         spec = load_cluster_file(cluster)
     else:
         spec = system_preset(cluster)

@@ -43,6 +43,10 @@ class FrameworkDefaults:
     stage slot each (``plan.embedding_loss_split``); False: such a row is not buildable."""
     expert_tensor_parallel: int | None
     """etp of MoE layers when the row does not say (None: as tp, ``ParallelDims.etp`` = 0)."""
+    stack: str
+    """The calibration the stack's runs are estimated with (``cost.calibration`` stacks)."""
+    calibration: dict[str, Any]
+    """Mechanisms of this version of the stack that differ from the stack's (Calibration fields)."""
     source: str
 
     def fp8_recipe(self, gpu: GPUSpec) -> Recipe:
@@ -55,7 +59,7 @@ class FrameworkDefaults:
     @property
     def settings(self) -> dict[str, Any]:
         """The calibration fields that describe the stack's kernels (Calibration names)."""
-        return {"fused_attention": self.fused_attention, "dropout": self.dropout}
+        return {"fused_attention": self.fused_attention, "dropout": self.dropout, **self.calibration}
 
 
 @lru_cache(maxsize=1)
@@ -81,4 +85,5 @@ def framework_defaults(name: str | None) -> FrameworkDefaults:
         sequence_parallel_with_tp=bool(e["sequence_parallel_with_tp"]), recompute=e["recompute"],
         fused_attention=bool(e["fused_attention"]), dropout=bool(e["dropout"]),
         embedding_loss_stages=bool(e.get("embedding_loss_stages", False)),
-        expert_tensor_parallel=e.get("expert_tensor_parallel"), source=e["source"])
+        expert_tensor_parallel=e.get("expert_tensor_parallel"), stack=e["stack"],
+        calibration=dict(e.get("calibration", {})), source=e["source"])

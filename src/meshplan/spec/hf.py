@@ -9,11 +9,11 @@ GELU MLP, tied head) and bert (encoder).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.jsonfile import load_json_file
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss"}
@@ -224,18 +224,13 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
-        raise MeshplanError(f"{p}: no such config.json")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise MeshplanError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    cfg = load_json_file(p, lambda d: d, missing="no such config.json", what="Hugging Face config.json")
     if not isinstance(cfg, dict):
         raise MeshplanError(f"{p}: config.json must hold a JSON object")
     name = str(cfg.get("_name_or_path") or p.parent.name or "hf-model")
     try:
         return spec_from_hf_dict(cfg, name=name, path=p)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, MeshplanError):
             raise MeshplanError(f"{p}: {exc}") from None
         raise MeshplanError(f"{p}: malformed config.json ({exc})") from None

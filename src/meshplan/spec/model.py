@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 
 
 class Arch(str, enum.Enum):
@@ -121,18 +122,14 @@ class ModelSpec:
                 raise MeshplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} is not one of "
                                     f"{', '.join(e.value for e in enum_cls)}") from None
         for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MeshplanError(f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+            check_count(f"model {self.name!r}: {f}", getattr(self, f))
         for f in ("num_kv_heads", "head_dim", "ffn_hidden_size", "moe_num_experts", "moe_top_k",
                   "moe_ffn_hidden_size", "moe_shared_experts", "moe_dense_layers", "type_vocab_size",
                   "max_position", "moe_shared_ffn_hidden_size", "moe_latent_size", "q_lora_rank", "kv_lora_rank",
                   "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "sliding_window",
                   "full_attention_period", "mtp_num_layers", "mamba_state_size", "mamba_conv_width",
                   "mamba_num_heads", "mamba_head_dim", "mamba_groups", "mamba_chunk_size"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise MeshplanError(f"model {self.name!r}: {f} must be a non-negative integer, got {v!r}")
+            check_count(f"model {self.name!r}: {f}", getattr(self, f), minimum=0)
         # Fill derived defaults (frozen: go through object.__setattr__ once, here only).
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_heads)

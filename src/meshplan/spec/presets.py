@@ -33,6 +33,8 @@ def model_preset(name: str) -> ModelSpec:
 
 def resolve_model(name_or_path: str, overrides: dict[str, Any] | None = None) -> ModelSpec:
     """A preset name, or a path to a Hugging Face config.json (or a folder holding one)."""
+    if not name_or_path.strip():
+        raise MeshplanError("the model name is empty: give a preset (see `meshplan models`) or a config.json")
     p = Path(name_or_path)
     if p.suffix.lower() == ".json" or p.is_dir() or p.is_file():
         from meshplan.spec.hf import load_hf_config

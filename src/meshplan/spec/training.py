@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 
 
 class Precision(str, enum.Enum):
@@ -57,6 +58,14 @@ RECIPES: dict[Precision, tuple[Recipe, ...]] = {
 ``--fp8-recipe`` default is ``delayed``; ``--fp4-recipe`` default is ``nvfp4``)."""
 
 
+class MoeDispatcher(str, enum.Enum):
+    """How routed tokens reach their experts (Megatron --moe-token-dispatcher-type)."""
+
+    ALLTOALL = "alltoall"  # each token copy sent to its expert's rank (all-to-all, dispatch + combine)
+    ALLGATHER = "allgather"  # every rank gathers all tokens of its EP group, reduce-scatter back
+    FLEX = "flex"  # DeepEP (DeepSeek 2025): one copy per destination node over the NICs
+
+
 class Optimizer(str, enum.Enum):
     ADAMW = "adamw"  # two fp32 moments per parameter
     ADAM = "adam"
@@ -75,18 +84,26 @@ class TrainingSpec:
     """Scaling recipe of fp8/fp4 GEMMs (``RECIPES``); None: the precision's default recipe for
     fp8/fp4 (filled in on construction), and must stay None for bf16/fp16/fp32."""
 
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """Token dispatcher of MoE layers (Megatron-Core's default: alltoall)."""
+    moe_capacity_factor: float | None = None
+    """Expert capacity over the mean tokens per expert: tokens beyond it are dropped (Fedus et
+    al. 2022 Sec. 2.2; Megatron --moe-expert-capacity-factor). None: dropless."""
+
     def __post_init__(self) -> None:
-        for f, enum_cls in (("precision", Precision), ("optimizer", Optimizer)):
+        for f, enum_cls in (("precision", Precision), ("optimizer", Optimizer),
+                            ("moe_dispatcher", MoeDispatcher)):
             try:
                 object.__setattr__(self, f, enum_cls(getattr(self, f)))
             except ValueError:
                 raise MeshplanError(f"{f}={getattr(self, f)!r} is not one of "
                                     f"{', '.join(e.value for e in enum_cls)}") from None
         object.__setattr__(self, "recipe", check_recipe(self.precision, self.recipe))
+        cf = self.moe_capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or cf <= 0):
+            raise MeshplanError(f"moe_capacity_factor must be a positive number (or None: dropless), got {cf!r}")
         for f in ("seq_len", "global_batch"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise MeshplanError(f"{f} must be a positive integer, got {v!r}")
+            check_count(f, getattr(self, f))
 
     @property
     def tokens_per_step(self) -> int:
@@ -95,6 +112,7 @@ class TrainingSpec:
     @classmethod
     def from_tokens(cls, *, seq_len: int, global_batch_tokens: int, **kw: Any) -> "TrainingSpec":
         """Global batch given in tokens; must be a whole number of sequences."""
+        check_count("global_batch_tokens", global_batch_tokens)
         if seq_len < 1 or global_batch_tokens % seq_len:
             raise MeshplanError(
                 f"global batch of {global_batch_tokens} tokens is not a whole number of "
@@ -107,6 +125,7 @@ class TrainingSpec:
         out["precision"] = self.precision.value
         out["optimizer"] = self.optimizer.value
         out["recipe"] = self.recipe.value if self.recipe else None
+        out["moe_dispatcher"] = self.moe_dispatcher.value
         return out
 
     @classmethod

@@ -1,0 +1,124 @@
+"""Where the memory techniques win: the frontier of published jobs with and without each one.
+
+    PYTHONPATH=src python bench/bench_memory_techniques.py          # table
+    PYTHONPATH=src python bench/bench_memory_techniques.py --json   # the same as JSON
+
+For each job the search runs twice, with the technique searched and without it; the table gives
+both recommended plans (fastest within the default budget), the least GPU memory either frontier
+reaches, and the frontier points only the technique makes possible (points of the frontier with
+it that the frontier without it does not dominate). "Without" searches with every technique of
+this bench off; "with" turns that one on. Techniques: offload (meshplan.cost.offload),
+vocabulary parallelism over pipeline ranks (meshplan.cost.vocab). OSDP per-operator sharding is
+not in the cost model yet (issue 17).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from meshplan.search.frontier import dominated_by
+from meshplan.search.planner import SearchResult, search
+from meshplan.search.space import OFFLOAD_CHOICES, SearchOptions
+from meshplan.spec.cluster import GIB, system_preset
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    system: str
+    nodes: int
+    seq_len: int
+    global_batch: int
+    why: str
+
+
+CASES = (
+    Case("70b-8xh100", "llama3-70b", "dgx-h100", 1, 8192, 32,
+         "Llama-3-70B on one DGX H100: 16 bytes of states per parameter need 140 GB per GPU"),
+    Case("70b-16xh100", "llama3-70b", "dgx-h100", 2, 8192, 64, "the same on two nodes"),
+    Case("405b-64xh100", "llama3.1-405b", "dgx-h100", 8, 8192, 64,
+         "Llama-3.1-405B on 8 nodes (Meta trained it on 16K GPUs)"),
+    Case("405b-128xh100", "llama3.1-405b", "dgx-h100", 16, 8192, 128, "on 16 nodes"),
+    Case("70b-8xgb200", "llama3-70b", "gb200-nvl72", 2, 8192, 32,
+         "Llama-3-70B on 2 GB200 trays: Grace's NVLink-C2C instead of PCIe"),
+    Case("70b-64xh100", "llama3-70b", "dgx-h100", 8, 8192, 256, "128K vocabulary, pipelined"),
+    Case("qwen72b-64xh100", "qwen2.5-72b", "dgx-h100", 8, 8192, 256, "152K vocabulary, pipelined"),
+    Case("gptoss120b-32xh100", "gpt-oss-120b", "dgx-h100", 4, 8192, 256, "201K vocabulary, MoE, 36 layers"),
+)
+
+BASE = SearchOptions(offloads=(), vocab_parallel=False)
+TECHNIQUES = {"offload": replace(BASE, offloads=OFFLOAD_CHOICES),
+              "vocab-parallel": replace(BASE, vocab_parallel=True)}
+"""name -> search options with only that technique on (BASE: none)."""
+
+
+def _point(pt) -> dict:
+    return {"plan": pt.plan.notation(), "step_time_s": pt.step_time_s, "peak_memory_gib": pt.peak_memory_gib,
+            "mfu": pt.mfu}
+
+
+def only_with(with_: SearchResult, without: SearchResult) -> list:
+    """Points of ``with_``'s frontier that no point of ``without``'s frontier dominates."""
+    t = np.array([p.step_time_s for p in without.frontier])
+    m = np.array([p.peak_memory_bytes for p in without.frontier])
+    q_t = np.array([p.step_time_s for p in with_.frontier])
+    q_m = np.array([p.peak_memory_bytes for p in with_.frontier])
+    covered = dominated_by(t, m, q_t, q_m) if t.size else np.zeros(q_t.shape, dtype=bool)
+    return [p for p, c in zip(with_.frontier, covered) if not c]
+
+
+def run_case(case: Case) -> dict:
+    model = model_preset(case.model)
+    cluster = system_preset(case.system, num_nodes=case.nodes)
+    training = TrainingSpec(seq_len=case.seq_len, global_batch=case.global_batch)
+    out = {"case": case.name, "why": case.why, "gpus": cluster.num_gpus, "techniques": {}}
+    without = search(model, cluster, training, options=BASE)
+    for name, on in TECHNIQUES.items():
+        with_ = search(model, cluster, training, options=on)
+        new = only_with(with_, without)
+        fitting_new = [p for p in new if p.peak_memory_bytes <= with_.budget_bytes]
+        out["techniques"][name] = {
+            "without": _point(without.recommended) if without.recommended else None,
+            "with": _point(with_.recommended) if with_.recommended else None,
+            "min_memory_gib_without": without.min_memory_bytes / GIB,
+            "min_memory_gib_with": with_.min_memory_bytes / GIB,
+            "frontier_without": len(without.frontier), "frontier_with": len(with_.frontier),
+            "only_with": len(new), "only_with_fitting": [_point(p) for p in fitting_new[:3]],
+        }
+    return out
+
+
+def _fmt(pt) -> str:
+    if pt is None:
+        return "nothing fits"
+    return f"{pt['plan']}  {pt['step_time_s']:.1f} s, {pt['peak_memory_gib']:.0f} GiB, MFU {100 * pt['mfu']:.0f}%"
+
+
+def main(argv: list[str]) -> None:
+    results = [run_case(c) for c in CASES]
+    if "--json" in argv:
+        sys.stdout.write(json.dumps(results, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Memory techniques: recommended plan without / with, and frontier points only it makes")
+    for col in ("job", "technique", "without", "with", "least GiB w/o -> with", "front w/o, with, only-with"):
+        table.add_column(col)
+    for r in results:
+        for name, t in r["techniques"].items():
+            table.add_row(f"{r['case']} ({r['gpus']} GPUs)", name, _fmt(t["without"]), _fmt(t["with"]),
+                          f"{t['min_memory_gib_without']:.0f} -> {t['min_memory_gib_with']:.0f}",
+                          f"{t['frontier_without']}, {t['frontier_with']}, {t['only_with']}")
+    Console(width=220).print(table)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,30 @@
+"""Refit the calibration per (GPU generation, stack) on the shipped published runs and rewrite
+the fitted records of spec/presets/calibration_fitted.json (the stacks' mechanisms and the
+records of pairs without runs are kept). Re-run it after merging a branch that adds a cost
+mechanism, then bench/bench_validate.py to see the scores.
+
+    PYTHONPATH=src python bench/fit_calibration.py                   # both shipped sets
+    PYTHONPATH=src python bench/fit_calibration.py megatron-bridge   # one
+
+It is the CLI command, run once per set: meshplan validate --runs SET --fit --write-calibration.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SETS = ("calibration", "megatron-bridge")
+
+
+def main(argv: list[str]) -> int:
+    for name in argv or SETS:
+        cmd = [sys.executable, "-m", "meshplan", "validate", "--runs", name, "--fit", "--write-calibration"]
+        rc = subprocess.run(cmd, check=False).returncode
+        if rc:
+            return rc
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""A MoE block as it runs (Megatron-Core's MoELayer): router, token permutation, dispatch over
+the expert-parallel group, the experts' grouped GEMMs, combine and un-permutation.
+
+Symbols as in cost/layer.py; per GPU: T tokens, t = tp, e_t = expert tp, ep, E experts, k top-k,
+W the width tokens travel at (hidden, or the latent width of a LatentMoE).
+
+* Router: a (T x D) @ (D x E) GEMM in the compute dtype (bf16 even under fp8: cost/precision.py),
+  plus its fp32 softmax / top-k pass over the T x E logits (read + write, 4 B each).
+* Permutation and un-permutation: memory-bound; each reads and writes the T input tokens and the
+  T*k routed copies once (``Calibration.moe_permute_passes``).
+* Experts: each of the E/ep local experts a grouped-GEMM member with m = its tokens, so the GEMM
+  efficiency curve (cost/gemm.py) sees tokens per expert: small per-expert batches run at a lower
+  fraction of peak. The busiest rank sets the pace: tokens x ``Calibration.moe_routing_imbalance``
+  (1 = force-balanced), capped at the capacity factor when tokens are dropped.
+* Dispatch + combine (forward; the backward repeats them), ``TrainingSpec.moe_dispatcher``:
+  alltoall: each token copy leaves for its expert's rank, (ep-1)/ep of T*k*W*b bytes each way;
+  allgather: every rank all-gathers the group's T*ep tokens and reduce-scatters the outputs back
+  (Megatron MoEAllGatherTokenDispatcher), independent of k; flex (DeepEP, DeepSeek 2025): over
+  the NICs one copy per destination node rather than per expert, n_nodes*(1 - (1 - 1/n)^k) of
+  the k copies for uniform routing; inside one scale-up domain the same bytes as alltoall.
+  The link is the EP group's (comms.group_link): NVLink inside a scale-up domain, else the NICs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost import comms
+from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.calibration import Calibration
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import MoeDispatcher, TrainingSpec
+
+ROUTER_LOGIT_BYTES = 4.0
+"""The router's logits, softmax and top-k run in fp32 (Megatron-Core router, --moe-router-dtype)."""
+
+
+@dataclass(frozen=True)
+class MoeCost:
+    compute_s: np.ndarray
+    """Forward: router, permutations, experts, shared experts, latent projections."""
+    dispatch_s: np.ndarray
+    """Forward dispatch + combine communication over the EP group."""
+    kept_width: float
+    """Per-token width of the experts' kept activations (k*F + shared F), for the memory."""
+
+
+def load_factor(training: TrainingSpec, calib: Calibration) -> float:
+    """Tokens of the busiest rank over the mean: the routing imbalance, capped by the capacity
+    factor when tokens beyond it are dropped."""
+    if training.moe_capacity_factor is None:
+        return calib.moe_routing_imbalance
+    return min(calib.moe_routing_imbalance, training.moe_capacity_factor)
+
+
+def dispatch_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+                  calib: Calibration, *, T, ab: float, load: float):
+    """Forward dispatch + combine time of one MoE layer (module docstring)."""
+    t = plans.tp.astype(float)
+    ep = plans.ep.astype(float)
+    k = float(model.moe_top_k)
+    width = float(model.moe_latent_size or model.hidden_size)  # tokens travel latent
+    link = comms.group_link(cluster, calib, plans.ep, plans.etp)  # ep ranks etp apart
+    tokens = T / t  # tokens this rank routes (its sequence shard of the TP group)
+    if training.moe_dispatcher == MoeDispatcher.ALLGATHER:
+        gathered = tokens * ep * width * ab
+        return load * (comms.all_gather_time(gathered, ep, link) + comms.reduce_scatter_time(gathered, ep, link))
+    copies = np.full_like(tokens, k)
+    if training.moe_dispatcher == MoeDispatcher.FLEX:
+        span = plans.ep * plans.etp
+        nodes = np.maximum(span / cluster.scale_up_gpus, 1.0)  # scale-up domains the group spans
+        distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
+        copies = np.where(span > cluster.scale_up_gpus, np.minimum(distinct, k), k)
+    return load * 2.0 * comms.all_to_all_time(tokens * copies * width * ab, ep, link)
+
+
+def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
+             calib: Calibration, *, T, hbm: float, ab: float, bf16_flops: float, linear_flops: float,
+             gemm_time, linear_time) -> MoeCost:
+    """One MoE block's forward on one GPU (module docstring). ``linear_time(calib, peak, m, n, k)``
+    is a low-precision GEMM with its casts; ``gemm_time`` a plain one (router)."""
+    t = plans.tp.astype(float)
+    e_t = plans.etp.astype(float)
+    ep = plans.ep.astype(float)
+    D = float(model.hidden_size)
+    E = float(model.moe_num_experts)
+    F = float(model.moe_ffn_hidden_size)
+    Fs = float(model.moe_shared_ffn_hidden_size)
+    k = float(model.moe_top_k)
+    m_mlp = 3.0 if model.gated_mlp else 2.0
+    load = load_factor(training, calib)
+    # tokens each local expert sees: an expert-tp group gathers its members' T*etp/t tokens
+    tok_in = T * (e_t / t)
+    tok_per_expert = tok_in * k * ep / E * load
+    Dx = float(model.moe_latent_size or model.hidden_size)  # width the routed experts see
+    up = linear_time(calib, linear_flops, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
+    down = linear_time(calib, linear_flops, tok_per_expert, Dx, F / e_t)
+    t_experts = (E / ep) * (up + down)
+    t_router = gemm_time(calib, bf16_flops, T, E, D) + 2.0 * T * E * ROUTER_LOGIT_BYTES / hbm
+    copies = tok_per_expert * E / ep  # routed token copies on this GPU (busiest rank)
+    t_permute = calib.moe_permute_passes * 2.0 * 2.0 * (tok_in + copies) * Dx * ab / hbm
+    t_moe = t_experts + t_router + t_permute
+    if model.moe_latent_size:  # LatentMoE down and up projections (TP-replicated here)
+        t_moe = t_moe + linear_time(calib, linear_flops, T, Dx, D) + linear_time(calib, linear_flops, T, D, Dx)
+    # shared experts: a dense MLP split over TP
+    t_moe = t_moe + model.moe_shared_experts * (linear_time(calib, linear_flops, T, (m_mlp - 1) * Fs / t, D)
+                                                + linear_time(calib, linear_flops, T, D, Fs / t))
+    return MoeCost(compute_s=t_moe,
+                   dispatch_s=dispatch_time(model, cluster, training, plans, calib, T=T, ab=ab, load=load),
+                   kept_width=F * k + Fs * model.moe_shared_experts)
+
