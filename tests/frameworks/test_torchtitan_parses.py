@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "planner"))
 import export_cases as cases  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.export import export_job  # noqa: E402
+from meshplan.export.common import search_options_for  # noqa: E402
 from meshplan.export.import_torchtitan import import_torchtitan  # noqa: E402
 from meshplan.export.import_torchtitan_cli import parse_command_line  # noqa: E402
 from meshplan.export.torchtitan import SCHEDULE_NAMES  # noqa: E402
@@ -51,7 +52,7 @@ def argv(text: str) -> list[str]:
 
 
 def frontier_jobs() -> list[Job]:
-    """Every frontier point of three searches: the README's example (Llama-3-8B on 2 DGX H100
+    """Every frontier point of three searches of the space torchtitan can express at all: the README's example (Llama-3-8B on 2 DGX H100
     nodes, seq 8192, batch 64), a dense one with pipeline room, and an MoE one."""
     out = []
     for model, cluster, seq, batch in (
@@ -59,7 +60,7 @@ def frontier_jobs() -> list[Job]:
             ("llama3-70b", cluster_for_gpu("h100-sxm", num_nodes=2, gpus_per_node=8), 4096, 64),
             ("mixtral-8x7b", cluster_for_gpu("h100-sxm", num_nodes=2, gpus_per_node=8), 4096, 32)):
         training = TrainingSpec(seq_len=seq, global_batch=batch)
-        res = search(model_preset(model), cluster, training)
+        res = search(model_preset(model), cluster, training, options=search_options_for("torchtitan"))
         out += [Job(model=model_preset(model), training=training, cluster=cluster, plan=p.plan)
                 for p in res.frontier]
     return out

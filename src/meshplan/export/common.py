@@ -52,7 +52,13 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
                              recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs,
                              offloads=offloads[ExportTarget.DEEPSPEED], vocab_parallel=False)
     # no stack runs vocabulary parallelism over pipeline ranks (Yeung et al. 2024 is a Megatron fork)
-    return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False)
+    allow = _torchtitan_runs if ExportTarget(target) == ExportTarget.TORCHTITAN else None
+    return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, allow=allow)
+
+
+def _torchtitan_runs(space) -> "object":
+    # torchtitan 0.3's experts follow the dense tp (no expert tensor parallel degree of its own)
+    return space.etp == space.tp
 
 
 def _deepspeed_runs(space) -> "object":

@@ -116,6 +116,9 @@ def command_line(job: Job) -> tuple[CommandLine, list[str]]:
         raise MeshplanError("torchtitan 0.3 turns float8 on in a config function's model_spec "
                             "(e.g. llama3_debugmodel_float8), which the command line cannot set: "
                             "export with --target-version 0.2 or write a config function")
+    if "expert_tensor_parallel_degree" in sections["parallelism"]:
+        raise MeshplanError("torchtitan 0.3 has no expert tensor parallel degree of its own (its "
+                            "experts follow the dense tp): plan with etp equal to tp")
     ac = sections["activation_checkpoint"]
     option = ac.get("selective_ac_option")
     if option is not None and option != "op":
