@@ -7,6 +7,8 @@ get their own sentence; callers only say what the file was meant to be.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from meshplan.errors import MeshplanError
@@ -16,15 +18,11 @@ BINARY_SNIFF_BYTES = 8192
 git's ``buffer_is_binary`` and GNU grep, which look at the first 8000 / 32 KiB bytes)."""
 
 
-def read_text_file(path: str | Path, *, what: str, missing: str | None = None, allow_empty: bool = True) -> str:
-    """The UTF-8 text of ``path``. ``what`` names the expected file ("plan file", "runs CSV");
-    ``missing`` replaces "no such {what}" for a file that is not there. Every failure is
-    ``MeshplanError("{path}: ...")``."""
-    p = Path(path)
-    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero, a FIFO: never ends
-        raise MeshplanError(f"{p}: is not a regular file, expected a {what}")
+@contextmanager
+def _one_line(p: Path, what: str, missing: str | None = None) -> Iterator[None]:
+    """The OS's reasons a file cannot be read, as one MeshplanError naming the file."""
     try:
-        raw = p.read_bytes()
+        yield
     except FileNotFoundError:
         raise MeshplanError(f"{p}: {missing or f'no such {what}'}") from None
     except IsADirectoryError:
@@ -35,6 +33,17 @@ def read_text_file(path: str | Path, *, what: str, missing: str | None = None, a
         raise MeshplanError(f"{p}: no such {what} (a parent of it is a file)") from None
     except OSError as exc:
         raise MeshplanError(f"{p}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+
+
+def read_text_file(path: str | Path, *, what: str, missing: str | None = None, allow_empty: bool = True) -> str:
+    """The UTF-8 text of ``path``. ``what`` names the expected file ("plan file", "runs CSV");
+    ``missing`` replaces "no such {what}" for a file that is not there. Every failure is
+    ``MeshplanError("{path}: ...")``."""
+    p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero, a FIFO: never ends
+        raise MeshplanError(f"{p}: is not a regular file, expected a {what}")
+    with _one_line(p, what, missing):
+        raw = p.read_bytes()
     if b"\x00" in raw[:BINARY_SNIFF_BYTES]:
         raise MeshplanError(f"{p}: is a binary file, not a {what}")
     try:
@@ -50,17 +59,8 @@ def check_text_file(path: str | Path, *, what: str) -> Path:
     """``path`` is a readable, non-empty text file, judged from its first bytes (for files too
     large to read twice, such as training data); the same sentences as read_text_file."""
     p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            head = fh.read(BINARY_SNIFF_BYTES)
-    except FileNotFoundError:
-        raise MeshplanError(f"{p}: no such {what}") from None
-    except IsADirectoryError:
-        raise MeshplanError(f"{p}: is a directory, expected a {what}") from None
-    except PermissionError:
-        raise MeshplanError(f"{p}: permission denied (cannot read the {what})") from None
-    except OSError as exc:
-        raise MeshplanError(f"{p}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    with _one_line(p, what), p.open("rb") as fh:
+        head = fh.read(BINARY_SNIFF_BYTES)
     if not head.strip():
         raise MeshplanError(f"{p}: is empty, expected a {what}")
     if b"\x00" in head:

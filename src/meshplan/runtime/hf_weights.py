@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.errors import MeshplanError
 from meshplan.hf_names import Source, check_all_mapped, family_of, name_map, normalise_key, rope_row
-from meshplan.runtime.models.init import canonical_name
+from meshplan.runtime.state import unique_parameters
 from meshplan.runtime.models.layers import NORM_EPS, ROPE_THETA
 from meshplan.spec.model import ModelSpec
 
@@ -159,23 +159,16 @@ def load_hf_weights(modules: list[nn.Module], model_dir: str | Path, spec: Model
     read = 0
     with ExitStack() as stack:
         reader = _Reader(files, family, stack)
-        seen: set[int] = set()
-        for root in modules:
-            for mod_name, module in root.named_modules():
-                for short, p in module.named_parameters(recurse=False):
-                    if id(p) in seen:
-                        continue
-                    seen.add(id(p))
-                    name = canonical_name(f"{mod_name}.{short}" if mod_name else short, spec.tied_embeddings)
-                    if name not in sources:
-                        raise MeshplanError(f"{model_dir}: no Hugging Face tensor is mapped to {name}")
-                    local = p.to_local() if isinstance(p, DTensor) else p
-                    if local.numel() == 0:
-                        continue
-                    value = read_canonical(reader, sources[name], _global_index(module, short, p))
-                    if tuple(value.shape) != tuple(local.shape):
-                        raise MeshplanError(f"{model_dir}: {sources[name].key.format(e=0)} gives shape "
-                                            f"{tuple(value.shape)} for {name}, expected {tuple(local.shape)}")
-                    local.copy_(value.to(local.dtype))
-                    read += value.numel()
+        for name, module, short, p in unique_parameters(modules, spec.tied_embeddings):
+            if name not in sources:
+                raise MeshplanError(f"{model_dir}: no Hugging Face tensor is mapped to {name}")
+            local = p.to_local() if isinstance(p, DTensor) else p
+            if local.numel() == 0:
+                continue
+            value = read_canonical(reader, sources[name], _global_index(module, short, p))
+            if tuple(value.shape) != tuple(local.shape):
+                raise MeshplanError(f"{model_dir}: {sources[name].key.format(e=0)} gives shape "
+                                    f"{tuple(value.shape)} for {name}, expected {tuple(local.shape)}")
+            local.copy_(value.to(local.dtype))
+            read += value.numel()
     return read

@@ -27,6 +27,20 @@ def _req(cfg: dict[str, Any], path: Path, *keys: str) -> Any:
     raise MeshplanError(f"{path}: config.json has no {' / '.join(keys)} field")
 
 
+def _rope_decoder(cfg: dict[str, Any], path: Path, *, attn_bias_default: bool) -> dict[str, Any]:
+    """The fields every Llama-style decoder config gives alike: SwiGLU, RMSNorm, RoPE."""
+    return dict(
+        ffn_hidden_size=int(_req(cfg, path, "intermediate_size")),
+        vocab_size=int(_req(cfg, path, "vocab_size")),
+        gated_mlp=True,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        norm=Norm.RMSNORM,
+        position=Position.ROPE,
+        max_position=int(cfg.get("max_position_embeddings") or 0),
+        attn_bias=bool(cfg.get("attention_bias", attn_bias_default)),
+    )
+
+
 def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, path: Path = Path("config.json")) -> ModelSpec:
     model_type = str(cfg.get("model_type", "")).lower()
     if model_type in _LLAMA_LIKE:
@@ -39,14 +53,7 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, path: Path = Path("conf
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or 0),
-            ffn_hidden_size=int(_req(cfg, path, "intermediate_size")),
-            vocab_size=int(_req(cfg, path, "vocab_size")),
-            gated_mlp=True,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            norm=Norm.RMSNORM,
-            position=Position.ROPE,
-            max_position=int(cfg.get("max_position_embeddings") or 0),
-            attn_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
+            **_rope_decoder(cfg, path, attn_bias_default=model_type in ("qwen2", "qwen2_moe")),
         )
         if model_type in ("qwen3", "qwen3_moe"):
             kw["qk_norm"] = True  # Qwen3Attention: q_norm / k_norm over head_dim
@@ -145,14 +152,7 @@ def _deepseek(cfg: dict[str, Any], name: str, path: Path) -> ModelSpec:
         num_layers=int(_req(cfg, path, "num_hidden_layers")),
         hidden_size=hidden,
         num_heads=int(_req(cfg, path, "num_attention_heads")),
-        ffn_hidden_size=int(_req(cfg, path, "intermediate_size")),
-        vocab_size=int(_req(cfg, path, "vocab_size")),
-        gated_mlp=True,
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        norm=Norm.RMSNORM,
-        position=Position.ROPE,
-        max_position=int(cfg.get("max_position_embeddings") or 0),
-        attn_bias=bool(cfg.get("attention_bias", False)),
+        **_rope_decoder(cfg, path, attn_bias_default=False),
         q_lora_rank=int(cfg.get("q_lora_rank") or 0),
         kv_lora_rank=int(_req(cfg, path, "kv_lora_rank")),
         qk_rope_head_dim=int(_req(cfg, path, "qk_rope_head_dim")),
