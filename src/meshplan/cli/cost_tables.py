@@ -24,3 +24,22 @@ def time_breakdown_table(est, title: str) -> Table:
         v = tb.offload_s
         t.add_row("offload (host copies, CPU Adam)", f"{v:.3f}", f"{v / est.step_time_s:.1%}")
     return t
+
+
+def data_aware_table(data, training) -> Table:
+    """Step time of one plan under the data's document lengths (cost/data_aware.DataAwareSteps)."""
+    dist = training.seq_len_dist
+    t = Table(title=f"Packed documents ({dist.source or 'distribution'}: {dist.num_documents:,} documents, "
+                    f"mean {dist.mean_length:,.0f} tokens; doc-balance {training.doc_balance.value}, "
+                    f"cp-buckets {'on' if training.cp_buckets else 'off'})")
+    t.add_column("step time of this plan")
+    t.add_column("seconds", justify="right")
+    t.add_column("vs fixed", justify="right")
+    for name, v in (("every sequence one document", data.full_sequences_s),
+                    ("fixed: data order, CP on every sequence", data.fixed_s),
+                    ("as chosen", data.chosen_s),
+                    ("data-aware: balanced, per-bucket CP", data.aware_s),
+                    ("bound: perfectly balanced", data.balanced_bound_s)):
+        t.add_row(name, f"{v:.3f}", f"{v / data.fixed_s - 1:+.1%}")
+    t.add_row("straggler cost (as chosen)", f"{data.straggler_s:.3f}", "")
+    return t

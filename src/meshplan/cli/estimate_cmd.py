@@ -9,7 +9,7 @@ from rich.table import Table
 
 from meshplan.cli.checks import needs, refuse_with, typed_flags
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, err_console, print_json
-from meshplan.cli.cost_tables import time_breakdown_table
+from meshplan.cli.cost_tables import data_aware_table, time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
@@ -41,11 +41,13 @@ def estimate_cmd(
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
+    from meshplan.cost.data_aware import data_aware_steps
 
     if plan_file is not None:
         refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
         job = Job.load(plan_file)
-        spec, train, base, plan = job.model, job.training, job.cluster, job.plan
+        spec, base, plan = job.model, job.cluster, job.plan
+        train = training_flags.with_data(job.training)  # the data flags apply to a Job's training
     else:
         spec = model_flags.spec(missing="name a model with --model (or give --plan plan.json)")
         base = cluster_flags.spec()
@@ -56,6 +58,7 @@ def estimate_cmd(
     hw = resolve_hardware(base, train.precision, cluster_profile, target.value)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
+    data = data_aware_steps(spec, clus, train, plan, hw.calib)
     refused = warn_if_refused(target if typed_flags(ctx, ["target"]) else None, spec, train, plan)
     if json_out:
         out = est.to_dict()
@@ -65,9 +68,13 @@ def estimate_cmd(
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
         out["target"] = target.value
         out["calibration_source"] = hw.calib.source
+        if data is not None:
+            out["data_aware"] = data.to_dict()
         print_json(out)
         return
     _render(est, spec.name, clus)
+    if data is not None:
+        console().print(data_aware_table(data, train))
 
 
 def warn_if_refused(target: Target | None, spec, training, plan) -> str | None:

@@ -1,0 +1,227 @@
+"""Packed variable-length documents: the attention work they cost, per data-parallel rank.
+
+Documents (lengths from a :class:`~meshplan.spec.seqlen.SeqLenDist`) are packed into sequences of
+S tokens by concatenation and cutting at every S (GPT-style packing, Brown et al. 2020 App. B);
+a document mask keeps attention inside each document (causal within it), and position ids restart
+at each document (Llama 3, Dubey et al. 2024 Sec. 3.2: "attention mask that prevents
+self-attention between different documents within the same sequence").
+
+Attention work. A query at position p of its document attends p + 1 keys, so a document of l tokens
+costs l(l+1)/2 causal score entries instead of the S(S+1)/2 of a full sequence: the sum of squared
+lengths. A varlen kernel (FlashAttention's ``flash_attn_varlen_func``, Dao 2023 Sec. 3) runs one
+block per document, and a short document reaches less of the peak: the efficiency falloff
+l / (l + h) of cost/mixers.attention_core_efficiency (h the half-efficiency length), which makes
+a document's time proportional to l(l+1)/2 + l*h/2. Linear layers see S tokens either way.
+
+Straggler. Every data-parallel rank trains its share of the global batch, and the step waits for
+the slowest one (the gradient reduction is a barrier): the step pays E[max over dp ranks of a
+rank's attention work], estimated here by sampling steps from the distribution (a fixed seed, so
+the estimate is deterministic). Two assignments of documents to ranks:
+
+* ``stream``: the packed sequences in data order, a contiguous block of B/dp per rank;
+* ``balanced``: token- and attention-balanced: documents (cut to at most S) longest first, each to
+  the rank with the least attention work that still has room (every rank gets exactly B/dp * S
+  tokens, so the shapes stay fixed); greedy longest-processing-time scheduling (Graham 1969)
+  under a token capacity, the balancing of ByteScale (Ge et al. 2025, Sec. 5: "balance the
+  quadratic attention computation across data-parallel ranks").
+
+Context parallel with document masks: the zig-zag split (rank i holds chunks i and 2c-1-i of 2c)
+balances a full causal sequence, not one whose documents end inside it; each packed sequence pays
+the work of its busiest CP rank. Per-bucket CP (ByteScale Sec. 4, "data-aware" dynamic sequence
+parallelism; Wang et al. 2025 adaptive SP): documents of at most S/c tokens are packed into
+sequences of S/c that each CP rank trains alone (no CP traffic, no zig-zag imbalance); only the
+longer ones are split over the c ranks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.spec.seqlen import SeqLenDist
+
+SAMPLE_SEED = 0
+"""Seed of the sampled steps: the estimate is a function of its inputs."""
+SAMPLE_STEPS = 8
+"""Global batches sampled for the expected max over ranks, at most (the spread of a max of dp
+sums; 8 keep its sampling error near 1/sqrt(8) of that spread, under 1% of the step on the
+distributions of bench/bench_seqlen.py)."""
+SAMPLE_TOKEN_BUDGET = 2**24
+"""Tokens simulated in all (fewer steps for larger batches), to bound the planner's time."""
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Documents cut to at most S tokens, in the order they are packed: piece k is tokens
+    ``start[k] .. start[k] + length[k]`` of document ``doc[k]``."""
+
+    doc: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+
+def cut_documents(doc_lengths: np.ndarray, seq_len: int) -> Pieces:
+    """Each document as consecutive pieces of at most ``seq_len`` tokens, in document order."""
+    doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+    per_doc = -(-doc_lengths // seq_len)
+    doc = np.repeat(np.arange(len(doc_lengths)), per_doc)
+    first = np.cumsum(per_doc) - per_doc
+    index = np.arange(len(doc)) - np.repeat(first, per_doc)
+    start = index * seq_len
+    length = np.minimum(doc_lengths[doc] - start, seq_len)
+    return Pieces(doc=doc, start=start, length=length)
+
+
+def piece_work(length: np.ndarray, half_seq: float) -> np.ndarray:
+    """Causal attention time of whole pieces, in units of score entries: l(l+1)/2 + l*h/2."""
+    length = np.asarray(length, dtype=np.float64)
+    return length * (length + 1.0) / 2.0 + length * half_seq / 2.0
+
+
+def balanced_order(pieces: Pieces, dp: int, tokens_per_rank: int, half_seq: float) -> tuple[Pieces, np.ndarray]:
+    """Pieces regrouped so that rank r's come r-th (each rank exactly ``tokens_per_rank`` tokens):
+    longest first, each to the least-loaded rank with room, the part beyond a rank's room to the
+    next. Returns the reordered pieces and each one's rank."""
+    order = np.argsort(-pieces.length, kind="stable")
+    heap = [(0.0, r) for r in range(dp)]
+    room = [tokens_per_rank] * dp
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(dp)]
+    for k in order:
+        d, s, left = int(pieces.doc[k]), int(pieces.start[k]), int(pieces.length[k])
+        while left:
+            work, r = heapq.heappop(heap)
+            take = min(left, room[r])
+            out[r].append((d, s, take))
+            room[r] -= take
+            s += take
+            left -= take
+            if room[r]:
+                heapq.heappush(heap, (work + float(piece_work(take, half_seq)), r))
+    rows = [row for rank in out for row in rank]
+    ranks = np.repeat(np.arange(dp), [len(rank) for rank in out])
+    a = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    return Pieces(doc=a[:, 0], start=a[:, 1], length=a[:, 2]), ranks
+
+
+def packed_segments(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate pieces and cut at every ``seq_len``: the (length, sequence index) of each
+    document segment of the packed sequences (a piece crossing a cut becomes two segments)."""
+    ends = np.cumsum(np.asarray(lengths, dtype=np.int64))
+    total = int(ends[-1]) if len(ends) else 0
+    cuts = np.union1d(ends, np.arange(seq_len, total + 1, seq_len))
+    seg_len = np.diff(np.concatenate([[0], cuts]))
+    keep = seg_len > 0
+    seq = (cuts - seg_len) // seq_len
+    return seg_len[keep], seq[keep]
+
+
+def chunk_work(lengths: np.ndarray, seq_len: int, chunk_len: int, half_seq: float, causal: bool) -> np.ndarray:
+    """Attention work of the queries of every ``chunk_len``-token chunk of the packed sequences
+    (chunk_len divides seq_len), keys limited to the query's document segment: a query at offset
+    p of its segment sees p + 1 keys (causal) or the whole segment; plus h/2 per query."""
+    seg_len, _ = packed_segments(lengths, seq_len)
+    seg_end = np.cumsum(seg_len)
+    seg_start = seg_end - seg_len
+    total = int(seg_end[-1])
+    cuts = np.union1d(seg_end, np.arange(chunk_len, total + 1, chunk_len))
+    sub_len = np.diff(np.concatenate([[0], cuts])).astype(np.float64)
+    sub_start = cuts - sub_len
+    seg = np.searchsorted(seg_end, sub_start, side="right")  # the segment holding each sub-piece
+    if causal:
+        offset = sub_start - seg_start[seg]
+        work = sub_len * offset + sub_len * (sub_len + 1.0) / 2.0
+    else:
+        work = sub_len * seg_len[seg]
+    work = work + sub_len * half_seq / 2.0
+    chunk = (sub_start // chunk_len).astype(np.int64)
+    return np.bincount(chunk, weights=work, minlength=total // chunk_len)
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """Attention work of one sampled step, over the full-sequence work of the same tokens."""
+
+    max_factor: float
+    """The busiest data-parallel rank's (the step's critical path)."""
+    mean_factor: float
+    """The mean rank's (what a perfectly balanced step would pay)."""
+
+
+def step_work(order_lengths: np.ndarray, *, seq_len: int, dp: int, cp: int, half_seq: float, causal: bool,
+              buckets: bool) -> RankWork:
+    """Work per rank when the pieces ``order_lengths`` (rank blocks in order, B/dp sequences each)
+    are packed into S-token sequences and each sequence is split over ``cp`` ranks by zig-zag."""
+    S = seq_len
+    per_seq_full = float(piece_work(S, half_seq)) if causal else S * S + S * half_seq / 2.0
+    if cp == 1:
+        seq_work = chunk_work(order_lengths, S, S, half_seq, causal)
+    else:
+        chunks = chunk_work(order_lengths, S, S // (2 * cp), half_seq, causal).reshape(-1, 2 * cp)
+        per_rank = chunks[:, :cp] + chunks[:, ::-1][:, :cp]  # zig-zag: chunks i and 2c-1-i
+        plain = per_rank.sum(axis=1)
+        split = cp * per_rank.max(axis=1)
+        if buckets:  # only documents longer than S/c are split over the CP ranks
+            seg_len, seq = packed_segments(order_lengths, S)
+            long_work = np.bincount(seq, weights=np.where(seg_len > S // cp, piece_work(seg_len, half_seq), 0.0),
+                                    minlength=len(plain))
+            share = np.divide(long_work, plain, out=np.zeros_like(plain), where=plain > 0)
+            split = plain + (split - plain) * share
+        seq_work = split
+    ranks = seq_work.reshape(dp, -1).sum(axis=1) / (seq_work.shape[0] // dp * per_seq_full)
+    return RankWork(max_factor=float(ranks.max()), mean_factor=float(ranks.mean()))
+
+
+@dataclass(frozen=True)
+class DocAttention:
+    """Per-plan scalars of packed documents, for the cost model (one entry per plan row)."""
+
+    core_factor: np.ndarray
+    """Attention core time of the busiest rank over the full-sequence causal time it replaces
+    (document masks, varlen efficiency, CP imbalance, dp straggler)."""
+    mean_factor: np.ndarray
+    """The same for the mean rank: core_factor - mean_factor is the straggler's share."""
+    cp_token_share: np.ndarray
+    """Tokens that go through context parallel (1 unless per-bucket CP)."""
+
+
+def long_token_share(dist: SeqLenDist, limit: int) -> float:
+    """Share of the tokens that sit in documents longer than ``limit``."""
+    lengths, counts = dist.arrays()
+    tokens = lengths * counts
+    return float(tokens[lengths > limit].sum() / tokens.sum())
+
+
+def sampled_steps(dist: SeqLenDist, seq_len: int, global_batch: int) -> list[np.ndarray]:
+    """Document lengths of the sampled global batches (deterministic)."""
+    tokens = seq_len * global_batch
+    steps = int(min(SAMPLE_STEPS, max(1, SAMPLE_TOKEN_BUDGET // tokens)))
+    rng = np.random.default_rng(SAMPLE_SEED)
+    return [dist.sample(rng, tokens) for _ in range(steps)]
+
+
+def doc_attention(dist: SeqLenDist, *, seq_len: int, global_batch: int, dp: np.ndarray, cp: np.ndarray,
+                  half_seq: float, causal: bool, balanced: bool, buckets: bool, ideal: bool = False) -> DocAttention:
+    """``DocAttention`` for plans of data-parallel degrees ``dp`` and CP degrees ``cp`` (arrays),
+    each distinct (dp, cp) pair simulated once over the same sampled steps; ``ideal``: the busiest
+    rank pays the mean (the bound that gives the straggler's cost)."""
+    dp = np.asarray(dp, dtype=np.int64)
+    cp = np.asarray(cp, dtype=np.int64)
+    steps = sampled_steps(dist, seq_len, global_batch)
+    core = np.ones(len(dp))
+    mean = np.ones(len(dp))
+    for d, c in {(int(a), int(b)) for a, b in zip(dp, cp)}:
+        works = []
+        for docs in steps:
+            lengths = docs  # stream: the documents packed as they come
+            if balanced and d > 1:
+                pieces = cut_documents(docs, seq_len)
+                lengths = balanced_order(pieces, d, global_batch // d * seq_len, half_seq)[0].length
+            works.append(step_work(lengths, seq_len=seq_len, dp=d, cp=c, half_seq=half_seq, causal=causal,
+                                   buckets=buckets))
+        rows = (dp == d) & (cp == c)
+        core[rows] = np.mean([w.max_factor for w in works])
+        mean[rows] = np.mean([w.mean_factor for w in works])
+    share = np.array([long_token_share(dist, seq_len // int(c)) if buckets and c > 1 else 1.0 for c in cp])
+    return DocAttention(core_factor=mean if ideal else core, mean_factor=mean, cp_token_share=share)
