@@ -19,8 +19,8 @@ rank's attention work], estimated here by sampling steps from the distribution (
 the estimate is deterministic). Two assignments of documents to ranks:
 
 * ``stream``: the packed sequences in data order, a contiguous block of B/dp per rank;
-* ``balanced``: token- and attention-balanced: documents (cut to at most S) longest first, each to
-  the rank with the least attention work that still has room (every rank gets exactly B/dp * S
+* ``balanced``: token- and attention-balanced: the stream's document pieces (so that both train
+  the same contexts) longest first, each to the rank with the least attention work that has room (every rank gets exactly B/dp * S
   tokens, so the shapes stay fixed); greedy longest-processing-time scheduling (Graham 1969)
   under a token capacity, the balancing of ByteScale (Ge et al. 2025, Sec. 5: "balance the
   quadratic attention computation across data-parallel ranks").
@@ -62,16 +62,15 @@ class Pieces:
     length: np.ndarray
 
 
-def cut_documents(doc_lengths: np.ndarray, seq_len: int) -> Pieces:
-    """Each document as consecutive pieces of at most ``seq_len`` tokens, in document order."""
+def stream_pieces(doc_lengths: np.ndarray, seq_len: int) -> Pieces:
+    """The document segments of the stream packing: documents concatenated in data order and cut
+    at every ``seq_len`` tokens (so no piece is longer than a sequence)."""
     doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-    per_doc = -(-doc_lengths // seq_len)
-    doc = np.repeat(np.arange(len(doc_lengths)), per_doc)
-    first = np.cumsum(per_doc) - per_doc
-    index = np.arange(len(doc)) - np.repeat(first, per_doc)
-    start = index * seq_len
-    length = np.minimum(doc_lengths[doc] - start, seq_len)
-    return Pieces(doc=doc, start=start, length=length)
+    ends = np.cumsum(doc_lengths)
+    seg_len, _ = packed_segments(doc_lengths, seq_len)
+    seg_start = np.cumsum(seg_len) - seg_len
+    doc = np.searchsorted(ends, seg_start, side="right")
+    return Pieces(doc=doc, start=seg_start - (ends[doc] - doc_lengths[doc]), length=seg_len)
 
 
 def piece_work(length: np.ndarray, half_seq: float) -> np.ndarray:
@@ -98,7 +97,7 @@ def balanced_order(pieces: Pieces, dp: int, tokens_per_rank: int, half_seq: floa
             s += take
             left -= take
             if room[r]:
-                heapq.heappush(heap, (work + float(piece_work(take, half_seq)), r))
+                heapq.heappush(heap, (work + take * (take + 1.0 + half_seq) / 2.0, r))  # piece_work
     rows = [row for rank in out for row in rank]
     ranks = np.repeat(np.arange(dp), [len(rank) for rank in out])
     a = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
@@ -211,17 +210,20 @@ def doc_attention(dist: SeqLenDist, *, seq_len: int, global_batch: int, dp: np.n
     steps = sampled_steps(dist, seq_len, global_batch)
     core = np.ones(len(dp))
     mean = np.ones(len(dp))
-    for d, c in {(int(a), int(b)) for a, b in zip(dp, cp)}:
+    orders: dict[int, list[np.ndarray]] = {}  # the packing order of each step, per dp degree
+    for d in sorted({int(a) for a in dp}):
+        orders[d] = [balanced_order(stream_pieces(docs, seq_len), d, global_batch // d * seq_len, half_seq)[0].length
+                     if balanced and d > 1 else docs  # stream: the documents packed as they come
+                     for docs in steps]
+    for d, c in sorted({(int(a), int(b)) for a, b in zip(dp, cp)}):
         works = []
-        for docs in steps:
-            lengths = docs  # stream: the documents packed as they come
-            if balanced and d > 1:
-                pieces = cut_documents(docs, seq_len)
-                lengths = balanced_order(pieces, d, global_batch // d * seq_len, half_seq)[0].length
+        for lengths in orders[d]:
             works.append(step_work(lengths, seq_len=seq_len, dp=d, cp=c, half_seq=half_seq, causal=causal,
                                    buckets=buckets))
         rows = (dp == d) & (cp == c)
         core[rows] = np.mean([w.max_factor for w in works])
         mean[rows] = np.mean([w.mean_factor for w in works])
-    share = np.array([long_token_share(dist, seq_len // int(c)) if buckets and c > 1 else 1.0 for c in cp])
+    share = np.ones(len(cp))
+    for c in set(cp.tolist()) if buckets else ():
+        share[cp == c] = long_token_share(dist, seq_len // c) if c > 1 else 1.0
     return DocAttention(core_factor=mean if ideal else core, mean_factor=mean, cp_token_share=share)
