@@ -147,6 +147,17 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          lambda p, model, tr: ("activation offload with pipeline parallel is not supported by this runtime "
                                "(torch's pipeline schedules run the stage forwards outside its save_on_cpu "
                                "hooks); use pp=1")),
+    # packed documents (issue 18): the document layout is set per micro-batch on the attention cores
+    Rule(lambda c, model, tr: np.full(c.tp.shape, tr.seq_len_dist is not None) & ((c.pp > 1) | (c.cp > 1)),
+         lambda p, model, tr: ("packed documents (--seq-len-dist) train with pp=1 and cp=1 in this runtime (its "
+                               "pipeline schedules and ring/all-to-all attention take no document layout, so "
+                               "per-bucket cp is planner-only); plan without pp and cp")),
+    Rule(lambda c, model, tr: np.full(c.tp.shape, tr.seq_len_dist is not None and model.position.value == "learned"),
+         lambda p, model, tr: (f"packed documents restart positions at each document; {model.name} has learned "
+                               "position embeddings, which this runtime does not restart (use a RoPE model)")),
+    Rule(lambda c, model, tr: np.full(c.tp.shape, tr.doc_balance.value == "ideal"),
+         lambda p, model, tr: ("doc_balance 'ideal' is the estimate's bound (every rank the mean attention work), "
+                               "not an assignment a run can make; use stream or balanced")),
     Rule(lambda c, model, tr: np.asarray(c.etp) != np.asarray(c.tp),
          lambda p, model, tr: (f"expert tensor parallel etp={p.dims.etp} different from tp={p.dims.tp} is not "
                                "supported by this runtime (planner and Megatron export only); use etp=0 (as tp)")),

@@ -135,10 +135,25 @@ def test_balanced_assignment_keeps_tokens_and_documents(lengths, dp):
     seqs = -(-total // (S * dp)) * dp  # pad the batch so that it divides into dp ranks
     docs = np.array(lengths + ([seqs * S - total] if seqs * S > total else []))
     pieces = stream_pieces(docs, S)
-    order, ranks = balanced_order(pieces, dp, seqs // dp * S, 0.0)
+    order, ranks = balanced_order(pieces, dp, seqs // dp, S)
     assert np.bincount(ranks, weights=order.length, minlength=dp).tolist() == [seqs // dp * S] * dp
     assert np.bincount(order.doc, weights=order.length).tolist() == docs.tolist()  # every token once
     assert (order.length <= S).all()
+
+
+@given(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=80), st.sampled_from([2, 4]))
+def test_balanced_rows_keep_every_piece_whole(sizes, dp):
+    """On documents of power-of-two sizes the balanced layout keeps every stream piece whole (best
+    fit, longest first), so it trains exactly the stream's contexts: what the runtime's parity test
+    against one process relies on."""
+    S = 8
+    total = sum(sizes)
+    seqs = -(-total // (S * dp)) * dp
+    docs = np.array(sizes + [1] * (seqs * S - total))
+    pieces = stream_pieces(docs, S)
+    order, _ = balanced_order(pieces, dp, seqs // dp, S)
+    seg, _ = packed_segments(order.length, S)
+    assert sorted(seg.tolist()) == sorted(pieces.length.tolist())
 
 
 def test_balancing_lowers_the_busiest_rank():

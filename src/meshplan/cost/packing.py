@@ -20,21 +20,23 @@ the estimate is deterministic). Two assignments of documents to ranks:
 
 * ``stream``: the packed sequences in data order, a contiguous block of B/dp per rank;
 * ``balanced``: token- and attention-balanced: the stream's document pieces (so that both train
-  the same contexts) longest first, each to the rank with the least attention work that has room (every rank gets exactly B/dp * S
-  tokens, so the shapes stay fixed); greedy longest-processing-time scheduling (Graham 1969)
-  under a token capacity, the balancing of ByteScale (Ge et al. 2025, Sec. 5: "balance the
-  quadratic attention computation across data-parallel ranks").
+  the same contexts), longest first, each to the rank with the least attention work that has a
+  row it fits in (every rank gets exactly B/dp rows of S tokens, so the shapes stay fixed):
+  greedy longest-processing-time scheduling (Graham 1969) under a token capacity, as ByteScale
+  balances the quadratic attention work of variable-length data across data-parallel ranks
+  (Ge et al. 2025, "ByteScale: Efficient Scaling of LLM Training with a 2048K Context Length").
 
 Context parallel with document masks: the zig-zag split (rank i holds chunks i and 2c-1-i of 2c)
 balances a full causal sequence, not one whose documents end inside it; each packed sequence pays
-the work of its busiest CP rank. Per-bucket CP (ByteScale Sec. 4, "data-aware" dynamic sequence
-parallelism; Wang et al. 2025 adaptive SP): documents of at most S/c tokens are packed into
+the work of its busiest CP rank. Per-bucket CP (ByteScale's data-aware sharding; FlexSP, Wang et
+al. 2025, sequence parallel groups sized to each sequence's length): documents of at most S/c tokens are packed into
 sequences of S/c that each CP rank trains alone (no CP traffic, no zig-zag imbalance); only the
 longer ones are split over the c ranks.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 
@@ -79,28 +81,46 @@ def piece_work(length: np.ndarray, half_seq: float) -> np.ndarray:
     return length * (length + 1.0) / 2.0 + length * half_seq / 2.0
 
 
-def balanced_order(pieces: Pieces, dp: int, tokens_per_rank: int, half_seq: float) -> tuple[Pieces, np.ndarray]:
-    """Pieces regrouped so that rank r's come r-th (each rank exactly ``tokens_per_rank`` tokens):
-    longest first, each to the least-loaded rank with room, the part beyond a rank's room to the
-    next. Returns the reordered pieces and each one's rank."""
+def balanced_order(pieces: Pieces, dp: int, rows_per_rank: int, seq_len: int) -> tuple[Pieces, np.ndarray]:
+    """Pieces regrouped into ``dp`` ranks of ``rows_per_rank`` rows of ``seq_len`` tokens, rank r's
+    r-th, each row exactly full (so packing the result cuts nowhere new): longest first, each to
+    the rank with the fewest causal score entries l(l+1)/2 that has a row it fits in (best fit:
+    the fullest such row). Only when no row can hold a piece whole is it cut, into the roomiest
+    row of the least-loaded rank. Returns the reordered pieces and each one's rank. The runtime
+    assigns with this same function (runtime/packing.py)."""
     order = np.argsort(-pieces.length, kind="stable")
     heap = [(0.0, r) for r in range(dp)]
-    room = [tokens_per_rank] * dp
-    out: list[list[tuple[int, int, int]]] = [[] for _ in range(dp)]
+    free = [[(seq_len, row) for row in range(rows_per_rank)] for _ in range(dp)]  # (room, row), sorted
+    content: list[list[list[tuple[int, int, int]]]] = [[[] for _ in range(rows_per_rank)] for _ in range(dp)]
     for k in order:
         d, s, left = int(pieces.doc[k]), int(pieces.start[k]), int(pieces.length[k])
         while left:
-            work, r = heapq.heappop(heap)
-            take = min(left, room[r])
-            out[r].append((d, s, take))
-            room[r] -= take
+            skipped, chosen = [], None
+            while heap:
+                work, r = heapq.heappop(heap)
+                if free[r][-1][0] >= left:
+                    chosen = (work, r)
+                    break
+                skipped.append((work, r))
+            if chosen is None:  # no row holds it whole: the least-loaded rank takes what fits
+                chosen = skipped.pop(0)
+            for item in skipped:
+                heapq.heappush(heap, item)
+            work, r = chosen
+            rooms = free[r]
+            i = bisect.bisect_left(rooms, (left, -1)) if rooms[-1][0] >= left else len(rooms) - 1
+            room, row = rooms.pop(i)
+            take = min(left, room)
+            content[r][row].append((d, s, take))
+            if room > take:
+                bisect.insort(rooms, (room - take, row))
             s += take
             left -= take
-            if room[r]:
-                heapq.heappush(heap, (work + take * (take + 1.0 + half_seq) / 2.0, r))  # piece_work
-    rows = [row for rank in out for row in rank]
-    ranks = np.repeat(np.arange(dp), [len(rank) for rank in out])
-    a = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+            if rooms:
+                heapq.heappush(heap, (work + take * (take + 1.0) / 2.0, r))
+    rows = [[p for row in rank for p in row] for rank in content]
+    ranks = np.repeat(np.arange(dp), [len(rank) for rank in rows])
+    a = np.asarray([p for rank in rows for p in rank], dtype=np.int64).reshape(-1, 3)
     return Pieces(doc=a[:, 0], start=a[:, 1], length=a[:, 2]), ranks
 
 
@@ -212,7 +232,7 @@ def doc_attention(dist: SeqLenDist, *, seq_len: int, global_batch: int, dp: np.n
     mean = np.ones(len(dp))
     orders: dict[int, list[np.ndarray]] = {}  # the packing order of each step, per dp degree
     for d in sorted({int(a) for a in dp}):
-        orders[d] = [balanced_order(stream_pieces(docs, seq_len), d, global_batch // d * seq_len, half_seq)[0].length
+        orders[d] = [balanced_order(stream_pieces(docs, seq_len), d, global_batch // d, seq_len)[0].length
                      if balanced and d > 1 else docs  # stream: the documents packed as they come
                      for docs in steps]
     for d, c in sorted({(int(a), int(b)) for a, b in zip(dp, cp)}):
