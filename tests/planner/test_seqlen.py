@@ -217,3 +217,14 @@ def test_job_file_carries_the_distribution(tmp_path):
     job = Job(model=MODEL, training=t, cluster=CLUSTER, plan=Plan(dims=ParallelDims(dp_replicate=16)))
     job.save(tmp_path / "j.json")
     assert Job.load(tmp_path / "j.json").training == t
+
+
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=12), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]),
+       st.booleans(), st.booleans(), st.sampled_from([0.0, 256.0]))
+def test_documents_never_cost_more_than_full_sequences(lengths, dp, cp, balanced, buckets, half):
+    """A document mask only removes score entries, and the zig-zag split of a full sequence is
+    exactly balanced: every factor lies in (0, 1], the busiest rank at least the mean."""
+    r = doc_attention(from_samples(lengths), seq_len=1024, global_batch=8, dp=np.array([dp]), cp=np.array([cp]),
+                      half_seq=half, causal=True, balanced=balanced, buckets=buckets)
+    assert 0 < r.mean_factor[0] <= r.core_factor[0] <= 1 + 1e-12
+    assert 0 <= r.cp_token_share[0] <= 1
