@@ -82,39 +82,52 @@ def make_job(dist: SeqLenDist | None, balance: DocBalance) -> Job:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", help="Use this profile instead of measuring one.")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--profile", help="Use this profile instead of measuring one per round.")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="Rounds: each profiles the CPU, then runs every case; measured = median over rounds.")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        profile = args.profile
-        if profile is None:
-            profile = str(work / "profile.json")
-            t0 = time.monotonic()
-            run_profile(Path(profile))
-            con.print(f"profiled the CPU in {time.monotonic() - t0:.0f} s")
         cases = [("full sequences", None, DocBalance.STREAM)]
         for name, dist in distributions().items():
             write_histogram(dist, work / dist.source)
             read = replace(load_seq_len_dist(work / dist.source), source=dist.source)  # the CLI's reader
             cases += [(name, read, DocBalance.STREAM), (name, read, DocBalance.BALANCED)]
-        for name, dist, balance in cases:
-            job = make_job(dist, balance)
-            t0 = time.monotonic()
-            times, peak, err = run_train(job, work, args.steps)
-            pred = predict(job, profile, "cpu")
+        # per case, per round: (predicted with that round's profile, measured median step, steps)
+        runs: dict[int, list[tuple[float, float, list[float]]]] = {i: [] for i in range(len(cases))}
+        errors: dict[int, str] = {}
+        for r in range(args.repeats):
+            profile = args.profile
+            if profile is None:
+                profile = str(work / f"profile-{r}.json")
+                t0 = time.monotonic()
+                run_profile(Path(profile))
+                con.print(f"round {r + 1}: profiled the CPU in {time.monotonic() - t0:.0f} s")
+            for i, (name, dist, balance) in enumerate(cases):
+                job = make_job(dist, balance)
+                t0 = time.monotonic()
+                times, peak, err = run_train(job, work, args.steps)
+                if err:
+                    errors[i] = err
+                else:
+                    cmp = compare(predict(job, profile, "cpu"), times, peak)
+                    runs[i].append((cmp.predicted_step_time_s, cmp.measured_step_time_s,
+                                    times[warmup_steps(len(times)):]))
+                con.print(f"round {r + 1}: {name} {balance.value if dist else ''}: {time.monotonic() - t0:.0f} s"
+                          + (f" (failed: {err})" if err else ""))
+        rows = []
+        for i, (name, dist, balance) in enumerate(cases):
             row = {"distribution": name, "balance": balance.value if dist else "-",
-                   "mean_doc_tokens": dist.mean_length if dist else float(SEQ_LEN),
-                   "predicted_step_time_s": pred.step_time_s, "error": err}
-            if not err:
-                cmp = compare(pred, times, peak)
-                row.update(measured_step_time_s=cmp.measured_step_time_s, step_time_error=cmp.step_time_error,
-                           steps_s=times[warmup_steps(len(times)):])
+                   "mean_doc_tokens": dist.mean_length if dist else float(SEQ_LEN), "error": errors.get(i, "")}
+            if runs[i]:
+                row.update(predicted_step_time_s=statistics.median(p for p, _, _ in runs[i]),
+                           measured_step_time_s=statistics.median(m for _, m, _ in runs[i]),
+                           rounds=[[p, m] for p, m, _ in runs[i]], steps_s=[s for _, _, s in runs[i]])
+                row["step_time_error"] = row["predicted_step_time_s"] / row["measured_step_time_s"] - 1
             rows.append(row)
-            con.print(f"{name} {row['balance']}: {time.monotonic() - t0:.0f} s" + (f" (failed: {err})" if err else ""))
     if args.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return
@@ -123,13 +136,20 @@ def main() -> None:
 
 def render(rows: list[dict], con: Console) -> None:
     t = Table(title=f"Packed documents, CPU, toy-llama {MODEL_OVERRIDES} S={SEQ_LEN} B={GLOBAL_BATCH} dp=2 fp32")
-    for col in ("distribution", "balance", "mean doc", "pred s", "meas s", "err", "steps s"):
+    for col in ("distribution", "balance", "mean doc", "pred s", "meas s", "err", "pred / full", "meas / full",
+                "rounds pred/meas s"):
         t.add_column(col, justify="left" if col in ("distribution", "balance") else "right")
+    full = rows[0] if "measured_step_time_s" in rows[0] else None
     for r in rows:
         meas = r.get("measured_step_time_s")
+        if not meas:
+            t.add_row(r["distribution"], r["balance"], f"{r['mean_doc_tokens']:.0f}", "-", "-", r["error"][:40])
+            continue
+        ratios = (f"{r['predicted_step_time_s'] / full['predicted_step_time_s']:.2f}",
+                  f"{meas / full['measured_step_time_s']:.2f}") if full else ("-", "-")
         t.add_row(r["distribution"], r["balance"], f"{r['mean_doc_tokens']:.0f}", f"{r['predicted_step_time_s']:.3f}",
-                  f"{meas:.3f}" if meas else "-", f"{r['step_time_error']:+.1%}" if meas else r["error"][:40],
-                  " ".join(f"{x:.2f}" for x in r.get("steps_s", [])))
+                  f"{meas:.3f}", f"{r['step_time_error']:+.1%}", *ratios,
+                  " ".join(f"{p:.2f}/{m:.2f}" for p, m in r["rounds"]))
     con.print(t)
     done = [r for r in rows if "measured_step_time_s" in r]
     if done:
@@ -137,7 +157,8 @@ def render(rows: list[dict], con: Console) -> None:
         con.print(f"step time: median |err| {statistics.median(errs):.1%}, max {errs[-1]:.1%} over {len(done)} runs")
     for name in dict.fromkeys(r["distribution"] for r in rows if r["balance"] != "-"):
         pair = {r["balance"]: r for r in rows if r["distribution"] == name}
-        if {"stream", "balanced"} <= set(pair):
+        if {"stream", "balanced"} <= set(pair) and "predicted_step_time_s" in pair["stream"] \
+                and "predicted_step_time_s" in pair["balanced"]:
             s, b = pair["stream"], pair["balanced"]
             pred_gain = 1 - b["predicted_step_time_s"] / s["predicted_step_time_s"]
             meas = ("measured_step_time_s" in s and "measured_step_time_s" in b)
