@@ -14,13 +14,20 @@ from hypothesis import strategies as st
 from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.data_aware import data_aware_steps
-from meshplan.cost.packing import (balanced_order, chunk_work, stream_pieces, doc_attention, packed_segments,
-                                   piece_work, step_work)
+from meshplan.cost.packing import (
+    balanced_order,
+    chunk_work,
+    doc_attention,
+    packed_segments,
+    piece_work,
+    step_work,
+    stream_pieces,
+)
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job, ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.presets import model_preset
-from meshplan.spec.seqlen import DocBalance, SeqLenDist, from_samples, load_seq_len_dist
+from meshplan.spec.seqlen import DocBalance, from_samples, load_seq_len_dist
 from meshplan.spec.training import TrainingSpec
 
 
@@ -188,7 +195,8 @@ TRAIN = TrainingSpec(seq_len=8192, global_batch=64)
 SKEWED = from_samples([256] * 3000 + [1024] * 800 + [32768] * 12)
 
 
-def _step(training, plan=Plan(dims=ParallelDims(dp_replicate=16))):
+def _step(training, plan: Plan | None = None):
+    plan = plan or Plan(dims=ParallelDims(dp_replicate=16))
     return estimate(MODEL, CLUSTER, training, plan, calibration_for(CLUSTER.gpu)).step_time_s
 
 

@@ -14,16 +14,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _configs import GLOBAL_BATCH, LR, MODELS, SEQ_LEN
 
 from meshplan.plan import Job, ParallelDims, Plan
 from meshplan.runtime.models.transformer import build_model
-from meshplan.runtime.packing import IGNORE_INDEX, DocumentSource, rank_pieces, set_documents
+from meshplan.runtime.packing import (
+    IGNORE_INDEX,
+    DocumentSource,
+    rank_pieces,
+    set_documents,
+)
 from meshplan.runtime.testing import parity_errors, run_jobs, single_process
 from meshplan.spec.cluster import resolve_cluster
 from meshplan.spec.seqlen import DocBalance, from_samples
 from meshplan.spec.training import Optimizer, TrainingSpec
-
-from _configs import GLOBAL_BATCH, LR, MODELS, SEQ_LEN
 
 DIST = from_samples([1, 2, 2, 4, 4, 4, 8, 8, 16, 16, 16, 48])
 """Power-of-two lengths (and one over S=16): the balanced rows keep every stream piece whole

@@ -81,7 +81,7 @@ class SeqLenDist:
     def sample(self, rng: np.random.Generator, num_tokens: int) -> np.ndarray:
         """Document lengths drawn i.i.d. from the histogram until they hold ``num_tokens`` tokens;
         the last one is cut so that they hold exactly ``num_tokens`` (an int64 array)."""
-        lengths, counts = self.arrays()
+        counts = self.arrays()[1]
         p = counts / counts.sum()
         guess = int(1.25 * num_tokens / self.mean_length) + 16  # enough draws, most of the time
         out = np.zeros(0, dtype=np.int64)
@@ -98,7 +98,7 @@ class SeqLenDist:
         return {"lengths": list(self.lengths), "counts": list(self.counts), "source": self.source}
 
     @classmethod
-    def from_dict(cls, data: Any) -> "SeqLenDist":
+    def from_dict(cls, data: Any) -> SeqLenDist:
         if not isinstance(data, dict) or set(data) - {"lengths", "counts", "source"} \
                 or not {"lengths", "counts"} <= set(data):
             raise MeshplanError("seq_len_dist must be an object with 'lengths' and 'counts' lists")
@@ -108,7 +108,7 @@ class SeqLenDist:
                    source=str(data.get("source", "")))
 
 
-def from_samples(lengths: "list[int] | np.ndarray", source: str = "") -> SeqLenDist:
+def from_samples(lengths: list[int] | np.ndarray, source: str = "") -> SeqLenDist:
     """The histogram of a sample of document lengths."""
     values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
     return SeqLenDist(lengths=tuple(int(v) for v in values), counts=tuple(int(c) for c in counts),
