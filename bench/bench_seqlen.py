@@ -4,10 +4,11 @@ and the measured gain of balancing documents across data-parallel ranks (issue 1
     PYTHONPATH=src python bench/bench_seqlen.py [--profile FILE] [--steps 6] [--json]
 
 1. ``meshplan profile --quick --procs 4`` (skipped with --profile FILE), as bench_predict_cpu.py;
-2. three length distributions, written as the files ``--seq-len-dist`` reads: ``uniform`` (1 to S
+2. four length distributions, written as the files ``--seq-len-dist`` reads: ``uniform`` (1 to S
    tokens), ``power-law`` (Pareto, alpha 1.2, from 32 tokens, capped at 4 S: long documents are cut
-   into sequences) and ``mix`` (a pre-training-like mix: 70% short chat-like documents, lognormal
-   around 150 tokens; 25% web pages around 600; 5% long documents of 2 S to 8 S);
+   into sequences), ``mix`` (a pre-training-like mix: 70% short chat-like documents, lognormal
+   around 150 tokens; 25% web pages around 600; 5% long documents of 2 S to 8 S) and ``bimodal``
+   (half the tokens in documents of S, half in documents of 16);
 3. for each, dp=2 with documents in data order (``stream``) and ``balanced``, plus one run of full
    sequences: the estimate with the profile (meshplan.calib.predict) and a real ``meshplan train``
    (measured = median step time after warm-up);
@@ -64,8 +65,11 @@ def distributions() -> dict[str, SeqLenDist]:
     mix = np.where(kind == 0, rng.lognormal(np.log(150), 0.6, DRAWS),
                    np.where(kind == 1, rng.lognormal(np.log(600), 0.5, DRAWS), rng.integers(2 * S, 8 * S, DRAWS)))
     mix = np.maximum(mix, 1).astype(np.int64)
+    # half the tokens in whole-sequence documents, half in 16-token ones: the imbalance that
+    # balancing removes, large enough to measure on a shared host
+    bimodal = np.array([S] * 40 + [16] * (40 * S // 16))
     return {name: from_samples(x, source=f"{name}.csv") for name, x in
-            (("uniform", uniform), ("power-law", power), ("mix", mix))}
+            (("uniform", uniform), ("power-law", power), ("mix", mix), ("bimodal", bimodal))}
 
 
 def write_histogram(dist: SeqLenDist, path: Path) -> None:
@@ -86,6 +90,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=1,
                     help="Rounds: each profiles the CPU, then runs every case; measured = median over rounds.")
+    ap.add_argument("--only", help="Comma-separated distributions to run (and the full sequences).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
@@ -93,6 +98,8 @@ def main() -> None:
         work = Path(tmp)
         cases = [("full sequences", None, DocBalance.STREAM)]
         for name, dist in distributions().items():
+            if args.only and name not in args.only.split(","):
+                continue
             write_histogram(dist, work / dist.source)
             read = replace(load_seq_len_dist(work / dist.source), source=dist.source)  # the CLI's reader
             cases += [(name, read, DocBalance.STREAM), (name, read, DocBalance.BALANCED)]
