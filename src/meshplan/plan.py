@@ -418,12 +418,12 @@ class Plan:
             )
         if self.sp and training.seq_len % d.tp:
             raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
-        if self.mlp_splits > 1:
-            width, degree = ((model.moe_ffn_hidden_size, d.expert_tp) if model.is_moe
-                             else (model.ffn_hidden_size, d.tp))
-            if width % (degree * self.mlp_splits):
-                raise MeshplanError(f"mlp_splits={self.mlp_splits}: the MLP width per GPU ({width}/{degree}) "
-                                    f"is not divisible by it")
+        if self.mlp_splits > 1 and model.is_moe:
+            raise MeshplanError(f"mlp_splits={self.mlp_splits}: {model.name}'s experts are separate operators "
+                                "already (split them with ep); operator splitting applies to dense MLPs")
+        if self.mlp_splits > 1 and model.ffn_hidden_size % (d.tp * self.mlp_splits):
+            raise MeshplanError(f"mlp_splits={self.mlp_splits}: the MLP width per GPU "
+                                f"({model.ffn_hidden_size}/{d.tp}) is not divisible by it")
         tokens = self.micro_batch * training.seq_len // d.cp
         if self.head_splits > 1 and tokens % self.head_splits:
             raise MeshplanError(f"head_splits={self.head_splits}: the {tokens} tokens of a micro-batch "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from meshplan.errors import MeshplanError
+from meshplan.export.osdp import persistence_config
 from meshplan.export.base import Export, ExportTarget, uniform_recompute
 from meshplan.plan import Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision
@@ -49,6 +50,7 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     if plan.vocab_parallel:
         raise MeshplanError("DeepSpeed has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     zero.update(_offload_config(plan, zero["stage"]))
+    zero.update(persistence_config(job.model, plan))
     cfg["zero_optimization"] = zero
     if d.tp > 1:
         if plan.zero == 3 and d.dp_shard > 1:
