@@ -52,9 +52,10 @@ CASES = (
     Case("70b-64xh100", "llama3-70b", "dgx-h100", 8, 8192, 256, "128K vocabulary, pipelined"),
     Case("qwen72b-64xh100", "qwen2.5-72b", "dgx-h100", 8, 8192, 256, "152K vocabulary, pipelined"),
     Case("gptoss120b-32xh100", "gpt-oss-120b", "dgx-h100", 4, 8192, 256, "201K vocabulary, MoE, 36 layers"),
-    Case("8b-8xh100-32k", "llama3-8b", "dgx-h100", 1, 32768, 8,
-         "Llama-3-8B at 32K tokens on one node: the 128K-vocabulary logits of a sequence take ~16 GiB"),
-    Case("qwen72b-32xh100", "qwen2.5-72b", "dgx-h100", 4, 8192, 64, "Qwen2.5-72B fully sharded over 4 nodes"),
+    Case("8b-8xh100-128k", "llama3-8b", "dgx-h100", 1, 131072, 8,
+         "Llama-3-8B at 128K tokens on one node: the 128K-vocabulary logits of a sequence take ~64 GiB"),
+    Case("13b-8xa100", "llama2-13b", "dgx-a100", 1, 4096, 64,
+         "Llama-2-13B on one DGX A100 (80 GB): ZeRO-3 gathers on the A100's NVLink are exposed"),
 )
 
 BASE = SearchOptions(offloads=(), vocab_parallel=False, osdp=False)

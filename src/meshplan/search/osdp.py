@@ -1,12 +1,13 @@
 """OSDP as a searched choice: groups kept gathered and operators split, on zero-3 configurations.
 
-Both choices act on ZeRO-3's gathers only (:mod:`meshplan.cost.osdp`): keeping a group gathered
-buys back its re-gathers with its whole weights in memory, splitting the MLP or the LM head buys
-memory with smaller kernels. So a variant can reach the frontier only from a zero-3 configuration
-that is near it already, or that memory holds back (over the budget and faster than the fastest
-plan that fits): the search scores a small set of variants of those (``KEEP_CHOICES`` x
-``SPLIT_CHOICES``, even layer split), at most ``OSDP_CANDIDATES`` configurations, fastest first,
-and their points join the frontier like any other.
+Keeping a group gathered buys back ZeRO-3's re-gathers with the group's whole weights in memory;
+splitting the MLP buys ZeRO-3's gathered buffer down with smaller kernels; chunking the LM head
+buys the logits down with a second head forward, at any ZeRO stage (:mod:`meshplan.cost.osdp`).
+Each moves a configuration's point by a little, so a variant can reach the frontier only from a
+configuration near it already, or one that memory holds back (over the budget and faster than the
+fastest plan that fits): the search scores a small set of variants of those (``KEEP_CHOICES`` x
+``SPLIT_CHOICES``, the keeps and MLP slices on zero-3 rows only, even layer split), at most
+``OSDP_CANDIDATES`` configurations, and their points join the frontier like any other.
 """
 
 from __future__ import annotations
@@ -39,22 +40,32 @@ rule, that keeps the pass to a few percent of the search's time."""
 
 def osdp_rows(zero: np.ndarray, candidate: np.ndarray, time_s: np.ndarray, memory_bytes: np.ndarray,
               budget_bytes: float, fastest_fitting_s: float, limit: int = OSDP_CANDIDATES) -> np.ndarray:
-    """Zero-3 rows near the frontier (``candidate``) or held back by memory, at most ``limit``
-    of them, fastest first."""
+    """Rows near the frontier (``candidate``) or held back by memory: the ``limit`` fastest
+    zero-3 ones (every choice applies), and of all, the ``limit / 2`` fastest and the
+    ``limit / 2`` leanest (the two ends of the frontier a chunked LM head moves)."""
     held = (memory_bytes > budget_bytes) & (time_s < fastest_fitting_s)
-    rows = np.flatnonzero((zero == 3) & (candidate | held))
-    if rows.size > limit:
-        rows = rows[np.argpartition(time_s[rows], limit - 1)[:limit]]
-    return np.sort(rows)
+    rows = np.flatnonzero(candidate | held)
+    z3 = rows[zero[rows] == 3]
+    half = max(limit // 2, 1)
+    return np.union1d(_smallest(z3, time_s, limit),
+                      np.union1d(_smallest(rows, time_s, half), _smallest(rows, memory_bytes, half)))
+
+
+def _smallest(rows: np.ndarray, key: np.ndarray, limit: int) -> np.ndarray:
+    """The ``limit`` rows of smallest ``key`` (all when fewer)."""
+    if rows.size <= limit:
+        return rows
+    return rows[np.argpartition(key[rows], limit - 1)[:limit]]
 
 
 def legal_osdp(model: ModelSpec, training: TrainingSpec, v: PlanArrays) -> np.ndarray:
-    """``Plan.validate_for``'s OSDP rules, vectorised: MLP slices divide a dense MLP's width per
-    tp rank, LM-head chunks the tokens of a micro-batch."""
+    """``Plan``'s OSDP rules, vectorised: groups kept and MLP slices under zero 3 only, MLP
+    slices dividing a dense MLP's width per tp rank, LM-head chunks the tokens of a micro-batch."""
     width_ok = (model.ffn_hidden_size % (v.tp * v.mlp_splits) == 0) & (not model.is_moe)
-    mlp_ok = (v.mlp_splits == 1) | width_ok
+    mlp_ok = (v.mlp_splits == 1) | (width_ok & (v.zero == 3))
+    keep_ok = (v.keep == 0) | (v.zero == 3)
     tokens = v.micro_batch * training.seq_len // v.cp
-    return mlp_ok & (tokens % v.head_splits == 0)
+    return mlp_ok & keep_ok & (tokens % v.head_splits == 0)
 
 
 def osdp_variants(model: ModelSpec, training: TrainingSpec, space: PlanArrays,

@@ -278,7 +278,7 @@ OSDP_KEY_BASE = 1 << 42
 
 def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost, even_front: Front,
                known: Front, budget: float, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
-    """OSDP variants of the zero-3 configurations near the frontier or held back by memory
+    """OSDP variants of the configurations near the frontier or held back by memory
     (:mod:`meshplan.search.osdp`), even split."""
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
     candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
