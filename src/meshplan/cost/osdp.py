@@ -50,6 +50,10 @@ class OsdpFactors:
     kernels_per_mlp_slice: int = 4
     """Kernels of one MLP slice beside its GEMMs, forward + backward: the activation function and
     its gradient, the add of the slice's partial output and of its input gradient."""
+    kernels_per_head_chunk: int = 8
+    """Kernels of one LM-head chunk beyond the first: its GEMM, the recomputed GEMM and the two
+    backward GEMMs, the loss's softmax and gather forward and their backward (one kernel each in
+    torch's fused cross-entropy)."""
     gemm_passes: float = 3.0
     """Forward + backward GEMM work over the forward's: the backward computes the input and the
     weight gradients, two GEMMs of the forward's size (Narayanan et al. 2021, Sec. 3.1)."""
@@ -146,7 +150,7 @@ def rank_osdp(model: ModelSpec, plans, calib: Calibration, *, layer_params, dens
     loss_pass = factors.head_elementwise_passes * tokens * vocab_per_gpu * activation_bytes / hbm_bytes_per_s
     head_chunked = (factors.gemm_passes + 1.0) * (c * chunk + loss_pass)
     head_extra = np.where(c > 1, head_chunked - factors.gemm_passes * (head_whole + loss_pass)
-                          + (c - 1.0) * factors.kernel_launch_s * factors.kernels_per_mlp_slice, 0.0)
+                          + (c - 1.0) * factors.kernel_launch_s * factors.kernels_per_head_chunk, 0.0)
     return OsdpCost(
         gathered_layer_params=sharded_attn + sharded_mlp / k,
         sharded_layer_params=np.where(z3, sharded_attn + sharded_mlp, layer_params),
