@@ -57,3 +57,61 @@ def test_runtime_refuses_mlp_slices_with_tp():
     job = make_job("llama", dims=dict(tp=2), zero=3, mlp_splits=2)
     with pytest.raises(MeshplanError, match="mlp_splits=2 with tp=2"):
         check_runs(Target.MESHPLAN, job.model, job.training, job.plan)
+
+
+def test_units_and_their_reshard_policy():
+    """Under zero 3: a kept group is a unit that stays gathered, each MLP slice a unit that
+    reshards; a tied embedding stays in the root; nothing below zero 3."""
+    from meshplan.plan import Plan, ParallelDims
+    from meshplan.runtime.models import build_model
+    from meshplan.runtime.osdp import SlicedMLP, apply_osdp_modules, osdp_units
+
+    from _configs import MODELS
+
+    plan = Plan(dims=ParallelDims(dp_shard=2), zero=3, keep_gathered=("attention", "head"), mlp_splits=2)
+    model = build_model(MODELS["llama"])
+    apply_osdp_modules(model, plan)
+    units = osdp_units(model, plan)
+    layer = model.layers["0"]
+    assert isinstance(layer.feed_forward, SlicedMLP)
+    assert (layer.attention, False) in units and (model.output, False) in units
+    assert [(s, True) for s in layer.feed_forward.slices] == [u for u in units if u[0] in list(layer.feed_forward.slices)]
+    assert len(units) == 2 * (1 + 2) + 1  # per layer attention + 2 slices; the head
+    tied = build_model(MODELS["gpt"])
+    kept = Plan(dims=ParallelDims(dp_shard=2), zero=3, keep_gathered=("embedding", "head"))
+    assert osdp_units(tied, kept) == []  # the shared table stays in the root unit
+    assert osdp_units(model, Plan(dims=ParallelDims(dp_shard=2), zero=2)) == []
+
+
+def test_sliced_mlp_and_chunked_head_compute_the_whole_operators():
+    """One process: k slices drawn by models.init from the whole MLP's tensors give its output and
+    the chunked head its loss, gradients included."""
+    import torch
+    import torch.nn.functional as F
+
+    from meshplan.runtime.models.init import init_parameters
+    from meshplan.runtime.models.layers import MLP
+    from meshplan.runtime.osdp import ChunkedLMHead, SlicedMLP
+
+    whole = MLP(16, 48, gated=True, bias=True)
+    init_parameters(whole, seed=3)
+    sliced = SlicedMLP(MLP(16, 48, gated=True, bias=True), 3)
+    init_parameters(sliced, seed=3)
+    # the slices' canonical names are the whole MLP's: each slice holds its rows / columns
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(sliced(x), whole(x), rtol=1e-5, atol=1e-6)
+
+    out = torch.nn.Linear(16, 40, bias=False)
+    h = torch.randn(2, 6, 16, requires_grad=True)
+    y = torch.randint(0, 40, (2, 6))
+    ref = F.cross_entropy(out(h).flatten(0, 1), y.flatten(), reduction="sum")
+    ref.backward()
+    g_h, g_w = h.grad.clone(), out.weight.grad.clone()
+    h.grad, out.weight.grad = None, None
+    head = ChunkedLMHead(out, 4)
+    with head.targets(y):
+        loss = head(h)
+    loss.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(h.grad, g_h)
+    torch.testing.assert_close(out.weight.grad, g_w)

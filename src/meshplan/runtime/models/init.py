@@ -20,7 +20,7 @@ INIT_STD = 0.02
 """Normal std of weight matrices and embeddings (GPT-2, Radford et al. 2019; Llama uses the same)."""
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
-_SLICE_PART = re.compile(r"\.osdp_slices\.\d+\.")
+_SLICE_PART = re.compile(r"(^|\.)osdp_slices\.\d+\.")
 """The slices of a split MLP (runtime.osdp.SlicedMLP) are parts of the whole MLP's parameters."""
 
 
@@ -28,7 +28,7 @@ def canonical_name(name: str, tied_embeddings: bool = False) -> str:
     """Parameter name without wrapper prefixes; a tied LM head is the embedding table."""
     for p in _WRAPPER_PREFIXES:
         name = name.replace(p, "")
-    name = _SLICE_PART.sub(".", name)
+    name = _SLICE_PART.sub(r"\1", name)
     if tied_embeddings and name == "output.weight":
         return "tok_embeddings.weight"
     return name
