@@ -31,7 +31,7 @@ import numpy as np
 
 from meshplan.cost import comms
 from meshplan.cost.offload import host_budget_bytes, rank_offload
-from meshplan.cost.osdp import extra_gather_latency_s, rank_osdp
+from meshplan.cost.osdp import extra_gather_latency_s, rank_osdp, uses_osdp
 from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
@@ -153,6 +153,8 @@ class PlanTerms:
     least 1; n1 / ep when etp = tp)."""
     vocab_sync_s: np.ndarray | float = 0.0
     """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
+    osdp: bool = False
+    """Whether any plan keeps a group gathered or splits an operator (cost.osdp.uses_osdp)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -189,7 +191,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     z = plans.zero
     m = num_microbatches(training, plans)
     vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
-    return PlanTerms(vocab_sync_s=vocab_sync,
+    return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
         hbm=hbm, head_flops=peak, linear_flops=op_rates(cluster, training, calib).linear_flops,
@@ -253,7 +255,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                      embed_params=embed_share * terms.embed_p, head_params=head_share * head_p,
                      head_share=head_share, tokens=T, vocab_per_gpu=Vt, linear_flops=terms.linear_flops,
                      head_flops=terms.head_flops, hbm_bytes_per_s=hbm,
-                     activation_bytes=activation_bytes(training.precision))
+                     activation_bytes=activation_bytes(training.precision), active=terms.osdp)
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
     weights = weights + osdp.kept_weight_bytes
     # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)

@@ -91,7 +91,7 @@ class OsdpCost:
 
 def uses_osdp(plans) -> bool:
     """Whether any plan keeps a group gathered or splits an operator."""
-    return bool(np.any(plans.keep) or np.any(plans.mlp_splits > 1) or np.any(plans.head_splits > 1))
+    return bool(plans.keep.any() or plans.mlp_splits.max(initial=1) > 1 or plans.head_splits.max(initial=1) > 1)
 
 
 def attention_params_per_layer(model: ModelSpec) -> float:
@@ -102,13 +102,14 @@ def attention_params_per_layer(model: ModelSpec) -> float:
 
 def rank_osdp(model: ModelSpec, plans, calib: Calibration, *, layer_params, dense_layer_params, layers,
               rest_params, embed_params, head_params, head_share, tokens, vocab_per_gpu, linear_flops, head_flops,
-              hbm_bytes_per_s, activation_bytes, factors: OsdpFactors = OSDP_FACTORS) -> OsdpCost:
+              hbm_bytes_per_s, activation_bytes, active: bool | None = None,
+              factors: OsdpFactors = OSDP_FACTORS) -> OsdpCost:
     """OSDP terms of one pipeline rank (see the module docstring); the arguments per GPU, after
     tp: ``layer_params`` of the average layer (``dense_layer_params`` of it not experts),
     ``rest_params`` the rank's embedding + LM head of which ``embed_params`` / ``head_params``;
     ``head_share`` the part of the LM head's work this rank does (0 or 1; 1/pp with vocabulary
-    parallelism)."""
-    if not uses_osdp(plans):
+    parallelism); ``active`` is ``uses_osdp(plans)`` when the caller has it."""
+    if not (uses_osdp(plans) if active is None else active):
         return OsdpCost(gathered_layer_params=layer_params, sharded_layer_params=layer_params,
                         sharded_rest_params=rest_params, kept_weight_bytes=0.0, kept_params=0.0,
                         extra_gathers=0.0, compute_s=0.0, logits_fraction=1.0, active=False)
