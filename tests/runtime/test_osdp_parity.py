@@ -27,6 +27,8 @@ LAYOUTS = {
     # GPT-2 (biases, tied head): MLP kept, embedding kept (tied: stays in the root), 2 chunks
     "fsdp2_keep_mlp_tied": ("gpt", dict(dims=dict(dp_shard=2), zero=3, keep_gathered=("mlp", "embedding"),
                                         head_splits=2)),
+    # MoE: the whole MoE block (router, experts) kept as one unit beside the attention
+    "fsdp2_moe_keep": ("moe", dict(dims=dict(dp_shard=2), zero=3, keep_gathered=("mlp",), head_splits=2)),
 }
 
 
