@@ -128,7 +128,7 @@ def load_stats(load: ExpertLoad, num_experts: int, ep: int, *, balanced_placemen
         if replicas:
             place = with_replicas(place, mean_shares, replicas)
         factors[:, layer] = place.rank_loads(kept[:, layer]).max(axis=-1) * ep
-    dropped = 1.0 - kept.sum(axis=-1)
+    dropped = np.maximum(1.0 - kept.sum(axis=-1), 0.0)
     return LoadStats(load_factor=float(factors.mean()), dropped_fraction=float(dropped.mean()),
                      imbalance=float((shares.max(axis=-1) * num_experts).mean()))
 
