@@ -126,6 +126,9 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
     if model.position.value == "learned" and training.seq_len > model.max_position:
         raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
                             f"{model.max_position} (learned position embeddings)")
+    if training.expert_load is not None and not model.is_moe:
+        raise MeshplanError(f"an expert load (--expert-skew / --expert-load) describes MoE routing; "
+                            f"{model.name} has no experts")
 
 
 def _check_positive(name: str, value: int) -> None:
