@@ -357,6 +357,9 @@ class Plan:
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+            if self.expert_replicas > model.moe_num_experts // d.ep:
+                raise MeshplanError(f"expert_replicas={self.expert_replicas} exceeds the "
+                                    f"{model.moe_num_experts // d.ep} experts each of the ep={d.ep} ranks holds")
             if d.etp and model.moe_ffn_hidden_size % d.etp:
                 raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
                                     f"etp={d.etp}")

@@ -11,7 +11,7 @@ three times as many rows when, and only when, an expert load is given.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -38,10 +38,4 @@ def placement_variants(space: PlanArrays, rows: np.ndarray, num_experts: int) ->
                              expert_replicas=np.full(len(base), r)))
         srcs.append(ok)
     src = np.concatenate(srcs)
-    return PlanArrays(**{f: np.concatenate([getattr(p, f) for p in parts]) for f in _fields()}), src
-
-
-def _fields() -> tuple[str, ...]:
-    from dataclasses import fields
-
-    return tuple(f.name for f in fields(PlanArrays))
+    return PlanArrays(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(PlanArrays)}), src
