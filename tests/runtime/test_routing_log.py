@@ -21,39 +21,54 @@ from _configs import GLOBAL_BATCH, LR, SEQ_LEN, make_job
 STEPS = 3
 
 
-def _train(job, tmp_path: Path, name: str) -> tuple[list[dict], Path]:
-    log, routing = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.routing.jsonl"
-    cfg = TrainConfig(steps=STEPS, lr=LR, progress=False, log_path=str(log), expert_load_log=str(routing))
-    launch([(job, cfg)], capture=True)
-    return [json.loads(x) for x in log.read_text().splitlines()], routing
+LAYOUTS = {  # two processes each, one launch: ep (sums over ranks), tp (divides), pp (layers apart)
+    "ep2": dict(dims=dict(dp_shard=2, ep=2), zero=3),
+    "tp2": dict(dims=dict(tp=2)),
+    "pp2": dict(dims=dict(pp=2)),
+}
+
+
+def _train(jobs: dict, tmp_path: Path) -> dict[str, tuple[list[dict], Path]]:
+    runs, out = [], {}
+    for name, job in jobs.items():
+        log, routing = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.routing.jsonl"
+        runs.append((job, TrainConfig(steps=STEPS, lr=LR, progress=False, log_path=str(log),
+                                      expert_load_log=str(routing))))
+        out[name] = (log, routing)
+    launch(runs, capture=True)
+    return {name: ([json.loads(x) for x in log.read_text().splitlines()], routing)
+            for name, (log, routing) in out.items()}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("routing")
-    job = make_job("moe", dims=dict(dp_shard=2, ep=2), zero=3)
-    return {"ep2": _train(job, tmp, "ep2"), "one": _train(single_process(job), tmp, "one")}
+    jobs = {name: make_job("moe", **fields) for name, fields in LAYOUTS.items()}
+    return {**_train(jobs, tmp), **_train({"one": single_process(jobs["ep2"])}, tmp)}
 
 
-def test_counts_are_the_layouts_global_routing_and_the_loss_is_unchanged(runs):
-    (ep_records, ep_log), (one_records, one_log) = runs["ep2"], runs["one"]
-    ep_load, one_load = read_expert_load(ep_log), read_expert_load(one_log)
-    assert len(ep_load.counts) == STEPS
-    for step in ep_load.counts:
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_counts_are_the_layouts_global_routing_and_the_loss_is_unchanged(runs, layout):
+    (records, log), (one_records, one_log) = runs[layout], runs["one"]
+    load, one_load = read_expert_load(log), read_expert_load(one_log)
+    skipped = 1 if layout == "pp2" else 0  # a pipeline's shape-inference step is not logged
+    assert len(load.counts) == STEPS - skipped
+    for step in load.counts:
         for layer in step:  # every token routed to top_k = 2 experts, summed over the ranks
             assert sum(layer) == GLOBAL_BATCH * SEQ_LEN * 2
-    # one process and ep 2 route the same tokens with the same weights at step 1 (and follow the
-    # same losses after it: parity), so they count the same tokens per expert
-    assert ep_load.counts[0] == one_load.counts[0]
-    ep_losses = [r["loss"] for r in ep_records if not r.get("summary")]
+    # one process and the layout route the same tokens with the same weights at step 1 (and
+    # follow the same losses after it: parity), so they count the same tokens per expert
+    assert load.counts[0] == one_load.counts[skipped]
+    losses = [r["loss"] for r in records if not r.get("summary")]
     one_losses = [r["loss"] for r in one_records if not r.get("summary")]
-    assert ep_losses == pytest.approx(one_losses, rel=1e-5)
+    assert losses == pytest.approx(one_losses, rel=1e-5)
 
 
 def test_step_records_report_the_measured_imbalance(runs):
     records, routing = runs["ep2"]
     steps = [r for r in records if not r.get("summary")]
     load = read_expert_load(routing)
+    assert steps[0]["expert_imbalance"] is not None
     for rec, counts in zip(steps, load.counts):
         want = [max(c) * len(c) / sum(c) for c in counts]
         assert rec["expert_imbalance"] == pytest.approx(want)

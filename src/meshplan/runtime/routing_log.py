@@ -4,7 +4,10 @@ over all ranks, and the measured imbalance (busiest expert over the mean, per la
 Each MoE layer counts its own rank's routed copies (``MoE.routed_tokens``, a bincount); once per
 step one all-reduce of a (MoE layers x E) integer tensor over the world sums them: data-parallel
 and context-parallel ranks route different tokens, pipeline stages own different layers (zeros
-elsewhere), tensor-parallel ranks route the same tokens (so the sum is divided by tp). Rank 0
+elsewhere), tensor-parallel ranks route the same tokens (so the sum is divided by tp). With a
+pipeline, the process's first step is not logged: torch's schedule runs one extra forward per
+stage on that step to infer the shapes its stages exchange, which would count one micro-batch
+twice. Rank 0
 appends one line per step to the log that ``meshplan estimate --expert-load`` reads back
 (format: meshplan.spec.expert_load).
 """
@@ -28,13 +31,14 @@ def moe_layer_ids(spec: ModelSpec) -> list[int]:
 class RoutingLog:
     """Per-step expert counts of ``modules`` (this rank's model parts); ``path`` written by rank 0."""
 
-    def __init__(self, spec: ModelSpec, modules: list[torch.nn.Module], *, tp: int, device: torch.device,
-                 path: str | None) -> None:
+    def __init__(self, spec: ModelSpec, modules: list[torch.nn.Module], *, tp: int, pp: int,
+                 device: torch.device, path: str | None) -> None:
         self.ids = moe_layer_ids(spec)
         self.row = {layer_id: i for i, layer_id in enumerate(self.ids)}
         self.num_experts, self.tp, self.device = spec.moe_num_experts, tp, device
         self.layers = [(int(name), block.moe) for m in modules for name, block in m.layers.items()
                        if getattr(block, "moe", None) is not None]
+        self.skip_next = pp > 1  # the pipeline's shape-inference step (module docstring)
         self.file = None
         if path and self.ids and dist.get_rank() == 0:
             self.file = open(path, "w")
@@ -47,8 +51,14 @@ class RoutingLog:
 
     def collect(self, step: int) -> list[float] | None:
         """Sum the step's counts over the ranks (a collective: every rank calls it), log them on
-        rank 0, and return the per-layer imbalance (max/mean); None for a model without MoE."""
+        rank 0, and return the per-layer imbalance (max/mean); None for a model without MoE and
+        for a pipeline's first step."""
         if not self.ids:
+            return None
+        if self.skip_next:
+            self.skip_next = False
+            for _, moe in self.layers:
+                moe.take_routed_tokens()
             return None
         counts = torch.zeros(len(self.ids), self.num_experts, dtype=torch.int64, device=self.device)
         for layer_id, moe in self.layers:

@@ -295,7 +295,7 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
                 peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0,
                 schedule=schedule,
                 held_out=held_out,
-                routing=RoutingLog(job.model, modules, tp=d.tp, device=device, path=cfg.expert_load_log)
+                routing=RoutingLog(job.model, modules, tp=d.tp, pp=d.pp, device=device, path=cfg.expert_load_log)
                 if job.model.is_moe else None)
 
 
