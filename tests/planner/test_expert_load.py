@@ -114,6 +114,17 @@ def test_more_skew_is_never_faster_at_a_fixed_plan(s1, ds):
     assert step(s1 + ds) >= step(s1) * (1 - 1e-12)
 
 
+@settings(max_examples=15, deadline=None)
+@given(s=st.floats(0.0, 2.5), ep=st.sampled_from([2, 4, 8, 16]), cf=st.one_of(st.none(), st.floats(1.0, 3.0)))
+def test_balanced_placement_is_never_slower_than_contiguous(s, ep, cf):
+    tr = TrainingSpec(seq_len=4096, global_batch=64, expert_load=zipf_load(s), moe_capacity_factor=cf)
+    plan = Plan(dims=ParallelDims(dp_shard=16, ep=ep), zero=1)
+    worse = estimate(MOE, CLUSTER, tr, plan)
+    better = estimate(MOE, CLUSTER, tr, replace(plan, expert_placement=ExpertPlacement.BALANCED))
+    assert better.step_time_s <= worse.step_time_s * (1 + 1e-12)
+    assert better.peak_memory_gib == pytest.approx(worse.peak_memory_gib)
+
+
 def test_estimate_changes_with_skew_and_placement_pays():
     base = TrainingSpec(seq_len=4096, global_batch=64)
     skewed = replace(base, expert_load=zipf_load(1.2))
