@@ -93,6 +93,9 @@ def test_balanced_never_worse_than_contiguous_and_bounds(counts, ep, replicas, c
     st_ = load_stats(_log(counts), 8, ep, balanced_placement=True, replicas=0, capacity_factor=cf)
     assert 0.0 <= st_.dropped_fraction < 1.0
     assert st_.dropped_fraction == pytest.approx(1.0 - kept.sum())
+    if replicas <= 8 // ep:  # replicas never raise the busiest rank, with or without drops
+        st_r = load_stats(_log(counts), 8, ep, balanced_placement=True, replicas=replicas, capacity_factor=cf)
+        assert st_r.load_factor <= st_.load_factor + 1e-12
     if cf is None:
         assert st_.load_factor >= 1.0 - 1e-12  # the busiest rank holds at least the mean
     else:

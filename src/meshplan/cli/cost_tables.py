@@ -26,12 +26,13 @@ def time_breakdown_table(est, title: str) -> Table:
     return t
 
 
-def expert_load_table(est, source: str, options) -> Table:
+def expert_load_table(est, source: str, options, uniform_s: float) -> Table:
     """The expert load on this plan (``Estimate.expert_load``) and, per placement choice
-    (cost/expert_gain.py), the busiest rank's load, the drop and the step time."""
+    (cost/expert_gain.py), the busiest rank's load, the drop and the step time; ``uniform_s`` the
+    step with evenly spread tokens."""
     st = est.expert_load
     t = Table(title=f"Expert load ({source}): busiest expert {st.imbalance:.2f}x the mean, "
-                    f"dropped {st.dropped_fraction:.1%}")
+                    f"dropped {st.dropped_fraction:.1%}; evenly routed the step would take {uniform_s:.3f} s")
     for col in ("placement", "replicas", "busiest rank / mean", "step s", "vs this plan", "memory GiB", "fits"):
         t.add_column(col, justify="right")
     for o in options:

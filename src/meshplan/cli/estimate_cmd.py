@@ -43,7 +43,7 @@ def estimate_cmd(
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
-    from meshplan.cost.expert_gain import placement_options
+    from meshplan.cost.expert_gain import placement_options, uniform_step_time_s
 
     if plan_file is not None:
         refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
@@ -61,6 +61,7 @@ def estimate_cmd(
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
     options = placement_options(spec, clus, train, plan, hw.calib)
+    uniform_s = uniform_step_time_s(spec, clus, train, plan, hw.calib) if est.expert_load else None
     refused = warn_if_refused(target if typed_flags(ctx, ["target"]) else None, spec, train, plan)
     if json_out:
         out = est.to_dict()
@@ -71,11 +72,12 @@ def estimate_cmd(
         out["target"] = target.value
         out["calibration_source"] = hw.calib.source
         out["expert_placements"] = [{**asdict(o), "placement": o.placement.value} for o in options]
+        out["uniform_routing_step_time_s"] = uniform_s
         print_json(out)
         return
     _render(est, spec.name, clus)
     if est.expert_load is not None:
-        console().print(expert_load_table(est, train.expert_load.describe(), options))
+        console().print(expert_load_table(est, train.expert_load.describe(), options, uniform_s))
 
 
 def warn_if_refused(target: Target | None, spec, training, plan) -> str | None:

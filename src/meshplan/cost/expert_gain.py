@@ -9,6 +9,7 @@ from meshplan.cost.calibration import Calibration
 from meshplan.cost.step import estimate
 from meshplan.plan import ExpertPlacement, Plan
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.expert_load import zipf_load
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -45,3 +46,9 @@ def placement_options(model: ModelSpec, cluster: ClusterSpec, training: Training
                                    dropped_fraction=est.expert_load.dropped_fraction, step_time_s=est.step_time_s,
                                    peak_memory_gib=est.peak_memory_gib, fits=est.fits))
     return tuple(out)
+
+
+def uniform_step_time_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan: Plan,
+                        calib: Calibration | None = None) -> float:
+    """The plan's step time were the router to spread tokens evenly (the load's cost is the gap)."""
+    return estimate(model, cluster, replace(training, expert_load=zipf_load(0.0)), plan, calib).step_time_s

@@ -11,7 +11,7 @@ c the capacity factor (None: dropless).
   expert's tokens split evenly over its copies, FlexMoE, Nie et al. 2023 Sec. 3). The step waits
   for the busiest rank in every layer, so the load factor is the mean over steps and layers of
   max_r load_r / (1/ep): 1 for an even spread, at most c with capacity (then the drop caps the time).
-* Placement, fixed for the run and per layer from the layer's mean shares over the log:
+* Placement, fixed for the run and per layer from the layer's mean kept shares over the log:
   contiguous (rank r holds ids [r*E/ep, (r+1)*E/ep), Megatron-Core and the runtime); balanced
   (longest-processing-time greedy, Graham 1969: the hottest expert first onto the least loaded
   rank with a free slot; kept only where it beats contiguous, so it is never worse); replicas
@@ -123,7 +123,7 @@ def load_stats(load: ExpertLoad, num_experts: int, ep: int, *, balanced_placemen
     kept = kept_shares(shares, capacity_factor)
     factors = np.empty(shares.shape[:2])
     for layer in range(shares.shape[1]):
-        mean_shares = shares[:, layer].mean(axis=0)
+        mean_shares = kept[:, layer].mean(axis=0)  # placed by the tokens the experts keep
         place = balanced(mean_shares, ep) if balanced_placement else contiguous(num_experts, ep)
         if replicas:
             place = with_replicas(place, mean_shares, replicas)
