@@ -93,3 +93,15 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path):
     one_line_error(run("estimate", *QWEN, *PLAN, "--expert-replicas", "17"), "exceeds the 16 experts")
     one_line_error(run("train", "--plan", str(tmp_path / "none.json"), "--expert-load-log", str(tmp_path / "x")),
                    "no such plan file")
+    from meshplan.plan import Job, Plan
+    from meshplan.spec.cluster import resolve_cluster
+    from meshplan.spec.presets import model_preset
+    from meshplan.spec.training import TrainingSpec
+
+    dense = tmp_path / "dense.json"
+    Job(model=model_preset("toy-llama"), training=TrainingSpec(seq_len=16, global_batch=8, precision="fp32"),
+        cluster=resolve_cluster("cpu", gpus=1), plan=Plan()).save(dense)
+    one_line_error(run("train", "--plan", str(dense), "--expert-load-log", str(tmp_path / "r.jsonl")),
+                   "toy-llama has no experts")
+    one_line_error(run("train", "--plan", str(dense), "--expert-load-log", str(tmp_path / "no" / "r.jsonl")),
+                   "--expert-load-log")

@@ -74,8 +74,9 @@ class ProgressBar:
 
     def advance(self, rec: StepRecord) -> None:
         if self.bar:
+            experts = f"  busiest expert {max(rec.expert_imbalance):.2f}x" if rec.expert_imbalance else ""
             self.bar.update(self.task, advance=1,
-                            info=f"loss {rec.loss:.4f}  {rec.tokens_per_s:,.0f} tok/s")
+                            info=f"loss {rec.loss:.4f}  {rec.tokens_per_s:,.0f} tok/s{experts}")
 
     def close(self) -> None:
         if self.bar:
