@@ -1,6 +1,6 @@
 """The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
 --schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload
---keep-gathered --mlp-splits --head-splits``): declared once,
+--keep-gathered --mlp-splits --head-splits --expert-placement --expert-replicas``): declared once,
 turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
 reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
 
@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import (CPMethod, Offload, OpGroup, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
+from meshplan.plan import (CPMethod, ExpertPlacement, Offload, OpGroup, ParallelDims, Plan, Recompute, Schedule,
+                           data_parallel_degree,
                            format_counts, parse_counts)
 
 Int = Optional[int]
@@ -40,6 +41,8 @@ class PlanFlags:
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
     vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
+    expert_placement: Annotated[ExpertPlacement, typer.Option("--expert-placement", help="Which ep rank holds which expert: contiguous ids, or balanced by the expert load (--expert-skew / --expert-load).")] = ExpertPlacement.CONTIGUOUS
+    expert_replicas: Annotated[int, typer.Option("--expert-replicas", help="Extra slots per ep rank for copies of the hottest experts (FlexMoE).")] = 0
     offload: Annotated[Optional[str], typer.Option("--offload", help="Keep in host memory: optimizer, params (needs optimizer and --zero 3), activations; '+'-separated, e.g. optimizer+activations.")] = None
     keep_gathered: Annotated[Optional[str], typer.Option("--keep-gathered", help="With --zero 3, operator groups kept gathered from forward to backward (OSDP): attention, mlp, embedding, head; '+'-separated.")] = None
     mlp_splits: Annotated[int, typer.Option("--mlp-splits", help="With --zero 3, gather each MLP's weights in this many slices (OSDP operator splitting).")] = 1
@@ -98,6 +101,7 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         offload=_parse_names(f.offload, Offload, "--offload"), vocab_parallel=f.vocab_parallel,
         keep_gathered=_parse_names(f.keep_gathered, OpGroup, "--keep-gathered"),
         mlp_splits=f.mlp_splits, head_splits=f.head_splits,
+        expert_placement=f.expert_placement, expert_replicas=f.expert_replicas,
     )
 
 
@@ -130,6 +134,7 @@ def flags_for(plan: Plan) -> PlanFlags:
         offload="+".join(o.value for o in plan.offload) or None, vocab_parallel=plan.vocab_parallel,
         keep_gathered="+".join(g.value for g in plan.keep_gathered) or None,
         mlp_splits=plan.mlp_splits, head_splits=plan.head_splits,
+        expert_placement=plan.expert_placement, expert_replicas=plan.expert_replicas,
     )
 
 
