@@ -4,8 +4,8 @@ policy, each MLP in slices, and a chunked LM head with its loss.
 * ``split_mlps``: each dense MLP becomes ``k`` MLPs of width F/k whose outputs add up,
   ``w2(act(w1 x) * w3 x) = sum_i w2_i(act(w1_i x) * w3_i x)`` (the hidden units are independent);
   each slice's weights are the rows (w1, w3) or columns (w2) of the whole MLP's, drawn by
-  ``models.init`` like an expert-tensor-parallel slice, so one process and the split run start
-  from the same function. Only the first slice keeps w2's bias.
+  ``models.init`` as that slice of the whole tensor (``osdp_slice``), so one process and the split
+  run start from the same function. Only the first slice keeps w2's bias.
 * ``osdp_units``: the FSDP2 units that apply_dp wraps before each layer: a kept group gets its own
   unit with ``reshard_after_forward=False`` (gathered from forward to backward, ZeRO-2 for that
   group), each MLP slice its own unit (resharded: gathered one at a time, with FSDP2's prefetch of
@@ -43,11 +43,11 @@ class SlicedMLP(nn.Module):
         with torch.device(mlp.w1.weight.device):
             slices = [MLP(dim, hidden // k, gated, bias) for _ in range(k)]
         for i, s in enumerate(slices):
-            for lin, dim0 in ((s.w1, 0), (s.w3, 0), (s.w2, 1)):
+            for lin, along in ((s.w1, 0), (s.w3, 0), (s.w2, 1)):  # F is w1/w3's dim 0, w2's dim 1
                 if lin is None:
                     continue
                 # models.init draws the whole MLP's tensor and keeps this slice
-                lin.osdp_slice = (i, k, {"weight": 0, "bias": 0} if dim0 == 0 else {"weight": 1})
+                lin.osdp_slice = (i, k, {"weight": 0, "bias": 0} if along == 0 else {"weight": 1})
             if i > 0 and s.w2.bias is not None:
                 s.w2.register_parameter("bias", None)  # the output bias is added once
         setattr(self, SLICES, nn.ModuleList(slices))
