@@ -117,3 +117,32 @@ def test_sliced_mlp_and_chunked_head_compute_the_whole_operators():
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(h.grad, g_h)
     torch.testing.assert_close(out.weight.grad, g_w)
+
+
+def test_hf_weights_fill_mlp_slices(tmp_path):
+    """Hugging Face weights load into a model with MLP slices and a chunked head, and it gives
+    transformers' logits: each slice reads its rows / columns of the whole tensors."""
+    tf = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    import torch
+
+    from meshplan.plan import ParallelDims, Plan
+    from meshplan.runtime.hf_weights import load_hf_weights
+    from meshplan.runtime.models import build_model
+    from meshplan.runtime.osdp import apply_osdp_modules
+    from meshplan.spec.hf import load_hf_config
+
+    torch.manual_seed(0)
+    theirs = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False)).eval()
+    theirs.save_pretrained(tmp_path)
+    spec = load_hf_config(tmp_path)
+    ours = build_model(spec, "cpu")
+    apply_osdp_modules(ours, Plan(dims=ParallelDims(dp_shard=2), zero=3, mlp_splits=4, head_splits=2))
+    ours.init_weights(1)
+    load_hf_weights([ours], tmp_path, spec)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x).logits, rtol=1e-5, atol=1e-5)
