@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import inspect
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -25,6 +25,7 @@ from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOp
                                  load_cluster, load_model, make_training)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.expert_load import ExpertLoad, read_expert_load, zipf_load
 from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.seqlen import DocBalance, load_seq_len_dist
 from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
@@ -114,6 +115,12 @@ DocBalanceOpt = Annotated[Optional[DocBalance], typer.Option(
 CpBucketsOpt = Annotated[Optional[bool], typer.Option(
     "--cp-buckets/--no-cp-buckets", help="Per-bucket context parallel: documents of at most "
     "seq-len/cp tokens train without CP, longer ones over the CP ranks (ByteScale); needs --seq-len-dist.")]
+ExpertSkewOpt = Annotated[Optional[float], typer.Option(
+    "--expert-skew", help="MoE routing skew: expert e gets a share ~ (e+1)^-S (Zipf exponent S; 0 = uniform). "
+    "Default: the calibration's imbalance. See docs/expert-load.md.")]
+ExpertLoadOpt = Annotated[Optional[str], typer.Option(
+    "--expert-load", help="MoE routing log (JSON lines, written by `meshplan train --expert-load-log`): the "
+    "per-step, per-layer expert token counts the estimate places on the ep ranks.")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,12 +139,14 @@ class TrainingFlags:
     seq_len_dist: SeqLenDistOpt = None
     doc_balance: DocBalanceOpt = None
     cp_buckets: CpBucketsOpt = None
+    expert_skew: ExpertSkewOpt = None
+    expert_load: ExpertLoadOpt = None
 
     def with_data(self, training: TrainingSpec) -> TrainingSpec:
         """``training`` with the data flags given here (--seq-len-dist, --doc-balance, --cp-buckets)
         in place of its own."""
         dist = load_seq_len_dist(self.seq_len_dist) if self.seq_len_dist is not None else training.seq_len_dist
-        return dataclasses.replace(
+        return replace(
             training, seq_len_dist=dist,
             doc_balance=self.doc_balance if self.doc_balance is not None else training.doc_balance,
             cp_buckets=self.cp_buckets if self.cp_buckets is not None else training.cp_buckets)
@@ -163,9 +172,20 @@ class TrainingFlags:
         dispatcher = self.moe_dispatcher or (base.moe_dispatcher if base else training.moe_dispatcher)
         capacity = self.moe_capacity_factor if self.moe_capacity_factor is not None else (
             base.moe_capacity_factor if base else None)
-        training = TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
-                                           "moe_capacity_factor": capacity})
+        training = replace(TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
+                                                   "moe_capacity_factor": capacity}),
+                           expert_load=self.expert_load_spec(base.expert_load if base else None))
         if base is not None:
-            training = dataclasses.replace(training, seq_len_dist=base.seq_len_dist,
-                                           doc_balance=base.doc_balance, cp_buckets=base.cp_buckets)
+            training = replace(training, seq_len_dist=base.seq_len_dist, doc_balance=base.doc_balance,
+                               cp_buckets=base.cp_buckets)
         return self.with_data(training)
+
+    def expert_load_spec(self, job_load: ExpertLoad | None = None) -> ExpertLoad | None:
+        """--expert-skew or --expert-load (not both); else the Job file's expert load."""
+        if self.expert_skew is not None and self.expert_load is not None:
+            raise MeshplanError("give --expert-skew or --expert-load, not both")
+        if self.expert_skew is not None:
+            return zipf_load(self.expert_skew)
+        if self.expert_load is not None:
+            return read_expert_load(self.expert_load)
+        return job_load

@@ -9,6 +9,7 @@ from typing import Any
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
 from meshplan.spec.seqlen import DocBalance, SeqLenDist
+from meshplan.spec.expert_load import ExpertLoad
 
 
 class Precision(str, enum.Enum):
@@ -98,6 +99,9 @@ class TrainingSpec:
     cp_buckets: bool = False
     """Per-bucket context parallel: documents of at most seq_len/cp tokens are trained without
     CP, the longer ones split over the CP ranks (ByteScale; needs ``seq_len_dist``)."""
+    expert_load: ExpertLoad | None = None
+    """How the router spreads tokens over the experts (spec/expert_load.py: a Zipf skew or a
+    routing log). None: the calibration's routing imbalance (``Calibration.moe_routing_imbalance``)."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("precision", Precision), ("optimizer", Optimizer),
@@ -118,6 +122,8 @@ class TrainingSpec:
                                 "distribution (--seq-len-dist)")
         if not isinstance(self.cp_buckets, bool):
             raise MeshplanError(f"cp_buckets must be true or false, got {self.cp_buckets!r}")
+        if self.expert_load is not None and not isinstance(self.expert_load, ExpertLoad):
+            raise MeshplanError(f"expert_load must be an ExpertLoad, got {type(self.expert_load).__name__}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -142,6 +148,7 @@ class TrainingSpec:
         out["moe_dispatcher"] = self.moe_dispatcher.value
         out["seq_len_dist"] = self.seq_len_dist.to_dict() if self.seq_len_dist else None
         out["doc_balance"] = self.doc_balance.value
+        out["expert_load"] = self.expert_load.to_dict() if self.expert_load else None
         return out
 
     @classmethod
@@ -159,6 +166,8 @@ class TrainingSpec:
                 data["recipe"] = Recipe(data["recipe"])
             if data.get("seq_len_dist") is not None:  # absent in plan files before issue 18
                 data["seq_len_dist"] = SeqLenDist.from_dict(data["seq_len_dist"])
+            if data.get("expert_load") is not None:  # absent in plan files before expert loads
+                data["expert_load"] = ExpertLoad.from_dict(data["expert_load"])
             return cls(**data)
         except MeshplanError:
             raise
