@@ -41,6 +41,8 @@ def osdp_memory_rows(est) -> list[tuple[str, float]]:
     return [("  parameters: kept gathered (OSDP)", g["kept_gathered"]),
             ("  other: gathered layer buffer", g["gathered_buffer"]),
             ("  activations: logits at once", g["logits"])]
+
+
 def expert_load_table(est, source: str, options, uniform_s: float) -> Table:
     """The expert load on this plan (``Estimate.expert_load``) and, per placement choice
     (cost/expert_gain.py), the busiest rank's load, the drop and the step time; ``uniform_s`` the
