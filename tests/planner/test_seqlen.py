@@ -236,18 +236,3 @@ def test_documents_never_cost_more_than_full_sequences(lengths, dp, cp, balanced
                       half_seq=half, causal=True, balanced=balanced, buckets=buckets)
     assert 0 < r.mean_factor[0] <= r.core_factor[0] <= 1 + 1e-12
     assert 0 <= r.cp_token_share[0] <= 1
-
-
-def test_attention_falloff_fitted_from_a_length_sweep():
-    """The profile's causal SDPA at several lengths gives the efficiency and the half-efficiency
-    length h that prices short documents: samples drawn from e*S/(S+h) give back e and h."""
-    from meshplan.calib.hwcalib import _attention_seq_sweep
-    from meshplan.calib.hwprofile import AttentionSample
-
-    best, d_half, e, h, H = 1e11, 100.0, 0.4, 300.0, 32
-    samples = [AttentionSample(precision="fp32", batch=1, heads=4, seq_len=S, head_dim=H, time_s=1.0,
-                               flops_per_s=best * H / (H + d_half) * e * S / (S + h)) for S in (64, 256, 1024)]
-    fitted = {f.field: f.value for f in _attention_seq_sweep(samples, best, d_half, "profile:x")}
-    assert fitted["attention_efficiency"] == pytest.approx(e)
-    assert fitted["attention_half_seq_causal"] == pytest.approx(h)
-    assert _attention_seq_sweep(samples[:2], best, d_half, "profile:x") == []  # two lengths: no fit

@@ -76,10 +76,7 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
                     how="same curve: smallest GEMM dimension at half of matmul_efficiency"),
     ]
     attn = [a for a in profile.attention if a.precision == prec]
-    sweep = _attention_seq_sweep(attn, best, curve.d_half, source)
-    if sweep:
-        out += sweep
-    elif attn:
+    if attn:
         effs = [a.flops_per_s / (best * a.head_dim / (a.head_dim + curve.d_half)) for a in attn]
         out.append(FittedValue(field="attention_efficiency", value=min(1.0, statistics.median(effs)),
                                source=source, how=f"causal SDPA, median over {len(attn)} shapes"))
@@ -137,32 +134,6 @@ def _ring_steps(op: CollectiveOp, n: int) -> float:
     if op is CollectiveOp.SEND_RECV:
         return 1.0
     return (2.0 if op is CollectiveOp.ALL_REDUCE else 1.0) * (n - 1)  # tp_* ops: as all-gather / reduce-scatter
-
-
-ATTENTION_SWEEP_MIN_LENGTHS = 3
-"""Distinct sequence lengths (at one head dim) from which the sequence falloff is fitted."""
-
-
-def _attention_seq_sweep(attn, best: float, d_half: float, source: str) -> list[FittedValue]:
-    """attention_efficiency and attention_half_seq_causal together, from causal SDPA at several
-    lengths S of one head dim: the cost model's efficiency e * S / (S + h) (cost/mixers.py) is
-    1/r = (1 + h/S) / e in the measured fraction r, a line in 1/S (least squares). It is what a
-    short document costs in the varlen path (cost/packing.py); [] when too few lengths."""
-    by_dim: dict[int, list] = {}
-    for a in attn:
-        by_dim.setdefault(a.head_dim, []).append(a)
-    dim, rows = max(by_dim.items(), key=lambda kv: len({a.seq_len for a in kv[1]}), default=(0, []))
-    if len({a.seq_len for a in rows}) < ATTENTION_SWEEP_MIN_LENGTHS:
-        return []
-    x = [1.0 / a.seq_len for a in rows]
-    y = [best * dim / (dim + d_half) / a.flops_per_s for a in rows]  # 1 / r
-    slope, intercept = statistics.linear_regression(x, y)
-    if intercept <= 0:
-        return []
-    how = f"causal SDPA at S = {', '.join(str(a.seq_len) for a in rows)} (H={dim}): 1/eff linear in 1/S"
-    return [FittedValue(field="attention_efficiency", value=min(1.0, 1.0 / intercept), source=source, how=how),
-            FittedValue(field="attention_half_seq_causal", value=max(0.0, slope / intercept), source=source,
-                        how=how)]
 
 
 def _collective_factors(profile: HardwareProfile, source: str) -> list[FittedValue]:

@@ -49,9 +49,7 @@ def sweep_plan(device: torch.device, quick: bool) -> SweepPlan:
     squares = (64, 128, 256, 512, 1024) if quick else (32, 64, 128, 256, 512, 1024, 1536, 2048)
     rect = ((2048, 256, 1024), (512, 2048, 512), (4096, 128, 128)) if quick else \
         ((2048, 256, 1024), (512, 2048, 512), (4096, 128, 128), (4096, 512, 2048), (8192, 64, 256))
-    # S = 64 .. 2048 at H = 32: the sequence falloff of attention (short documents, cost/packing.py)
-    attn = ((1, 4, 64, 32), (1, 4, 256, 32), (1, 8, 512, 64), (1, 4, 1024, 32), (1, 4, 2048, 32)) if quick else \
-        ((1, 4, 64, 32), (1, 4, 256, 32), (1, 8, 512, 64), (2, 8, 1024, 64), (1, 4, 1024, 32), (1, 4, 2048, 32))
+    attn = ((1, 4, 256, 32), (1, 8, 512, 64)) if quick else ((1, 4, 256, 32), (1, 8, 512, 64), (2, 8, 1024, 64))
     return SweepPlan(precisions=("fp32",), matmul_shapes=tuple((d, d, d) for d in squares) + rect,
                      attention_shapes=attn,
                      bandwidth_bytes=(1 << 25,) if quick else (1 << 25, 1 << 27, 1 << 28),
