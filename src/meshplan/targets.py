@@ -60,6 +60,17 @@ ZERO_BUBBLE_RECOMPUTE = (
 )
 
 
+VOCAB_PARALLEL_SCHEDULE = (
+    "vocabulary parallelism runs with the gpipe schedule (vpp=1) only in this runtime: its output layer "
+    "runs on every pipeline rank between the forward and the backward passes, a point only GPipe's "
+    "fill-drain order has (torch 2.13's schedules take no extra passes); use --schedule gpipe"
+)
+
+
+def _vocab(c) -> np.ndarray:
+    return np.asarray(c.vocab_parallel, dtype=bool)
+
+
 def _microbatches(c, training: "TrainingSpec") -> np.ndarray:
     return training.global_batch // (c.dp_replicate * c.dp_shard * c.micro_batch)
 
@@ -130,9 +141,15 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
-    Rule(lambda c, model, tr: np.asarray(c.vocab_parallel, dtype=bool),
-         lambda p, model, tr: ("vocabulary parallelism over pipeline ranks is planner-only: this runtime keeps "
-                               "the embedding on the first stage and the LM head on the last; plan without it")),
+    # vocabulary parallelism (runtime/vocab_parallel.py): GPipe only, shards over pp only
+    Rule(lambda c, model, tr: _vocab(c) & ((c.schedule != _code(_SCHEDULES, Schedule.GPIPE)) | (c.vpp > 1)),
+         lambda p, model, tr: VOCAB_PARALLEL_SCHEDULE),
+    Rule(lambda c, model, tr: _vocab(c) & ((c.tp > 1) | (c.cp > 1)),
+         lambda p, model, tr: (f"vocabulary parallelism with tp={p.dims.tp}, cp={p.dims.cp} is not supported by "
+                               "this runtime (its vocabulary shards split over pp only); use tp=1 and cp=1")),
+    Rule(lambda c, model, tr: _vocab(c) & (model.vocab_size % np.maximum(c.pp, 1) != 0),
+         lambda p, model, tr: (f"vocabulary parallelism needs vocab_size={model.vocab_size} divisible by "
+                               f"pp={p.dims.pp}")),
     # FSDP2's only offload policy moves parameters, gradients and the optimizer step together
     Rule(lambda c, model, tr: (np.asarray(c.offload) & (OFFLOAD_OPTIMIZER_BIT | OFFLOAD_PARAMS_BIT))
          == OFFLOAD_OPTIMIZER_BIT,

@@ -1,0 +1,251 @@
+"""Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024, "Balancing Pipeline
+Parallelism with Vocabulary Parallelism"): every one of the ``pp`` ranks holds rows
+``[r V/pp, (r+1) V/pp)`` of the embedding and of the LM head (one matrix when they are tied), so
+neither the first nor the last stage carries the vocabulary alone.
+
+The pipeline's stages then hold only the layers (the first keeps learned position embeddings,
+the last the final norm): the first takes hidden states, the last returns them. Per step, on
+every rank of a pipeline (V_r: this rank's rows; T: tokens; D: hidden size):
+
+1. input (before the schedule): each rank looks up the tokens whose id falls in V_r, zero for the
+   others, and the partial (T x D) rows are summed onto the first stage's rank (a reduce over the
+   pp group, Sec. 4.1 of the paper);
+2. output (after every rank's last forward, before its first backward; GPipe's fill-drain order
+   makes that one point of the step for all ranks): per micro-batch the last stage's output
+   (T x D) is broadcast to the pp group, each rank computes its logits slice ``h @ W_r^T``
+   (T x V/pp) and the softmax's statistics are all-reduced: the max (for stability) then the
+   sum of exponentials and the target's logit (Sec. 3.1). The cross-entropy's gradient with
+   respect to the logits, ``softmax - onehot``, is then local to each slice; its products with
+   ``W_r`` (the head input's gradient) are summed onto the last stage's rank (a reduce), its
+   products with ``h`` are the gradient of ``W_r``;
+3. the last stage's loss for each micro-batch is a placeholder whose backward returns that
+   gradient (``_HeadGradient``), so torch's schedule runs the layers' backward unchanged;
+4. after the schedule: the first stage's input gradient is broadcast to the pp group and each
+   rank back-propagates it into its embedding rows; the shards' gradients are divided by the
+   number of micro-batches (as the schedule's ``scale_grads`` does for the stages) and averaged
+   over the data-parallel ranks.
+
+These collectives are blocking, between the passes of the schedule, not overlapped with compute:
+``meshplan.cost.vocab`` charges them so. Only GPipe has one point per step where every rank has
+finished its forwards and started no backward; 1F1B-style schedules would need the output passes
+inside the schedule (the paper's S and T passes), which torch's schedules do not offer (torch 2.13).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining.schedules import ScheduleGPipe
+from torch.distributed.tensor import DTensor, Shard
+
+from meshplan.errors import MeshplanError
+from meshplan.runtime.models.init import init_parameters
+from meshplan.spec.model import ModelSpec
+
+HIDDEN_DTYPE = torch.float32
+"""dtype of the hidden states the output pass broadcasts: the residual stream stays fp32 (the
+runtime keeps fp32 parameters and autocasts the matmuls)."""
+
+
+def _shard_rows(weight: nn.Parameter, pp_mesh: DeviceMesh) -> nn.Parameter:
+    """A (V, D) meta parameter as a DTensor holding this rank's V/pp rows (Shard(0) over pp)."""
+    rows = weight.shape[0] // pp_mesh.size()
+    local = torch.empty(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    return nn.Parameter(DTensor.from_local(local, pp_mesh, [Shard(0)], run_check=False,
+                                           shape=weight.shape, stride=weight.stride()))
+
+
+class VocabShards(nn.Module):
+    """This pipeline rank's rows of the embedding and the LM head, with the whole model's FQNs
+    (``tok_embeddings.weight``, ``output.weight``) as DTensors sharded on the vocabulary over the
+    pp mesh, so initialisation, checkpoints and full weights treat them as any sharded parameter."""
+
+    def __init__(self, spec: ModelSpec, pp_mesh: DeviceMesh) -> None:
+        super().__init__()
+        pp = pp_mesh.size()
+        if spec.vocab_size % pp:
+            raise MeshplanError(f"vocab_parallel needs vocab_size={spec.vocab_size} divisible by pp={pp}")
+        self.spec = spec
+        with torch.device("meta"):
+            self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
+            self.output = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.tok_embeddings.weight = _shard_rows(self.tok_embeddings.weight, pp_mesh)
+        if spec.tied_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        else:
+            self.output.weight = _shard_rows(self.output.weight, pp_mesh)
+        self.rows = spec.vocab_size // pp
+        self.first_row = pp_mesh.get_local_rank() * self.rows
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """The rows one process would draw for these FQNs (runtime/models/init.py)."""
+        init_parameters(self, seed, tied_embeddings=self.spec.tied_embeddings)
+
+    def local_ids(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row of each id in this shard, clamped; True where the id is one of this shard's rows)."""
+        mine = (ids >= self.first_row) & (ids < self.first_row + self.rows)
+        return (ids - self.first_row).clamp(0, self.rows - 1), mine
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, S) ids -> (B, S, D) rows of the ids in this shard, zeros for the others."""
+        rows, mine = self.local_ids(tokens)
+        return F.embedding(rows, self.tok_embeddings.weight.to_local()) * mine.unsqueeze(-1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, S, D) -> this shard's (B, S, V/pp) slice of the logits, fp32."""
+        return F.linear(hidden, self.output.weight.to_local()).float()
+
+
+class _HeadGradient(torch.autograd.Function):
+    """The last stage's loss of one micro-batch before the output pass has run: its value is a
+    placeholder, its backward returns the head input's gradient that the pass leaves in ``box``."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, box: dict) -> torch.Tensor:
+        ctx.box = box
+        ctx.dtype = hidden.dtype
+        return hidden.new_zeros((), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        if "grad" not in ctx.box:
+            raise MeshplanError("the vocabulary-parallel output pass did not run before the backward")
+        return (ctx.box.pop("grad") * grad_out).to(ctx.dtype), None
+
+
+@dataclass
+class VocabParallel:
+    """The vocabulary shards of this rank and the collectives of one step (module docstring)."""
+
+    shards: VocabShards
+    group: dist.ProcessGroup
+    """This pipeline's ranks, a group of their own (the schedule's p2p keeps the pp mesh's)."""
+    first_rank: int
+    last_rank: int
+    """Global ranks holding the first and the last stage."""
+    is_first: bool
+    is_last: bool
+    dp_group: dist.ProcessGroup | None
+    """Ranks whose gradients are averaged (dp_replicate x dp_shard x cp), None when one."""
+    n_microbatches: int
+    _targets: list[torch.Tensor] = field(default_factory=list)
+    _outputs: list[torch.Tensor] = field(default_factory=list)
+    _boxes: list[dict] = field(default_factory=list)
+    _partial: torch.Tensor | None = None
+    _input: torch.Tensor | None = None
+    _losses: list[torch.Tensor] = field(default_factory=list)
+
+    def begin(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Step 1 (every rank): the embedding rows of ``tokens`` (B, S), reduced onto the first
+        stage; returns its input (B, S, D), a leaf whose gradient the schedule fills, elsewhere None."""
+        self._targets = list(targets.tensor_split(self.n_microbatches, dim=0))  # as torch splits
+        self._outputs, self._boxes, self._losses = [], [], []
+        self._partial = self.shards.embed(tokens)
+        rows = self._partial.detach().to(HIDDEN_DTYPE).contiguous()
+        dist.reduce(rows, dst=self.first_rank, group=self.group)
+        self._input = rows.requires_grad_() if self.is_first else None
+        return self._input
+
+    def defer(self, output: torch.Tensor) -> torch.Tensor:
+        """Step 3 (last stage, per micro-batch): the placeholder loss of ``output`` (b, S, D)."""
+        box: dict = {}
+        self._outputs.append(output)
+        self._boxes.append(box)
+        return _HeadGradient.apply(output, box)
+
+    def output_pass(self) -> None:
+        """Step 2 (every rank, after its last forward): the head and the loss of every micro-batch."""
+        if self.is_last and len(self._outputs) != self.n_microbatches:
+            raise MeshplanError(f"the last stage produced {len(self._outputs)} outputs for "
+                                f"{self.n_microbatches} micro-batches")
+        for i, targets in enumerate(self._targets):
+            shape = (*targets.shape, self.shards.spec.hidden_size)
+            if self.is_last:
+                hidden = self._outputs[i].detach().to(HIDDEN_DTYPE).contiguous()
+            else:
+                hidden = torch.empty(shape, dtype=HIDDEN_DTYPE, device=targets.device)
+            dist.broadcast(hidden, src=self.last_rank, group=self.group)
+            hidden.requires_grad_()
+            loss, surrogate = self._cross_entropy(hidden, targets)
+            surrogate.backward()  # this slice's part of the head input's gradient, and W_r's
+            grad = hidden.grad.contiguous()
+            dist.reduce(grad, dst=self.last_rank, group=self.group)
+            if self.is_last:
+                self._boxes[i]["grad"] = grad
+            self._losses.append(loss)
+        self._outputs = []
+
+    def _cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean cross-entropy over the micro-batch's tokens, a scalar whose gradient with respect
+        to this slice's logits is that of the mean: (softmax - onehot) / tokens, Sec. 3.1)."""
+        logits = self.shards.logits(hidden)  # (b, S, V/pp)
+        rows, mine = self.shards.local_ids(targets)
+        peak = logits.detach().amax(dim=-1)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.group)
+        exp = (logits.detach() - peak.unsqueeze(-1)).exp()
+        target_logit = logits.detach().gather(-1, rows.unsqueeze(-1)).squeeze(-1) * mine
+        stats = torch.stack([exp.sum(dim=-1), target_logit])
+        dist.all_reduce(stats, group=self.group)
+        total, target = stats[0], stats[1]
+        loss = (total.log() + peak - target).mean()
+        coef = exp / total.unsqueeze(-1)
+        coef.scatter_add_(-1, rows.unsqueeze(-1), -mine.to(coef.dtype).unsqueeze(-1))
+        return loss, (logits * coef).sum() / targets.numel()
+
+    def finish(self) -> torch.Tensor | None:
+        """Step 4 (every rank, after the schedule): the embedding's backward, then the shards'
+        gradient scaling and data-parallel average. Returns the batch's mean loss (every rank)."""
+        if self.is_first:
+            if self._input is None or self._input.grad is None:
+                raise MeshplanError("the first pipeline stage left no gradient for its input")
+            grad = self._input.grad.contiguous()
+        else:
+            grad = torch.empty_like(self._partial, dtype=HIDDEN_DTYPE)
+        dist.broadcast(grad, src=self.first_rank, group=self.group)
+        self._partial.backward(grad.to(self._partial.dtype))
+        self._partial, self._input = None, None
+        scale = 1.0 / self.n_microbatches
+        dp_size = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
+        with torch.no_grad():
+            for p in self.shards.parameters():
+                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                local.mul_(scale / dp_size)
+                if self.dp_group is not None:
+                    dist.all_reduce(local, group=self.dp_group)
+        loss = torch.stack(self._losses).mean()
+        self._losses = []
+        return loss
+
+
+class VocabParallelGPipe(ScheduleGPipe):
+    """torch's GPipe with the output pass after each rank's last forward: the last stage's loss
+    of every micro-batch is :meth:`VocabParallel.defer`'s placeholder (torch 2.13 calls
+    ``_maybe_compute_loss`` on every rank after each forward, before the first backward)."""
+
+    def __init__(self, stage, n_microbatches: int, vocab: VocabParallel) -> None:
+        # loss_fn: what torch's shape inference differentiates on the last stage (zero gradient);
+        # the step itself takes the placeholders below.
+        super().__init__(stage, n_microbatches=n_microbatches, loss_fn=_inference_loss, scale_grads=True)
+        self._vocab = vocab
+
+    def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
+        if stage.is_last:
+            self._internal_losses.append(self._vocab.defer(output))
+        if mb_index == self._n_microbatches - 1:
+            self._vocab.output_pass()
+
+
+def _inference_loss(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return (hidden * 0).sum()
+
+
+def pipeline_groups(rows: torch.Tensor) -> list[tuple[list[int], dist.ProcessGroup]]:
+    """One process group per pipeline (rows of global ranks ordered by pp rank); every rank must
+    create all of them, in the same order."""
+    return [(row, dist.new_group(ranks=row)) for row in (list(map(int, r)) for r in rows)]

@@ -1,0 +1,73 @@
+"""Vocabulary parallelism over the pipeline ranks (runtime/vocab_parallel.py): loss and final
+weights of pp2 (tied and untied heads) and pp2 x dp2 equal one process (CPU, gloo).
+
+The embedding and the LM head sit on both pipeline ranks, half the vocabulary each; the loss is
+the distributed cross-entropy of Yeung et al. 2024 (Sec. 3.1). The final weights are gathered
+under the whole model's names, so a shard that held wrong rows or missed a gradient shows up.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.runtime.testing import parity_errors, run_jobs, single_process
+
+from _configs import LR, STEPS, make_job
+
+pytestmark = pytest.mark.runtime
+
+VOCAB = dict(schedule="gpipe", vocab_parallel=True)
+LAYOUTS_2 = {
+    "pp2_gpt_tied": ("gpt", dict(dims=dict(pp=2), micro_batch=2, **VOCAB)),  # 4 micro-batches
+    "pp2_llama_untied": ("llama", dict(dims=dict(pp=2), micro_batch=4, **VOCAB)),
+}
+LAYOUTS_4 = {
+    "pp2_fsdp2_zero3_gpt_tied": ("gpt", dict(dims=dict(pp=2, dp_shard=2), zero=3, micro_batch=2, **VOCAB)),
+    "pp2_dp2_llama": ("llama", dict(dims=dict(pp=2, dp_replicate=2), micro_batch=2, **VOCAB)),
+}
+
+
+def _run(layouts, tmp_path_factory, name):
+    jobs = [make_job(model, **dict(fields)) for model, fields in layouts.values()]
+    return dict(zip(layouts, run_jobs(jobs, steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp(name))))
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    models = ("llama", "gpt")
+    jobs = [single_process(make_job(m)) for m in models]
+    return dict(zip(models, run_jobs(jobs, steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp("ref"))))
+
+
+@pytest.fixture(scope="module")
+def results_2(tmp_path_factory):
+    return _run(LAYOUTS_2, tmp_path_factory, "w2")
+
+
+@pytest.fixture(scope="module")
+def results_4(tmp_path_factory):
+    return _run(LAYOUTS_4, tmp_path_factory, "w4")
+
+
+def _check(name, layouts, results, references):
+    got, ref = results[name], references[layouts[name][0]]
+    assert len(got.losses) == STEPS
+    errors = parity_errors(got, ref)
+    assert not errors, f"{name}: " + "; ".join(errors[:5])
+
+
+@pytest.mark.parametrize("name", LAYOUTS_2)
+def test_vocab_parallel_pp2_matches_one_process(name, results_2, references):
+    _check(name, LAYOUTS_2, results_2, references)
+
+
+@pytest.mark.parametrize("name", LAYOUTS_4)
+def test_vocab_parallel_pp2_dp2_matches_one_process(name, results_4, references):
+    _check(name, LAYOUTS_4, results_4, references)
+
+
+def test_vocab_parallel_parity_is_not_vacuous(results_2, references):
+    """The other model's reference fails the check, and training moved the weights."""
+    assert parity_errors(results_2["pp2_gpt_tied"], references["llama"])
+    got = results_2["pp2_llama_untied"]
+    assert got.losses[0] != got.losses[-1]
