@@ -17,7 +17,7 @@ from meshplan.cost.layer import activation_bytes
 from meshplan.plan import CPMethod, Job
 
 GROUP_OF_AXIS = {
-    "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "pp_tied": "pp",
+    "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "pp_tied": "pp", "pp_vocab": "pp",
     "dp_shard_cp": "dp", "dp_shard": "dp", "dp_cp": "dp", "dp": "dp", "dp_replicate": "dp",
     "edp": "dp", "dp_edp": "dp",
 }
