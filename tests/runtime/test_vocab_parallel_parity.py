@@ -1,5 +1,6 @@
 """Vocabulary parallelism over the pipeline ranks (runtime/vocab_parallel.py): loss and final
-weights of pp2 (tied and untied heads) and pp2 x dp2 equal one process (CPU, gloo).
+weights of pp2 (tied and untied heads) and pp2 x dp2 (ZeRO-3 and ZeRO-1 through FSDP2, ZeRO-0
+replicated) equal one process (CPU, gloo).
 
 The embedding and the LM head sit on both pipeline ranks, half the vocabulary each; the loss is
 the distributed cross-entropy of Yeung et al. 2024 (Sec. 3.1). The final weights are gathered
@@ -23,7 +24,8 @@ LAYOUTS_2 = {
 }
 LAYOUTS_4 = {
     "pp2_fsdp2_zero3_gpt_tied": ("gpt", dict(dims=dict(pp=2, dp_shard=2), zero=3, micro_batch=2, **VOCAB)),
-    "pp2_dp2_llama": ("llama", dict(dims=dict(pp=2, dp_replicate=2), micro_batch=2, **VOCAB)),
+    "pp2_zero1_llama": ("llama", dict(dims=dict(pp=2, dp_shard=2), zero=1, micro_batch=2, **VOCAB)),
+    "pp2_dp2_llama": ("llama", dict(dims=dict(pp=2, dp_replicate=2), micro_batch=2, **VOCAB)),  # zero 0
 }
 
 

@@ -42,6 +42,7 @@ from torch.distributed.pipelining.schedules import (
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import MeshAxis, Plan, Schedule
+from meshplan.runtime.mesh import data_parallel_mesh
 from meshplan.runtime.pipeline_check import (
     ZERO_BUBBLE_RECOMPUTE,
     local_stage_indices,
@@ -342,13 +343,19 @@ def _build_vocab(model_meta: nn.Module, plan: Plan, mesh: DeviceMesh, local: lis
     if n_microbatches is None:
         raise MeshplanError("vocab_parallel needs n_microbatches given to build_pipeline")
     shards = VocabShards(model_meta.spec, mesh[MeshAxis.PP.value])
+    dp_cp = mesh["dp_cp"]
+    if dp_cp.size() > 1 and plan.zero >= 1:  # ZeRO as the stages: FSDP2 over the data-parallel ranks
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(shards, mesh=data_parallel_mesh(mesh, plan), reshard_after_forward=plan.zero == 3)
+        # zero 1/2: gathered once per step, kept over the step's passes (VocabParallel.finish reshards)
+        shards.set_reshard_after_backward(plan.zero == 3)
     init_stage(shards)
     me = dist.get_rank()
     row, group = next((r, g) for r, g in pipeline_groups(_all_pp_rows(mesh)) if me in r)
-    dp_cp = mesh["dp_cp"]
     return VocabParallel(shards=shards, group=group, first_rank=row[0], last_rank=row[-1],
                          is_first=0 in local, is_last=plan.num_stages - 1 in local,
-                         dp_group=dp_cp.get_group() if dp_cp.size() > 1 else None,
+                         dp_group=dp_cp.get_group() if dp_cp.size() > 1 and plan.zero == 0 else None,
                          n_microbatches=n_microbatches)
 
 

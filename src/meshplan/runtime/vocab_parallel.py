@@ -92,14 +92,14 @@ class VocabShards(nn.Module):
         mine = (ids >= self.first_row) & (ids < self.first_row + self.rows)
         return (ids - self.first_row).clamp(0, self.rows - 1), mine
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, S) ids -> (B, S, D) rows of the ids in this shard, zeros for the others."""
-        rows, mine = self.local_ids(tokens)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S) ids -> (B, S, D) rows of the ids in this shard, zeros for the others;
+        (B, S, D) hidden states -> this shard's (B, S, V/pp) slice of the logits, fp32.
+        One entry point for both, so FSDP2 gathers the rows around either use."""
+        if x.is_floating_point():
+            return F.linear(x, self.output.weight.to_local()).float()
+        rows, mine = self.local_ids(x)
         return F.embedding(rows, self.tok_embeddings.weight.to_local()) * mine.unsqueeze(-1)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, S, D) -> this shard's (B, S, V/pp) slice of the logits, fp32."""
-        return F.linear(hidden, self.output.weight.to_local()).float()
 
 
 class _HeadGradient(torch.autograd.Function):
@@ -132,7 +132,8 @@ class VocabParallel:
     is_first: bool
     is_last: bool
     dp_group: dist.ProcessGroup | None
-    """Ranks whose gradients are averaged (dp_replicate x dp_shard x cp), None when one."""
+    """Ranks whose gradients this class averages (dp_replicate x dp_shard x cp) when the shards
+    are replicated over them (zero 0); None when FSDP2 shards them (zero >= 1) or dp is 1."""
     n_microbatches: int
     _targets: list[torch.Tensor] = field(default_factory=list)
     _outputs: list[torch.Tensor] = field(default_factory=list)
@@ -146,7 +147,8 @@ class VocabParallel:
         stage; returns its input (B, S, D), a leaf whose gradient the schedule fills, elsewhere None."""
         self._targets = list(targets.tensor_split(self.n_microbatches, dim=0))  # as torch splits
         self._outputs, self._boxes, self._losses = [], [], []
-        self._partial = self.shards.embed(tokens)
+        self._sync_grads(False)
+        self._partial = self.shards(tokens)
         rows = self._partial.detach().to(HIDDEN_DTYPE).contiguous()
         dist.reduce(rows, dst=self.first_rank, group=self.group)
         self._input = rows.requires_grad_() if self.is_first else None
@@ -184,7 +186,7 @@ class VocabParallel:
     def _cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean cross-entropy over the micro-batch's tokens, a scalar whose gradient with respect
         to this slice's logits is that of the mean: (softmax - onehot) / tokens, Sec. 3.1)."""
-        logits = self.shards.logits(hidden)  # (b, S, V/pp)
+        logits = self.shards(hidden)  # (b, S, V/pp)
         rows, mine = self.shards.local_ids(targets)
         peak = logits.detach().amax(dim=-1)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.group)
@@ -208,7 +210,10 @@ class VocabParallel:
         else:
             grad = torch.empty_like(self._partial, dtype=HIDDEN_DTYPE)
         dist.broadcast(grad, src=self.first_rank, group=self.group)
+        self._sync_grads(True)  # FSDP2 reduce-scatters the step's gradient after this backward
         self._partial.backward(grad.to(self._partial.dtype))
+        if hasattr(self.shards, "reshard"):  # FSDP2: free the gathered rows before the optimizer step
+            self.shards.reshard()
         self._partial, self._input = None, None
         scale = 1.0 / self.n_microbatches
         dp_size = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
@@ -221,6 +226,11 @@ class VocabParallel:
         loss = torch.stack(self._losses).mean()
         self._losses = []
         return loss
+
+    def _sync_grads(self, enabled: bool) -> None:
+        """Under FSDP2: reduce the gradients once per step, after the last backward (zero 1 does so)."""
+        if hasattr(self.shards, "set_requires_gradient_sync"):
+            self.shards.set_requires_gradient_sync(enabled)
 
 
 class VocabParallelGPipe(ScheduleGPipe):
