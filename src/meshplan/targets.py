@@ -61,9 +61,9 @@ ZERO_BUBBLE_RECOMPUTE = (
 
 
 VOCAB_PARALLEL_SCHEDULE = (
-    "vocabulary parallelism runs with the gpipe schedule (vpp=1) only in this runtime: its output layer "
-    "runs on every pipeline rank between the forward and the backward passes, a point only GPipe's "
-    "fill-drain order has (torch 2.13's schedules take no extra passes); use --schedule gpipe"
+    "vocabulary parallelism runs with the gpipe or 1f1b schedule (vpp=1) in this runtime: its output "
+    "pass runs on every pipeline rank before each micro-batch's backward, placed per stage, not per "
+    "virtual stage; use --schedule 1f1b"
 )
 
 
@@ -141,12 +141,13 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
-    # vocabulary parallelism (runtime/vocab_parallel.py): GPipe only, shards over pp only
-    Rule(lambda c, model, tr: _vocab(c) & ((c.schedule != _code(_SCHEDULES, Schedule.GPIPE)) | (c.vpp > 1)),
+    # vocabulary parallelism (runtime/vocab_parallel.py): GPipe or 1F1B, shards over pp (not tp)
+    Rule(lambda c, model, tr: _vocab(c) & ((c.vpp > 1) | ~np.isin(c.schedule, [
+             _code(_SCHEDULES, Schedule.GPIPE), _code(_SCHEDULES, Schedule.ONE_F_ONE_B)])),
          lambda p, model, tr: VOCAB_PARALLEL_SCHEDULE),
-    Rule(lambda c, model, tr: _vocab(c) & ((c.tp > 1) | (c.cp > 1)),
-         lambda p, model, tr: (f"vocabulary parallelism with tp={p.dims.tp}, cp={p.dims.cp} is not supported by "
-                               "this runtime (its vocabulary shards split over pp only); use tp=1 and cp=1")),
+    Rule(lambda c, model, tr: _vocab(c) & (c.tp > 1),
+         lambda p, model, tr: (f"vocabulary parallelism with tp={p.dims.tp} is not supported by this runtime "
+                               "(its vocabulary shards split over pp only, not over tp); use tp=1")),
     Rule(lambda c, model, tr: _vocab(c) & (model.vocab_size % np.maximum(c.pp, 1) != 0),
          lambda p, model, tr: (f"vocabulary parallelism needs vocab_size={model.vocab_size} divisible by "
                                f"pp={p.dims.pp}")),

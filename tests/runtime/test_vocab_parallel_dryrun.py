@@ -76,7 +76,7 @@ def test_vocab_parallel_dry_run_collectives_match_the_cost_model(vocab: list[dic
 
 
 @pytest.mark.parametrize("change, says", [
-    (dict(schedule="1f1b"), "gpipe"),
+    (dict(schedule="interleaved-1f1b", vpp=2), "gpipe or 1f1b"),
     (dict(dims=ParallelDims(pp=2, tp=2), schedule="gpipe"), "tp=2"),
 ])
 def test_unsupported_vocab_parallel_plans_are_one_line(tmp_path: Path, change: dict, says: str) -> None:

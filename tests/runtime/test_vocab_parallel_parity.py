@@ -1,6 +1,6 @@
 """Vocabulary parallelism over the pipeline ranks (runtime/vocab_parallel.py): loss and final
-weights of pp2 (tied and untied heads) and pp2 x dp2 (ZeRO-3 and ZeRO-1 through FSDP2, ZeRO-0
-replicated) equal one process (CPU, gloo).
+weights of pp2 (GPipe and 1F1B, tied and untied heads), pp2 x dp2 (ZeRO-3 and ZeRO-1 through FSDP2,
+ZeRO-0 replicated) and pp2 x cp2 equal one process (CPU, gloo).
 
 The embedding and the LM head sit on both pipeline ranks, half the vocabulary each; the loss is
 the distributed cross-entropy of Yeung et al. 2024 (Sec. 3.1). The final weights are gathered
@@ -17,15 +17,18 @@ from _configs import LR, STEPS, make_job
 
 pytestmark = pytest.mark.runtime
 
-VOCAB = dict(schedule="gpipe", vocab_parallel=True)
+GPIPE = dict(schedule="gpipe", vocab_parallel=True)
+VOCAB = dict(schedule="1f1b", vocab_parallel=True)
 LAYOUTS_2 = {
-    "pp2_gpt_tied": ("gpt", dict(dims=dict(pp=2), micro_batch=2, **VOCAB)),  # 4 micro-batches
+    "pp2_gpt_tied_gpipe": ("gpt", dict(dims=dict(pp=2), micro_batch=2, **GPIPE)),  # 4 micro-batches
+    "pp2_gpt_tied": ("gpt", dict(dims=dict(pp=2), micro_batch=2, **VOCAB)),
     "pp2_llama_untied": ("llama", dict(dims=dict(pp=2), micro_batch=4, **VOCAB)),
 }
 LAYOUTS_4 = {
     "pp2_fsdp2_zero3_gpt_tied": ("gpt", dict(dims=dict(pp=2, dp_shard=2), zero=3, micro_batch=2, **VOCAB)),
     "pp2_zero1_llama": ("llama", dict(dims=dict(pp=2, dp_shard=2), zero=1, micro_batch=2, **VOCAB)),
-    "pp2_dp2_llama": ("llama", dict(dims=dict(pp=2, dp_replicate=2), micro_batch=2, **VOCAB)),  # zero 0
+    "pp2_dp2_llama_gpipe": ("llama", dict(dims=dict(pp=2, dp_replicate=2), micro_batch=2, **GPIPE)),  # zero 0
+    "pp2_cp2_gpt_tied": ("gpt", dict(dims=dict(pp=2, cp=2), cp_method="all-to-all", micro_batch=2, **VOCAB)),
 }
 
 

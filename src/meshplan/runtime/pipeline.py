@@ -48,7 +48,7 @@ from meshplan.runtime.pipeline_check import (
     local_stage_indices,
     stage_layer_keys,
 )
-from meshplan.runtime.vocab_parallel import VocabParallel, VocabParallelGPipe, VocabShards, pipeline_groups
+from meshplan.runtime.vocab_parallel import VOCAB_PARALLEL_SCHEDULES, VocabParallel, VocabShards, pipeline_groups
 from meshplan.targets import VOCAB_PARALLEL_SCHEDULE
 
 _SINGLE_STAGE_SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
@@ -380,9 +380,9 @@ def _make_schedule(
 ) -> _PipelineSchedule:
     try:
         if vocab is not None:
-            if plan.schedule != Schedule.GPIPE or len(stages) != 1:
+            if plan.schedule.value not in VOCAB_PARALLEL_SCHEDULES or len(stages) != 1:
                 raise MeshplanError(VOCAB_PARALLEL_SCHEDULE)
-            return VocabParallelGPipe(stages[0], n_microbatches, vocab)
+            return VOCAB_PARALLEL_SCHEDULES[plan.schedule.value](stages[0], n_microbatches, vocab)
         if plan.schedule in _SINGLE_STAGE_SCHEDULES:
             if len(stages) != 1:
                 raise MeshplanError(f"{plan.schedule.value} runs one stage per rank (vpp=1)")

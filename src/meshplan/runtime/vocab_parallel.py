@@ -10,9 +10,10 @@ every rank of a pipeline (V_r: this rank's rows; T: tokens; D: hidden size):
 1. input (before the schedule): each rank looks up the tokens whose id falls in V_r, zero for the
    others, and the partial (T x D) rows are summed onto the first stage's rank (a reduce over the
    pp group, Sec. 4.1 of the paper);
-2. output (after every rank's last forward, before its first backward; GPipe's fill-drain order
-   makes that one point of the step for all ranks): per micro-batch the last stage's output
-   (T x D) is broadcast to the pp group, each rank computes its logits slice ``h @ W_r^T``
+2. output, per micro-batch ``i``, on every rank just before it asks for the gradient of its
+   backward ``B_i`` (GPipe and 1F1B run the ``B_i`` in the same order on every rank, and the last
+   stage has run ``F_i`` by then, so no rank waits on one that waits on it): the last stage's
+   output (T x D) is broadcast to the pp group, each rank computes its logits slice ``h @ W_r^T``
    (T x V/pp) and the softmax's statistics are all-reduced: the max (for stability) then the
    sum of exponentials and the target's logit (Sec. 3.1). The cross-entropy's gradient with
    respect to the logits, ``softmax - onehot``, is then local to each slice; its products with
@@ -26,9 +27,9 @@ every rank of a pipeline (V_r: this rank's rows; T: tokens; D: hidden size):
    over the data-parallel ranks.
 
 These collectives are blocking, between the passes of the schedule, not overlapped with compute:
-``meshplan.cost.vocab`` charges them so. Only GPipe has one point per step where every rank has
-finished its forwards and started no backward; 1F1B-style schedules would need the output passes
-inside the schedule (the paper's S and T passes), which torch's schedules do not offer (torch 2.13).
+``meshplan.cost.vocab`` charges them so. Schedules with several stages per rank (interleaved,
+zero-bubble) would need the output passes placed per virtual stage (the paper's S and T passes in
+its own schedules); they are refused (meshplan.targets).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining.schedules import ScheduleGPipe
+from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor, Shard
 
 from meshplan.errors import MeshplanError
@@ -161,27 +162,26 @@ class VocabParallel:
         self._boxes.append(box)
         return _HeadGradient.apply(output, box)
 
-    def output_pass(self) -> None:
-        """Step 2 (every rank, after its last forward): the head and the loss of every micro-batch."""
-        if self.is_last and len(self._outputs) != self.n_microbatches:
-            raise MeshplanError(f"the last stage produced {len(self._outputs)} outputs for "
-                                f"{self.n_microbatches} micro-batches")
-        for i, targets in enumerate(self._targets):
+    def output_pass(self, i: int) -> None:
+        """Step 2 (every rank, before the backward of micro-batch ``i``): its head and loss."""
+        if i != len(self._losses) or (self.is_last and len(self._outputs) <= i):
+            raise MeshplanError(f"vocabulary-parallel output pass of micro-batch {i} out of order")
+        targets = self._targets[i]
+        if self.is_last:
+            hidden = self._outputs[i].detach().to(HIDDEN_DTYPE).contiguous()
+            self._outputs[i] = None  # the stage keeps its own reference for its backward
+        else:
             shape = (*targets.shape, self.shards.spec.hidden_size)
-            if self.is_last:
-                hidden = self._outputs[i].detach().to(HIDDEN_DTYPE).contiguous()
-            else:
-                hidden = torch.empty(shape, dtype=HIDDEN_DTYPE, device=targets.device)
-            dist.broadcast(hidden, src=self.last_rank, group=self.group)
-            hidden.requires_grad_()
-            loss, surrogate = self._cross_entropy(hidden, targets)
-            surrogate.backward()  # this slice's part of the head input's gradient, and W_r's
-            grad = hidden.grad.contiguous()
-            dist.reduce(grad, dst=self.last_rank, group=self.group)
-            if self.is_last:
-                self._boxes[i]["grad"] = grad
-            self._losses.append(loss)
-        self._outputs = []
+            hidden = torch.empty(shape, dtype=HIDDEN_DTYPE, device=targets.device)
+        dist.broadcast(hidden, src=self.last_rank, group=self.group)
+        hidden.requires_grad_()
+        loss, surrogate = self._cross_entropy(hidden, targets)
+        surrogate.backward()  # this slice's part of the head input's gradient, and W_r's
+        grad = hidden.grad.contiguous()
+        dist.reduce(grad, dst=self.last_rank, group=self.group)
+        if self.is_last:
+            self._boxes[i]["grad"] = grad
+        self._losses.append(loss)
 
     def _cross_entropy(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean cross-entropy over the micro-batch's tokens, a scalar whose gradient with respect
@@ -223,8 +223,11 @@ class VocabParallel:
                 local.mul_(scale / dp_size)
                 if self.dp_group is not None:
                     dist.all_reduce(local, group=self.dp_group)
+        if len(self._losses) != self.n_microbatches:
+            raise MeshplanError(f"{len(self._losses)} vocabulary-parallel output passes for "
+                                f"{self.n_microbatches} micro-batches")
         loss = torch.stack(self._losses).mean()
-        self._losses = []
+        self._losses, self._outputs, self._boxes = [], [], []
         return loss
 
     def _sync_grads(self, enabled: bool) -> None:
@@ -233,22 +236,46 @@ class VocabParallel:
             self.shards.set_requires_gradient_sync(enabled)
 
 
-class VocabParallelGPipe(ScheduleGPipe):
-    """torch's GPipe with the output pass after each rank's last forward: the last stage's loss
-    of every micro-batch is :meth:`VocabParallel.defer`'s placeholder (torch 2.13 calls
-    ``_maybe_compute_loss`` on every rank after each forward, before the first backward)."""
+class _OutputPassFirst:
+    """A stage's ``get_bwd_recv_ops`` that runs the output pass of the micro-batch first: torch's
+    GPipe and 1F1B call it on every rank once per micro-batch, in order, just before the receive
+    of that micro-batch's gradient (torch 2.13)."""
+
+    def __init__(self, get_bwd_recv_ops, vocab: VocabParallel) -> None:
+        self._get_bwd_recv_ops = get_bwd_recv_ops
+        self._vocab = vocab
+
+    def __call__(self, bwd_chunk_id: int):
+        self._vocab.output_pass(bwd_chunk_id)
+        return self._get_bwd_recv_ops(bwd_chunk_id)
+
+
+class _DeferredLoss:
+    """Mixin over torch's single-stage schedules: the last stage's loss of each micro-batch is
+    :meth:`VocabParallel.defer`'s placeholder, and the output pass runs before each backward."""
 
     def __init__(self, stage, n_microbatches: int, vocab: VocabParallel) -> None:
         # loss_fn: what torch's shape inference differentiates on the last stage (zero gradient);
-        # the step itself takes the placeholders below.
+        # the step itself takes the placeholders of _maybe_compute_loss.
         super().__init__(stage, n_microbatches=n_microbatches, loss_fn=_inference_loss, scale_grads=True)
         self._vocab = vocab
+        stage.get_bwd_recv_ops = _OutputPassFirst(stage.get_bwd_recv_ops, vocab)
 
     def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
         if stage.is_last:
             self._internal_losses.append(self._vocab.defer(output))
-        if mb_index == self._n_microbatches - 1:
-            self._vocab.output_pass()
+
+
+class VocabParallelGPipe(_DeferredLoss, ScheduleGPipe):
+    """torch's GPipe with vocabulary parallelism (module docstring)."""
+
+
+class VocabParallel1F1B(_DeferredLoss, Schedule1F1B):
+    """torch's 1F1B with vocabulary parallelism (module docstring)."""
+
+
+VOCAB_PARALLEL_SCHEDULES = {"gpipe": VocabParallelGPipe, "1f1b": VocabParallel1F1B}
+"""Plan schedule name -> the schedule class that runs it with vocabulary parallelism."""
 
 
 def _inference_loss(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
