@@ -76,3 +76,36 @@ def test_vocab_parallel_parity_is_not_vacuous(results_2, references):
     assert parity_errors(results_2["pp2_gpt_tied"], references["llama"])
     got = results_2["pp2_llama_untied"]
     assert got.losses[0] != got.losses[-1]
+
+
+CLIP = 0.05
+"""Small enough that every step clips: the global norm must count each shard's rows once."""
+
+
+def _train(job, tmp_path, name: str, *, steps: int, **cfg) -> list[dict]:
+    import json
+    from pathlib import Path
+
+    from meshplan.runtime.launch import launch
+    from meshplan.runtime.train import TrainConfig
+
+    log = Path(tmp_path) / f"{name}.jsonl"
+    config = TrainConfig(steps=steps, lr=LR, progress=False, log_path=str(log), **cfg)
+    launch([(job, config)], timeout_s=600, capture=True)
+    return [r for r in map(json.loads, log.read_text().splitlines()) if not r.get("summary")]
+
+
+def test_vocab_parallel_clips_and_resumes_like_one_process(tmp_path):
+    """Global-norm clipping over the stages and the vocabulary shards, and a sharded checkpoint
+    of the shards: 2 steps, resume, 2 more equal 4 steps of one process."""
+    job = make_job("llama", dims=dict(pp=2), micro_batch=2, **VOCAB)
+    ref = _train(single_process(job), tmp_path, "ref", steps=4, clip_grad=CLIP)
+    ckpt = str(tmp_path / "ckpt")
+    first = _train(job, tmp_path, "a", steps=2, clip_grad=CLIP, checkpoint_dir=ckpt, checkpoint_every=2)
+    rest = _train(job, tmp_path, "b", steps=4, clip_grad=CLIP, checkpoint_dir=ckpt, resume=True)
+    got = first + rest
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    for a, b in zip(got, ref):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 * b["loss"], (a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * b["grad_norm"], (a["step"], a["grad_norm"], b["grad_norm"])
+    assert all(r["grad_norm"] > CLIP for r in ref)  # clipping was active
