@@ -222,6 +222,9 @@ class PipelineRuntime:
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the global L2 norm over all stages (each tied weight counted once); returns it."""
+        if self.vocab is not None:
+            raise MeshplanError("clip vocabulary-parallel pipelines with runtime.schedule.clip_gradients "
+                                "(its norm counts the pp-sharded vocabulary rows once)")
         owned = [p for n, p in self.named_parameters() if n not in self.tied_copy_names]
         sq = grad_sq_norm(owned)
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
