@@ -27,8 +27,8 @@ BATCH = 8  # 4 sequences per dp rank: 4 micro-batches of 1
 PLAN = Plan(dims=ParallelDims(pp=2, dp_shard=2), zero=1, schedule="gpipe")
 
 
-def _dry_run(tmp_path: Path, plan: Plan) -> subprocess.CompletedProcess:
-    job = Job(model=MODEL, training=TrainingSpec(seq_len=512, global_batch=BATCH),
+def _dry_run(tmp_path: Path, plan: Plan, model=MODEL) -> subprocess.CompletedProcess:
+    job = Job(model=model, training=TrainingSpec(seq_len=512, global_batch=BATCH),
               cluster=resolve_cluster(gpu="h100-sxm", gpus=plan.dims.world_size), plan=plan)
     path = tmp_path / f"job-{plan.vocab_parallel}-{plan.schedule.value}.json"
     job.save(path)
@@ -80,7 +80,8 @@ def test_vocab_parallel_dry_run_collectives_match_the_cost_model(vocab: list[dic
     (dict(dims=ParallelDims(pp=2, tp=2), schedule="gpipe"), "tp=2"),
 ])
 def test_unsupported_vocab_parallel_plans_are_one_line(tmp_path: Path, change: dict, says: str) -> None:
-    proc = _dry_run(tmp_path, replace(PLAN, vocab_parallel=True, **change))
+    proc = _dry_run(tmp_path, replace(PLAN, vocab_parallel=True, **change),
+                    model=MODEL.with_overrides({"num_layers": 4}))  # 2 virtual stages per rank
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0]
