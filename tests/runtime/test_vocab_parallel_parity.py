@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from meshplan.plan import Job, ParallelDims, Plan
+from meshplan.spec.cluster import resolve_cluster
+
 from meshplan.runtime.testing import parity_errors, run_jobs, single_process
 
 from _configs import LR, STEPS, make_job
@@ -32,8 +35,21 @@ LAYOUTS_4 = {
 }
 
 
-def _run(layouts, tmp_path_factory, name):
-    jobs = [make_job(model, **dict(fields)) for model, fields in layouts.values()]
+FOUR_LAYERS = {"pp4_llama4": ("llama", dict(dims=dict(pp=4), micro_batch=1, **VOCAB))}
+"""A 4-layer Llama on 4 stages: the 1F1B output passes of every lag (2, 1, 1, 0)."""
+
+
+def _job(model: str, fields: dict, layers: int | None = None):
+    if not layers:
+        return make_job(model, **dict(fields))
+    base = make_job(model)  # the Job checks its plan against the model: swap both at once
+    return Job(model=base.model.with_overrides({"num_layers": layers}), training=base.training,
+               cluster=resolve_cluster("cpu", gpus=4), plan=Plan(dims=ParallelDims(**fields["dims"]),
+               **{k: v for k, v in fields.items() if k != "dims"}))
+
+
+def _run(layouts, tmp_path_factory, name, layers: int | None = None):
+    jobs = [_job(model, fields, layers) for model, fields in layouts.values()]
     return dict(zip(layouts, run_jobs(jobs, steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp(name))))
 
 
@@ -109,3 +125,11 @@ def test_vocab_parallel_clips_and_resumes_like_one_process(tmp_path):
         assert abs(a["loss"] - b["loss"]) < 1e-5 * b["loss"], (a["step"], a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * b["grad_norm"], (a["step"], a["grad_norm"], b["grad_norm"])
     assert all(r["grad_norm"] > CLIP for r in ref)  # clipping was active
+
+
+def test_vocab_parallel_pp4_1f1b_matches_one_process(tmp_path_factory):
+    got = _run(FOUR_LAYERS, tmp_path_factory, "pp4", layers=4)["pp4_llama4"]
+    ref_job = single_process(_job(*FOUR_LAYERS["pp4_llama4"], layers=4))
+    ref = run_jobs([ref_job], steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp("ref4"))[0]
+    errors = parity_errors(got, ref)
+    assert not errors, "pp4_llama4: " + "; ".join(errors[:5])

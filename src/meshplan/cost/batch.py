@@ -293,7 +293,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- activations ------------------------------------------------------------------------
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
-    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule)  # floats: no re-conversion
+    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule,  # floats: no re-conversion
+                            plans.vocab_parallel)
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)

@@ -10,9 +10,8 @@ every rank of a pipeline (V_r: this rank's rows; T: tokens; D: hidden size):
 1. input (before the schedule): each rank looks up the tokens whose id falls in V_r, zero for the
    others, and the partial (T x D) rows are summed onto the first stage's rank (a reduce over the
    pp group, Sec. 4.1 of the paper);
-2. output, per micro-batch ``i``, on every rank just before it asks for the gradient of its
-   backward ``B_i`` (GPipe and 1F1B run the ``B_i`` in the same order on every rank, and the last
-   stage has run ``F_i`` by then, so no rank waits on one that waits on it): the last stage's
+2. output, per micro-batch, on every rank at the point of its schedule where the last stage has
+   just run that micro-batch's forward (:class:`_VocabParallelSchedule`): the last stage's
    output (T x D) is broadcast to the pp group, each rank computes its logits slice ``h @ W_r^T``
    (T x V/pp) and the softmax's statistics are all-reduced: the max (for stability) then the
    sum of exponentials and the target's logit (Sec. 3.1). The cross-entropy's gradient with
@@ -41,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe, _batch_p2p, _wait_batch_p2p
 from torch.distributed.tensor import DTensor, Shard
 
 from meshplan.errors import MeshplanError
@@ -163,7 +162,7 @@ class VocabParallel:
         return _HeadGradient.apply(output, box)
 
     def output_pass(self, i: int) -> None:
-        """Step 2 (every rank, before the backward of micro-batch ``i``): its head and loss."""
+        """Step 2 (every rank, in order, where the schedule places it): micro-batch ``i``'s head and loss."""
         if i != len(self._losses) or (self.is_last and len(self._outputs) <= i):
             raise MeshplanError(f"vocabulary-parallel output pass of micro-batch {i} out of order")
         targets = self._targets[i]
@@ -236,42 +235,90 @@ class VocabParallel:
             self.shards.set_requires_gradient_sync(enabled)
 
 
-class _OutputPassFirst:
-    """A stage's ``get_bwd_recv_ops`` that runs the output pass of the micro-batch first: torch's
-    GPipe and 1F1B call it on every rank once per micro-batch, in order, just before the receive
-    of that micro-batch's gradient (torch 2.13)."""
+def pass_order(m: int, pp: int, rank: int, *, one_f_one_b: bool) -> list[tuple[bool, int]]:
+    """(is forward, micro-batch) in pipeline rank ``rank``'s order: GPipe (all forwards, then all
+    backwards) or 1F1B with the warm-up of interleaved 1F1B at v = 1 (2 (pp - 1 - rank) + 1
+    forwards, not pp - rank), then one backward and one forward alternately."""
+    if not one_f_one_b:
+        return [(True, k) for k in range(m)] + [(False, k) for k in range(m)]
+    warmup = min(m, 2 * (pp - 1 - rank) + 1)
+    order = [(True, k) for k in range(warmup)]
+    for k in range(m):
+        order.append((False, k))
+        if warmup + k < m:
+            order.append((True, warmup + k))
+    return order
 
-    def __init__(self, get_bwd_recv_ops, vocab: VocabParallel) -> None:
-        self._get_bwd_recv_ops = get_bwd_recv_ops
-        self._vocab = vocab
 
-    def __call__(self, bwd_chunk_id: int):
-        self._vocab.output_pass(bwd_chunk_id)
-        return self._get_bwd_recv_ops(bwd_chunk_id)
+def output_lag(m: int, pp: int, rank: int, *, one_f_one_b: bool) -> int:
+    """Forwards of later micro-batches rank ``rank`` runs before the output pass of one
+    (:class:`_VocabParallelSchedule`); all of them with GPipe."""
+    return pp - 1 - rank if one_f_one_b else m
 
 
-class _DeferredLoss:
-    """Mixin over torch's single-stage schedules: the last stage's loss of each micro-batch is
-    :meth:`VocabParallel.defer`'s placeholder, and the output pass runs before each backward."""
+class _VocabParallelSchedule:
+    """Mixin over torch's single-stage GPipe and 1F1B: their order of forward and backward passes
+    (torch 2.13's loops, whose private helpers this one uses), every send fired as soon as its pass
+    is done, the last stage's loss of each micro-batch :meth:`VocabParallel.defer`'s placeholder,
+    and the output passes placed so that no rank waits long for the others:
+
+    - GPipe: all of them after each rank's last forward (every rank reaches that point as the last
+      stage finishes its forwards: one synchronisation per step);
+    - 1F1B: the pass of micro-batch i after rank r's forward of micro-batch i + pp - 1 - r, with a
+      deeper warm-up, 2 (pp - 1 - r) + 1 forwards (interleaved 1F1B's at v = 1) instead of pp - r.
+      Between two passes every rank then runs one forward and one backward whose inputs were
+      sent in the previous period: rank r's forward is one micro-batch ahead of rank r + 1's and
+      its backward one behind. With 1F1B's own warm-up the backwards of one period would chain
+      through all ranks (each rank's backward waiting on the next one's in the same period) and
+      the pipeline would run a stage at a time. The price is activation memory: rank r holds up
+      to 2 (pp - 1 - r) + 1 micro-batches, not pp - r (cost.pipeline.in_flight_chunks charges it).
+      tests/runtime/test_vocab_parallel_timing.py checks both orders on a unit-time simulation.
+    """
+
+    _one_f_one_b = False
 
     def __init__(self, stage, n_microbatches: int, vocab: VocabParallel) -> None:
         # loss_fn: what torch's shape inference differentiates on the last stage (zero gradient);
-        # the step itself takes the placeholders of _maybe_compute_loss.
+        # the step itself takes the placeholders.
         super().__init__(stage, n_microbatches=n_microbatches, loss_fn=_inference_loss, scale_grads=True)
         self._vocab = vocab
-        stage.get_bwd_recv_ops = _OutputPassFirst(stage.get_bwd_recv_ops, vocab)
 
-    def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
-        if stage.is_last:
-            self._internal_losses.append(self._vocab.defer(output))
+    def _step_microbatches(self, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None,
+                           return_outputs=True, loss_kwargs=None):
+        arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
+        self._initialize_stage(arg_mbs[0], kwarg_mbs[0], target_mbs[0] if target_mbs else None, loss_kwargs)
+        stage, m, pp = self._stage, self._n_microbatches, self._num_stages
+        lag = output_lag(m, pp, stage.stage_index, one_f_one_b=self._one_f_one_b)
+        sends: list[dist.Work] = []
+        done = 0  # output passes run
+        for forward, k in pass_order(m, pp, stage.stage_index, one_f_one_b=self._one_f_one_b):
+            if forward:
+                _wait_batch_p2p(_batch_p2p(stage.get_fwd_recv_ops(k), desc="fwd_recv"))
+                output = stage.forward_one_chunk(k, arg_mbs[k], kwarg_mbs[k], save_forward_output=return_outputs)
+                sends += _batch_p2p(stage.get_fwd_send_ops(k), desc="fwd_send")
+                if stage.is_last:
+                    self._internal_losses.append(self._vocab.defer(output))
+                due = m if k == m - 1 else max(0, k - lag + 1)
+                for i in range(done, due):
+                    self._vocab.output_pass(i)
+                done = max(done, due)
+            else:
+                _wait_batch_p2p(_batch_p2p(stage.get_bwd_recv_ops(k), desc="bwd_recv"))
+                stage.backward_one_chunk(k, loss=self._maybe_get_loss(stage, k), last_backward=k == m - 1)
+                sends += _batch_p2p(stage.get_bwd_send_ops(k), desc="bwd_send")
+        _wait_batch_p2p(sends)
+        self._update_losses(stage, losses)
+        stage.perform_reduce_grad(m if self.scale_grads else 1)
 
 
-class VocabParallelGPipe(_DeferredLoss, ScheduleGPipe):
+class VocabParallelGPipe(_VocabParallelSchedule, ScheduleGPipe):
     """torch's GPipe with vocabulary parallelism (module docstring)."""
 
 
-class VocabParallel1F1B(_DeferredLoss, Schedule1F1B):
+class VocabParallel1F1B(_VocabParallelSchedule, Schedule1F1B):
     """torch's 1F1B with vocabulary parallelism (module docstring)."""
+
+    _one_f_one_b = True
 
 
 VOCAB_PARALLEL_SCHEDULES = {"gpipe": VocabParallelGPipe, "1f1b": VocabParallel1F1B}

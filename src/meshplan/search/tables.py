@@ -112,7 +112,8 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     mem = np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C)
     alpha = pipeline_alpha(ctx, plans)
     m = num_microbatches(ctx.training, plans)
-    held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule), float)  # noqa: E731
+    held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule,  # noqa: E731
+                                                 plans.vocab_parallel), float)
     h0, hl = held(0), held(last)
 
     a = t[1] - t[0]
@@ -129,7 +130,7 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     # Per-rank intercepts: plain ranks, then the embedding rank 0 and the head rank p-1.
     ranks = np.arange(pp)
     h = np.asarray(in_flight_chunks(ranks[None, :], plans.pp[:, None], plans.vpp[:, None],
-                                    m[:, None], plans.schedule[:, None]), float)
+                                    m[:, None], plans.schedule[:, None], plans.vocab_parallel[:, None]), float)
     e_plain = (t[0] - a) + (x[0] - xa) / alpha
     f_plain = mem[0] - (c + h0 * d)
     e = np.repeat(e_plain[:, None], pp, axis=1)
