@@ -60,9 +60,10 @@ CASES = (
     Case("70b-64xh100", "llama3-70b", "dgx-h100", 8, 8192, 256, "128K vocabulary, pipelined"),
     Case("qwen72b-64xh100", "qwen2.5-72b", "dgx-h100", 8, 8192, 256, "152K vocabulary, pipelined"),
     Case("gptoss120b-32xh100", "gpt-oss-120b", "dgx-h100", 4, 8192, 256, "201K vocabulary, MoE, 36 layers"),
-    Case("qwen7b-16xh100", "qwen2.5-7b", "dgx-h100", 2, 8192, 128,
-         "152K vocabulary on a 3584-wide, 28-layer body: V/D = 42"),
-    Case("8b-256k-16xh100", "llama3-8b", "dgx-h100", 2, 8192, 128,
+    Case("qwen30b-a3b-16xh100", "qwen3-30b-a3b", "dgx-h100", 2, 8192, 128,
+         "152K vocabulary on a 2048-wide MoE (V/D = 74), 48 layers"),
+    Case("qwen30b-a3b-32xh100", "qwen3-30b-a3b", "dgx-h100", 4, 4096, 256, "the same on 32 GPUs, seq 4K"),
+    Case("8b-256k-16xa100", "llama3-8b", "dgx-a100", 2, 4096, 256,
          "a 256K vocabulary (Gemma's size) on Llama-3-8B's body", override=(("vocab_size", "256000"),)),
 )
 
