@@ -16,8 +16,9 @@ are reduced onto the first stage in the forward with their gradient broadcast ba
 
 The paper schedules these passes between the transformer layers' (their "S" and "T" passes) to
 hide them; the runtime that runs this plan (meshplan.runtime.vocab_parallel, the only stack that
-can: the exporters refuse it) runs them blocking, between GPipe's forward and backward passes and
-around the schedule, so they are charged here as exposed time, none of it overlapped.
+can: the exporters refuse it) runs them blocking, between the forward and backward passes of
+GPipe or 1F1B and around the schedule, so they are charged here as exposed time, none of it
+overlapped. Its 1F1B warms up deeper to keep the passes aligned: cost.pipeline.in_flight_chunks.
 """
 
 from __future__ import annotations
