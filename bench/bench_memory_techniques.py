@@ -2,19 +2,20 @@
 
     PYTHONPATH=src python bench/bench_memory_techniques.py          # table
     PYTHONPATH=src python bench/bench_memory_techniques.py --json   # the same as JSON
+    PYTHONPATH=src python bench/bench_memory_techniques.py 8b-8xh100-32k   # some jobs only
 
 For each job the search runs twice, with the technique searched and without it; the table gives
 both recommended plans (fastest within the default budget), the least GPU memory either frontier
 reaches, and the frontier points only the technique makes possible (points of the frontier with
 it that the frontier without it does not dominate). "Without" searches with every technique of
 this bench off; "with" turns that one on. Techniques: offload (meshplan.cost.offload, every
-stack's space), vocabulary parallelism over pipeline ranks (meshplan.cost.vocab) in the space
-meshplan's runtime runs (``--target meshplan``: the only stack that has it; GPipe or 1F1B, tp 1),
-and the same over every schedule and tp degree ("vocab-parallel (model)": what the paper's own
-schedules would add; no stack runs those plans). For the vocabulary, a second table gives the
-per-stage memory and micro-batch time of the fastest fitting plan only it makes possible, with
-and without it: the balance it buys. OSDP per-operator sharding is not in the cost model yet
-(issue 17).
+stack's space), OSDP's per-operator-group sharding and operator splitting (meshplan.cost.osdp),
+vocabulary parallelism over pipeline ranks (meshplan.cost.vocab) in the space meshplan's runtime
+runs (``--target meshplan``: the only stack that has it; GPipe or 1F1B, tp 1), and the same over
+every schedule and tp degree ("vocab-parallel (model)": what the paper's own schedules would add;
+no stack runs those plans). For the vocabulary, a second table gives the per-stage memory and
+micro-batch time of the fastest fitting plan only it makes possible, with and without it: the
+balance it buys.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ CASES = (
     Case("70b-64xh100", "llama3-70b", "dgx-h100", 8, 8192, 256, "128K vocabulary, pipelined"),
     Case("qwen72b-64xh100", "qwen2.5-72b", "dgx-h100", 8, 8192, 256, "152K vocabulary, pipelined"),
     Case("gptoss120b-32xh100", "gpt-oss-120b", "dgx-h100", 4, 8192, 256, "201K vocabulary, MoE, 36 layers"),
+    Case("8b-8xh100-128k", "llama3-8b", "dgx-h100", 1, 131072, 8,
+         "Llama-3-8B at 128K tokens on one node: the 128K-vocabulary logits of a sequence take ~64 GiB"),
+    Case("13b-8xa100", "llama2-13b", "dgx-a100", 1, 4096, 64,
+         "Llama-2-13B on one DGX A100 (80 GB): ZeRO-3 gathers on the A100's NVLink are exposed"),
     Case("qwen30b-a3b-16xh100", "qwen3-30b-a3b", "dgx-h100", 2, 8192, 128,
          "152K vocabulary on a 2048-wide MoE (V/D = 74), 48 layers"),
     Case("qwen30b-a3b-32xh100", "qwen3-30b-a3b", "dgx-h100", 4, 4096, 256, "the same on 32 GPUs, seq 4K"),
@@ -67,14 +72,16 @@ CASES = (
          "a 256K vocabulary (Gemma's size) on Llama-3-8B's body", override=(("vocab_size", "256000"),)),
 )
 
-BASE = SearchOptions(offloads=(), vocab_parallel=False)
+BASE = SearchOptions(offloads=(), vocab_parallel=False, osdp=False)
 
 
 def techniques(model, training) -> dict[str, tuple[SearchOptions, SearchOptions]]:
     """name -> (search options without, with the technique); without: none of this bench's on."""
-    out = {"offload": (BASE, replace(BASE, offloads=OFFLOAD_CHOICES))}
+    out = {"offload": (BASE, replace(BASE, offloads=OFFLOAD_CHOICES)),
+           "osdp": (BASE, replace(BASE, osdp=True))}
     if planner_only_feature(model) is None:  # else meshplan's runtime cannot train the model at all
-        runtime = replace(search_options(Target.MESHPLAN, model, training), offloads=(), vocab_parallel=False)
+        runtime = replace(search_options(Target.MESHPLAN, model, training), offloads=(), vocab_parallel=False,
+                          osdp=False)
         out["vocab-parallel"] = (runtime, replace(runtime, vocab_parallel=True))
     out["vocab-parallel (model)"] = (BASE, replace(BASE, vocab_parallel=True))
     return out
@@ -147,7 +154,8 @@ def _fmt(pt) -> str:
 
 
 def main(argv: list[str]) -> None:
-    results = [run_case(c) for c in CASES]
+    names = [a for a in argv if not a.startswith("--")]
+    results = [run_case(c) for c in CASES if not names or c.name in names]
     if "--json" in argv:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
         return
