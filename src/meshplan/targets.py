@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, Recompute, Schedule
+from meshplan.plan import (
+    OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OpGroup, Recompute, Schedule,
+)
 
 if TYPE_CHECKING:
     from meshplan.plan import Plan
@@ -148,6 +150,10 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
     Rule(lambda c, model, tr: _vocab(c) & (c.tp > 1),
          lambda p, model, tr: (f"vocabulary parallelism with tp={p.dims.tp} is not supported by this runtime "
                                "(its vocabulary shards split over pp only, not over tp); use tp=1")),
+    Rule(lambda c, model, tr: _vocab(c) & ((np.asarray(c.keep) & (OpGroup.EMBEDDING.bit | OpGroup.HEAD.bit)) > 0),
+         lambda p, model, tr: ("keeping the embedding or head gathered (OSDP) with vocabulary parallelism is not "
+                               "supported by this runtime (its vocabulary shards are one FSDP2 unit of their own, "
+                               "under the plan's zero); keep attention/mlp only")),
     Rule(lambda c, model, tr: _vocab(c) & (model.vocab_size % np.maximum(c.pp, 1) != 0),
          lambda p, model, tr: (f"vocabulary parallelism needs vocab_size={model.vocab_size} divisible by "
                                f"pp={p.dims.pp}")),

@@ -98,6 +98,10 @@ def test_runtime_runs_it_with_gpipe_or_1f1b_over_pp_only():
     assert "divisible by pp=3" in why_not(Target.MESHPLAN, L8.with_overrides({"vocab_size": 128257}), TRAIN,
                                           replace(gpipe, dims=ParallelDims(pp=3)))
     assert why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, vocab_parallel=False, schedule="1f1b")) is None
+    assert "OSDP" in why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, zero=3, dims=ParallelDims(pp=4, dp_shard=2),
+                                                                   keep_gathered=("head",)))
+    assert why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, zero=3, dims=ParallelDims(pp=4, dp_shard=2),
+                                                       keep_gathered=("attention",))) is None
 
 
 def test_exporters_refuse_it():
