@@ -32,6 +32,7 @@ from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.cost.offload import host_budget_bytes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
 from meshplan.search.vocab import vocab_rows, vocab_variants
+from meshplan.search.prune import EvenPoints, settle
 from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
@@ -98,6 +99,9 @@ class SearchResult:
     refined_configs: int
     plans_evaluated: int
     elapsed_s: float
+    pruned_configs: int = 0
+    """Global configurations dropped on a lower bound without their full even-split estimate
+    (:mod:`meshplan.search.prune`); not counted in ``plans_evaluated``."""
 
     @property
     def fitting(self) -> tuple[ScoredPlan, ...]:
@@ -129,8 +133,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
            memory_cap_bytes: float | None = None, stage_points: int = STAGE_POINTS_PER_CONFIG,
-           progress: Callable[[str, float], None] | None = None) -> SearchResult:
-    """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring)."""
+           progress: Callable[[str, float], None] | None = None, prune: bool = True) -> SearchResult:
+    """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring).
+    ``prune`` False scores every configuration in full (:mod:`meshplan.search.prune` drops
+    dominated ones unscored; the frontier is the same: tests compare the two)."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
@@ -151,8 +157,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick("even splits", 0.05)
     plans = space
     layer = shared_layer_cost(ctx, plans)
-    even = _even_estimate(ctx, plans, layer)
-    evaluated = len(space)
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune else None,
+                                  budget_bytes=budget)
+    evaluated = len(space) - pruned
     keys = np.arange(len(space))
     even_front = Front.of(even.step_time_s, even.peak_memory_bytes, keys)
     tick("stage splits", 0.4)
@@ -206,10 +214,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         # fits" message reports the least memory any plan needs, not only the even splits'.
         return search(model, cluster, training, calib=calib, budget_bytes=budget, options=options,
                       refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
-                      progress=progress)
+                      progress=progress, prune=prune)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
                         global_configs=len(space), refined_configs=refined,
-                        plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start)
+                        plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start,
+                        pruned_configs=pruned)
 
 
 OFFLOAD_KEY_BASE = 1 << 40
@@ -229,12 +238,12 @@ def _offload_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, e
     host_cap = host_budget_bytes(ctx.cluster)
     most, src = offload_variants(space, rows, most_offloaded(options.offloads))
     most, src = _allowed(most, src, options)
-    floor = _even_estimate(ctx, most, _SharedRows(layer, src))
+    floor, _ = _even_estimate(ctx, most, _SharedRows(layer, src))
     lean = (floor.peak_memory_bytes <= budget) & (floor.host_memory_bytes <= host_cap)
     firsts = fastest(src[lean], floor.step_time_s[lean])
     variants, vsrc = offload_variants(space, firsts, options.offloads)
     variants, vsrc = _allowed(variants, vsrc, options)
-    est = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
+    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
     ok_m = np.flatnonzero(floor.host_memory_bytes <= host_cap)
     ok_v = np.flatnonzero(est.host_memory_bytes <= host_cap)
     both = PlanArrays(**{f.name: np.concatenate([getattr(most, f.name)[ok_m], getattr(variants, f.name)[ok_v]])
@@ -258,7 +267,7 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, eve
     variants, src = _allowed(vocab_variants(space, rows), rows, options)
     if len(variants) == 0:
         return variants, Front.empty(), 0
-    est = _even_estimate(ctx, variants, _SharedRows(layer, src))
+    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
     return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
                               VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
 
@@ -302,28 +311,49 @@ class EvenCost:
     host_memory_bytes: np.ndarray
 
 
-def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost) -> EvenCost:
+def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, *,
+                   prune_shrink: float | None = None, budget_bytes: float = np.inf) -> tuple[EvenCost, int]:
     """What ``estimate_batch`` computes (even split, policy on every layer: the first and the
     last rank bound the step and the peak), with the layer costs shared between rows; in
-    slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads."""
-    step = np.empty(len(plans))
-    peak = np.empty(len(plans))
-    host = np.zeros(len(plans))
-    for i in range(0, len(plans), EVEN_CHUNK_ROWS):
+    slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads.
+
+    With ``prune_shrink`` (the refinement test's factor) the first rank is scored alone first
+    and configurations whose bound is beaten keep the bound (:mod:`meshplan.search.prune`).
+    Returns the points and how many configurations kept a bound."""
+    n = len(plans)
+    step, peak, host = np.empty(n), np.empty(n), np.zeros(n)
+    first_only = prune_shrink is not None
+    for i in range(0, n, EVEN_CHUNK_ROWS):
         rows = slice(i, i + EVEN_CHUNK_ROWS)
-        est = _even_slice(ctx, plans.take(rows), shared.take(rows))
+        est = _even_slice(ctx, plans.take(rows), shared.take(rows), first_only=first_only)
         step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
-    return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host)
+    if not first_only:
+        return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host), 0
+
+    def exact(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = [_even_slice(ctx, plans.take(r), shared.take(r))
+               for r in np.array_split(rows, max(1, -(-rows.size // EVEN_CHUNK_ROWS)))]
+        return tuple(np.concatenate([getattr(e, f) * np.ones(len(e.step_time_s)) for e in out])
+                     for f in ("step_time_s", "peak_memory_bytes", "host_memory_bytes"))
+
+    bound = EvenPoints(step, peak, host, exact=plans.pp == 1)  # one rank: the bound is exact
+    pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes)
+    return (EvenCost(step_time_s=pts.step_time_s, peak_memory_bytes=pts.peak_memory_bytes,
+                     host_memory_bytes=pts.host_memory_bytes), int(np.count_nonzero(~pts.exact)))
 
 
-def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:
+def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> BatchEstimate:
+    """The even split's estimate; with ``first_only`` the first rank's alone (a lower bound,
+    exact with one rank: :mod:`meshplan.search.prune`)."""
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
     kw["terms"] = plan_terms(**kw)  # shared by both ranks
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
-    ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
+    if first_only:
+        return compose(ctx.model, ctx.cluster, ctx.training, plans, [first], ctx.calib)
+    ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
     return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
 
