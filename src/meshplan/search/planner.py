@@ -398,14 +398,18 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     # layer-count ranges (L - p v + 1 values per rank) are within a factor of two, so that no
     # table is padded to much more than its configurations need. Most promising groups first so
     # that their plans prune the later groups; within a group fastest even split first.
-    width = model.num_layers - space.pp * space.vpp + 1
-    group_of = space.pp.astype(np.int64) * 64 + np.floor(np.log2(np.maximum(width, 1))).astype(np.int64)
-    groups = np.unique(group_of[candidate])
-    best = [even.step_time_s[candidate & (group_of == g)].min() for g in groups]
-    groups = groups[np.argsort(best, kind="stable")]
+    cand = np.flatnonzero(candidate)  # the rest of the space is not read below
+    width = model.num_layers - space.pp[cand] * space.vpp[cand] + 1
+    group_of = space.pp[cand].astype(np.int64) * 64 + np.floor(np.log2(np.maximum(width, 1))).astype(np.int64)
+    groups, group_idx = np.unique(group_of, return_inverse=True)
+    best = np.full(groups.size, np.inf)
+    np.minimum.at(best, group_idx, even.step_time_s[cand])
+    order = np.argsort(best, kind="stable")
+    by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
+    starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
     next_key = 0
-    for gi, g in enumerate(groups):
-        idx = np.flatnonzero(candidate & (group_of == g))
+    for gi, g in enumerate(order):
+        idx = cand[by_group[starts[g]:starts[g + 1]]]
         idx = idx[np.argsort(even.step_time_s[idx], kind="stable")]
         pp = int(space.pp[idx[0]])
         refined += idx.size
