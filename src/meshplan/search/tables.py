@@ -73,43 +73,15 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     Many global configurations differ only in pipeline, schedule, replication or recompute
     policy, which one layer's cost does not depend on; this evaluates ~40x fewer rows.
     """
-    first, inverse = distinct_rows([getattr(plans, f) for f in LAYER_KEY_FIELDS])
+    key = np.zeros(len(plans), dtype=np.int64)
+    for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
+        col = getattr(plans, f).astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
     unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
                                                   (first.size,)) for f in fields(LayerCost)})
     return SharedLayerCost(unique=unique, row=inverse.reshape(-1))
-
-
-DENSE_KEYS_PER_ROW = 4
-""":func:`distinct_rows` counts keys in a dense table when it has at most this many entries per
-row (linear time), else sorts them."""
-
-
-def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(one row index per distinct combination of the non-negative integer ``columns``, in the
-    order of the combinations' codes; the combination of each row as an index into the first).
-    Each column is coded by its distinct values (a lookup table: they are small integers), the
-    codes combined in mixed radix; a dense count then replaces ``np.unique``'s sort."""
-    n = columns[0].size if columns else 0
-    codes, size = [], 1
-    for col in columns:
-        col = col.astype(np.int64)
-        present = np.bincount(col, minlength=1) > 0 if n else np.ones(1, dtype=bool)
-        codes.append((np.cumsum(present) - 1)[col])  # value -> rank among the values present
-        size *= int(present.sum())
-    if size >= 2**62:  # the mixed-radix code would overflow
-        _, first, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_index=True, return_inverse=True)
-        return first, inverse.reshape(-1)
-    key = np.zeros(n, dtype=np.int64)
-    for code in codes:
-        key = key * (int(code.max(initial=0)) + 1) + code
-    if size > DENSE_KEYS_PER_ROW * max(n, 1):
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        return first, inverse.reshape(-1)
-    rep = np.full(size, -1, dtype=np.int64)
-    rep[key] = np.arange(n)  # some row of each combination present
-    present = rep >= 0
-    return rep[present], (np.cumsum(present) - 1)[key]
 
 
 def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
