@@ -166,7 +166,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick("stage splits", 0.4)
 
     fronts = [Front(even_front.time_s, even_front.memory_bytes, -1 - even_front.key)]
-    splits: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # point key -> (n, r, config)
+    splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (n, r, config) of keys 0, 1, ...
     refined = 0
     if options.nonuniform_stages:
         refined, scored_splits = _refine(ctx, space, plans, layer, even, even_front, fronts, splits,
@@ -187,6 +187,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         fronts.append(off_front)
         evaluated += scored_off
     front = merge_fronts(*fronts)
+    split_start = np.cumsum([0] + [len(c) for _, _, c in splits])  # first key of each item
     scored = []
     tokens_flops = model_flops_per_token(model, training.seq_len)
     peak = cluster.gpu.peak_flops(training.precision)
@@ -199,7 +200,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         elif k < 0:
             plan = space.plan(-1 - k).with_defaults(model)
         else:
-            n, r, cfg = splits[k]
+            i = int(np.searchsorted(split_start, k, side="right")) - 1
+            j = k - int(split_start[i])
+            n, r, cfg = splits[i][0][j], splits[i][1][j], int(splits[i][2][j])
             layers, rec = chunk_split(n, r, int(space.vpp[cfg]))
             plan = space.plan(cfg, layers, rec)
             if not any(rec):
@@ -373,13 +376,14 @@ def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
 
 def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
             even: EvenCost, even_front: Front, fronts: list[Front],
-            splits: dict[int, tuple[np.ndarray, np.ndarray, int]], *, options: SearchOptions,
+            splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
             refine_slack: float, cap: float, stage_points: int,
             tick: Callable[[str, float], None]) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
-    Appends one Front per group of configurations to ``fronts`` (keys >= 0 index ``splits``) and
-    returns (configurations refined, splits scored).
+    Appends one Front per group of configurations to ``fronts`` (keys >= 0 number the rows of
+    ``splits``, in order: each item holds the per-rank layer and recomputed counts and the
+    configuration of its next rows) and returns (configurations refined, splits scored).
     """
     model = ctx.model
     refined = evaluated = 0
@@ -441,8 +445,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
             exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
                                  _take_layer(sub_layer, pts.config))
             evaluated += pts.config.size
-            for j in range(pts.config.size):
-                splits[next_key + j] = (pts.layers[j], pts.recomputed[j], int(chunk[pts.config[j]]))
+            splits.append((pts.layers, pts.recomputed, chunk[pts.config]))  # keys next_key...
             pts_t.append(exact.step_time_s)
             pts_m.append(exact.peak_memory_bytes)
             pts_k.append(np.arange(next_key, next_key + pts.config.size))

@@ -141,6 +141,12 @@ CAP_SLACK = 1e-6
 above the tolerances the grids compare with, ``_REL``), plus CAP_EXTRA_LAYERS more layers."""
 CAP_EXTRA_LAYERS = 2
 
+TRUNCATE_MIN_LAYER_COUNTS = 40
+"""``stage_frontier``'s default: grids are cut short (:func:`_top`) only when a rank can hold at
+least this many layer counts; on smaller grids the bounds' own passes cost about what they save
+(Llama-2-7B's 32 layers: 0.074 s cut against 0.063 s whole; Llama-3-70B's 80: 0.34 s against
+0.73 s)."""
+
 
 def _top(tbl: StageTable, *, time_limit: np.ndarray | None = None,
          mem_limit: np.ndarray | None = None) -> tuple[int, np.ndarray]:
@@ -342,7 +348,7 @@ def _point(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray, t_last: np.nda
 
 def stage_frontier(tbl: StageTable, max_points: int = 64,
                    keep_going: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
-                   memory_cap_bytes: float = np.inf, truncate: bool = True) -> StagePoints:
+                   memory_cap_bytes: float = np.inf, truncate: bool | None = None) -> StagePoints:
     """Every Pareto point (max rank time, peak rank memory) of each config, fastest first.
 
     ``max_points`` bounds the staircase per config (the fastest points are kept; exact when the
@@ -351,22 +357,26 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     stop configs early:
     given the config rows still walking, the time of their next point and their least possible
     memory, it returns which are still worth walking (e.g. not dominated by known plans).
-    ``truncate`` False evaluates every layer count on every grid (the same points, slower:
-    tests compare the two).
+    ``truncate`` False evaluates every layer count on every grid, True cuts the grids short
+    (the same points: tests compare the two); None cuts them when they are large
+    (TRUNCATE_MIN_LAYER_COUNTS).
     """
     C = tbl.num_configs
     out: list[tuple[np.ndarray, ...]] = []
     if C == 0:
         return _empty_points(tbl.num_ranks)
     inf = np.full(C, np.inf)
+    if truncate is None:
+        v_min = int(tbl.chunk_array().min())
+        truncate = tbl.num_layers - tbl.num_ranks * v_min + 1 >= TRUNCATE_MIN_LAYER_COUNTS
     mem_cap = np.full(C, float(memory_cap_bytes))
     top = _top(tbl, mem_limit=mem_cap)[0] if truncate else None
     t_cur = _min_bottleneck(_time_given_memory(tbl, mem_cap, strict=False, top=top), tbl)
     active = np.isfinite(t_cur)
     m_floor = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
     # The slowest point of the staircase (its leanest): no point of the walk is slower.
-    top = _top(tbl, mem_limit=m_floor)[0] if truncate else None
-    t_last = _min_bottleneck(_time_given_memory(tbl, m_floor, strict=False, top=top), tbl)
+    t_last = (_min_bottleneck(_time_given_memory(tbl, m_floor, strict=False, top=_top(tbl, mem_limit=m_floor)[0]),
+                              tbl) if truncate else inf)
     rows = np.arange(C)
     for _ in range(max_points):
         if not active.any():
