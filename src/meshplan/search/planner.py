@@ -135,8 +135,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            memory_cap_bytes: float | None = None, stage_points: int = STAGE_POINTS_PER_CONFIG,
            progress: Callable[[str, float], None] | None = None, prune: bool = True) -> SearchResult:
     """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring).
-    ``prune`` False scores every configuration in full (:mod:`meshplan.search.prune` drops
-    dominated ones unscored; the frontier is the same: tests compare the two)."""
+    ``prune`` False scores every configuration in full and walks every stage grid whole
+    (:mod:`meshplan.search.prune` drops dominated configurations unscored, ``stage_frontier``
+    cuts its grids short; the frontier is the same: tests compare the two)."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
@@ -158,11 +159,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     plans = space
     layer = shared_layer_cost(ctx, plans)
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune else None,
+    even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune and shrink > 0 else None,
                                   budget_bytes=budget)
     evaluated = len(space) - pruned
-    keys = np.arange(len(space))
-    even_front = Front.of(even.step_time_s, even.peak_memory_bytes, keys)
+    keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
+    even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
     tick("stage splits", 0.4)
 
     fronts = [Front(even_front.time_s, even_front.memory_bytes, -1 - even_front.key)]
@@ -171,7 +172,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     if options.nonuniform_stages:
         refined, scored_splits = _refine(ctx, space, plans, layer, even, even_front, fronts, splits,
                                          options=options, refine_slack=refine_slack, cap=cap,
-                                         stage_points=stage_points, tick=tick)
+                                         stage_points=stage_points, tick=tick, prune=prune)
         evaluated += scored_splits
 
     vocab_space = None
@@ -264,9 +265,7 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, eve
                 even_front: Front, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
     """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
-                              even.step_time_s * shrink, even.peak_memory_bytes * shrink)
-    rows = vocab_rows(candidate, space.pp)
+    rows = vocab_rows(even.candidates(even_front, shrink), space.pp)
     variants, src = _allowed(vocab_variants(space, rows), rows, options)
     if len(variants) == 0:
         return variants, Front.empty(), 0
@@ -312,6 +311,18 @@ class EvenCost:
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray
     host_memory_bytes: np.ndarray
+    exact: np.ndarray | None = None
+    """Rows scored in full; the others hold a lower bound that a scored plan beats even after
+    the refinement test's shrink (:mod:`meshplan.search.prune`). None: every row."""
+
+    def candidates(self, even_front: Front, shrink: float) -> np.ndarray:
+        """Rows whose point, ``shrink`` times faster and leaner, ``even_front`` does not
+        dominate (the refinement test); a bounded row is none (that is why it was not scored)."""
+        rows = np.flatnonzero(self.exact) if self.exact is not None else slice(None)
+        out = np.zeros(self.step_time_s.shape, dtype=bool)
+        out[rows] = ~dominated_by(even_front.time_s, even_front.memory_bytes,
+                                  self.step_time_s[rows] * shrink, self.peak_memory_bytes[rows] * shrink)
+        return out
 
 
 def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, *,
@@ -342,7 +353,7 @@ def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost,
     bound = EvenPoints(step, peak, host, exact=plans.pp == 1)  # one rank: the bound is exact
     pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes)
     return (EvenCost(step_time_s=pts.step_time_s, peak_memory_bytes=pts.peak_memory_bytes,
-                     host_memory_bytes=pts.host_memory_bytes), int(np.count_nonzero(~pts.exact)))
+                     host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
 
 
 def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> BatchEstimate:
@@ -378,7 +389,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
             even: EvenCost, even_front: Front, fronts: list[Front],
             splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
             refine_slack: float, cap: float, stage_points: int,
-            tick: Callable[[str, float], None]) -> tuple[int, int]:
+            tick: Callable[[str, float], None], prune: bool = True) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
     Appends one Front per group of configurations to ``fronts`` (keys >= 0 number the rows of
@@ -388,8 +399,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     model = ctx.model
     refined = evaluated = 0
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
-                              even.step_time_s * shrink, even.peak_memory_bytes * shrink)
+    candidate = even.candidates(even_front, shrink)
     # Policy 'none' is recompute policy 'selective' with zero recomputed layers: refine the
     # recomputing policies only (their frontier contains every no-recompute split).
     none_code = RECOMPUTES.index(Recompute.NONE)
@@ -439,7 +449,8 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
             sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
             alpha = alpha[live]
             pts = stage_frontier(tbl, max_points=stage_points, memory_cap_bytes=cap,
-                                 keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a))
+                                 keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
+                                 truncate=None if prune else False)
             if pts.config.size == 0:
                 continue
             exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
