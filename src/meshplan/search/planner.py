@@ -100,8 +100,8 @@ class SearchResult:
     plans_evaluated: int
     elapsed_s: float
     pruned_configs: int = 0
-    """Global configurations dropped on a lower bound without their full even-split estimate
-    (:mod:`meshplan.search.prune`); not counted in ``plans_evaluated``."""
+    """Global configurations scored by a lower bound only (their first pipeline rank), not in
+    full (:mod:`meshplan.search.prune`); counted in ``plans_evaluated``."""
 
     @property
     def fitting(self) -> tuple[ScoredPlan, ...]:
@@ -161,7 +161,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
     even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune and shrink > 0 else None,
                                   budget_bytes=budget)
-    evaluated = len(space) - pruned
+    evaluated = len(space)
     keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
     even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
     tick("stage splits", 0.4)
