@@ -294,7 +294,7 @@ def _placement_pass(ctx: CostContext, space: PlanArrays, options: SearchOptions)
     variants, src = _allowed(variants, src, options)
     if len(variants) == 0:
         return variants, Front.empty(), 0
-    est = _even_estimate(ctx, variants, shared_layer_cost(ctx, variants))
+    est, _ = _even_estimate(ctx, variants, shared_layer_cost(ctx, variants))
     return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
                               EXPERT_KEY_BASE + np.arange(len(variants))), len(variants)
 
