@@ -23,7 +23,7 @@ def _frontier(res):
 
 
 def _same_search(model, cluster, training):
-    pruned = search(model, cluster, training)
+    pruned = search(model, cluster, training, prune=True)
     full = search(model, cluster, training, prune=False)
     assert _frontier(pruned) == _frontier(full)
     assert pruned.recommended == full.recommended
