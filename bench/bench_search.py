@@ -37,7 +37,7 @@ REPEATS = 3
 others measure interference from other processes)."""
 
 
-def _timed(spec, cluster, training, prune: bool):
+def _timed(spec, cluster, training, prune: bool | None):
     wall, cpu = float("inf"), float("inf")
     for _ in range(REPEATS):
         wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -57,7 +57,7 @@ def run(name: str) -> dict:
     cluster = system_preset(system, num_nodes=nodes)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     full, _, cpu_full = _timed(spec, cluster, training, prune=False)
-    res, wall, cpu = _timed(spec, cluster, training, prune=True)
+    res, wall, cpu = _timed(spec, cluster, training, prune=None)  # search()'s default
     rec = res.recommended
     return {
         "case": f"{model} on {cluster.num_gpus} GPUs, seq {seq}, batch {batch}",
