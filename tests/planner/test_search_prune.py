@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from meshplan.cost.calibration import calibration_for
-from meshplan.search.planner import _even_slice, search
+from meshplan.search.even import even_slice
+from meshplan.search.planner import search
 from meshplan.search.prune import EvenPoints, prunable, settle
 from meshplan.search.frontier import Front
 from meshplan.search.space import enumerate_space
@@ -74,7 +75,7 @@ def test_first_rank_bounds_the_even_split(model, gpus):
     ctx = CostContext(spec, cluster, training, calibration_for(cluster.gpu))
     space = enumerate_space(spec, training, gpus)
     layer = shared_layer_cost(ctx, space).take(slice(None))
-    full, first = _even_slice(ctx, space, layer), _even_slice(ctx, space, layer, first_only=True)
+    full, first = even_slice(ctx, space, layer), even_slice(ctx, space, layer, first_only=True)
     assert np.all(first.step_time_s <= full.step_time_s) and np.all(first.peak_memory_bytes <= full.peak_memory_bytes)
     one = space.pp == 1
     assert one.any() and (~one).any()
