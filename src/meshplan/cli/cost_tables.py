@@ -12,7 +12,9 @@ def time_breakdown_table(est, title: str) -> Table:
     t.add_column("seconds", justify="right")
     t.add_column("share", justify="right")
     tb = est.time
+    osdp = _uses_osdp(est.plan)
     for name, v in (("compute (incl. recompute)", tb.compute_s), ("  of which recompute", tb.recompute_s),
+                    *((("  of which OSDP splits", tb.osdp_compute_s),) if osdp else ()),
                     ("exposed communication", tb.exposed_communication_s), ("pipeline bubble", tb.bubble_s),
                     ("optimizer", tb.optimizer_s)):
         t.add_row(name, f"{v:.3f}", f"{v / est.step_time_s:.1%}")
@@ -26,6 +28,19 @@ def time_breakdown_table(est, title: str) -> Table:
     return t
 
 
+def _uses_osdp(plan) -> bool:
+    return bool(plan.keep_gathered) or plan.mlp_splits > 1 or plan.head_splits > 1
+
+
+def osdp_memory_rows(est) -> list[tuple[str, float]]:
+    """The memory parts OSDP changes, as ``(label, GiB)`` rows under their categories (empty
+    when the plan does not use it)."""
+    if not _uses_osdp(est.plan):
+        return []
+    g = est.memory.osdp_gib()
+    return [("  parameters: kept gathered (OSDP)", g["kept_gathered"]),
+            ("  other: gathered layer buffer", g["gathered_buffer"]),
+            ("  activations: logits at once", g["logits"])]
 def expert_load_table(est, source: str, options, uniform_s: float) -> Table:
     """The expert load on this plan (``Estimate.expert_load``) and, per placement choice
     (cost/expert_gain.py), the busiest rank's load, the drop and the step time; ``uniform_s`` the

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from meshplan.cli.checks import needs, refuse_with, typed_flags
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, err_console, print_json
-from meshplan.cli.cost_tables import expert_load_table, time_breakdown_table
+from meshplan.cli.cost_tables import expert_load_table, osdp_memory_rows, time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
@@ -118,6 +118,8 @@ def _render(est, model_name: str, clus) -> None:
     m.add_column("part")
     m.add_column("GiB", justify="right")
     for k, v in est.memory.gib().items():
+        m.add_row(k, f"{v:.2f}")
+    for k, v in osdp_memory_rows(est):
         m.add_row(k, f"{v:.2f}")
     con.print(m)
     if len(est.stages) > 1:

@@ -38,6 +38,7 @@ from meshplan.runtime.routing_log import RoutingLog
 from meshplan.runtime.schedule import (
     LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
 )
+from meshplan.runtime.osdp import head_loss_context
 from meshplan.runtime.state import full_parameters
 from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
@@ -425,9 +426,10 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
         set_gradient_sync(model, last or plan.zero >= 2)
         with loss_context(plan):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
-                logits = model(x.to(device))
-            loss = token_loss_sum(logits, y.to(device)) / local_tokens
+            with (torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device),
+                  head_loss_context(model, y.to(device))):
+                out = model(x.to(device))  # the loss sum with a chunked LM head (runtime.osdp)
+            loss = (out if out.dim() == 0 else token_loss_sum(out, y.to(device))) / local_tokens
             loss.backward()
         total += replicated_value(loss.detach())
     return total

@@ -175,12 +175,14 @@ def _top(tbl: StageTable, *, time_limit: np.ndarray | None = None,
         return int(np.clip(cap.max(initial=v_min), v_min, n_full))
 
     everyone = np.ones(tbl.num_configs, dtype=bool)
-    t_cap = None if time_limit is None else count(time_limit, tbl.layer_time_s[:, None], tbl.rank_time_s)
+    # (a recompute time b < 0 or a jump < 0 would lower the bounds: taken in, should a table hold one)
+    t_slope = (tbl.layer_time_s + np.minimum(tbl.recompute_time_s, 0.0))[:, None]
+    t_cap = None if time_limit is None else count(time_limit, t_slope, tbl.rank_time_s)
     if mem_limit is None:
         return (n_full if t_cap is None else clip(t_cap)), everyone
     slope = (tbl.layer_static_bytes[:, None]
              + tbl.inflight * np.minimum(tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes)[:, None])
-    m_cap = count(mem_limit, slope, tbl.rank_bytes)
+    m_cap = count(mem_limit, slope, tbl.rank_bytes + np.minimum(tbl.jump(), 0.0)[:, None])
     if t_cap is None:
         return clip(m_cap), everyone
     top = clip(np.minimum(t_cap, m_cap))
