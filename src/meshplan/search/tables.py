@@ -78,7 +78,12 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
         col = getattr(plans, f).astype(np.int64)
         key = key * (int(col.max(initial=0)) + 1) + col
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # Rows that differ only in what the key leaves out (e.g. the recompute policy) are adjacent
+    # in the enumerated space: sort only the first row of each run of equal keys.
+    head = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if key.size else key
+    _, first, run_inverse = np.unique(key[head], return_index=True, return_inverse=True)
+    first = head[first]
+    inverse = np.repeat(run_inverse.reshape(-1), np.diff(np.append(head, key.size)))
     unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
     unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
                                                   (first.size,)) for f in fields(LayerCost)})
