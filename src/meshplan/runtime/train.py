@@ -264,7 +264,7 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
             parallelize_stage=lambda m: parallelize(m, plan, mesh, ep_mesh=ep_mesh),
             init_stage=init_stage, n_microbatches=plan.num_microbatches(training),
         )
-        modules = list(pipe.stage_modules)
+        modules = pipe.model_parts
     else:
         parallelize(model, plan, mesh, ep_mesh=ep_mesh)
         init_stage(model)
