@@ -37,7 +37,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshplan.calib.hwfit import CollectiveOp, fit_matmul_curve
+from meshplan.calib.hwfit import CollectiveOp, fit_matmul_curve, fit_seq_falloff
 from meshplan.calib.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
 from meshplan.cost.calibration import Calibration
 from meshplan.errors import MeshplanError
@@ -76,7 +76,9 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
                     how="same curve: smallest GEMM dimension at half of matmul_efficiency"),
     ]
     attn = [a for a in profile.attention if a.precision == prec]
-    if attn:
+    if _attention_sweep(attn):
+        out += _attention_fit(attn, best, curve.d_half, source)
+    elif attn:
         effs = [a.flops_per_s / (best * a.head_dim / (a.head_dim + curve.d_half)) for a in attn]
         out.append(FittedValue(field="attention_efficiency", value=min(1.0, statistics.median(effs)),
                                source=source, how=f"causal SDPA, median over {len(attn)} shapes"))
@@ -105,6 +107,42 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
                                value=profile.device.framework_baseline_bytes / GIB, source=source,
                                how="resident memory of a torch worker after joining its process group"))
     return tuple(out)
+
+
+ATTENTION_SWEEP_MIN_LENGTHS = 3
+"""Distinct sequence lengths with a measured backward needed to fit the sequence falloff (two
+parameters per pass: at least one more point than unknowns)."""
+
+
+def _attention_sweep(attn) -> bool:
+    return len({a.seq_len for a in attn if a.backward_s > 0}) >= ATTENTION_SWEEP_MIN_LENGTHS
+
+
+def _attention_fit(attn, best: float, half_dim: float, source: str) -> list[FittedValue]:
+    """The causal attention core's forward and backward curves eff_max * S / (S + S_half) (the
+    form of cost/mixers.attention_core_efficiency, relative to peak * H / (H + half_dim)), fitted
+    as 1/eff linear in 1/S weighted to relative time (hwfit.fit_seq_falloff); the backward's
+    efficiency counts twice the forward FLOPs, so
+    attention_backward_ratio = 2 * eff_fwd / eff_bwd at large S."""
+    rows = [a for a in attn if a.backward_s > 0]
+    lens = [a.seq_len for a in rows]
+    rate = [best * a.head_dim / (a.head_dim + half_dim) for a in rows]
+    fwd = fit_seq_falloff(lens, [a.flops_per_s / r for a, r in zip(rows, rate)])
+    # backward efficiency counted at twice the forward FLOPs (the 2x convention)
+    bwd = fit_seq_falloff(lens, [2.0 * a.flops_per_s * a.time_s / a.backward_s / r for a, r in zip(rows, rate)])
+    lengths = ", ".join(str(s) for s in sorted({a.seq_len for a in rows}))
+    how = f"causal SDPA at S = {lengths}: curve fit, max fit error forward {fwd.max_rel_error:.0%}, " \
+          f"backward {bwd.max_rel_error:.0%}"
+    eff_fwd = min(1.0, fwd.eff_max)
+    return [
+        FittedValue(field="attention_efficiency", value=eff_fwd, source=source, how=how),
+        FittedValue(field="attention_half_seq_causal", value=fwd.d_half, source=source,
+                    how="same forward curve: KV length at half of attention_efficiency"),
+        FittedValue(field="attention_backward_ratio", value=2.0 * eff_fwd / bwd.eff_max, source=source,
+                    how="backward curve: 2 x forward efficiency / backward efficiency at large S"),
+        FittedValue(field="attention_backward_half_seq_causal", value=bwd.d_half, source=source,
+                    how="backward curve: KV length at half its large-S efficiency"),
+    ]
 
 
 def _elementwise_fit(profile: HardwareProfile, source: str, hbm_efficiency: float) -> FittedValue:

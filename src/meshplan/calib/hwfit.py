@@ -130,3 +130,27 @@ def fit_matmul_curve(dims: Sequence[tuple[int, int, int]], flops_per_s: Sequence
     pred = eff_max * d / (d + d_half)
     return MatmulCurve(eff_max=eff_max, d_half=d_half,
                        max_rel_error=float(np.max(np.abs(pred - eff) / eff)))
+
+
+def fit_seq_falloff(seq_lens: Sequence[int], efficiencies: Sequence[float]) -> MatmulCurve:
+    """Fit ``eff_max * S / (S + S_half)`` to an attention kernel's efficiency over a sweep of S.
+
+    The same line as the matmul curve (1/eff = 1/eff_max + (S_half/eff_max) / S), but weighted by
+    eff (each row's residual relative to its 1/eff, i.e. to its time): over S = 16..4096 an
+    unweighted fit lets the shortest, slowest calls decide the curve.
+    """
+    s = np.asarray(seq_lens, dtype=float)
+    eff = np.asarray(efficiencies, dtype=float)
+    if s.size < 2 or s.shape != eff.shape:
+        raise MeshplanError("a sequence falloff fit needs at least two lengths")
+    if np.any(eff <= 0) or np.any(s <= 0):
+        raise MeshplanError("attention samples need positive lengths and throughput")
+    y = 1.0 / eff
+    design = np.stack([np.ones_like(s), 1.0 / s], axis=1) / y[:, None]
+    (c0, c1), *_ = np.linalg.lstsq(design, np.ones_like(s), rcond=None)
+    if c0 <= 0:  # degenerate (time grows slower than S^2 over the sweep): flat at the best seen
+        eff_max, s_half = float(eff.max()), 0.0
+    else:
+        eff_max, s_half = float(1.0 / c0), float(max(c1, 0.0) / c0)
+    pred = eff_max * s / (s + s_half)
+    return MatmulCurve(eff_max=eff_max, d_half=s_half, max_rel_error=float(np.max(np.abs(pred - eff) / eff)))

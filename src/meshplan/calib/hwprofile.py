@@ -77,7 +77,8 @@ class MatmulSample:
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionSample:
-    """Causal scaled_dot_product_attention, forward: 2 matmuls of 2*B*N*S*S*H FLOPs, halved by the mask."""
+    """Causal scaled_dot_product_attention, forward: 2 matmuls of 2*B*N*S*S*H FLOPs, halved by the
+    mask; and its backward (forward + backward less the forward)."""
 
     precision: str
     batch: int
@@ -86,6 +87,8 @@ class AttentionSample:
     head_dim: int
     time_s: float
     flops_per_s: float
+    backward_s: float = 0.0
+    """Backward time (dQ, dK, dV); 0: not measured (profiles written before it was)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -123,6 +123,15 @@ class Calibration:
     """The same for a causal mask, whose diagonal tiles are partly wasted and whose early query
     blocks see few keys: FlashAttention-3 causal, head dim 128: ~200 TFLOP/s at 512, ~530 at 4k,
     ~640 at 16k (Shah et al. 2024, Fig. 5)."""
+    attention_backward_ratio: float = 2.0
+    """Backward over forward time of the attention core at large S (at equal efficiency): 2.0, the
+    FLOP ratio the cost model uses for every op (Narayanan et al. 2021 Sec. 5.1). A hardware
+    profile measures it (calib/hwcalib.py: the causal SDPA sweep, forward and backward)."""
+    attention_backward_half_seq: float = 128.0
+    """The backward kernel's own sequence falloff, as attention_half_seq (the same FlashAttention-3
+    figure by default: the backward then costs attention_backward_ratio x the forward at every S)."""
+    attention_backward_half_seq_causal: float = 1024.0
+    """The same for a causal mask, as attention_half_seq_causal (Shah et al. 2024, Fig. 5)."""
     cp_causal_balanced: bool = True
     """Context parallel splits a causal sequence in 2c chunks, rank i holding chunks i and
     2c-1-i, so every rank does the same attention work (Megatron-Core's load-balanced CP, the

@@ -30,7 +30,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
-from meshplan.cost.mixers import mixer_cost
+from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
 from meshplan.cost.packing import DocAttention, doc_attention
@@ -155,22 +155,26 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                             for f in LayerCost.__dataclass_fields__})
     kinds = layer_kind_counts(model)
     docs = packed_documents(model, training, plans, calib)
+    causal = model.arch == Arch.DECODER
+    docs_bwd = docs if attention_half_seq(calib, causal, backward=True) == attention_half_seq(calib, causal) \
+        else packed_documents(model, training, plans, calib, backward=True)
     if len(kinds) == 1:
-        return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs)
-    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs), n / model.num_layers)
+        return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs, docs_bwd)
+    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd), n / model.num_layers)
              for kind, n in kinds]
     return LayerCost(**{f: sum(w * getattr(cost, f) for cost, w in costs)
                         for f in LayerCost.__dataclass_fields__})
 
 
 def packed_documents(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
-                     calib: Calibration) -> DocAttention | None:
+                     calib: Calibration, backward: bool = False) -> DocAttention | None:
     """The attention factors of the training's packed documents (cost/packing.py); None when every
-    sequence is one document. The varlen kernel's half-efficiency length is the attention's."""
+    sequence is one document. The varlen kernel's half-efficiency length is the attention's
+    (``backward``: the backward kernel's)."""
     if training.seq_len_dist is None:
         return None
     causal = model.arch == Arch.DECODER
-    half = calib.attention_half_seq_causal if causal else calib.attention_half_seq
+    half = attention_half_seq(calib, causal, backward)
     return doc_attention(training.seq_len_dist, seq_len=training.seq_len, global_batch=training.global_batch,
                          dp=plans.dp, cp=plans.cp, half_seq=half, causal=causal,
                          balanced=training.doc_balance == DocBalance.BALANCED, buckets=training.cp_buckets,
@@ -179,7 +183,7 @@ def packed_documents(model: ModelSpec, training: TrainingSpec, plans: PlanArrays
 
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration, kind: LayerKind,
-               docs: DocAttention | None = None) -> LayerCost:
+               docs: DocAttention | None = None, docs_bwd: DocAttention | None = None) -> LayerCost:
     gpu = cluster.gpu
     rates = op_rates(cluster, training, calib)  # precision per operation (cost/precision.py)
     peak = rates.linear_flops
@@ -208,7 +212,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- forward math: token mixer, then channel mixer (per GPU shapes) ---------------------
     mix = mixer_cost(model, cluster, kind, plans, calib, seq_len=training.seq_len, peak=peak, hbm=hbm,
-                     ab=ab, gemm_time=linear_time, core_peak=rates.core_flops, docs=docs)
+                     ab=ab, gemm_time=linear_time, core_peak=rates.core_flops, docs=docs, docs_bwd=docs_bwd)
     if moe:
         block = moe_cost(model, cluster, training, plans, calib, T=T, hbm=hbm, ab=ab,
                          bf16_flops=rates.bf16_flops, linear_flops=peak, gemm_time=gemm_time,
@@ -259,9 +263,11 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
     fwd_comm_total = tp_comm + cp_fwd + ep_fwd + framework / 3.0
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
-    bwd_compute = 2.0 * fwd_compute
+    # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
+    # exactly 2 x fwd_compute at the default.
+    bwd_compute = 2.0 * fwd_compute + (mix.core_bwd_s - 2.0 * t_attn)
     tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
-    cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, 2 * t_attn)
+    cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
     rec_sel = t_attn + mix.softmax_bytes / hbm

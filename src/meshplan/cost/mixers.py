@@ -48,6 +48,9 @@ class MixerCost:
     core_s: np.ndarray
     """Forward attention core / SSD scan math (what selective recompute repeats, with the
     softmax pass)."""
+    core_bwd_s: np.ndarray
+    """Backward of the core: Calibration.attention_backward_ratio x the forward at the backward
+    kernel's own sequence falloff (2 x core_s by default; the SSD scan: 2 x)."""
     softmax_bytes: np.ndarray | float
     """HBM bytes of an unfused softmax pass (0 when fused)."""
     kept_bytes: np.ndarray
@@ -61,30 +64,41 @@ class MixerCost:
 
 def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
                calib: Calibration, *, seq_len: int, peak: float, hbm: float, ab: float,
-               gemm_time, core_peak: float | None = None, docs: DocAttention | None = None) -> MixerCost:
+               gemm_time, core_peak: float | None = None, docs: DocAttention | None = None,
+               docs_bwd: DocAttention | None = None) -> MixerCost:
     """``peak`` is the projections' rate, ``core_peak`` the attention core's / scan's (bf16 under
     an fp8 recipe unless fp8 attention: cost/precision.py); ``gemm_time`` costs a projection;
-    ``docs`` the packed documents' attention factors (cost/packing.py), None: full sequences."""
+    ``docs`` the packed documents' attention factors (cost/packing.py), None: full sequences;
+    ``docs_bwd`` the same at the backward kernel's falloff (default: ``docs``)."""
     core_peak = peak if core_peak is None else core_peak
     zero = np.zeros(len(plans.tp))
     if kind.mixer == Mixer.NONE:
-        return MixerCost(zero, zero, 0.0, zero, 0.0, 0.0, 0.0, 0.0)
+        return MixerCost(zero, zero, zero, 0.0, zero, 0.0, 0.0, 0.0, 0.0)
     if kind.mixer == Mixer.MAMBA:
         return _mamba(model, cluster, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time,
                       core_peak=core_peak)
     return _attention(model, cluster, kind, plans, calib, S=float(seq_len), peak=peak, hbm=hbm, ab=ab,
-                      gemm_time=gemm_time, core_peak=core_peak, docs=docs)
+                      gemm_time=gemm_time, core_peak=core_peak, docs=docs,
+                      docs_bwd=docs if docs_bwd is None else docs_bwd)
 
 
-def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causal: bool):
+def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causal: bool, backward: bool = False):
     """Fraction of peak a fused attention kernel reaches: the large-problem efficiency, times the
     head-dim falloff of a GEMM of that inner size, times the sequence falloff s / (s + s_half)
     with the KV length one kernel call sees (causal masks ramp up later; FlashAttention-3
-    curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor."""
+    curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor. ``backward``: the
+    backward kernel's falloff (Calibration.attention_backward_half_seq*)."""
     aligned = calib.unaligned_matmul_factor if head_dim % 8 else 1.0  # model constant
-    half_seq = calib.attention_half_seq_causal if causal else calib.attention_half_seq
+    half_seq = attention_half_seq(calib, causal, backward)
     return (calib.attention_efficiency * head_dim / (head_dim + calib.matmul_half_dim)
             * kv_len / (kv_len + half_seq) * aligned)
+
+
+def attention_half_seq(calib: Calibration, causal: bool, backward: bool = False) -> float:
+    """KV length at which the forward (backward) attention kernel reaches half its efficiency."""
+    if backward:
+        return calib.attention_backward_half_seq_causal if causal else calib.attention_backward_half_seq
+    return calib.attention_half_seq_causal if causal else calib.attention_half_seq
 
 
 def cp_causal_imbalance(calib: Calibration, c, causal: bool):
@@ -98,7 +112,8 @@ def cp_causal_imbalance(calib: Calibration, c, causal: bool):
     return (2.0 * c - 1.0) / c
 
 
-def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time, core_peak, docs=None) -> MixerCost:
+def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time, core_peak, docs=None,
+               docs_bwd=None) -> MixerCost:
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     D = float(model.hidden_size)
@@ -133,9 +148,12 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
         # KV length of one kernel call: ring CP runs c blocks of S/c keys, Ulysses the whole S
         kv_len = np.where(is_ring & (c > 1), np.minimum(s_eff, S / c), s_eff)
         t_core = core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
+        t_bwd = calib.attention_backward_ratio * (
+            core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal, backward=True)))
         softmax_bytes, score_bytes = 0.0, 0.0
     else:  # two batched GEMMs over the full s x s scores + a softmax pass (Megatron masks, not skips)
         t_core = core_flops / causal / (core_peak * gemm_efficiency(calib, S, s_eff, head_dim))
+        t_bwd = calib.attention_backward_ratio * t_core
         scores = plans.micro_batch * heads_local * (S / c) * s_eff
         softmax_bytes = scores * (2.0 + (3.0 if calib.dropout else 0.0)) * ab
         # softmax output (2 B), + dropout mask (1 B) and dropout output: the 5as^2b term
@@ -152,12 +170,14 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
         # Unfused attention masks the full S x S scores and a sliding window caps the work
         # already: both keep the full-sequence time.
         t_core = t_core * docs.core_factor
+        t_bwd = t_bwd * docs_bwd.core_factor
         cp_share = docs.cp_token_share
     else:
         t_core = t_core * cp_causal_imbalance(calib, c, is_causal)
+        t_bwd = t_bwd * cp_causal_imbalance(calib, c, is_causal)
     ring, ulysses = ring * cp_share, ulysses * cp_share
     return MixerCost(
-        gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=softmax_bytes,
+        gemm_s=t_in + t_out, core_s=t_core, core_bwd_s=t_bwd, softmax_bytes=softmax_bytes,
         kept_bytes=kept, score_bytes=score_bytes,
         cp_fwd_s=np.where(is_ring, ring, ulysses), cp_bwd_s=np.where(is_ring, 2 * ring, ulysses),
         cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0))
@@ -182,6 +202,6 @@ def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time, core_peak) -
     # head-sharded before the conv and scan, and of y back, whatever cp_method the attention uses.
     cp_link = comms.group_link(cluster, calib, plans.cp, plans.tp)
     a2a = comms.all_to_all_time(T * (mamba_in_proj_width(model) + di) / t * ab, c, cp_link)
-    return MixerCost(gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=0.0, kept_bytes=kept,
+    return MixerCost(gemm_s=t_in + t_out, core_s=t_core, core_bwd_s=2.0 * t_core, softmax_bytes=0.0, kept_bytes=kept,
                      score_bytes=0.0, cp_fwd_s=a2a, cp_bwd_s=a2a, cp_overlap=0.0)
 

@@ -49,7 +49,10 @@ def sweep_plan(device: torch.device, quick: bool) -> SweepPlan:
     squares = (64, 128, 256, 512, 1024) if quick else (32, 64, 128, 256, 512, 1024, 1536, 2048)
     rect = ((2048, 256, 1024), (512, 2048, 512), (4096, 128, 128)) if quick else \
         ((2048, 256, 1024), (512, 2048, 512), (4096, 128, 128), (4096, 512, 2048), (8192, 64, 256))
-    attn = ((1, 4, 256, 32), (1, 8, 512, 64)) if quick else ((1, 4, 256, 32), (1, 8, 512, 64), (2, 8, 1024, 64))
+    # Causal attention over a sweep of S, also the lengths of packed documents (one SDPA call
+    # per document): the forward's and the backward's falloff with S (calib/hwcalib.py).
+    seqs = (16, 64, 256, 1024, 2048) if quick else (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    attn = tuple((1, 8, s, 32) for s in seqs) + ((1, 8, 512, 64),)
     return SweepPlan(precisions=("fp32",), matmul_shapes=tuple((d, d, d) for d in squares) + rect,
                      attention_shapes=attn,
                      bandwidth_bytes=(1 << 25,) if quick else (1 << 25, 1 << 27, 1 << 28),
@@ -101,12 +104,27 @@ def bench_matmuls(device: torch.device, precision: str, shapes, budget_s: float,
 
 def bench_attention(device: torch.device, precision: str, batch: int, heads: int, seq_len: int,
                     head_dim: int, budget_s: float) -> AttentionSample:
+    """Causal SDPA forward, and forward + backward (dQ, dK, dV of a unit output gradient): the
+    backward is their difference, both the median of 5 repeats (half the budget each)."""
     dtype = _DTYPES.get(precision, torch.bfloat16)
-    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype) for _ in range(3))
-    t = _timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), device, budget_s)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    grad = torch.ones(batch, heads, seq_len, head_dim, device=device, dtype=dtype)
+
+    def forward() -> None:
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def forward_backward() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    t = _timed(forward, device, budget_s / 2)
+    t_both = _timed(forward_backward, device, budget_s / 2)
     flops = 2 * 2.0 * batch * heads * seq_len * seq_len * head_dim / 2
     return AttentionSample(precision=precision, batch=batch, heads=heads, seq_len=seq_len,
-                           head_dim=head_dim, time_s=t, flops_per_s=flops / t)
+                           head_dim=head_dim, time_s=t, flops_per_s=flops / t,
+                           backward_s=max(t_both - t, 0.0))
 
 
 def bench_bandwidth(device: torch.device, op: str, nbytes: int, budget_s: float) -> BandwidthSample:
