@@ -81,6 +81,12 @@ def run_profile(out: Path) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=_env())
 
 
+def keep_profile(profile: Path, folder: Path) -> None:
+    """A copy of a round's profile (its name: profile-<round>.json) kept after the bench."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / profile.name).write_text(profile.read_text())
+
+
 def run_train(job: Job, work: Path, steps: int) -> tuple[list[float], float, str]:
     """(step times, peak resident GiB, error text) of a real ``meshplan train`` run."""
     job_path, log_path = work / "job.json", work / "log.jsonl"
@@ -115,6 +121,7 @@ def main() -> None:
                          "(spreads a shared host's slow spells over all plans).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     ap.add_argument("--save-profile", help="Keep the profile the first round measured at this path.")
+    ap.add_argument("--keep-profiles", help="Copy every round's profile into this folder (profile-<round>.json).")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,6 +140,8 @@ def main() -> None:
                 con.print(f"round {r + 1}: profiled the CPU in {time.monotonic() - t0:.0f} s")
                 if args.save_profile and r == 0:
                     Path(args.save_profile).write_text(Path(profile).read_text())
+                if args.keep_profiles:
+                    keep_profile(Path(profile), Path(args.keep_profiles))
             for case in chosen:
                 t0 = time.monotonic()
                 times, peak, err = run_train(make_job(case.plan), work, args.steps)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench_predict_cpu import run_profile, run_train  # noqa: E402
+from bench_predict_cpu import keep_profile, run_profile, run_train  # noqa: E402
 from meshplan.calib.predict import compare, predict, warmup_steps  # noqa: E402
 from meshplan.plan import Job, ParallelDims, Plan  # noqa: E402
 from meshplan.spec.cluster import system_preset  # noqa: E402
@@ -92,6 +92,7 @@ def main() -> None:
                     help="Rounds: each profiles the CPU, then runs every case; measured = median over rounds.")
     ap.add_argument("--only", help="Comma-separated distributions to run (and the full sequences).")
     ap.add_argument("--json", action="store_true", help="Print the rows as JSON.")
+    ap.add_argument("--keep-profiles", help="Copy every round's profile into this folder (profile-<round>.json).")
     args = ap.parse_args()
     con = Console(stderr=True, highlight=False)
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,6 +114,8 @@ def main() -> None:
                 t0 = time.monotonic()
                 run_profile(Path(profile))
                 con.print(f"round {r + 1}: profiled the CPU in {time.monotonic() - t0:.0f} s")
+                if args.keep_profiles:
+                    keep_profile(Path(profile), Path(args.keep_profiles))
             for i, (name, dist, balance) in enumerate(cases):
                 job = make_job(dist, balance)
                 t0 = time.monotonic()

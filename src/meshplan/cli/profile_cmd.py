@@ -78,8 +78,9 @@ def _render(p, out: Path | None) -> None:
     for prec, v in sorted(p.peak_flops.items()):
         t.add_row(f"best matmul {prec}", f"{v / 1e12:.3f} TFLOP/s")
     for a in p.attention:
+        bwd = f", backward {a.backward_s / a.time_s:.2f}x" if a.backward_s > 0 else ""
         t.add_row(f"causal SDPA {a.precision} B={a.batch} N={a.heads} S={a.seq_len} H={a.head_dim}",
-                  f"{a.flops_per_s / 1e12:.3f} TFLOP/s")
+                  f"{a.flops_per_s / 1e12:.3f} TFLOP/s{bwd}")
     t.add_row("memory bandwidth (best)", f"{p.device.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
     t.add_row("memory capacity", f"{p.device.memory_gib:.1f} GiB")
     t.add_row("framework baseline (worker RSS)", f"{p.device.framework_baseline_bytes / 2**20:.0f} MiB")
