@@ -48,7 +48,10 @@ def test_profile_quick_writes_a_valid_profile(tmp_path):
 
     fitted = {f.field for f in calibration_from_profile(out, Precision.FP32)[1]}
     assert {"tp_layer_overhead_s", "dp_layer_overhead_s", "fsdp_layer_overhead_s", "cp_layer_overhead_s",
-            "elementwise_time_factor"} <= fitted
+            "elementwise_time_factor", "attention_backward_ratio", "attention_backward_half_seq_causal",
+            "attention_half_seq_causal"} <= fitted
+    # causal SDPA forward and backward over a sweep of S (the lengths of packed documents too)
+    assert len({a.seq_len for a in p.attention if a.backward_s > 0}) >= 3
     assert p.device.elementwise_probe_s > 0
     c = apply_profile_data(system_preset("cpu").with_gpus(2), load_profile(out))
     assert c.intra_node_bandwidth_bytes_per_s == p.link_bandwidth_bytes_per_s
