@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import statistics
 import sys
 import time
@@ -45,6 +46,7 @@ SRC = ROOT / "src" / "meshplan"
 CACHE = ROOT / "bench" / "results" / "experts_cache.json"
 DOC = ROOT / "docs" / "experts.md"
 HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan.py")
+log = logging.getLogger("bench_experts")
 LARGE_GAIN = 1.15
 """Ratios above this get their terms listed (the issue's threshold)."""
 TOP_TERMS = 3
@@ -185,14 +187,17 @@ def run_all(sample: int | None, workers: int) -> tuple[list[Row], list[tuple[str
             else:
                 todo.append((csv, tuple(r.row_id for r in group)))
     cpu_s = 0.0
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
-        for done, skip, spent in pool.map(_job, todo):
+        for n, (done, skip, spent) in enumerate(pool.map(_job, todo), 1):
             rows += done
             skipped += skip
             cpu_s += spent
             cache.update({f"{r.csv}:{r.row_id}:{r.published}:{r.gpus}": r.__dict__ for r in done})
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    CACHE.write_text(json.dumps({"source_hash": key, "rows": cache}, indent=1))
+            # written after every job, so an interrupted run resumes where it stopped
+            CACHE.write_text(json.dumps({"source_hash": key, "rows": cache}, indent=1))
+            log.info("job %d/%d searched (%.1f s CPU, %.0f s wall so far)", n, len(todo), spent,
+                     time.perf_counter() - start)
     stats = dict(wall_s=time.perf_counter() - start, cpu_s=cpu_s, jobs=jobs_total, searched=len(todo),
                  workers=workers)
     return rows, skipped, stats
@@ -363,10 +368,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", type=Path, default=DOC)
     ap.add_argument("--workers", type=int, default=1, help="Processes searching jobs in parallel.")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows, skipped, stats = run_all(args.sample, args.workers)
     args.out.write_text(render(rows, skipped, stats, args.sample))
     ratios = [r.ratio for r in rows if r.ratio is not None]
-    print(f"{len(rows)} rows, ratio {_quantiles(ratios)}; wrote {args.out} in {stats['wall_s']:.0f} s")
+    log.info(f"{len(rows)} rows, ratio {_quantiles(ratios)}; wrote {args.out} in {stats['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
