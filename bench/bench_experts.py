@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from meshplan.calib.validate import Run, load_runs, predicted_metric, setting_ca
 from meshplan.cost import estimate
 from meshplan.data.published import PUBLISHED_RUNS, runs_csv
 from meshplan.errors import MeshplanError
+from meshplan.plan import Recompute
 from meshplan.report.attribution import attribute
 from meshplan.cost.calibration import gpu_family
 from meshplan.search.planner import search
@@ -265,9 +266,40 @@ def recompute_pairs() -> list[tuple[str, str, str, float, float, float, float]]:
     return out
 
 
+def peak_without_recompute_gib(row: Row) -> float:
+    """Peak memory of the row's published layout with no recompute (the stack's other features
+    unchanged): what the published run would have needed had it not recomputed."""
+    run = _runs_by_id(row.csv)[row.row_id]
+    plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=())
+    return estimate(run.model, run.cluster, run.training, plan, setting_calibration(run, None, run.settings)).peak_memory_gib
+
+
+def _measured_step_of(run: Run) -> float | None:
+    est = estimate(run.model, run.cluster, run.training, run.plan, setting_calibration(run, None, run.settings))
+    return measured_step_s(run, est.step_time_s)
+
+
+def measured_sibling_ratio(row: Row) -> str:
+    """This run's measured step over the fastest measured run of the same job (model, GPU, GPU
+    count, sequence, batch) with another layout in the same CSV: a gain the data itself shows."""
+    runs = _runs_by_id(row.csv)
+    me = runs[row.row_id]
+    job = lambda r: (r.model.name, r.cluster.gpu.name, r.cluster.num_gpus, r.training.seq_len,  # noqa: E731
+                     r.training.global_batch, r.training.precision)
+    sibs = [r for r in runs.values() if job(r) == job(me) and r.plan.notation() != me.plan.notation()]
+    mine = _measured_step_of(me)
+    best = min(((s, r) for r in sibs if (s := _measured_step_of(r)) is not None), default=None,
+               key=lambda sr: sr[0])
+    if mine is None or best is None:
+        return "-"
+    return f"{mine / best[0]:.2f} (row {best[1].row_id})"
+
+
 def _recompute_section(big: list[Row]) -> list[str]:
     by_rc = [r for r in big if min(r.term_deltas.items(), key=lambda kv: kv[1])[0] == "recompute"]
     old = [r for r in by_rc if r.old_stack]
+    needed = sorted(peak_without_recompute_gib(r) / r.budget_gib for r in old)
+    forced = [x for x in needed if x > 1]
     csvs = sorted({r.csv for r in by_rc})
     heads = sorted((r.budget_gib - r.recommended_gib) / r.budget_gib for r in by_rc if r.recommended_gib)
     out = ["", "## Gains from dropping recompute", "",
@@ -275,7 +307,10 @@ def _recompute_section(big: list[Row]) -> list[str]:
            f"the {', '.join(csvs) or '-'} set; {len(old)} of them are runs of a stack older than Megatron-LM v3.0 "
            "(full recompute, no sequence parallel, unfused attention: Megatron-LM 2020-22 and BigScience's "
            "Megatron-DeepSpeed), which had neither selective recompute nor sequence parallel, the two features "
-           "the recommended plans use instead. The recommended plans keep "
+           "the recommended plans use instead. On that stack the published layout without recompute would "
+           f"need more memory than the budget in {len(forced)} of those {len(old)} runs"
+           + (f" ({forced[0]:.2f}x to {forced[-1]:.2f}x the budget)" if forced else "")
+           + ": full recompute was what made the layout fit, not a conservative choice. The recommended plans keep "
            + (f"{heads[0]:.1%} to {heads[-1]:.1%} (median {statistics.median(heads):.1%}) of the memory budget free"
               if heads else "-")
            + " at the model's peak, i.e. at least the p90 memory error of `validate` on top of it "
@@ -311,17 +346,20 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
            "the model claims the search's plan is faster. The model's own throughput error "
            "(`meshplan validate`) bounds how much of a ratio is real.", ""]
     ratios = [r.ratio for r in rows if r.ratio is not None]
-    out += ["## Distribution", "", "| set | rows | ratio | nominal ratio (fastest that fits) | > 1.15 | < 1 (published faster) | outside the space |",
-            "|---|---:|---|---|---:|---:|---:|"]
+    out += ["## Distribution", "", "| set | rows | ratio | nominal ratio (fastest that fits) | > 1.15 | < 1 (published faster) "
+            "| outside the space | published over the budget (model) |",
+            "|---|---:|---|---|---:|---:|---:|---:|"]
     for csv in PUBLISHED_RUNS:
         sub = [r for r in rows if r.csv == csv]
         rs = [r.ratio for r in sub if r.ratio is not None]
         nom = [r.nominal_ratio for r in sub if r.nominal_ratio is not None]
         out.append(f"| {csv} | {len(sub)} | {_quantiles(rs)} | {_quantiles(nom)} | {sum(x > LARGE_GAIN for x in rs)} | "
-                   f"{sum(x < 1 - 1e-9 for x in rs)} | {sum(r.outside is not None for r in sub)} |")
+                   f"{sum(x < 1 - 1e-9 for x in rs)} | {sum(r.outside is not None for r in sub)} | "
+                   f"{sum(not r.published_fits for r in sub)} |")
     noms = [r.nominal_ratio for r in rows if r.nominal_ratio is not None]
     out.append(f"| all | {len(rows)} | {_quantiles(ratios)} | {_quantiles(noms)} | {sum(x > LARGE_GAIN for x in ratios)} | "
-               f"{sum(x < 1 - 1e-9 for x in ratios)} | {sum(r.outside is not None for r in rows)} |")
+               f"{sum(x < 1 - 1e-9 for x in ratios)} | {sum(r.outside is not None for r in rows)} | "
+               f"{sum(not r.published_fits for r in rows)} |")
     big = sorted((r for r in rows if r.ratio is not None and r.ratio > LARGE_GAIN), key=lambda r: -r.ratio)
     tally: dict[str, float] = {}
     for r in big:
@@ -338,13 +376,16 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
     for term, s in sorted(tally.items(), key=lambda kv: -kv[1]):
         out.append(f"| {term} | {s:.2f} | {firsts.get(term, 0)} |")
     out += ["", f"## Ratios above {LARGE_GAIN}", "",
-            "| set | row | model | GPUs | seq x batch | published | recommended | GiB / budget | ratio | largest savings |",
-            "|---|---|---|---:|---|---|---|---:|---:|---|"]
+            "The last column: where the data holds another measured run of the same job with another layout, this "
+            "run's measured step over the fastest such run (a gain the measurements themselves show).", "",
+            "| set | row | model | GPUs | seq x batch | published | recommended | GiB / budget | ratio | largest savings "
+            "| measured: this / fastest of the same job |",
+            "|---|---|---|---:|---|---|---|---:|---:|---|---|"]
     for r in big:
         out.append(f"| {r.csv} | {r.row_id} | {r.model} | {r.gpus} x {r.gpu} | {r.seq} x {r.batch} | "
                    f"`{r.published}`{'' if r.published_fits else ' (over budget)'} | `{r.recommended}` | "
                    f"{r.recommended_gib:.1f} / {r.budget_gib:.1f} | "
-                   f"{r.ratio:.2f} | {r.terms} |")
+                   f"{r.ratio:.2f} | {r.terms} | {measured_sibling_ratio(r)} |")
     out += _recompute_section(big)
     outside = [r for r in rows if r.outside is not None]
     out += ["", "## Published plans outside the search space", "",
