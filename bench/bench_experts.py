@@ -8,12 +8,15 @@ Megatron-Core layouts) and estimate both plans with the same calibration as ``me
 claims 34% faster"); for every ratio above 1.15 the terms that make the difference
 (``meshplan.report.attribution``). Writes docs/experts.md.
 
-    PYTHONPATH=src python bench/bench_experts.py              # all rows (cached, see CACHE)
-    PYTHONPATH=src python bench/bench_experts.py --sample 40  # every k-th row, for a quick look
+    PYTHONPATH=src python bench/bench_experts.py               # all rows (cached, see CACHE)
+    PYTHONPATH=src python bench/bench_experts.py --workers 2   # two processes search jobs
+    PYTHONPATH=src python bench/bench_experts.py --sample 40   # every k-th row, for a quick look
 
-Searches are cached in bench/results/experts_cache.json under a hash of the planner's source
-(cost/, search/, spec/, calib/, targets.py, plan.py), so an unchanged model re-runs in seconds
-and any change to it re-runs every search.
+Rows of one job (same model, cluster, training and calibration: 417 rows are 155 jobs) share one
+search. Results are cached in bench/results/experts_cache.json under a hash of the planner's
+source (cost/, search/, spec/, calib/, targets.py, plan.py), written after every job, so an
+unchanged model re-renders in seconds, an interrupted run resumes, and any change to the model
+re-runs every search (about 20 CPU minutes for all rows).
 """
 
 from __future__ import annotations
