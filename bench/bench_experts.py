@@ -390,6 +390,17 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
                    f"{r.recommended_gib:.1f} / {r.budget_gib:.1f} | "
                    f"{r.ratio:.2f} | {r.terms} | {measured_sibling_ratio(r)} |")
     out += _recompute_section(big)
+    over = [r for r in rows if r.csv == "megatron-bridge" and not r.published_fits]
+    if over:
+        fams: dict[str, int] = {}
+        for r in over:
+            fams[r.model] = fams.get(r.model, 0) + 1
+        out += ["", f"{len(over)} published Megatron-Bridge plans ran although the model puts them over the budget "
+                "(" + ", ".join(f"{m} {n}" for m, n in sorted(fams.items(), key=lambda kv: -kv[1])) + "): there the "
+                "memory model over-counts (MoE dispatch buffers, fp8 copies, allocator reserve) or the recipe "
+                "recomputes modules that the data's blank recompute column does not state. On those jobs the search "
+                "holds its plans to a stricter memory limit than the experts had, so their ratios are not gains from "
+                "dropping recompute, and a plan the search rejects there may well have fit."]
     outside = [r for r in rows if r.outside is not None]
     out += ["", "## Published plans outside the search space", "",
             "The search cannot propose these layouts (the rule of `search/space.py` each one breaks):", "",
