@@ -2,14 +2,15 @@
 
     PYTHONPATH=src python bench/bench_memory_techniques.py          # table
     PYTHONPATH=src python bench/bench_memory_techniques.py --json   # the same as JSON
+    PYTHONPATH=src python bench/bench_memory_techniques.py 8b-8xh100-32k   # some jobs only
 
 For each job the search runs twice, with the technique searched and without it; the table gives
 both recommended plans (fastest within the default budget), the least GPU memory either frontier
 reaches, and the frontier points only the technique makes possible (points of the frontier with
 it that the frontier without it does not dominate). "Without" searches with every technique of
 this bench off; "with" turns that one on. Techniques: offload (meshplan.cost.offload),
-vocabulary parallelism over pipeline ranks (meshplan.cost.vocab). OSDP per-operator sharding is
-not in the cost model yet (issue 17).
+vocabulary parallelism over pipeline ranks (meshplan.cost.vocab), OSDP's per-operator-group
+sharding and operator splitting (meshplan.cost.osdp).
 """
 
 from __future__ import annotations
@@ -51,11 +52,16 @@ CASES = (
     Case("70b-64xh100", "llama3-70b", "dgx-h100", 8, 8192, 256, "128K vocabulary, pipelined"),
     Case("qwen72b-64xh100", "qwen2.5-72b", "dgx-h100", 8, 8192, 256, "152K vocabulary, pipelined"),
     Case("gptoss120b-32xh100", "gpt-oss-120b", "dgx-h100", 4, 8192, 256, "201K vocabulary, MoE, 36 layers"),
+    Case("8b-8xh100-128k", "llama3-8b", "dgx-h100", 1, 131072, 8,
+         "Llama-3-8B at 128K tokens on one node: the 128K-vocabulary logits of a sequence take ~64 GiB"),
+    Case("13b-8xa100", "llama2-13b", "dgx-a100", 1, 4096, 64,
+         "Llama-2-13B on one DGX A100 (80 GB): ZeRO-3 gathers on the A100's NVLink are exposed"),
 )
 
-BASE = SearchOptions(offloads=(), vocab_parallel=False)
+BASE = SearchOptions(offloads=(), vocab_parallel=False, osdp=False)
 TECHNIQUES = {"offload": replace(BASE, offloads=OFFLOAD_CHOICES),
-              "vocab-parallel": replace(BASE, vocab_parallel=True)}
+              "vocab-parallel": replace(BASE, vocab_parallel=True),
+              "osdp": replace(BASE, osdp=True)}
 """name -> search options with only that technique on (BASE: none)."""
 
 
@@ -102,7 +108,8 @@ def _fmt(pt) -> str:
 
 
 def main(argv: list[str]) -> None:
-    results = [run_case(c) for c in CASES]
+    names = [a for a in argv if not a.startswith("--")]
+    results = [run_case(c) for c in CASES if not names or c.name in names]
     if "--json" in argv:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
         return

@@ -147,6 +147,18 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          lambda p, model, tr: ("activation offload with pipeline parallel is not supported by this runtime "
                                "(torch's pipeline schedules run the stage forwards outside its save_on_cpu "
                                "hooks); use pp=1")),
+    # OSDP (runtime.osdp): MLP slices and the chunked LM head are built on whole (unsplit) tensors
+    Rule(lambda c, model, tr: (np.asarray(c.mlp_splits) > 1) & (c.tp > 1),
+         lambda p, model, tr: (f"mlp_splits={p.mlp_splits} with tp={p.dims.tp} is not supported by this runtime "
+                               "(its MLP slices are not tensor parallel); use tp=1 or mlp_splits=1")),
+    Rule(lambda c, model, tr: (np.asarray(c.head_splits) > 1) & ((c.tp > 1) | (c.pp > 1)),
+         lambda p, model, tr: (f"head_splits={p.head_splits} with tp={p.dims.tp}, pp={p.dims.pp} is not supported "
+                               "by this runtime (its chunked LM head and loss run on whole logits rows, outside "
+                               "the pipeline's loss function); use tp=1 and pp=1, or head_splits=1")),
+    Rule(lambda c, model, tr: np.asarray(c.expert_balanced, dtype=bool) | (np.asarray(c.expert_replicas) > 0),
+         lambda p, model, tr: ("placing experts by their load and replicating hot experts is planner-only: this "
+                               "runtime holds experts [r*E/ep, (r+1)*E/ep) on ep rank r; plan with "
+                               "--expert-placement contiguous --expert-replicas 0 (its routing log shows the load)")),
     Rule(lambda c, model, tr: np.asarray(c.etp) != np.asarray(c.tp),
          lambda p, model, tr: (f"expert tensor parallel etp={p.dims.etp} different from tp={p.dims.tp} is not "
                                "supported by this runtime (planner and Megatron export only); use etp=0 (as tp)")),

@@ -81,6 +81,12 @@ class SearchOptions:
     empty: no offload. Tried only on clusters that describe their host side."""
     vocab_parallel: bool = True
     """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
+    osdp: bool = True
+    """Try OSDP's groups kept gathered and operator splits on zero-3 configurations
+    (``meshplan.search.osdp``)."""
+    expert_placement: bool = True
+    """Try balanced expert placement and hot-expert replicas when the training describes its
+    expert load (``meshplan.search.expert_load``)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -219,6 +225,10 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
     c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
     c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
+    c["keep"], c["mlp_splits"], c["head_splits"] = (np.full(c["tp"].shape, v, dtype=np.int64)
+                                                    for v in (0, 1, 1))  # variants: meshplan.search.osdp
+    c["expert_balanced"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.expert_load
+    c["expert_replicas"] = np.zeros_like(c["tp"])
     space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
