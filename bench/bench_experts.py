@@ -208,6 +208,18 @@ def run_all(sample: int | None, workers: int) -> tuple[list[Row], list[tuple[str
     return rows, skipped, stats
 
 
+def render_cached() -> tuple[list[Row], list[tuple[str, str, str]], dict]:
+    """The cached rows as they are (``--render-only``), with the rows the CSVs cannot build."""
+    data = json.loads(CACHE.read_text())
+    rows = [Row(**v) for v in data["rows"].values()]
+    skipped = [(csv, s.row_id, s.reason) for csv in PUBLISHED_RUNS for s in load_runs(runs_csv(csv))[1]]
+    stale = data["source_hash"] != source_hash()
+    jobs = {job_key(r, setting_calibration(r, None, r.settings)) for csv in PUBLISHED_RUNS
+            for r in load_runs(runs_csv(csv))[0]}
+    return rows, skipped, dict(wall_s=0.0, cpu_s=0.0, jobs=len(jobs),
+                               searched=0, workers=0, stale=stale)
+
+
 class _Serial:
     """``ProcessPoolExecutor``'s ``map`` in this process (``--workers 1``)."""
 
@@ -278,12 +290,19 @@ def peak_without_recompute_gib(row: Row) -> float:
     return estimate(run.model, run.cluster, run.training, plan, setting_calibration(run, None, run.settings)).peak_memory_gib
 
 
-def _measured_step_of(run: Run) -> float | None:
+def _steps_of(run: Run) -> tuple[float, float | None]:
+    """(model step time, measured step time) of a published run."""
     est = estimate(run.model, run.cluster, run.training, run.plan, setting_calibration(run, None, run.settings))
-    return measured_step_s(run, est.step_time_s)
+    return est.step_time_s, measured_step_s(run, est.step_time_s)
 
 
 def measured_sibling_ratio(row: Row) -> str:
+    """``measured_sibling`` as a table cell."""
+    sib = measured_sibling(row)
+    return "-" if sib is None else f"{sib[0]:.2f} (row {sib[1]}; model {sib[2]:.2f})"
+
+
+def measured_sibling(row: Row) -> tuple[float, str, float] | None:
     """This run's measured step over the fastest measured run of the same job (model, GPU, GPU
     count, sequence, batch) with another layout in the same CSV: a gain the data itself shows."""
     runs = _runs_by_id(row.csv)
@@ -291,12 +310,13 @@ def measured_sibling_ratio(row: Row) -> str:
     job = lambda r: (r.model.name, r.cluster.gpu.name, r.cluster.num_gpus, r.training.seq_len,  # noqa: E731
                      r.training.global_batch, r.training.precision)
     sibs = [r for r in runs.values() if job(r) == job(me) and r.plan.notation() != me.plan.notation()]
-    mine = _measured_step_of(me)
-    best = min(((s, r) for r in sibs if (s := _measured_step_of(r)) is not None), default=None,
-               key=lambda sr: sr[0])
+    est_mine, mine = _steps_of(me)
+    measured = [(_steps_of(r), r) for r in sibs]
+    best = min(((st, r) for st, r in measured if st[1] is not None), default=None, key=lambda sr: sr[0][1])
     if mine is None or best is None:
-        return "-"
-    return f"{mine / best[0]:.2f} (row {best[1].row_id})"
+        return None
+    (est_best, meas_best), r = best
+    return mine / meas_best, r.row_id, est_mine / est_best
 
 
 def _recompute_section(big: list[Row]) -> list[str]:
@@ -383,13 +403,21 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
             "The last column: where the data holds another measured run of the same job with another layout, this "
             "run's measured step over the fastest such run (a gain the measurements themselves show).", "",
             "| set | row | model | GPUs | seq x batch | published | recommended | GiB / budget | ratio | largest savings "
-            "| measured: this / fastest of the same job |",
+            "| measured: this / fastest other layout of the same job (model's ratio) |",
             "|---|---|---|---:|---|---|---|---:|---:|---|---|"]
     for r in big:
         out.append(f"| {r.csv} | {r.row_id} | {r.model} | {r.gpus} x {r.gpu} | {r.seq} x {r.batch} | "
                    f"`{r.published}`{'' if r.published_fits else ' (over budget)'} | `{r.recommended}` | "
                    f"{r.recommended_gib:.1f} / {r.budget_gib:.1f} | "
                    f"{r.ratio:.2f} | {r.terms} | {measured_sibling_ratio(r)} |")
+    shown = [(r, sib) for r in big if (sib := measured_sibling(r)) is not None]
+    against = [(r, sib) for r, sib in shown if (sib[0] < 1) != (sib[2] < 1) and abs(sib[2] - sib[0]) > LARGE_GAIN - 1]
+    out += ["", f"{len(shown)} of the {len(big)} large gains have another measured run of the same job in the data. "
+            f"In {len(against)} of them the model ranks the two measured layouts the other way round from the "
+            f"measurements, by more than {LARGE_GAIN - 1:.0%}: a term of the model is wrong for that job, and the "
+            "row's ratio is not to be trusted: "
+            + (", ".join(f"{r.csv} {r.row_id} ({r.model}, ratio {r.ratio:.2f}; against row {sib[1]}: measured "
+                         f"{sib[0]:.2f}, model {sib[2]:.2f})" for r, sib in against) or "none") + "."]
     out += _recompute_section(big)
     over = [r for r in rows if r.csv == "megatron-bridge" and not r.published_fits]
     if over:
@@ -412,6 +440,9 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
         out += ["", "## Not compared", "", "| set | row | why |", "|---|---|---|"]
         out += [f"| {r.csv} | {r.row_id} | {r.terms} |" for r in nothing]
         out += [f"| {c} | {i} | {why} |" for c, i, why in skipped]
+    if stats.get("stale"):
+        out += ["", "Rendered with `--render-only` from searches cached on an earlier state of the planner's source "
+                "(a plain run re-runs them)."]
     out += ["", f"Run time: {stats['wall_s']:.0f} s wall, {stats['cpu_s']:.0f} s CPU in searches, {stats['workers']} "
             f"worker(s); {len(rows)} rows in {stats['jobs']} distinct jobs (one search per job), "
             f"{stats['searched']} searched this time (the rest cached)."]
@@ -423,9 +454,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--sample", type=int, default=None, help="About this many rows per CSV (every k-th).")
     ap.add_argument("--out", type=Path, default=DOC)
     ap.add_argument("--workers", type=int, default=1, help="Processes searching jobs in parallel.")
+    ap.add_argument("--render-only", action="store_true",
+                    help="Re-render the cached rows whatever source they were computed on (no search).")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows, skipped, stats = run_all(args.sample, args.workers)
+    rows, skipped, stats = render_cached() if args.render_only else run_all(args.sample, args.workers)
     args.out.write_text(render(rows, skipped, stats, args.sample))
     ratios = [r.ratio for r in rows if r.ratio is not None]
     log.info(f"{len(rows)} rows, ratio {_quantiles(ratios)}; wrote {args.out} in {stats['wall_s']:.0f} s")
