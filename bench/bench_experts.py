@@ -31,16 +31,21 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
-from meshplan.calib.validate import Run, load_runs, predicted_metric, setting_calibration
+from meshplan.calib.validate import (
+    Run,
+    load_runs,
+    predicted_metric,
+    setting_calibration,
+)
 from meshplan.cost import estimate
+from meshplan.cost.calibration import gpu_family
 from meshplan.data.published import PUBLISHED_RUNS, runs_csv
 from meshplan.errors import MeshplanError
 from meshplan.plan import Recompute
 from meshplan.report.attribution import attribute
-from meshplan.cost.calibration import gpu_family
 from meshplan.search.planner import search
 from meshplan.search.robust import model_error, robust_choice
 from meshplan.search.space import why_outside
@@ -155,7 +160,7 @@ def _ident(csv: str, run: Run) -> str:
     return f"{csv}:{run.row_id}:{run.plan.notation()}:{run.cluster.num_gpus}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _runs_by_id(csv: str) -> dict[str, Run]:
     """The CSV's buildable runs by row id (each worker process reads them once: runs do not pickle)."""
     return {r.row_id: r for r in load_runs(runs_csv(csv))[0]}
@@ -238,7 +243,7 @@ def _quantiles(xs: list[float]) -> str:
     xs = sorted(xs)
     if not xs:
         return "-"
-    q = lambda f: xs[min(len(xs) - 1, int(f * (len(xs) - 1) + 0.5))]  # noqa: E731
+    q = lambda f: xs[min(len(xs) - 1, int(f * (len(xs) - 1) + 0.5))]
     return f"median {statistics.median(xs):.2f}, p10 {q(0.1):.2f}, p90 {q(0.9):.2f}, max {xs[-1]:.2f}"
 
 
@@ -307,7 +312,7 @@ def measured_sibling(row: Row) -> tuple[float, str, float] | None:
     count, sequence, batch) with another layout in the same CSV: a gain the data itself shows."""
     runs = _runs_by_id(row.csv)
     me = runs[row.row_id]
-    job = lambda r: (r.model.name, r.cluster.gpu.name, r.cluster.num_gpus, r.training.seq_len,  # noqa: E731
+    job = lambda r: (r.model.name, r.cluster.gpu.name, r.cluster.num_gpus, r.training.seq_len,
                      r.training.global_batch, r.training.precision)
     sibs = [r for r in runs.values() if job(r) == job(me) and r.plan.notation() != me.plan.notation()]
     est_mine, mine = _steps_of(me)
