@@ -232,9 +232,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
     compute = compute + embed_share * terms.embed_compute_s
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
-    p2p = terms.p2p_s + terms.vocab_sync_s
-    comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
-    comm_tot = comm_tot + p2p
+    # the vocabulary-parallel sync runs blocking between the passes (cost.vocab): never overlapped
+    comm_exp = comm_exp + terms.p2p_s * (1.0 - calib.pp_p2p_overlap) + terms.vocab_sync_s
+    comm_tot = comm_tot + terms.p2p_s + terms.vocab_sync_s
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
     # a tied head needs no copy of the embedding when both rows sit on the same rank
@@ -337,7 +337,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- activations ------------------------------------------------------------------------
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
-    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule)  # floats: no re-conversion
+    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule,  # floats: no re-conversion
+                            plans.vocab_parallel)
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)

@@ -241,7 +241,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
-            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
+            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule, arrays.vocab_parallel)) / plan.vpp,
             microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
     batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
@@ -295,7 +295,7 @@ def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     layer_comm = n * _f(layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     terms = plan_terms(model, cluster, training, arrays, calib, layer)
     # the pipeline's p2p and, with vocabulary parallelism, its per-micro-batch sync over the stages
-    pp = _f(terms.p2p_s + terms.vocab_sync_s) * (1.0 - calib.pp_p2p_overlap)
+    pp = _f(terms.p2p_s) * (1.0 - calib.pp_p2p_overlap) + _f(terms.vocab_sync_s)  # the latter never hidden
     return {"exposed_tp_s": tp, "exposed_cp_s": cp, "exposed_ep_s": ep, "exposed_pp_s": pp,
             "exposed_host_s": max(layer_comm - tp - cp - ep, 0.0),
             "exposed_zero_s": max(_f(rank.comm_exposed_s) - layer_comm - pp, 0.0)}
