@@ -68,7 +68,14 @@ class Calibration:
     elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
-    peak forward+backward, Dao 2023 Sec. 4.1)."""
+    peak forward+backward, Dao 2023 Sec. 4.1). Fitted per (generation, stack): the fused kernel
+    differs (FlashAttention-2/3 on Hopper, cuDNN / FlashAttention-4 on Blackwell)."""
+    attention_half_head_dim: float = 64.0
+    """Head dim at which a fused attention kernel reaches half its large-head efficiency:
+    efficiency x H / (H + attention_half_head_dim). Its own constant, not the GEMM's
+    matmul_half_dim: the kernel's tiles span the whole sequence, only the inner (head) dim of
+    its two GEMMs is small. FlashAttention-3 forward, H100 bf16, 16k: ~500, ~650 and ~750
+    TFLOP/s at head dims 64, 128 and 256 (Shah et al. 2024, Fig. 5), i.e. ~55-65."""
     fused_attention: bool = True
     """Attention scores are never materialised (FlashAttention, Dao et al. 2022): no s^2 term in
     activation memory or in HBM traffic. Megatron-LM 2021/2022 runs did not use it."""
@@ -138,6 +145,14 @@ class Calibration:
     routing (Megatron --moe-router-force-load-balancing; the Megatron-Bridge benchmark rows);
     natural routing with an auxiliary loss stays 1.1-1.5x off balance per step (Fedus et al.
     2022, Switch Transformer Sec. 2.2; DeepSeek-V3 Sec. 2.1.2). The step waits for the busiest."""
+    moe_grouped_gemm_half_dim: float = 128.0
+    """matmul_half_dim of the experts' grouped GEMMs: the efficiency curve of cost/gemm.py with
+    this half dimension, seen by the tokens per expert (the m of each group member) and the
+    expert widths. A grouped GEMM (TE/cuBLASLt grouped GEMM, CUTLASS grouped kernels) pays a
+    partial wave per expert and cannot pick one tile shape for all members, so its falloff with
+    small per-expert batches is steeper than a single GEMM's (Megatron-Core MoE docs, 'grouped
+    GEMM': efficiency grows with tokens per expert). Default: the dense GEMM's 128 (no extra
+    falloff); fitted per (generation, stack)."""
     moe_alltoall_sync_s: float = 1.0e-3
     """Host time exposed per MoE layer forward (the backward, like all of the layer's work, 2x)
     by the dropless all-to-all dispatcher's device-to-host sync of the tokens-per-expert counts
