@@ -154,14 +154,16 @@ class Calibration:
     GEMM': efficiency grows with tokens per expert). Default: the dense GEMM's 128 (no extra
     falloff); fitted per (generation, stack)."""
     moe_alltoall_sync_s: float = 1.0e-3
-    """Host time exposed per MoE layer forward (the backward, like all of the layer's work, 2x)
-    by the dropless all-to-all dispatcher's device-to-host sync of the tokens-per-expert counts
-    (Megatron-Core MoEAlltoAllTokenDispatcher and torchtitan's expert-parallel all-to-all move
-    them to the host to size the all-to-all): the launch queue drains, and the layer's remaining
-    ~100 kernels (permute, grouped GEMMs, activation, unpermute, combine) start from the host at
-    ~10 us of launch and dispatch each (5-20 us: PyTorch blog 'Accelerating PyTorch with CUDA
-    Graphs', 2021). Fixed per micro-batch: what makes micro-batch 1 of a fine-grained MoE slow.
-    0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    """Host time to launch a MoE layer's forward after the dropless all-to-all dispatcher's
+    device-to-host sync of the tokens-per-expert counts (the backward, like all of the layer's
+    work, 2x). Megatron-Core's MoEAlltoAllTokenDispatcher and torchtitan's expert-parallel
+    all-to-all move the counts to the host to size the all-to-all: the launch queue drains,
+    and the layer's remaining ~100 kernels (permute, grouped GEMMs, activation, unpermute,
+    combine) start from the host at ~10 us of launch and dispatch each (5-20 us: PyTorch blog
+    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently, so
+    the MoE block takes max(its device time, this launch time) (cost/layer.py): a small,
+    fine-grained MoE at micro-batch 1 is host-bound, a large one hides the launches behind its
+    GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75
