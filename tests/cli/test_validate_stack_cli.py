@@ -33,7 +33,7 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     d = json.loads(r.stdout)
     by = d["signed_error_by"]
     assert {"fp8", "fp4", "bf16"} <= set(by["precision"]) and set(by["dense_moe"]) == {"dense", "moe"}
-    assert {"hopper", "blackwell"} == set(by["generation"]) and "h100-sxm" in by["gpu"]
+    assert {"hopper", "blackwell", "blackwell-ultra"} == set(by["generation"]) and "h100-sxm" in by["gpu"]
     rows = [x for x in d["rows"] if x["error"] is not None]
     moe = sorted(x["error"] for x in rows if x["moe"])
     assert by["dense_moe"]["moe"]["median_signed_error"] == pytest.approx(

@@ -76,9 +76,9 @@ def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: P
 
 def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causal: bool):
     """Fraction of peak a fused attention kernel reaches: the large-problem efficiency, times the
-    head-dim falloff (Calibration.attention_half_head_dim), times the sequence falloff s / (s + s_half)
-    with the KV length one kernel call sees (causal masks ramp up later; FlashAttention-3
-    curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor."""
+    head-dim falloff H / (H + Calibration.attention_half_head_dim), times the sequence falloff
+    s / (s + s_half) with the KV length one kernel call sees (causal masks ramp up later;
+    FlashAttention-3 curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor."""
     aligned = calib.unaligned_matmul_factor if head_dim % 8 else 1.0  # model constant
     half_seq = calib.attention_half_seq_causal if causal else calib.attention_half_seq
     return (calib.attention_efficiency * head_dim / (head_dim + calib.attention_half_head_dim)
