@@ -134,6 +134,21 @@ def test_attention_head_dim_falloff_is_its_own_constant():
                                      False) == pytest.approx(0.55 * 0.5)
 
 
+def test_mamba_scan_at_its_own_efficiency():
+    """Nemotron-3-Nano's SSD scan + conv, per token forward 2*(G Q N + n Q P + 2 n N P + W conv)
+    = 3,457,024 FLOPs (test_model_arch), runs at mamba_scan_efficiency of the core's peak; the
+    GEMM and attention curves do not touch it."""
+    model = model_preset("nemotron-3-nano")
+    arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8), zero=1, micro_batch=1))
+    kind = next(k for k, _ in layer_kind_counts(model) if k.mixer.value == "mamba")
+    kw = dict(seq_len=8192, peak=1e15, hbm=3e12, ab=2.0, gemm_time=gemm_time)
+    for calib in (CALIB, CALIB.replace_fields(matmul_half_dim=512.0, attention_efficiency=0.9)):
+        core = mixer_cost(model, H100, kind, arrays, calib, **kw).core_s
+        np.testing.assert_allclose(core, 8192 * 3_457_024 / (1e15 * 0.1))
+    slow = mixer_cost(model, H100, kind, arrays, CALIB.replace_fields(mamba_scan_efficiency=0.05), **kw).core_s
+    np.testing.assert_allclose(slow, 8192 * 3_457_024 / (1e15 * 0.05))
+
+
 def test_causal_cp_balance():
     c = np.array([1.0, 2.0, 4.0, 8.0])
     np.testing.assert_allclose(cp_causal_imbalance(CALIB, c, True), 1.0)

@@ -163,8 +163,8 @@ def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time, core_peak) -
     G, Ns, Q = float(model.mamba_groups), float(model.mamba_state_size), float(model.mamba_chunk_size)
     scan_flops = 2.0 * T * (G * Q * Ns + n * Q * P + 2.0 * n * Ns * P) / t
     conv_flops = 2.0 * T * model.mamba_conv_width * mamba_conv_channels(model) / t
-    # The SSD kernels are tiled matmuls like fused attention: costed at its efficiency on P.
-    t_core = (scan_flops + conv_flops) / (core_peak * calib.attention_efficiency * P / (P + calib.matmul_half_dim))
+    # The SSD kernels at their own fraction of peak (Calibration.mamba_scan_efficiency).
+    t_core = (scan_flops + conv_flops) / (core_peak * calib.mamba_scan_efficiency)
     kept = T * ab * (mamba_in_proj_width(model) + mamba_conv_channels(model) + 2 * di) / t
     # Context parallel (Megatron's Mamba CP): all-to-all of the in_proj output from sequence- to
     # head-sharded before the conv and scan, and of y back, whatever cp_method the attention uses.
