@@ -106,6 +106,13 @@ def offload_choices(code: int) -> "tuple[Offload, ...]":
     return tuple(o for o in Offload if code & o.bit)
 
 
+class ExpertPlacement(str, enum.Enum):
+    """Which expert-parallel rank holds which routed expert (meshplan.cost.expert_load)."""
+
+    CONTIGUOUS = "contiguous"  # rank r holds experts [r*E/ep, (r+1)*E/ep) (Megatron-Core, the runtime)
+    BALANCED = "balanced"  # greedy by the expert load, E/ep per rank (FlexMoE, Nie et al. 2023 Sec. 4)
+
+
 class CPMethod(str, enum.Enum):
     """Context-parallel attention: ring (pass K/V around) or all-to-all (Ulysses, heads <-> seq)."""
 
@@ -119,6 +126,9 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
     if model.position.value == "learned" and training.seq_len > model.max_position:
         raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
                             f"{model.max_position} (learned position embeddings)")
+    if training.expert_load is not None and not model.is_moe:
+        raise MeshplanError(f"an expert load (--expert-skew / --expert-load) describes MoE routing; "
+                            f"{model.name} has no experts")
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -238,9 +248,16 @@ class Plan:
     """Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024): the embedding and the
     LM head with its loss split over all ``pp`` ranks instead of sitting on the first and last;
     needs ``pp > 1``."""
+    expert_placement: ExpertPlacement = ExpertPlacement.CONTIGUOUS
+    """Which ep rank holds which routed expert; ``balanced`` spreads the hot experts of the
+    training's expert load over the ranks (meshplan.cost.expert_load)."""
+    expert_replicas: int = 0
+    """Extra expert slots per ep rank holding copies of the hottest experts, their tokens split
+    over the copies and their gradients all-reduced among them (FlexMoE, Nie et al. 2023)."""
 
     def __post_init__(self) -> None:
-        for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod)):
+        for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod),
+                            ("expert_placement", ExpertPlacement)):
             try:
                 object.__setattr__(self, f, enum_cls(getattr(self, f)))
             except ValueError:
@@ -271,6 +288,10 @@ class Plan:
             raise MeshplanError("sequence parallel (sp) needs tp > 1")
         if self.vocab_parallel and d.pp == 1:
             raise MeshplanError("vocab_parallel splits the vocabulary over pipeline ranks: it needs pp > 1")
+        if isinstance(self.expert_replicas, bool) or not isinstance(self.expert_replicas, int) or self.expert_replicas < 0:
+            raise MeshplanError(f"expert_replicas must be a whole number >= 0, got {self.expert_replicas!r}")
+        if (self.expert_replicas or self.expert_placement != ExpertPlacement.CONTIGUOUS) and d.ep == 1:
+            raise MeshplanError("expert placement and replicas spread experts over expert-parallel ranks: they need ep > 1")
         _check_positive("vpp", self.vpp)
         _check_positive("micro_batch", self.micro_batch)
         if self.vpp > 1 and not self.schedule.supports_virtual_stages:
@@ -336,6 +357,9 @@ class Plan:
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+            if self.expert_replicas > model.moe_num_experts // d.ep:
+                raise MeshplanError(f"expert_replicas={self.expert_replicas} exceeds the "
+                                    f"{model.moe_num_experts // d.ep} experts each of the ep={d.ep} ranks holds")
             if d.etp and model.moe_ffn_hidden_size % d.etp:
                 raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
                                     f"etp={d.etp}")
@@ -411,7 +435,7 @@ class Plan:
         sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
         ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
         parallelism; ``cpC`` + ``a2a`` for
-        all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
+        all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
         not all; ``offload=optimizer+params+activations`` what lives in host memory.
         Lists are comma separated, a run of K equal counts N written ``NxK``.
@@ -429,7 +453,8 @@ class Plan:
         parts.append(pp + ("vocab" if self.vocab_parallel else ""))
         parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
-            parts.append(f"ep{d.ep}")
+            parts.append(f"ep{d.ep}" + ("bal" if self.expert_placement == ExpertPlacement.BALANCED else "")
+                         + (f"r{self.expert_replicas}" if self.expert_replicas else ""))
         if d.etp and d.etp != d.tp:
             parts.append(f"etp{d.etp}")
         parts.append(f"mb{self.micro_batch}")
@@ -464,6 +489,7 @@ class Plan:
         out["stage_layers"] = list(self.stage_layers)
         out["recompute_layers"] = list(self.recompute_layers)
         out["offload"] = [o.value for o in self.offload]
+        out["expert_placement"] = self.expert_placement.value
         return out
 
     @classmethod
@@ -487,6 +513,8 @@ class Plan:
                 recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
                 offload=tuple(data.pop("offload", ())),
                 vocab_parallel=_json_bool("vocab_parallel", data.pop("vocab_parallel", False)),
+                expert_placement=ExpertPlacement(data.pop("expert_placement", ExpertPlacement.CONTIGUOUS.value)),
+                expert_replicas=_json_int("expert_replicas", data.pop("expert_replicas", 0)),
                 **_no_extra("plan", data),
             )
         except (TypeError, ValueError) as exc:

@@ -147,6 +147,10 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          lambda p, model, tr: ("activation offload with pipeline parallel is not supported by this runtime "
                                "(torch's pipeline schedules run the stage forwards outside its save_on_cpu "
                                "hooks); use pp=1")),
+    Rule(lambda c, model, tr: np.asarray(c.expert_balanced, dtype=bool) | (np.asarray(c.expert_replicas) > 0),
+         lambda p, model, tr: ("placing experts by their load and replicating hot experts is planner-only: this "
+                               "runtime holds experts [r*E/ep, (r+1)*E/ep) on ep rank r; plan with "
+                               "--expert-placement contiguous --expert-replicas 0 (its routing log shows the load)")),
     Rule(lambda c, model, tr: np.asarray(c.etp) != np.asarray(c.tp),
          lambda p, model, tr: (f"expert tensor parallel etp={p.dims.etp} different from tp={p.dims.tp} is not "
                                "supported by this runtime (planner and Megatron export only); use etp=0 (as tp)")),

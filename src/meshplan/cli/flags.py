@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import inspect
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -25,6 +25,7 @@ from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOp
                                  load_cluster, load_model, make_training)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.expert_load import ExpertLoad, read_expert_load, zipf_load
 from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
 
@@ -103,6 +104,12 @@ MoeDispatcherOpt = Annotated[Optional[MoeDispatcher], typer.Option(
 MoeCapacityOpt = Annotated[Optional[float], typer.Option(
     "--moe-capacity-factor", help="MoE expert capacity over the mean tokens per expert; tokens beyond it "
     "are dropped (default: dropless).")]
+ExpertSkewOpt = Annotated[Optional[float], typer.Option(
+    "--expert-skew", help="MoE routing skew: expert e gets a share ~ (e+1)^-S (Zipf exponent S; 0 = uniform). "
+    "Default: the calibration's imbalance. See docs/expert-load.md.")]
+ExpertLoadOpt = Annotated[Optional[str], typer.Option(
+    "--expert-load", help="MoE routing log (JSON lines, written by `meshplan train --expert-load-log`): the "
+    "per-step, per-layer expert token counts the estimate places on the ep ranks.")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +125,8 @@ class TrainingFlags:
     optimizer: OptimizerOpt = None
     moe_dispatcher: MoeDispatcherOpt = None
     moe_capacity_factor: MoeCapacityOpt = None
+    expert_skew: ExpertSkewOpt = None
+    expert_load: ExpertLoadOpt = None
 
     @property
     def length_or_batch_given(self) -> bool:
@@ -140,5 +149,16 @@ class TrainingFlags:
         dispatcher = self.moe_dispatcher or (base.moe_dispatcher if base else training.moe_dispatcher)
         capacity = self.moe_capacity_factor if self.moe_capacity_factor is not None else (
             base.moe_capacity_factor if base else None)
-        return TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
-                                       "moe_capacity_factor": capacity})
+        return replace(TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
+                                               "moe_capacity_factor": capacity}),
+                       expert_load=self.expert_load_spec(base.expert_load if base else None))
+
+    def expert_load_spec(self, job_load: ExpertLoad | None = None) -> ExpertLoad | None:
+        """--expert-skew or --expert-load (not both); else the Job file's expert load."""
+        if self.expert_skew is not None and self.expert_load is not None:
+            raise MeshplanError("give --expert-skew or --expert-load, not both")
+        if self.expert_skew is not None:
+            return zipf_load(self.expert_skew)
+        if self.expert_load is not None:
+            return read_expert_load(self.expert_load)
+        return job_load

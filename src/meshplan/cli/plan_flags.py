@@ -1,5 +1,6 @@
 """The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
---schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload``): declared once,
+--schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload
+--expert-placement --expert-replicas``): declared once,
 turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
 reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
 
@@ -13,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
+from meshplan.plan import (CPMethod, ExpertPlacement, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
                            format_counts, parse_counts)
 
 Int = Optional[int]
@@ -39,6 +40,8 @@ class PlanFlags:
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
     vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
+    expert_placement: Annotated[ExpertPlacement, typer.Option("--expert-placement", help="Which ep rank holds which expert: contiguous ids, or balanced by the expert load (--expert-skew / --expert-load).")] = ExpertPlacement.CONTIGUOUS
+    expert_replicas: Annotated[int, typer.Option("--expert-replicas", help="Extra slots per ep rank for copies of the hottest experts (FlexMoE).")] = 0
     offload: Annotated[Optional[str], typer.Option("--offload", help="Keep in host memory: optimizer, params (needs optimizer and --zero 3), activations; '+'-separated, e.g. optimizer+activations.")] = None
 
     @property
@@ -91,6 +94,7 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
         offload=_parse_offload(f.offload), vocab_parallel=f.vocab_parallel,
+        expert_placement=f.expert_placement, expert_replicas=f.expert_replicas,
     )
 
 
@@ -120,6 +124,7 @@ def flags_for(plan: Plan) -> PlanFlags:
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
         offload="+".join(o.value for o in plan.offload) or None, vocab_parallel=plan.vocab_parallel,
+        expert_placement=plan.expert_placement, expert_replicas=plan.expert_replicas,
     )
 
 

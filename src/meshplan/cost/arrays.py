@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, offload_choices, offload_code
+from meshplan.plan import CPMethod, ExpertPlacement, ParallelDims, Plan, Recompute, Schedule, offload_choices, offload_code
 
 SCHEDULE_CODES: tuple[Schedule, ...] = tuple(Schedule)
 """Integer code of a schedule = its index here (gpipe 0, 1f1b 1, interleaved 2, zero-bubble 3)."""
@@ -47,6 +47,10 @@ class PlanArrays:
     """What lives in host memory, as the bit mask of ``meshplan.plan.offload_code``; None: nothing."""
     vocab_parallel: np.ndarray | None = None
     """Vocabulary parallelism over the pipeline ranks (bool); None: off."""
+    expert_balanced: np.ndarray | None = None
+    """Experts placed by their load (``ExpertPlacement.BALANCED``, bool); None: contiguous."""
+    expert_replicas: np.ndarray | None = None
+    """Replica slots per ep rank for hot experts (``Plan.expert_replicas``); None: 0."""
 
     def __post_init__(self) -> None:
         if self.etp is None:
@@ -55,10 +59,14 @@ class PlanArrays:
             object.__setattr__(self, "offload", np.zeros_like(np.asarray(self.tp)))
         if self.vocab_parallel is None:
             object.__setattr__(self, "vocab_parallel", np.zeros(np.shape(self.tp), dtype=bool))
+        if self.expert_balanced is None:
+            object.__setattr__(self, "expert_balanced", np.zeros(np.shape(self.tp), dtype=bool))
+        if self.expert_replicas is None:
+            object.__setattr__(self, "expert_replicas", np.zeros_like(np.asarray(self.tp)))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
-            a = a.astype(bool) if f.name in ("sp", "vocab_parallel") else a.astype(np.int64)
+            a = a.astype(bool) if f.name in ("sp", "vocab_parallel", "expert_balanced") else a.astype(np.int64)
             a = np.atleast_1d(a)
             object.__setattr__(self, f.name, a)
             if n is None:
@@ -99,6 +107,8 @@ class PlanArrays:
             etp=col(lambda p: p.dims.expert_tp),
             offload=col(lambda p: offload_code(p.offload)),
             vocab_parallel=col(lambda p: p.vocab_parallel),
+            expert_balanced=col(lambda p: p.expert_placement == ExpertPlacement.BALANCED),
+            expert_replicas=col(lambda p: p.expert_replicas),
         )
 
     def plan(self, i: int, stage_layers: tuple[int, ...] = (),
@@ -122,6 +132,8 @@ class PlanArrays:
             recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
             offload=offload_choices(int(self.offload[i])),
             vocab_parallel=bool(self.vocab_parallel[i]),
+            expert_placement=ExpertPlacement.BALANCED if self.expert_balanced[i] else ExpertPlacement.CONTIGUOUS,
+            expert_replicas=int(self.expert_replicas[i]),
         )
 
     def take(self, index) -> "PlanArrays":

@@ -31,6 +31,7 @@ import numpy as np
 
 from meshplan.cost import comms
 from meshplan.cost.offload import host_budget_bytes, rank_offload
+from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
@@ -250,6 +251,11 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                          np.where(z <= 2, rs_grads + ag_weights, 0.0))
     step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, lvl2)
     dp_total = step_lvl1 + step_lvl2
+    if model.is_moe:  # hot-expert replicas: gradients all-reduced among the copies (cost/expert_load.py)
+        replica_share = 1.0 - 1.0 / replica_factor(model.moe_num_experts, plans.ep, plans.expert_replicas)
+        ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)
+        dp_total = dp_total + np.where(plans.expert_replicas > 0, comms.all_reduce_time(
+            expert_p * replica_share * gb, plans.ep, ep_link), 0.0)
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
     if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step

@@ -31,6 +31,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
 from meshplan.cost.mixers import mixer_cost
+from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
 from meshplan.spec.cluster import ClusterSpec
@@ -254,6 +255,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     dense_p, expert_p = _layer_params(model, kind)
     dense_g = dense_p / t
     expert_g = expert_p / (e_t * ep)
+    if moe:  # hot-expert replicas hold whole experts too (cost/expert_load.py)
+        expert_g = expert_g * replica_factor(model.moe_num_experts, plans.ep, plans.expert_replicas)
     shard = (plans.dp_shard * plans.cp).astype(float)
     states = (state_bytes(calib, training, dense_g, plans.zero, shard)
               + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard * t / (e_t * ep), 1.0)))

@@ -7,7 +7,7 @@ so it agrees with ``estimate_batch`` whenever the split is even and every layer 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,8 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
-from meshplan.plan import Plan
+from meshplan.cost.expert_load import LoadStats, load_stats
+from meshplan.plan import ExpertPlacement, Plan
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -150,6 +151,8 @@ class Estimate:
     """Host memory of the GPU whose offloaded tensors take the most."""
     host_memory_budget_gib: float = 0.0
     """That GPU's share of the node's usable host memory (0: no offload)."""
+    expert_load: LoadStats | None = None
+    """The training's expert load on this plan's placement (cost/expert_load.py); None without one."""
 
     def to_dict(self) -> dict[str, Any]:
         t = self.time
@@ -182,6 +185,7 @@ class Estimate:
             "host_memory_gib": self.host_memory_gib,
             "host_memory_budget_gib": self.host_memory_budget_gib,
             "num_microbatches": t.num_microbatches,
+            "expert_load": asdict(self.expert_load) if self.expert_load else None,
             "stages": [
                 {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
                  "in_flight_microbatches": s.in_flight_microbatches,
@@ -247,7 +251,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
         peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
         host_memory_gib=_f(batch.host_memory_bytes) / GIB,
-        host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0)
+        host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0,
+        expert_load=_expert_load(model, training, plan))
+
+
+def _expert_load(model: ModelSpec, training: TrainingSpec, plan: Plan) -> LoadStats | None:
+    if training.expert_load is None or not model.is_moe:
+        return None
+    return load_stats(training.expert_load, model.moe_num_experts, plan.dims.ep,
+                      balanced_placement=plan.expert_placement == ExpertPlacement.BALANCED,
+                      replicas=plan.expert_replicas, capacity_factor=training.moe_capacity_factor)
 
 
 def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, arrays: PlanArrays,

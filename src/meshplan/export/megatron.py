@@ -9,7 +9,7 @@ argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
@@ -211,6 +211,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
+    refuse_expert_placement(plan, "Megatron-LM")
     if plan.vocab_parallel:
         raise MeshplanError("Megatron-LM has no vocabulary parallelism over pipeline ranks (Yeung et al. "
                             "2024 is a fork of it); plan without --vocab-parallel")

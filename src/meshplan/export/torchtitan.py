@@ -10,7 +10,7 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
 
@@ -57,6 +57,7 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         # no pipeline: one micro-batch per forward, gradient accumulation over the rest
         training["local_batch_size"] = plan.micro_batch
     training["mixed_precision_param"] = "float32" if t.precision == Precision.FP32 else "bfloat16"
+    refuse_expert_placement(plan, "torchtitan")
     if plan.vocab_parallel:
         raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     if plan.offload:

@@ -34,6 +34,7 @@ from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_gradient_sync
+from meshplan.runtime.routing_log import RoutingLog
 from meshplan.runtime.schedule import (
     LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
 )
@@ -93,6 +94,9 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 does not clip."""
     weight_decay: float = WEIGHT_DECAY
     """AdamW decay of matrices and embeddings (biases and norm gains are never decayed)."""
+    expert_load_log: str | None = None
+    """MoE routing log (rank 0): per step, per MoE layer, the tokens each expert received
+    (runtime/routing_log.py), what ``meshplan estimate --expert-load`` reads."""
 
 
 def pick_device(job: Job) -> torch.device:
@@ -173,6 +177,8 @@ class _Run:
     schedule: LRSchedule
     held_out: list = field(default_factory=list)
     """Held-out global batches (inputs, targets) for the eval loss."""
+    routing: RoutingLog | None = None
+    """Per-step expert counts of a MoE model (runtime/routing_log.py)."""
 
 
 def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list[StepRecord]:
@@ -204,8 +210,9 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
             if not math.isfinite(loss):
                 raise MeshplanError(f"the loss is {loss} at step {step}: training diverged "
                                     f"(lower --lr, currently {cfg.lr:g})")
+            imbalance = run.routing.collect(step) if run.routing else None  # a collective, every rank
             rec = _record(run, step, loss, start, grad_norm=grad_norm,
-                          eval_loss=_maybe_eval(run, step))
+                          eval_loss=_maybe_eval(run, step), expert_imbalance=imbalance)
             records.append(rec)
             writer.write(rec)
             progress.advance(rec)
@@ -215,6 +222,8 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
                 _stop(run, step, saved, stops)
     finally:
         progress.close()
+        if run.routing:
+            run.routing.close()
     writer.summary(records, run.plan.notation(), d.world_size, loop=loop_settings(run.cfg, run.job, run.optimizers[0], len(run.held_out)))
     if cfg.state_out:
         _save_state(run.modules, job, run.mesh, cfg.state_out)
@@ -285,7 +294,9 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
                 flops_per_token=model_flops_per_token(job.model, training.seq_len),
                 peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0,
                 schedule=schedule,
-                held_out=held_out)
+                held_out=held_out,
+                routing=RoutingLog(job.model, modules, tp=d.tp, pp=d.pp, device=device, path=cfg.expert_load_log)
+                if job.model.is_moe else None)
 
 
 def _data_source(job: Job, cfg: TrainConfig):
@@ -333,7 +344,7 @@ def _step(run: _Run, step: int) -> torch.Tensor:
 
 
 def _record(run: _Run, step: int, loss: float, start: float, *, grad_norm: float | None = None,
-            eval_loss: float | None = None) -> StepRecord:
+            eval_loss: float | None = None, expert_imbalance: list[float] | None = None) -> StepRecord:
     """The step's log record (``start``: its perf_counter at the beginning): time, throughput,
     the fullest rank's peak memory, MFU on GPU."""
     if run.device.type == "cuda":
@@ -346,7 +357,8 @@ def _record(run: _Run, step: int, loss: float, start: float, *, grad_norm: float
     mfu = (run.flops_per_token * tps / (world * run.peak_flops)) if run.peak_flops else None
     return StepRecord(step=step, loss=loss, step_time_s=elapsed_s, tokens_per_s=tps,
                       peak_memory_gib=float(peak.item()), mfu=mfu, lr=run.schedule.lr_at(step),
-                      grad_norm=grad_norm, eval_loss=eval_loss)
+                      grad_norm=grad_norm, eval_loss=eval_loss,
+                      expert_imbalance=tuple(expert_imbalance) if expert_imbalance is not None else None)
 
 
 @torch.no_grad()

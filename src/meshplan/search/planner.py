@@ -31,6 +31,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.cost.offload import host_budget_bytes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.search.expert_load import placement_rows, placement_variants
 from meshplan.search.vocab import vocab_rows, vocab_variants
 from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
@@ -172,6 +173,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                                              refine_slack)
         fronts.append(vocab_front)
         evaluated += scored_vocab
+    expert_space = None
+    if options.expert_placement and training.expert_load is not None and model.is_moe:
+        expert_space, expert_front, scored_expert = _placement_pass(ctx, space, options)
+        fronts.append(expert_front)
+        evaluated += scored_expert
     off_space = None
     if searches_offload(cluster, options):
         off_space, off_front, scored_off = _offload_pass(ctx, space, layer, even, merge_fronts(*fronts),
@@ -184,7 +190,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     peak = cluster.gpu.peak_flops(training.precision)
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
-        if k >= VOCAB_KEY_BASE:
+        if k >= EXPERT_KEY_BASE:
+            plan = expert_space.plan(k - EXPERT_KEY_BASE).with_defaults(model)
+        elif k >= VOCAB_KEY_BASE:
             plan = vocab_space.plan(k - VOCAB_KEY_BASE).with_defaults(model)
         elif k >= OFFLOAD_KEY_BASE:
             plan = off_space.plan(k - OFFLOAD_KEY_BASE).with_defaults(model)
@@ -261,6 +269,23 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, eve
     est = _even_estimate(ctx, variants, _SharedRows(layer, src))
     return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
                               VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
+
+
+EXPERT_KEY_BASE = 1 << 42
+"""Frontier keys at or above this index the expert-placement variants."""
+
+
+def _placement_pass(ctx: CostContext, space: PlanArrays, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
+    """Balanced-placement and replica variants of every configuration with ep > 1
+    (:mod:`meshplan.search.expert_load`); their layer costs are their own (the load changes them)."""
+    rows = placement_rows(np.ones(len(space), dtype=bool), space.ep)
+    variants, src = placement_variants(space, rows, ctx.model.moe_num_experts)
+    variants, src = _allowed(variants, src, options)
+    if len(variants) == 0:
+        return variants, Front.empty(), 0
+    est = _even_estimate(ctx, variants, shared_layer_cost(ctx, variants))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
+                              EXPERT_KEY_BASE + np.arange(len(variants))), len(variants)
 
 
 def _allowed(variants: PlanArrays, src: np.ndarray, options: SearchOptions) -> tuple[PlanArrays, np.ndarray]:

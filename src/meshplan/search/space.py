@@ -81,6 +81,9 @@ class SearchOptions:
     empty: no offload. Tried only on clusters that describe their host side."""
     vocab_parallel: bool = True
     """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
+    expert_placement: bool = True
+    """Try balanced expert placement and hot-expert replicas when the training describes its
+    expert load (``meshplan.search.expert_load``)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -219,6 +222,8 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
     c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
     c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
+    c["expert_balanced"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.expert_load
+    c["expert_replicas"] = np.zeros_like(c["tp"])
     space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))

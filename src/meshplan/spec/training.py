@@ -8,6 +8,7 @@ from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
+from meshplan.spec.expert_load import ExpertLoad
 
 
 class Precision(str, enum.Enum):
@@ -89,6 +90,9 @@ class TrainingSpec:
     moe_capacity_factor: float | None = None
     """Expert capacity over the mean tokens per expert: tokens beyond it are dropped (Fedus et
     al. 2022 Sec. 2.2; Megatron --moe-expert-capacity-factor). None: dropless."""
+    expert_load: ExpertLoad | None = None
+    """How the router spreads tokens over the experts (spec/expert_load.py: a Zipf skew or a
+    routing log). None: the calibration's routing imbalance (``Calibration.moe_routing_imbalance``)."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("precision", Precision), ("optimizer", Optimizer),
@@ -104,6 +108,8 @@ class TrainingSpec:
             raise MeshplanError(f"moe_capacity_factor must be a positive number (or None: dropless), got {cf!r}")
         for f in ("seq_len", "global_batch"):
             check_count(f, getattr(self, f))
+        if self.expert_load is not None and not isinstance(self.expert_load, ExpertLoad):
+            raise MeshplanError(f"expert_load must be an ExpertLoad, got {type(self.expert_load).__name__}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -126,6 +132,7 @@ class TrainingSpec:
         out["optimizer"] = self.optimizer.value
         out["recipe"] = self.recipe.value if self.recipe else None
         out["moe_dispatcher"] = self.moe_dispatcher.value
+        out["expert_load"] = self.expert_load.to_dict() if self.expert_load else None
         return out
 
     @classmethod
@@ -141,6 +148,8 @@ class TrainingSpec:
                 data["optimizer"] = Optimizer(data["optimizer"])
             if data.get("recipe") is not None:  # absent in plan files before fp8 recipes
                 data["recipe"] = Recipe(data["recipe"])
+            if data.get("expert_load") is not None:  # absent in plan files before expert loads
+                data["expert_load"] = ExpertLoad.from_dict(data["expert_load"])
             return cls(**data)
         except MeshplanError:
             raise
