@@ -40,8 +40,10 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
         (moe[(len(moe) - 1) // 2] + moe[len(moe) // 2]) / 2)
     assert all(x["stack"] == "megatron" for x in rows)
     # the fitted hopper/blackwell megatron records are what makes this hold (61.7% before them)
-    # a regression guard on the shipped fit (15.4% after the per-op mechanisms were fitted; issue 14 aims at 8%)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.16
+    # a regression guard on the shipped fit (15.4% after the per-op mechanisms were fitted, on
+    # TFLOP/s; 8.1% on tokens/s after the attention, grouped-GEMM, host-launch and SSD
+    # mechanisms and the Blackwell Ultra records; issue 14 aims at 8%)
+    assert d["summary"]["throughput_median_abs_error"] <= 0.09
 
 
 def test_target_replaces_each_rows_stack():
