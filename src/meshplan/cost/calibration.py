@@ -130,14 +130,16 @@ class Calibration:
     """The same for a causal mask, whose diagonal tiles are partly wasted and whose early query
     blocks see few keys: FlashAttention-3 causal, head dim 128: ~200 TFLOP/s at 512, ~530 at 4k,
     ~640 at 16k (Shah et al. 2024, Fig. 5)."""
-    mamba_scan_efficiency: float = 0.1
+    mamba_scan_efficiency: float = 0.05
     """Fraction of the bf16 peak the Mamba-2 SSD kernels reach on their FLOPs (cost/mixers.py):
     the chunked scan of Dao & Gu 2024 (Sec. 6-7) runs as five Triton kernels (chunk cumsum,
     chunk state, state passing, BMM, chunk scan) that write and read fp32 per-chunk states of
-    n x P x N_s per chunk, small matmuls of the head dim P = 64 and the chunk Q = 128: far from
-    the tensor-core rate (the paper's Fig. 10 has SSD at the time of FlashAttention-2 at 2k
-    tokens for a fraction of its FLOPs). Its own constant, fitted per (generation, stack) on
-    the hybrid models' rows."""
+    n x P x N_s per chunk, small matmuls of the head dim P = 64 and the chunk Q = 128. Roofline:
+    per token forward ~3.5 MFLOP over ~100 KB (x, B, C, y in bf16; the fp32 states written,
+    passed and read: 3-4 x n*P*N_s*4/Q bytes), ~35 FLOP/B against a bf16 ridge of ~370 FLOP/B
+    (H100; B200 alike): memory-bound at ~0.1 of peak with full bandwidth, ~0.05 with the
+    backward's recomputation of the states and Triton's share of the bandwidth. Its own
+    constant, fitted per (generation, stack) on the hybrid models' rows."""
     cp_causal_balanced: bool = True
     """Context parallel splits a causal sequence in 2c chunks, rank i holding chunks i and
     2c-1-i, so every rank does the same attention work (Megatron-Core's load-balanced CP, the
