@@ -106,6 +106,30 @@ def offload_choices(code: int) -> "tuple[Offload, ...]":
     return tuple(o for o in Offload if code & o.bit)
 
 
+class OpGroup(str, enum.Enum):
+    """Operator groups whose parameters OSDP shards or keeps as one (Jiang et al. 2023, "OSDP:
+    Optimal Sharded Data Parallel for Distributed Deep Learning", Sec. 3: a per-operator choice
+    between ZeRO-3 sharding and ZeRO-DP's gathered parameters; here per group of operators)."""
+
+    ATTENTION = "attention"  # every layer's attention (and its norm)
+    MLP = "mlp"  # every layer's MLP, or its experts and shared experts
+    EMBEDDING = "embedding"
+    HEAD = "head"  # final norm and LM head
+
+    @property
+    def bit(self) -> int:
+        """Bit of this group in the search's integer column (``PlanArrays.keep``)."""
+        return 1 << tuple(OpGroup).index(self)
+
+
+def group_code(groups: "tuple[OpGroup, ...]") -> int:
+    """The bit mask of a set of operator groups (0: none)."""
+    return sum(OpGroup(g).bit for g in set(groups))
+
+
+def group_choices(code: int) -> "tuple[OpGroup, ...]":
+    """The inverse of :func:`group_code`, in the enum's order."""
+    return tuple(g for g in OpGroup if code & g.bit)
 class ExpertPlacement(str, enum.Enum):
     """Which expert-parallel rank holds which routed expert (meshplan.cost.expert_load)."""
 
@@ -248,6 +272,17 @@ class Plan:
     """Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024): the embedding and the
     LM head with its loss split over all ``pp`` ranks instead of sitting on the first and last;
     needs ``pp > 1``."""
+    keep_gathered: tuple[OpGroup, ...] = ()
+    """OSDP's per-operator choice (Jiang et al. 2023, Sec. 3): under zero 3, the operator groups
+    whose parameters stay gathered from forward to backward (ZeRO-2 for that group: no re-gather
+    in backward, the whole group resident at the peak); the others are sharded and re-gathered.
+    Empty: every group sharded. Needs zero 3. Kept in the enum's order."""
+    mlp_splits: int = 1
+    """OSDP's operator splitting (Jiang et al. 2023, Sec. 3.2): each MLP's weights split along its
+    inner width into this many slices, gathered one at a time under zero 3 (1: whole)."""
+    head_splits: int = 1
+    """The LM head and its cross-entropy run on this many chunks of the tokens, so that only one
+    chunk's logits exist at a time (recomputed in backward); 1: the whole logits tensor."""
     expert_placement: ExpertPlacement = ExpertPlacement.CONTIGUOUS
     """Which ep rank holds which routed expert; ``balanced`` spreads the hot experts of the
     training's expert load over the ranks (meshplan.cost.expert_load)."""
@@ -271,6 +306,23 @@ class Plan:
             raise MeshplanError(f"offload={list(self.offload)!r}: each must be one of "
                                 f"{', '.join(o.value for o in Offload)}") from None
         object.__setattr__(self, "offload", tuple(o for o in Offload if o in chosen))
+        try:
+            kept = {OpGroup(g) for g in self.keep_gathered}
+        except ValueError:
+            raise MeshplanError(f"keep_gathered={list(self.keep_gathered)!r}: each must be one of "
+                                f"{', '.join(g.value for g in OpGroup)}") from None
+        object.__setattr__(self, "keep_gathered", tuple(g for g in OpGroup if g in kept))
+        _check_positive("mlp_splits", self.mlp_splits)
+        _check_positive("head_splits", self.head_splits)
+        if kept and self.zero != 3:
+            raise MeshplanError(f"keep_gathered needs zero 3 (below it every parameter is already kept "
+                                f"gathered), got zero {self.zero}")
+        if self.mlp_splits > 1 and self.zero != 3:
+            raise MeshplanError(f"mlp_splits={self.mlp_splits} needs zero 3: splitting only bounds the "
+                                f"MLP parameters gathered at once, got zero {self.zero}")
+        if self.mlp_splits > 1 and OpGroup.MLP in kept:
+            raise MeshplanError("mlp_splits > 1 with the MLP kept gathered: a kept MLP is never "
+                                "gathered a slice at a time")
         d = self.dims
         if Offload.PARAMS in chosen and Offload.OPTIMIZER not in chosen:
             raise MeshplanError("offload 'params' needs 'optimizer' too: the step runs on the host, "
@@ -388,6 +440,16 @@ class Plan:
             )
         if self.sp and training.seq_len % d.tp:
             raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
+        if self.mlp_splits > 1 and model.is_moe:
+            raise MeshplanError(f"mlp_splits={self.mlp_splits}: {model.name}'s experts are separate operators "
+                                "already (split them with ep); operator splitting applies to dense MLPs")
+        if self.mlp_splits > 1 and model.ffn_hidden_size % (d.tp * self.mlp_splits):
+            raise MeshplanError(f"mlp_splits={self.mlp_splits}: the MLP width per GPU "
+                                f"({model.ffn_hidden_size}/{d.tp}) is not divisible by it")
+        tokens = self.micro_batch * training.seq_len // d.cp
+        if self.head_splits > 1 and tokens % self.head_splits:
+            raise MeshplanError(f"head_splits={self.head_splits}: the {tokens} tokens of a micro-batch "
+                                f"(micro_batch*seq_len/cp) are not divisible by it")
         per_step = d.dp * self.micro_batch
         if training.global_batch % per_step:
             raise MeshplanError(
@@ -437,7 +499,9 @@ class Plan:
         parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all; ``offload=optimizer+params+activations`` what lives in host memory.
+        not all; ``offload=optimizer+params+activations`` what lives in host memory;
+        ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
+        the operator splits when not 1 (OSDP).
         Lists are comma separated, a run of K equal counts N written ``NxK``.
         """
         d = self.dims
@@ -465,6 +529,11 @@ class Plan:
             parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         if self.offload:
             parts.append("offload=" + "+".join(o.value for o in self.offload))
+        if self.keep_gathered:
+            parts.append("keep=" + "+".join(g.value for g in self.keep_gathered))
+        splits = [f"{name}{n}" for name, n in (("mlp", self.mlp_splits), ("head", self.head_splits)) if n > 1]
+        if splits:
+            parts.append("split=" + ",".join(splits))
         return " ".join(parts)
 
     @property
@@ -489,6 +558,7 @@ class Plan:
         out["stage_layers"] = list(self.stage_layers)
         out["recompute_layers"] = list(self.recompute_layers)
         out["offload"] = [o.value for o in self.offload]
+        out["keep_gathered"] = [g.value for g in self.keep_gathered]
         out["expert_placement"] = self.expert_placement.value
         return out
 
@@ -513,6 +583,9 @@ class Plan:
                 recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
                 offload=tuple(data.pop("offload", ())),
                 vocab_parallel=_json_bool("vocab_parallel", data.pop("vocab_parallel", False)),
+                keep_gathered=tuple(data.pop("keep_gathered", ())),
+                mlp_splits=_json_int("mlp_splits", data.pop("mlp_splits", 1)),
+                head_splits=_json_int("head_splits", data.pop("head_splits", 1)),
                 expert_placement=ExpertPlacement(data.pop("expert_placement", ExpertPlacement.CONTIGUOUS.value)),
                 expert_replicas=_json_int("expert_replicas", data.pop("expert_replicas", 0)),
                 **_no_extra("plan", data),

@@ -63,6 +63,11 @@ class TimeBreakdown:
     (CPU Adam) with its gradient download and weight upload (:mod:`meshplan.cost.offload`)."""
     offload_total_s: float = 0.0
     """All host-device copies per step, hidden or not, plus the host's optimizer step."""
+    osdp_compute_s: float = 0.0
+    """Of compute_s: OSDP's smaller MLP GEMMs and their launches, the chunked LM head's
+    recomputed forward (:mod:`meshplan.cost.osdp`)."""
+    osdp_gather_latency_s: float = 0.0
+    """Of microbatch_comm_total_s: the latency of OSDP's extra gathers (MLP slices)."""
 
     @property
     def step_s(self) -> float:
@@ -99,6 +104,17 @@ class MemoryBreakdown:
                 + self.activations_bytes + self.other_bytes)
     host_bytes: float = 0.0
     """Offloaded tensors in host memory (not part of ``total_bytes``, the GPU's)."""
+    kept_weight_bytes: float = 0.0
+    """Of parameters_bytes: OSDP's groups kept gathered, beyond their shards."""
+    gathered_weight_bytes: float = 0.0
+    """Of other_bytes: ZeRO-3's gathered layers (OSDP: the sharded groups, the MLP a slice at a time)."""
+    logits_bytes: float = 0.0
+    """Of activations_bytes: the logits and loss transients at once (OSDP: one chunk's)."""
+
+    def osdp_gib(self) -> dict[str, float]:
+        """The OSDP-relevant parts of the categories above (each already counted in one)."""
+        return {"kept_gathered": self.kept_weight_bytes / GIB,
+                "gathered_buffer": self.gathered_weight_bytes / GIB, "logits": self.logits_bytes / GIB}
 
     @property
     def total_bytes(self) -> float:
@@ -180,7 +196,10 @@ class Estimate:
                 "dp_comm_total": t.dp_comm_total_s,
                 "offload": t.offload_s,
                 "offload_total": t.offload_total_s,
+                "osdp_compute": t.osdp_compute_s,
+                "osdp_gather_latency": t.osdp_gather_latency_s,
             },
+            "osdp_memory_gib": self.memory.osdp_gib(),
             "terms_s": t.terms_s(),
             "host_memory_gib": self.host_memory_gib,
             "host_memory_budget_gib": self.host_memory_budget_gib,
@@ -222,7 +241,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
-            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
+            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule, arrays.vocab_parallel)) / plan.vpp,
             microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
     batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
@@ -239,7 +258,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m,
         **{k: m * v for k, v in kinds.items()}, exposed_dp_s=_f(rt.dp_exposed_s),
         offload_s=m * _f(rs.offload_exposed_s) + _f(rt.offload_step_s),
-        offload_total_s=m * _f(rs.offload_total_s) + _f(rt.offload_step_s))
+        offload_total_s=m * _f(rs.offload_total_s) + _f(rt.offload_step_s),
+        osdp_compute_s=m * _f(rs.osdp_compute_s * np.ones(1)),
+        osdp_gather_latency_s=m * _f(rs.osdp_gather_latency_s * np.ones(1)))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
@@ -274,7 +295,7 @@ def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     layer_comm = n * _f(layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     terms = plan_terms(model, cluster, training, arrays, calib, layer)
     # the pipeline's p2p and, with vocabulary parallelism, its per-micro-batch sync over the stages
-    pp = _f(terms.p2p_s + terms.vocab_sync_s) * (1.0 - calib.pp_p2p_overlap)
+    pp = _f(terms.p2p_s) * (1.0 - calib.pp_p2p_overlap) + _f(terms.vocab_sync_s)  # the latter never hidden
     return {"exposed_tp_s": tp, "exposed_cp_s": cp, "exposed_ep_s": ep, "exposed_pp_s": pp,
             "exposed_host_s": max(layer_comm - tp - cp - ep, 0.0),
             "exposed_zero_s": max(_f(rank.comm_exposed_s) - layer_comm - pp, 0.0)}
@@ -285,4 +306,5 @@ def _memory(rc: RankCost) -> MemoryBreakdown:
         parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
         other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes),
-        host_bytes=_f(rc.host_bytes * np.ones(1)))
+        host_bytes=_f(rc.host_bytes * np.ones(1)), kept_weight_bytes=_f(rc.kept_weight_bytes * np.ones(1)),
+        gathered_weight_bytes=_f(rc.gathered_weight_bytes * np.ones(1)), logits_bytes=_f(rc.logits_bytes * np.ones(1)))

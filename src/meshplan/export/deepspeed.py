@@ -15,6 +15,7 @@ import json
 
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.osdp import persistence_config
 from meshplan.plan import Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision
 
@@ -50,6 +51,7 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     if plan.vocab_parallel:
         raise MeshplanError("DeepSpeed has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     zero.update(_offload_config(plan, zero["stage"]))
+    zero.update(persistence_config(job.model, plan))
     cfg["zero_optimization"] = zero
     if d.tp > 1:
         if plan.zero == 3 and d.dp_shard > 1:

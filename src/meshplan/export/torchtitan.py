@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
 
@@ -60,6 +61,10 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
     refuse_expert_placement(plan, "torchtitan")
     if plan.vocab_parallel:
         raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
+    if uses_osdp(plan):
+        raise MeshplanError("torchtitan's parallelism.fsdp_reshard_after_forward is one policy for every "
+                            f"layer and it has no operator splitting: {osdp_notation(plan)} is not expressible; "
+                            "plan without them (or run it with meshplan train)")
     if plan.offload:
         # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
         if set(plan.offload) != {Offload.OPTIMIZER, Offload.PARAMS} or d.dp_shard == 1:

@@ -30,12 +30,14 @@ from torch.distributed.tensor.parallel import (
 
 from meshplan.plan import CPMethod, Offload, Plan, Recompute
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
+from meshplan.runtime.osdp import apply_osdp_modules, osdp_units
 
 
 def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: DeviceMesh | None = None) -> nn.Module:
     """Apply ``plan`` to ``model`` in place (see the module docstring for the order); returns it."""
     plan = plan.with_defaults(model.spec)
     d = plan.dims
+    apply_osdp_modules(model, plan)  # OSDP's MLP slices and chunked LM head (runtime.osdp)
     if d.tp > 1:
         apply_tp(model, mesh["tp"], plan.sp)
     if d.cp > 1:
@@ -272,10 +274,13 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
     else:
         dp_mesh = data_parallel_mesh(mesh, plan)
 
-        def wrap(module: nn.Module) -> None:
-            fully_shard(module, mesh=dp_mesh, reshard_after_forward=plan.zero == 3,
+        def wrap(module: nn.Module, reshard: bool = plan.zero == 3) -> None:
+            fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard,
                         ignored_params=expert_params or None, offload_policy=policy)
 
+    # OSDP (zero 3): kept groups and MLP slices as their own units, inside their layer's
+    for module, reshard in osdp_units(model, plan):
+        wrap(module, reshard)
     for layer in model.layers.values():
         wrap(layer)
     wrap(model)

@@ -38,6 +38,7 @@ from meshplan.runtime.routing_log import RoutingLog
 from meshplan.runtime.schedule import (
     LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
 )
+from meshplan.runtime.osdp import head_loss_context
 from meshplan.runtime.state import full_parameters
 from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
@@ -263,7 +264,7 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
             parallelize_stage=lambda m: parallelize(m, plan, mesh, ep_mesh=ep_mesh),
             init_stage=init_stage, n_microbatches=plan.num_microbatches(training),
         )
-        modules = list(pipe.stage_modules)
+        modules = pipe.model_parts
     else:
         parallelize(model, plan, mesh, ep_mesh=ep_mesh)
         init_stage(model)
@@ -302,6 +303,12 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
 def _data_source(job: Job, cfg: TrainConfig):
     """(training batches, held-out batches): packed tokenizer data, byte text or synthetic tokens."""
     training = job.training
+    if training.seq_len_dist is not None:  # packed variable-length documents (runtime/packing.py)
+        from meshplan.runtime.packing import DocumentSource
+
+        return DocumentSource(dist=training.seq_len_dist, seq_len=training.seq_len,
+                              global_batch=training.global_batch, vocab_size=job.model.vocab_size,
+                              seed=cfg.seed, balance=training.doc_balance), []
     if cfg.tokenizer:
         from meshplan.runtime.datasets import load_packed
 
@@ -321,16 +328,20 @@ def _step(run: _Run, step: int) -> torch.Tensor:
     dp_rank = run.mesh["dp"].get_local_rank()
     cp_rank = run.mesh["cp"].get_local_rank()
     rows_per_rank = training.global_batch // d.dp
-    tokens, targets = run.source.batch(step)
     for optimizer in run.optimizers:
         optimizer.zero_grad(set_to_none=True)
-    if run.pipe is not None:
+    if training.seq_len_dist is not None:  # pp = cp = 1 (targets.py)
+        local_loss = _accumulate_documents(run.modules[0], plan, run.source.rank_batch(step, dp_rank, d.dp),
+                                           device, run.autocast, run.amp_dtype)
+    elif run.pipe is not None:
+        tokens, targets = run.source.batch(step)
         x, y = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp,
                                   micro_batch=rows_per_rank, cp_rank=cp_rank, cp=d.cp)[0]
         with torch.autocast(device.type, dtype=run.amp_dtype, enabled=run.autocast), loss_context(plan):
             out = run.pipe.step(x.to(device), y.to(device))
         local_loss = replicated_value(out.detach()).float() if out is not None else torch.zeros((), device=device)
     else:
+        tokens, targets = run.source.batch(step)
         local_tokens = rows_per_rank * training.seq_len // d.cp
         local_loss = _accumulate(run.modules[0], plan, tokens, targets, dp_rank, cp_rank,
                                  local_tokens, device, run.autocast, run.amp_dtype)
@@ -425,11 +436,34 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
         set_gradient_sync(model, last or plan.zero >= 2)
         with loss_context(plan):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
-                logits = model(x.to(device))
-            loss = token_loss_sum(logits, y.to(device)) / local_tokens
+            with (torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device),
+                  head_loss_context(model, y.to(device))):
+                out = model(x.to(device))  # the loss sum with a chunked LM head (runtime.osdp)
+            loss = (out if out.dim() == 0 else token_loss_sum(out, y.to(device))) / local_tokens
             loss.backward()
         total += replicated_value(loss.detach())
+    return total
+
+
+def _accumulate_documents(model, plan, batch, device, autocast, amp_dtype):
+    """``_accumulate`` for packed documents: each micro-batch's document layout is set on the
+    attention cores before its forward; the loss is over the targets of the whole global batch."""
+    from meshplan.runtime.packing import set_documents
+
+    per_rank_targets = batch.global_targets / plan.dims.dp  # the dp average makes it the global mean
+    rows = range(0, batch.tokens.shape[0], plan.micro_batch)
+    total = torch.zeros((), device=device)
+    for i, r in enumerate(rows):
+        set_gradient_sync(model, i == len(rows) - 1 or plan.zero >= 2)
+        set_documents(model, batch.documents[r:r + plan.micro_batch])
+        x, y = batch.tokens[r:r + plan.micro_batch], batch.targets[r:r + plan.micro_batch]
+        with loss_context(plan):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
+                logits = model(x.to(device))
+            loss = token_loss_sum(logits, y.to(device)) / per_rank_targets
+            loss.backward()
+        total += replicated_value(loss.detach())
+    set_documents(model, None)
     return total
 
 
