@@ -3,7 +3,6 @@ headroom from the memory error, unvalidated features, and the record it reads.""
 
 from dataclasses import dataclass
 
-import pytest
 
 from meshplan.plan import ParallelDims, Plan
 from meshplan.search.robust import FEATURES, MIN_VALIDATED_ROWS, ModelError, model_error, robust_choice
