@@ -41,18 +41,16 @@ from meshplan.runtime.dryrun_moe import use_balanced_routing
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
+from meshplan.runtime.pipeline import ZeroStage
 from meshplan.runtime.train import (
     _accumulate,
     compute_precision,
     loss_context,
     make_optimizer,
+    mixed_precision_dtype,
     token_loss_sum,
 )
-from meshplan.spec.training import Precision
 
-HIDDEN_DTYPE = torch.float32
-"""dtype of the hidden states passed between pipeline stages: the runtime keeps fp32 parameters
-and autocasts the matmuls, so the residual stream (embedding output + block outputs) stays fp32."""
 DRY_RUN_LR = 1e-3
 """Learning rate of the simulated optimizer (its value changes nothing a dry run measures)."""
 
@@ -84,7 +82,7 @@ class RankResult:
         return asdict(self)
 
 
-class _StaticShapeStage(PipelineStage):
+class _StaticShapeStage(ZeroStage):
     """A PipelineStage told its shapes up front. torch's warm-up vote sends a 4-byte int between
     neighbours to agree on static vs dynamic shapes; on a fake process group the value never arrives,
     so the vote is decided here: every stage of a dry run is static."""
@@ -180,13 +178,12 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     device = torch.device("cpu")
     # Matmul precision of the plan's GPU run (fp8 runs as bf16 there too), autocast on CPU here.
-    compute = compute_precision(training.precision, torch.device("cuda"))
-    amp_dtype = torch.float16 if compute == Precision.FP16 else torch.bfloat16
-    autocast = compute != Precision.FP32
+    mp_dtype = mixed_precision_dtype(compute_precision(training.precision, torch.device("cuda")))
+    amp_dtype, autocast = mp_dtype or torch.bfloat16, mp_dtype is not None
     reference: list[str] = []
 
     def parallelize_stage(module: nn.Module) -> nn.Module:
-        parallelize(module, plan, mesh, ep_mesh=ep_mesh)
+        parallelize(module, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype)
         if use_balanced_routing(module) and "moe-routing" not in reference:
             reference.append("moe-routing")
         return module
@@ -262,20 +259,23 @@ def _stage_factory(job: Job, plan: Plan, fake: FakeTensorMode, autocast: bool, a
     d, training, spec = plan.dims, job.training, job.model
     seq = training.seq_len // d.cp
     hidden_seq = seq // d.tp if (plan.sp and d.tp > 1) else seq
+    # Hidden states between stages are in the compute dtype: under FSDP2 mixed precision the
+    # embedding and the blocks compute with 16-bit weight copies, so the residual stream is 16-bit.
+    hidden_dtype = amp_dtype if autocast else torch.float32
 
     def make(module: nn.Module, index: int, num_stages: int, device: torch.device, *, group) -> PipelineStage:
         with fake:
             if index == 0:
                 x = torch.randint(0, spec.vocab_size, (plan.micro_batch, seq))
             else:
-                x = torch.empty(plan.micro_batch, hidden_seq, spec.hidden_size, dtype=HIDDEN_DTYPE,
+                x = torch.empty(plan.micro_batch, hidden_seq, spec.hidden_size, dtype=hidden_dtype,
                                 requires_grad=True)  # its gradient goes back to the previous stage
             with torch.no_grad(), torch.autocast("cpu", dtype=amp_dtype, enabled=autocast):
                 y = module(x)
         _reshard(module)
         out = y if index == num_stages - 1 else torch.empty_like(y, requires_grad=True)
         return _StaticShapeStage(module, index, num_stages, device, input_args=x,
-                                 output_args=out, group=group)
+                                 output_args=out, group=group, zero=plan.zero)
 
     return make
 

@@ -6,7 +6,8 @@ around the ring; rank c combines the blocks j <= c (causal: later blocks are ful
 online softmax, keeping per-row log-sum-exp (Milakov and Gimelshein 2018; FlashAttention,
 Dao et al. 2022, Sec. 3.1). Backward recomputes each block's probabilities from the saved
 log-sum-exp and sends the K/V block together with its accumulated dK/dV around the ring once
-more, so each block's gradient arrives back at its owner after C hops.
+more, so each block's gradient arrives back at its owner after C hops. GQA K/V travel un-expanded
+(Nk heads) in the compute dtype; the query heads of a group share them by broadcasting.
 The split is contiguous, not load-balanced: the last rank does the most work.
 """
 
@@ -34,9 +35,11 @@ def _ring_pass(tensors: list[torch.Tensor], group: dist.ProcessGroup, rank: int,
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """Scaled scores (B, N, s, s) of q, k (B, N, s, H), causal mask on the diagonal block."""
+    """Scaled fp32 scores (B, Nk, g, s, s) of q (B, Nk, g, s, H) and one K block (B, Nk, s, H):
+    the g query heads of a GQA group share their KV head by broadcasting, never by a copy. Causal
+    mask on the diagonal block."""
     s = q.shape[-2]
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = (q.float() @ k.float().unsqueeze(2).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if diagonal:
         mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
@@ -44,18 +47,26 @@ def _scores(q: torch.Tensor, k: torch.Tensor, diagonal: bool) -> torch.Tensor:
 
 
 class _RingAttention(torch.autograd.Function):
+    """q: (B, Nk, g, s, H) grouped by KV head; k, v: (B, Nk, s, H), the KV heads themselves, in the
+    compute dtype: what travels around the ring is the un-expanded K/V of the cost model (2 s Nk H
+    elements per hop). Softmax statistics, output and gradients are accumulated in fp32."""
+
     @staticmethod
     def forward(ctx, q, k, v, group, rank, size):
-        # q, k, v: (B, N, s, H) float32 working copies
-        out = q.new_zeros(q.shape[:-1] + v.shape[-1:])  # value width may differ (MLA)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (B, N, s)
+        with torch.autocast(q.device.type, enabled=False):  # fp32 softmax, as in the backward
+            return _RingAttention._forward(ctx, q, k, v, group, rank, size)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, group, rank, size):
+        out = q.new_zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float32)  # value width may differ (MLA)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)  # (B, Nk, g, s)
         kb, vb = k, v
         for step in range(size):
             j = (rank - step) % size  # owner of the block we hold now
             if j <= rank:
                 sc = _scores(q, kb, diagonal=j == rank)
-                blk_lse = torch.logsumexp(sc, dim=-1)  # (B, N, s)
-                blk_out = torch.softmax(sc, dim=-1) @ vb
+                blk_lse = torch.logsumexp(sc, dim=-1)
+                blk_out = torch.softmax(sc, dim=-1) @ vb.float().unsqueeze(2)
                 new_lse = torch.logaddexp(lse, blk_lse)
                 out = out * torch.exp(lse - new_lse).unsqueeze(-1) + blk_out * torch.exp(blk_lse - new_lse).unsqueeze(-1)
                 lse = new_lse
@@ -69,23 +80,26 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         group, rank, size = ctx.group, ctx.rank, ctx.size
-        dout = dout.contiguous()
-        delta = (dout * out).sum(-1, keepdim=True)  # (B, N, s, 1): rowsum(dO * O)
+        dout = dout.float().contiguous()
+        delta = (dout * out).sum(-1, keepdim=True)  # (B, Nk, g, s, 1): rowsum(dO * O)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        dq = torch.zeros_like(q)
+        qf = q.float()
+        dq = torch.zeros_like(qf)
         kb, vb = k, v
-        dkb, dvb = torch.zeros_like(k), torch.zeros_like(v)
+        # dK/dV of the travelling block, summed over the g query heads of each KV head, in fp32.
+        dkb = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dvb = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for step in range(size):
             j = (rank - step) % size
             if j <= rank:
-                p = torch.exp(_scores(q, kb, diagonal=j == rank) - lse.unsqueeze(-1))  # (B, N, s, s)
-                dvb = dvb + p.transpose(-1, -2) @ dout
-                ds = p * (dout @ vb.transpose(-1, -2) - delta)
-                dq = dq + (ds @ kb) * scale
-                dkb = dkb + (ds.transpose(-1, -2) @ q) * scale
+                p = torch.exp(_scores(q, kb, diagonal=j == rank) - lse.unsqueeze(-1))  # (B, Nk, g, s, s)
+                dvb = dvb + (p.transpose(-1, -2) @ dout).sum(2)
+                ds = p * (dout @ vb.float().unsqueeze(2).transpose(-1, -2) - delta)
+                dq = dq + (ds @ kb.float().unsqueeze(2)) * scale
+                dkb = dkb + (ds.transpose(-1, -2) @ qf).sum(2) * scale
             # After `size` hops every block (and its gradient) is back with its owner.
             kb, vb, dkb, dvb = _ring_pass([kb, vb, dkb, dvb], group, rank, size)
-        return dq, dkb, dvb, None, None, None
+        return dq.to(q.dtype), dkb.to(k.dtype), dvb.to(v.dtype), None, None, None
 
 
 class RingAttention(nn.Module):
@@ -98,15 +112,18 @@ class RingAttention(nn.Module):
         self.group, self.cp_rank, self.cp_size = group, cp_rank, cp_size
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: (B, s, Nq, H), k/v: (B, s, Nk, H) on this rank's s = S/cp tokens -> (B, s, Nq, H)."""
-        s = q.shape[1]
+        """q: (B, s, Nq, H), k/v: (B, s, Nk, H) on this rank's s = S/cp tokens -> (B, s, Nq, H).
+
+        Query head n uses KV head n // (Nq/Nk) (GQA, as repeat_interleave in CoreAttention)."""
+        B, s, Nq, _ = q.shape
         if self.rope:
             pos = torch.arange(self.cp_rank * s, (self.cp_rank + 1) * s, device=q.device)
             q, k = apply_rope_part(q, pos, self.rope_dim), apply_rope_part(k, pos, self.rope_dim)
-        if k.shape[2] != q.shape[2]:  # GQA: expand here so autograd sums the KV-head gradients
-            rep = q.shape[2] // k.shape[2]
-            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        dtype = q.dtype
-        q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))  # (B, N, s, H), fp32 softmax
-        out = _RingAttention.apply(q, k, v, self.group, self.cp_rank, self.cp_size)
-        return out.transpose(1, 2).to(dtype)
+        Nk = k.shape[2]
+        dtype = torch.promote_types(q.dtype, v.dtype)
+        if torch.is_autocast_enabled(q.device.type):  # the matmuls' dtype: K/V travel in it
+            dtype = torch.get_autocast_dtype(q.device.type)
+        qg = q.transpose(1, 2).reshape(B, Nk, Nq // Nk, s, q.shape[-1]).to(dtype)  # (B, Nk, g, s, H)
+        k, v = (t.transpose(1, 2).to(dtype) for t in (k, v))  # (B, Nk, s, H)
+        out = _RingAttention.apply(qg, k, v, self.group, self.cp_rank, self.cp_size)  # (B, Nk, g, s, Hv)
+        return out.reshape(B, Nq, s, out.shape[-1]).transpose(1, 2).to(dtype)
