@@ -109,11 +109,10 @@ def test_moe_expert_parallel_uses_balanced_routing() -> None:
            for c in res["collectives"] if c["kind"] == "all_to_all"}
     # per MoE layer: counts + tokens out + tokens back, forward; tokens back and out again, backward
     assert a2a["ep"]["count"] == 5
-    # T*k rows of D values each way and again in backward: dispatched in fp32 (the norm's output:
-    # the runtime keeps fp32 weights, autocast casts only at the matmuls), combined in bf16 (the
-    # experts' matmul output); plus the E int64 counts.
+    # T*k rows of D values each way and again in backward, all in bf16 (FSDP2 mixed precision: the
+    # norm's output and the experts' matmul output are bf16); plus the E int64 counts.
     T, k, D = 256, 2, model.hidden_size
-    assert a2a["ep"]["total_bytes"] == 2 * T * k * D * (4 + 2) + model.moe_num_experts * 8
+    assert a2a["ep"]["total_bytes"] == 2 * T * k * D * (2 + 2) + model.moe_num_experts * 8
 
 
 def test_expected_collectives_by_hand() -> None:

@@ -34,16 +34,57 @@ def _ring_pass(tensors: list[torch.Tensor], group: dist.ProcessGroup, rank: int,
     return recv
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """Scaled fp32 scores (B, Nk, g, s, s) of q (B, Nk, g, s, H) and one K block (B, Nk, s, H):
-    the g query heads of a GQA group share their KV head by broadcasting, never by a copy. Causal
-    mask on the diagonal block."""
-    s = q.shape[-2]
+QUERY_CHUNK_ROWS = 1024
+"""Query rows per score tile: each hop's block is computed in tiles of (g, 1024, s) fp32 scores, so
+the transient stays a few hundred MiB at s = 8K instead of several (g, s, s) matrices; the tiling
+of FlashAttention (Dao et al. 2022, Sec. 3.1), over the query rows only."""
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, row0: int, diagonal: bool) -> torch.Tensor:
+    """Scaled fp32 scores (B, Nk, g, c, t) of a query tile q (B, Nk, g, c, H) starting at row
+    ``row0`` and keys k (B, Nk, t, H): the g query heads of a GQA group share their KV head by
+    broadcasting, never by a copy. On the diagonal block, key j is masked for query row i < j."""
+    c, t = q.shape[-2], k.shape[-2]
     scores = (q.float() @ k.float().unsqueeze(2).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if diagonal:
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        rows = torch.arange(row0, row0 + c, device=q.device)
+        mask = torch.arange(t, device=q.device)[None, :] > rows[:, None]
         scores = scores.masked_fill(mask, float("-inf"))
     return scores
+
+
+def _tiles(s: int, diagonal: bool) -> list[tuple[int, int, int]]:
+    """(first row, last row + 1, keys seen) per query tile; on the diagonal a tile sees keys < its end."""
+    return [(r, min(r + QUERY_CHUNK_ROWS, s), min(r + QUERY_CHUNK_ROWS, s) if diagonal else s)
+            for r in range(0, s, QUERY_CHUNK_ROWS)]
+
+
+def _block_forward(q, kb, vb, diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """This block's softmax output (B, Nk, g, s, Hv) and log-sum-exp (B, Nk, g, s), tile by tile."""
+    outs, lses = [], []
+    for r0, r1, t in _tiles(q.shape[-2], diagonal):
+        sc = _scores(q[..., r0:r1, :], kb[..., :t, :], r0, diagonal)
+        lses.append(torch.logsumexp(sc, dim=-1))
+        outs.append(torch.softmax(sc, dim=-1) @ vb[..., :t, :].float().unsqueeze(2))
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+
+
+def _block_backward(q, kb, vb, dout, lse, delta, diagonal: bool):
+    """dQ (B, Nk, g, s, H) and this block's dK, dV (B, Nk, s, H), summed over the g heads, fp32."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(kb.shape, dtype=torch.float32, device=kb.device)
+    dv = torch.zeros(vb.shape, dtype=torch.float32, device=vb.device)
+    for r0, r1, t in _tiles(q.shape[-2], diagonal):
+        qt, do = q[..., r0:r1, :], dout[..., r0:r1, :]
+        k, v = kb[..., :t, :].float().unsqueeze(2), vb[..., :t, :].float().unsqueeze(2)
+        p = torch.exp(_scores(qt, kb[..., :t, :], r0, diagonal) - lse[..., r0:r1].unsqueeze(-1))
+        dv[..., :t, :] += (p.transpose(-1, -2) @ do).sum(2)
+        ds = p * (do @ v.transpose(-1, -2) - delta[..., r0:r1, :])
+        del p
+        dq[..., r0:r1, :] = (ds @ k) * scale
+        dk[..., :t, :] += (ds.transpose(-1, -2) @ qt.float()).sum(2) * scale
+    return dq, dk, dv
 
 
 class _RingAttention(torch.autograd.Function):
@@ -64,9 +105,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(size):
             j = (rank - step) % size  # owner of the block we hold now
             if j <= rank:
-                sc = _scores(q, kb, diagonal=j == rank)
-                blk_lse = torch.logsumexp(sc, dim=-1)
-                blk_out = torch.softmax(sc, dim=-1) @ vb.float().unsqueeze(2)
+                blk_out, blk_lse = _block_forward(q, kb, vb, diagonal=j == rank)
                 new_lse = torch.logaddexp(lse, blk_lse)
                 out = out * torch.exp(lse - new_lse).unsqueeze(-1) + blk_out * torch.exp(blk_lse - new_lse).unsqueeze(-1)
                 lse = new_lse
@@ -82,9 +121,7 @@ class _RingAttention(torch.autograd.Function):
         group, rank, size = ctx.group, ctx.rank, ctx.size
         dout = dout.float().contiguous()
         delta = (dout * out).sum(-1, keepdim=True)  # (B, Nk, g, s, 1): rowsum(dO * O)
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        qf = q.float()
-        dq = torch.zeros_like(qf)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kb, vb = k, v
         # dK/dV of the travelling block, summed over the g query heads of each KV head, in fp32.
         dkb = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
@@ -92,11 +129,8 @@ class _RingAttention(torch.autograd.Function):
         for step in range(size):
             j = (rank - step) % size
             if j <= rank:
-                p = torch.exp(_scores(q, kb, diagonal=j == rank) - lse.unsqueeze(-1))  # (B, Nk, g, s, s)
-                dvb = dvb + (p.transpose(-1, -2) @ dout).sum(2)
-                ds = p * (dout @ vb.float().unsqueeze(2).transpose(-1, -2) - delta)
-                dq = dq + (ds @ kb.float().unsqueeze(2)) * scale
-                dkb = dkb + (ds.transpose(-1, -2) @ qf).sum(2) * scale
+                bq, bk, bv = _block_backward(q, kb, vb, dout, lse, delta, diagonal=j == rank)
+                dq, dkb, dvb = dq + bq, dkb + bk, dvb + bv
             # After `size` hops every block (and its gradient) is back with its owner.
             kb, vb, dkb, dvb = _ring_pass([kb, vb, dkb, dvb], group, rank, size)
         return dq.to(q.dtype), dkb.to(k.dtype), dvb.to(v.dtype), None, None, None
