@@ -94,9 +94,41 @@ class _StaticShapeStage(ZeroStage):
         return torch.tensor([1], dtype=torch.int32)
 
 
-def _step_tracker():
+class _ShardingPropagation:
+    """Marks DTensor's sharding propagation. To find an op's output shape, DTensor runs the op on
+    fake tensors of the *global* shape (``ShardingPropagator._propagate_tensor_meta_non_cached``)
+    under the active fake mode, which in a dry run is the tracker's own: MemTracker would count
+    these global-shape shadows (a (B, S, V) fp32 copy of vocabulary-sharded logits, a whole
+    embedding's Adam temporaries) as if the rank allocated them. Installed as the propagator's
+    ``_fake_mode_lock``, the hook torch gives for serialising that block; re-entrant."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+@contextlib.contextmanager
+def _marking_sharding_propagation(marker: _ShardingPropagation):
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    previous = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = marker
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = previous
+
+
+def _step_tracker(propagation: _ShardingPropagation):
     """torch's MemTracker, accepting a module called again within a step (gradient accumulation,
-    pipeline micro-batches): only its global peak is read, not its per-module statistics."""
+    pipeline micro-batches): only its global peak is read, not its per-module statistics. Ops run
+    by DTensor's sharding propagation (global-shape shadows, see _ShardingPropagation) are not
+    counted."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class StepMemTracker(MemTracker):
@@ -112,6 +144,11 @@ def _step_tracker():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if propagation.depth:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
     return StepMemTracker()
 
@@ -217,7 +254,8 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
         modules, stages, tied_group = [model], [0], None
     optimizers = [make_optimizer(job, list(m.parameters()), DRY_RUN_LR) for m in modules]
 
-    tracker = _step_tracker()
+    propagation = _ShardingPropagation()
+    tracker = _step_tracker(propagation)
     tracker.track_external(*modules, *optimizers)
     dp_rank, cp_rank = mesh["dp"].get_local_rank(), mesh["cp"].get_local_rank()
     grads_bytes = 0
@@ -225,7 +263,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     if tied_group is not None:
         axes[tied_group.group_name] = "pp_tied"  # first and last stage: tied embedding gradient
     counter = CollectiveCounter(axes)
-    with fake, tracker:
+    with fake, _marking_sharding_propagation(propagation), tracker:
         for step in range(1, steps + 1):
             counting = counter if step == steps else contextlib.nullcontext()
             with counting:
