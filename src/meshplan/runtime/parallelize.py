@@ -5,7 +5,9 @@
 2. ``apply_cp``   context parallel: Ulysses all-to-all around the attention core, or ring attention.
 3. ``apply_positions``  shift learned position ids by this rank's sequence offset (CP and/or SP).
 4. ``apply_ep``   expert parallel (experts split over the ep group, all-to-all dispatch).
-5. ``apply_ac``   activation checkpointing of the planned layers (full or selective).
+5. ``apply_ac``   activation checkpointing of the planned layers (full or selective); with sp,
+                  layers not recomputed whole keep their sequence shard for backward, not the
+                  gathered input (``apply_sp_saving``, Korthikanti et al. 2022, Sec. 4.2.2).
 6. ``apply_dp``   data parallel last, so it wraps what TP/EP produced: FSDP2 ``fully_shard``
                   (zero 3: reshard after forward; zero 1/2: keep parameters gathered until backward),
                   HSDP on a 2-D (dp_replicate, dp_shard_cp) mesh, or ``replicate`` for zero 0;
@@ -53,6 +55,8 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
             raise ValueError("plan has ep > 1 but no expert-parallel mesh was given")
         apply_ep(model, ep_mesh["ep"])
     apply_ac(model, plan)
+    if d.tp > 1 and plan.sp:
+        apply_sp_saving(model)
     apply_dp(model, plan, mesh, ep_mesh, param_dtype=param_dtype)
     return model
 
@@ -230,6 +234,22 @@ def apply_ac(model: nn.Module, plan: Plan) -> None:
             checkpoint(getattr(core, "inner", core))
 
 
+def apply_sp_saving(model: nn.Module) -> None:
+    """Attention and MLP inputs of every layer not recomputed whole: keep the sequence shard for
+    backward and all-gather it again there (runtime/sp_regather.py). A fully recomputed layer keeps
+    only its input already, and its recomputation must not meet these saved-tensor hooks."""
+    from torch.distributed._composable import checkpoint
+
+    from meshplan.runtime.sp_regather import keep_shards_for_backward
+
+    for layer in model.layers.values():
+        if checkpoint.state(layer) is not None:
+            continue
+        keep_shards_for_backward(layer.attention)
+        if layer.feed_forward is not None:
+            keep_shards_for_backward(layer.feed_forward)
+
+
 # ---- 6. data parallel -----------------------------------------------------------------------
 EXPERT_SHARD_DIM = 1
 """FSDP shards routed-expert weights (E/ep, D, F) / (E/ep, F, D) on dim 1, not on the expert dim:
@@ -336,5 +356,5 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
             m.set_requires_gradient_sync(enabled, recurse=False)
 
 
-__all__ = ["parallelize", "apply_tp", "apply_cp", "apply_positions", "apply_ep", "apply_ac",
+__all__ = ["parallelize", "apply_tp", "apply_cp", "apply_positions", "apply_ep", "apply_ac", "apply_sp_saving",
            "apply_dp", "mixed_precision", "set_accumulation", "set_gradient_sync", "stage_index"]

@@ -111,6 +111,7 @@ class _RingAttention(torch.autograd.Function):
                 lse = new_lse
             if step < size - 1:
                 kb, vb = _ring_pass([kb, vb], group, rank, size)
+        out = out.to(q.dtype)  # kept for backward in the compute dtype, as FlashAttention keeps O
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.rank, ctx.size = group, rank, size
         return out
@@ -120,7 +121,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         group, rank, size = ctx.group, ctx.rank, ctx.size
         dout = dout.float().contiguous()
-        delta = (dout * out).sum(-1, keepdim=True)  # (B, Nk, g, s, 1): rowsum(dO * O)
+        delta = (dout * out.float()).sum(-1, keepdim=True)  # (B, Nk, g, s, 1): rowsum(dO * O)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kb, vb = k, v
         # dK/dV of the travelling block, summed over the g query heads of each KV head, in fp32.
