@@ -20,22 +20,23 @@ from meshplan.report.dryrun_expected import expected_collectives, group_of
 
 GIB = 2**30
 DIFFERENCE_NOTES = (
-    "parameters: the runtime keeps fp32 weights (4 B/param) and autocasts the matmuls; the cost model "
-    "counts a 16-bit working copy (2 B) and puts the fp32 master (4 B) with the optimizer states.",
+    "parameters: the runtime keeps fp32 weights (4 B/param) as FSDP2's sharded master copy and computes "
+    "with gathered 16-bit copies (MixedPrecisionPolicy); this row is the fp32 shards, the gathered copies "
+    "are in the peak. The cost model counts a 16-bit working copy (2 B) and puts the fp32 master (4 B) "
+    "with the optimizer states.",
     "peak: the tracker counts every tensor allocated through torch's dispatcher (weights, gradients, "
     "optimizer states, activations, FSDP's gathered weights, temporaries), not the allocator's "
     "fragmentation or the communication library's buffers; the cost model's peak is weights + gradients "
     "+ optimizer + activations kept for backward + its 'other' term.",
     "collective counts: the runtime issues one collective per FSDP unit (each layer and the root) and per "
     "tensor-parallel region; the cost model charges one bucket per step or layer pass, so compare bytes. "
-    "FSDP gathers and reduces the fp32 weights (no mixed-precision policy): twice the model's 16-bit bytes.",
-    "activations: the runtime keeps the residual stream in fp32 and, under tensor + sequence parallel, each "
-    "projection's own all-gathered bf16 input (autocast casts wq, wk, wv, w1, w3 inputs separately); the "
-    "cost model keeps 16-bit tensors and one sequence-parallel norm output (Korthikanti et al. 2022, 4.2.2).",
-    "pipeline + FSDP: torch's PipelineStage keeps a stage's gathered weights and unsharded gradients from its "
-    "first backward to the end of the step (reshard_after_backward and gradient sync off until then); the "
-    "cost model shards them per ZeRO stage. Pipeline sends carry fp32 hidden states; the first stage "
-    "receives no gradient and the last sends no activation.",
+    "FSDP gathers 16-bit weights and reduce-scatters fp32 gradients, as the cost model charges.",
+    "activations: on this CPU, rms_norm's composite kernel saves two fp32 copies of its (s, D) input where "
+    "a fused GPU kernel saves the 16-bit input and one value per row; the cost model keeps 16-bit tensors "
+    "(Korthikanti et al. 2022, 4.2.2).",
+    "pipeline + FSDP: each stage keeps what its ZeRO stage keeps (pipeline.ZeroStage): zero 3 frees the "
+    "gathered weights and reduce-scatters after every micro-batch's backward, zero 1 keeps both until the "
+    "end of the step. The first stage receives no gradient and the last sends no activation.",
 )
 
 
