@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.table import Table
 
-from meshplan.cost import estimate
+from meshplan.cost import calibration_for, estimate
 from meshplan.plan import Job
 from meshplan.report.dryrun_expected import expected_collectives, group_of
 
@@ -57,21 +57,37 @@ class RankComparison:
         model = self.model_memory["total_bytes"]
         return (self.measured["peak_bytes"] - model) / model if model else 0.0
 
+    @property
+    def tensor_difference(self) -> float:
+        """(dry-run peak - model's tensors) / model's tensors: like with like (see model_tensor_bytes)."""
+        model = self.model_memory["tensor_bytes"]
+        return (self.measured["peak_bytes"] - model) / model if model else 0.0
+
     def to_dict(self) -> dict:
         return {"rank": self.rank, "pp_rank": self.pp_rank, "dry_run": self.measured,
                 "cost_model_memory": self.model_memory, "collectives": self.collectives,
                 "peak_difference": self.peak_difference}
 
 
+def model_tensor_bytes(mem, framework_bytes: float) -> float:
+    """The cost model's peak less what no tensor tracker can see: the CUDA context, NCCL's buffers
+    and workspace (Calibration.framework_overhead_gib) and the caching allocator's fragmentation
+    reserve. What remains (weights, gradients, optimizer states, activations, logits, communication
+    buckets, gathered ZeRO-3 layers) is what the dry run's MemTracker counts."""
+    return mem.total_bytes - mem.reserve_bytes - framework_bytes
+
+
 def compare(job: Job, results: list[dict]) -> list[RankComparison]:
     est = estimate(job.model, job.cluster, job.training, job.plan)
+    framework = calibration_for(job.cluster.gpu).framework_overhead_gib * GIB
     out = []
     for res in results:
         pp_rank = res["coords"]["pp"]
         mem = est.stages[pp_rank].memory
         model_memory = {"parameters_bytes": mem.parameters_bytes, "gradients_bytes": mem.gradients_bytes,
                         "optimizer_bytes": mem.optimizer_bytes, "activations_bytes": mem.activations_bytes,
-                        "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes}
+                        "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes,
+                        "tensor_bytes": model_tensor_bytes(mem, framework)}
         out.append(RankComparison(rank=res["rank"], pp_rank=pp_rank, measured=res,
                                   model_memory=model_memory,
                                   collectives=_collective_rows(job, pp_rank, res["collectives"])))
@@ -123,7 +139,9 @@ def render(job: Job, comparisons: list[RankComparison]) -> Group:
                 ("gradients", r["gradients_bytes"], m["gradients_bytes"]),
                 ("optimizer states", r["optimizer_bytes"], m["optimizer_bytes"]),
                 ("activations + temporaries at peak", transient, m["activations_bytes"] + m["other_bytes"]),
-                ("peak (tracker, allocated)", r["peak_bytes"], m["total_bytes"]))
+                ("peak (tracker, allocated)", r["peak_bytes"], m["total_bytes"]),
+                ("peak, model without CUDA context / NCCL / fragmentation", r["peak_bytes"],
+                 m.get("tensor_bytes", m["total_bytes"])))
         for name, ours, theirs in rows:
             mem.add_row(name, _gib(ours), _gib(theirs), _ratio(ours, theirs))
         coll = Table(title=f"rank {c.rank}: collectives per step")
