@@ -5,6 +5,10 @@
 
 Run it pinned to one core (``taskset -c 0``) for the figures in the README; on a loaded machine
 compare the CPU time column, which other processes do not inflate.
+
+Before / after: each case also runs ``search(..., prune=False)`` (every configuration scored in
+full, every stage grid walked whole: ``meshplan.search.prune``, ``stages._top``) and prints its CPU
+time and whether its frontier (times, memories, plans) is the pruned search's.
 """
 
 from __future__ import annotations
@@ -33,21 +37,32 @@ REPEATS = 3
 others measure interference from other processes)."""
 
 
+def _timed(spec, cluster, training, prune: bool | None):
+    wall, cpu = float("inf"), float("inf")
+    for _ in range(REPEATS):
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        res = search(spec, cluster, training, prune=prune)
+        wall = min(wall, time.perf_counter() - wall0)
+        cpu = min(cpu, time.process_time() - cpu0)
+    return res, wall, cpu
+
+
+def _points(res):
+    return [(p.step_time_s, p.peak_memory_bytes, p.plan) for p in res.frontier]
+
+
 def run(name: str) -> dict:
     model, system, nodes, seq, batch, target = CASES[name]
     spec = model_preset(model)
     cluster = system_preset(system, num_nodes=nodes)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
-    wall, cpu = float("inf"), float("inf")
-    for _ in range(REPEATS):
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        res = search(spec, cluster, training)
-        wall = min(wall, time.perf_counter() - wall0)
-        cpu = min(cpu, time.process_time() - cpu0)
+    full, _, cpu_full = _timed(spec, cluster, training, prune=False)
+    res, wall, cpu = _timed(spec, cluster, training, prune=None)  # search()'s default
     rec = res.recommended
     return {
         "case": f"{model} on {cluster.num_gpus} GPUs, seq {seq}, batch {batch}",
-        "wall_s": wall, "cpu_s": cpu, "target_s": target,
+        "wall_s": wall, "cpu_s": cpu, "target_s": target, "cpu_unpruned_s": cpu_full,
+        "same_frontier": _points(full) == _points(res), "pruned": res.pruned_configs,
         "global_configs": res.global_configs, "refined": res.refined_configs,
         "plans_evaluated": res.plans_evaluated, "plans_per_s": res.plans_evaluated / max(cpu, 1e-9),
         "frontier": len(res.frontier),
@@ -59,11 +74,12 @@ def run(name: str) -> dict:
 def main(argv: list[str]) -> None:
     names = argv or list(CASES)
     search(model_preset("toy-llama"), system_preset("dgx-h100"), TrainingSpec(seq_len=128, global_batch=8))  # warm-up
-    print(f"{'case':55s} {'wall s':>8s} {'cpu s':>8s} {'target':>7s} {'configs':>9s} {'evaluated':>10s} "
-          f"{'plans/s':>10s} {'front':>6s}  recommended (MFU)")
+    print(f"{'case':55s} {'wall s':>8s} {'cpu s':>8s} {'target':>7s} {'unpruned':>9s} {'same':>5s} "
+          f"{'configs':>9s} {'pruned':>9s} {'evaluated':>10s} {'plans/s':>10s} {'front':>6s}  recommended (MFU)")
     for n in names:
         r = run(n)
-        print(f"{r['case']:55s} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} {r['target_s']:7.1f} {r['global_configs']:9,d} "
+        print(f"{r['case']:55s} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} {r['target_s']:7.1f} {r['cpu_unpruned_s']:9.3f} "
+              f"{'yes' if r['same_frontier'] else 'NO':>5s} {r['global_configs']:9,d} {r['pruned']:9,d} "
               f"{r['plans_evaluated']:10,d} {r['plans_per_s']:10,.0f} {r['frontier']:6d}  "
               f"{r['recommended']} ({100 * r['mfu']:.1f}%)")
 

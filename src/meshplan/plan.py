@@ -106,6 +106,37 @@ def offload_choices(code: int) -> "tuple[Offload, ...]":
     return tuple(o for o in Offload if code & o.bit)
 
 
+class OpGroup(str, enum.Enum):
+    """Operator groups whose parameters OSDP shards or keeps as one (Jiang et al. 2023, "OSDP:
+    Optimal Sharded Data Parallel for Distributed Deep Learning", Sec. 3: a per-operator choice
+    between ZeRO-3 sharding and ZeRO-DP's gathered parameters; here per group of operators)."""
+
+    ATTENTION = "attention"  # every layer's attention (and its norm)
+    MLP = "mlp"  # every layer's MLP, or its experts and shared experts
+    EMBEDDING = "embedding"
+    HEAD = "head"  # final norm and LM head
+
+    @property
+    def bit(self) -> int:
+        """Bit of this group in the search's integer column (``PlanArrays.keep``)."""
+        return 1 << tuple(OpGroup).index(self)
+
+
+def group_code(groups: "tuple[OpGroup, ...]") -> int:
+    """The bit mask of a set of operator groups (0: none)."""
+    return sum(OpGroup(g).bit for g in set(groups))
+
+
+def group_choices(code: int) -> "tuple[OpGroup, ...]":
+    """The inverse of :func:`group_code`, in the enum's order."""
+    return tuple(g for g in OpGroup if code & g.bit)
+class ExpertPlacement(str, enum.Enum):
+    """Which expert-parallel rank holds which routed expert (meshplan.cost.expert_load)."""
+
+    CONTIGUOUS = "contiguous"  # rank r holds experts [r*E/ep, (r+1)*E/ep) (Megatron-Core, the runtime)
+    BALANCED = "balanced"  # greedy by the expert load, E/ep per rank (FlexMoE, Nie et al. 2023 Sec. 4)
+
+
 class CPMethod(str, enum.Enum):
     """Context-parallel attention: ring (pass K/V around) or all-to-all (Ulysses, heads <-> seq)."""
 
@@ -119,6 +150,9 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
     if model.position.value == "learned" and training.seq_len > model.max_position:
         raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
                             f"{model.max_position} (learned position embeddings)")
+    if training.expert_load is not None and not model.is_moe:
+        raise MeshplanError(f"an expert load (--expert-skew / --expert-load) describes MoE routing; "
+                            f"{model.name} has no experts")
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -238,9 +272,27 @@ class Plan:
     """Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024): the embedding and the
     LM head with its loss split over all ``pp`` ranks instead of sitting on the first and last;
     needs ``pp > 1``."""
+    keep_gathered: tuple[OpGroup, ...] = ()
+    """OSDP's per-operator choice (Jiang et al. 2023, Sec. 3): under zero 3, the operator groups
+    whose parameters stay gathered from forward to backward (ZeRO-2 for that group: no re-gather
+    in backward, the whole group resident at the peak); the others are sharded and re-gathered.
+    Empty: every group sharded. Needs zero 3. Kept in the enum's order."""
+    mlp_splits: int = 1
+    """OSDP's operator splitting (Jiang et al. 2023, Sec. 3.2): each MLP's weights split along its
+    inner width into this many slices, gathered one at a time under zero 3 (1: whole)."""
+    head_splits: int = 1
+    """The LM head and its cross-entropy run on this many chunks of the tokens, so that only one
+    chunk's logits exist at a time (recomputed in backward); 1: the whole logits tensor."""
+    expert_placement: ExpertPlacement = ExpertPlacement.CONTIGUOUS
+    """Which ep rank holds which routed expert; ``balanced`` spreads the hot experts of the
+    training's expert load over the ranks (meshplan.cost.expert_load)."""
+    expert_replicas: int = 0
+    """Extra expert slots per ep rank holding copies of the hottest experts, their tokens split
+    over the copies and their gradients all-reduced among them (FlexMoE, Nie et al. 2023)."""
 
     def __post_init__(self) -> None:
-        for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod)):
+        for f, enum_cls in (("schedule", Schedule), ("recompute", Recompute), ("cp_method", CPMethod),
+                            ("expert_placement", ExpertPlacement)):
             try:
                 object.__setattr__(self, f, enum_cls(getattr(self, f)))
             except ValueError:
@@ -254,6 +306,23 @@ class Plan:
             raise MeshplanError(f"offload={list(self.offload)!r}: each must be one of "
                                 f"{', '.join(o.value for o in Offload)}") from None
         object.__setattr__(self, "offload", tuple(o for o in Offload if o in chosen))
+        try:
+            kept = {OpGroup(g) for g in self.keep_gathered}
+        except ValueError:
+            raise MeshplanError(f"keep_gathered={list(self.keep_gathered)!r}: each must be one of "
+                                f"{', '.join(g.value for g in OpGroup)}") from None
+        object.__setattr__(self, "keep_gathered", tuple(g for g in OpGroup if g in kept))
+        _check_positive("mlp_splits", self.mlp_splits)
+        _check_positive("head_splits", self.head_splits)
+        if kept and self.zero != 3:
+            raise MeshplanError(f"keep_gathered needs zero 3 (below it every parameter is already kept "
+                                f"gathered), got zero {self.zero}")
+        if self.mlp_splits > 1 and self.zero != 3:
+            raise MeshplanError(f"mlp_splits={self.mlp_splits} needs zero 3: splitting only bounds the "
+                                f"MLP parameters gathered at once, got zero {self.zero}")
+        if self.mlp_splits > 1 and OpGroup.MLP in kept:
+            raise MeshplanError("mlp_splits > 1 with the MLP kept gathered: a kept MLP is never "
+                                "gathered a slice at a time")
         d = self.dims
         if Offload.PARAMS in chosen and Offload.OPTIMIZER not in chosen:
             raise MeshplanError("offload 'params' needs 'optimizer' too: the step runs on the host, "
@@ -271,6 +340,10 @@ class Plan:
             raise MeshplanError("sequence parallel (sp) needs tp > 1")
         if self.vocab_parallel and d.pp == 1:
             raise MeshplanError("vocab_parallel splits the vocabulary over pipeline ranks: it needs pp > 1")
+        if isinstance(self.expert_replicas, bool) or not isinstance(self.expert_replicas, int) or self.expert_replicas < 0:
+            raise MeshplanError(f"expert_replicas must be a whole number >= 0, got {self.expert_replicas!r}")
+        if (self.expert_replicas or self.expert_placement != ExpertPlacement.CONTIGUOUS) and d.ep == 1:
+            raise MeshplanError("expert placement and replicas spread experts over expert-parallel ranks: they need ep > 1")
         _check_positive("vpp", self.vpp)
         _check_positive("micro_batch", self.micro_batch)
         if self.vpp > 1 and not self.schedule.supports_virtual_stages:
@@ -336,6 +409,9 @@ class Plan:
         if model.is_moe:
             if model.moe_num_experts % d.ep:
                 raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
+            if self.expert_replicas > model.moe_num_experts // d.ep:
+                raise MeshplanError(f"expert_replicas={self.expert_replicas} exceeds the "
+                                    f"{model.moe_num_experts // d.ep} experts each of the ep={d.ep} ranks holds")
             if d.etp and model.moe_ffn_hidden_size % d.etp:
                 raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
                                     f"etp={d.etp}")
@@ -364,6 +440,16 @@ class Plan:
             )
         if self.sp and training.seq_len % d.tp:
             raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
+        if self.mlp_splits > 1 and model.is_moe:
+            raise MeshplanError(f"mlp_splits={self.mlp_splits}: {model.name}'s experts are separate operators "
+                                "already (split them with ep); operator splitting applies to dense MLPs")
+        if self.mlp_splits > 1 and model.ffn_hidden_size % (d.tp * self.mlp_splits):
+            raise MeshplanError(f"mlp_splits={self.mlp_splits}: the MLP width per GPU "
+                                f"({model.ffn_hidden_size}/{d.tp}) is not divisible by it")
+        tokens = self.micro_batch * training.seq_len // d.cp
+        if self.head_splits > 1 and tokens % self.head_splits:
+            raise MeshplanError(f"head_splits={self.head_splits}: the {tokens} tokens of a micro-batch "
+                                f"(micro_batch*seq_len/cp) are not divisible by it")
         per_step = d.dp * self.micro_batch
         if training.global_batch % per_step:
             raise MeshplanError(
@@ -411,9 +497,11 @@ class Plan:
         sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
         ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
         parallelism; ``cpC`` + ``a2a`` for
-        all-to-all; ``epE``; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
+        all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all; ``offload=optimizer+params+activations`` what lives in host memory.
+        not all; ``offload=optimizer+params+activations`` what lives in host memory;
+        ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
+        the operator splits when not 1 (OSDP).
         Lists are comma separated, a run of K equal counts N written ``NxK``.
         """
         d = self.dims
@@ -429,7 +517,8 @@ class Plan:
         parts.append(pp + ("vocab" if self.vocab_parallel else ""))
         parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
         if d.ep > 1:
-            parts.append(f"ep{d.ep}")
+            parts.append(f"ep{d.ep}" + ("bal" if self.expert_placement == ExpertPlacement.BALANCED else "")
+                         + (f"r{self.expert_replicas}" if self.expert_replicas else ""))
         if d.etp and d.etp != d.tp:
             parts.append(f"etp{d.etp}")
         parts.append(f"mb{self.micro_batch}")
@@ -440,6 +529,11 @@ class Plan:
             parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         if self.offload:
             parts.append("offload=" + "+".join(o.value for o in self.offload))
+        if self.keep_gathered:
+            parts.append("keep=" + "+".join(g.value for g in self.keep_gathered))
+        splits = [f"{name}{n}" for name, n in (("mlp", self.mlp_splits), ("head", self.head_splits)) if n > 1]
+        if splits:
+            parts.append("split=" + ",".join(splits))
         return " ".join(parts)
 
     @property
@@ -464,6 +558,8 @@ class Plan:
         out["stage_layers"] = list(self.stage_layers)
         out["recompute_layers"] = list(self.recompute_layers)
         out["offload"] = [o.value for o in self.offload]
+        out["keep_gathered"] = [g.value for g in self.keep_gathered]
+        out["expert_placement"] = self.expert_placement.value
         return out
 
     @classmethod
@@ -487,6 +583,11 @@ class Plan:
                 recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
                 offload=tuple(data.pop("offload", ())),
                 vocab_parallel=_json_bool("vocab_parallel", data.pop("vocab_parallel", False)),
+                keep_gathered=tuple(data.pop("keep_gathered", ())),
+                mlp_splits=_json_int("mlp_splits", data.pop("mlp_splits", 1)),
+                head_splits=_json_int("head_splits", data.pop("head_splits", 1)),
+                expert_placement=ExpertPlacement(data.pop("expert_placement", ExpertPlacement.CONTIGUOUS.value)),
+                expert_replicas=_json_int("expert_replicas", data.pop("expert_replicas", 0)),
                 **_no_extra("plan", data),
             )
         except (TypeError, ValueError) as exc:

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, Recompute, Schedule
+from meshplan.plan import (
+    OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OpGroup, Recompute, Schedule,
+)
 
 if TYPE_CHECKING:
     from meshplan.plan import Plan
@@ -58,6 +60,17 @@ ZERO_BUBBLE_RECOMPUTE = (
     "grads) recomputes each checkpointed layer twice, which torch's composable checkpoint used by "
     "this runtime cannot do (torch 2.13); use interleaved-1f1b or recompute 'none'"
 )
+
+
+VOCAB_PARALLEL_SCHEDULE = (
+    "vocabulary parallelism runs with the gpipe or 1f1b schedule (vpp=1) in this runtime: its output "
+    "pass runs on every pipeline rank before each micro-batch's backward, placed per stage, not per "
+    "virtual stage; use --schedule 1f1b"
+)
+
+
+def _vocab(c) -> np.ndarray:
+    return np.asarray(c.vocab_parallel, dtype=bool)
 
 
 def _microbatches(c, training: "TrainingSpec") -> np.ndarray:
@@ -130,9 +143,20 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
-    Rule(lambda c, model, tr: np.asarray(c.vocab_parallel, dtype=bool),
-         lambda p, model, tr: ("vocabulary parallelism over pipeline ranks is planner-only: this runtime keeps "
-                               "the embedding on the first stage and the LM head on the last; plan without it")),
+    # vocabulary parallelism (runtime/vocab_parallel.py): GPipe or 1F1B, shards over pp (not tp)
+    Rule(lambda c, model, tr: _vocab(c) & ((c.vpp > 1) | ~np.isin(c.schedule, [
+             _code(_SCHEDULES, Schedule.GPIPE), _code(_SCHEDULES, Schedule.ONE_F_ONE_B)])),
+         lambda p, model, tr: VOCAB_PARALLEL_SCHEDULE),
+    Rule(lambda c, model, tr: _vocab(c) & (c.tp > 1),
+         lambda p, model, tr: (f"vocabulary parallelism with tp={p.dims.tp} is not supported by this runtime "
+                               "(its vocabulary shards split over pp only, not over tp); use tp=1")),
+    Rule(lambda c, model, tr: _vocab(c) & ((np.asarray(c.keep) & (OpGroup.EMBEDDING.bit | OpGroup.HEAD.bit)) > 0),
+         lambda p, model, tr: ("keeping the embedding or head gathered (OSDP) with vocabulary parallelism is not "
+                               "supported by this runtime (its vocabulary shards are one FSDP2 unit of their own, "
+                               "under the plan's zero); keep attention/mlp only")),
+    Rule(lambda c, model, tr: _vocab(c) & (model.vocab_size % np.maximum(c.pp, 1) != 0),
+         lambda p, model, tr: (f"vocabulary parallelism needs vocab_size={model.vocab_size} divisible by "
+                               f"pp={p.dims.pp}")),
     # FSDP2's only offload policy moves parameters, gradients and the optimizer step together
     Rule(lambda c, model, tr: (np.asarray(c.offload) & (OFFLOAD_OPTIMIZER_BIT | OFFLOAD_PARAMS_BIT))
          == OFFLOAD_OPTIMIZER_BIT,
@@ -147,6 +171,29 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          lambda p, model, tr: ("activation offload with pipeline parallel is not supported by this runtime "
                                "(torch's pipeline schedules run the stage forwards outside its save_on_cpu "
                                "hooks); use pp=1")),
+    # packed documents (issue 18): the document layout is set per micro-batch on the attention cores
+    Rule(lambda c, model, tr: np.full(c.tp.shape, tr.seq_len_dist is not None) & ((c.pp > 1) | (c.cp > 1)),
+         lambda p, model, tr: ("packed documents (--seq-len-dist) train with pp=1 and cp=1 in this runtime (its "
+                               "pipeline schedules and ring/all-to-all attention take no document layout, so "
+                               "per-bucket cp is planner-only); plan without pp and cp")),
+    Rule(lambda c, model, tr: np.full(c.tp.shape, tr.seq_len_dist is not None and model.position.value == "learned"),
+         lambda p, model, tr: (f"packed documents restart positions at each document; {model.name} has learned "
+                               "position embeddings, which this runtime does not restart (use a RoPE model)")),
+    Rule(lambda c, model, tr: np.full(c.tp.shape, tr.doc_balance.value == "ideal"),
+         lambda p, model, tr: ("doc_balance 'ideal' is the estimate's bound (every rank the mean attention work), "
+                               "not an assignment a run can make; use stream or balanced")),
+    # OSDP (runtime.osdp): MLP slices and the chunked LM head are built on whole (unsplit) tensors
+    Rule(lambda c, model, tr: (np.asarray(c.mlp_splits) > 1) & (c.tp > 1),
+         lambda p, model, tr: (f"mlp_splits={p.mlp_splits} with tp={p.dims.tp} is not supported by this runtime "
+                               "(its MLP slices are not tensor parallel); use tp=1 or mlp_splits=1")),
+    Rule(lambda c, model, tr: (np.asarray(c.head_splits) > 1) & ((c.tp > 1) | (c.pp > 1)),
+         lambda p, model, tr: (f"head_splits={p.head_splits} with tp={p.dims.tp}, pp={p.dims.pp} is not supported "
+                               "by this runtime (its chunked LM head and loss run on whole logits rows, outside "
+                               "the pipeline's loss function); use tp=1 and pp=1, or head_splits=1")),
+    Rule(lambda c, model, tr: np.asarray(c.expert_balanced, dtype=bool) | (np.asarray(c.expert_replicas) > 0),
+         lambda p, model, tr: ("placing experts by their load and replicating hot experts is planner-only: this "
+                               "runtime holds experts [r*E/ep, (r+1)*E/ep) on ep rank r; plan with "
+                               "--expert-placement contiguous --expert-replicas 0 (its routing log shows the load)")),
     Rule(lambda c, model, tr: np.asarray(c.etp) != np.asarray(c.tp),
          lambda p, model, tr: (f"expert tensor parallel etp={p.dims.etp} different from tp={p.dims.tp} is not "
                                "supported by this runtime (planner and Megatron export only); use etp=0 (as tp)")),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from meshplan.cli.plan_flags import PlanFlags, build_plan, flags_for, plan_argv
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, format_counts, parse_counts
+from meshplan.plan import CPMethod, OpGroup, ParallelDims, Plan, Recompute, Schedule, format_counts, parse_counts
 
 
 def test_readme_plan_by_hand():
@@ -61,7 +61,8 @@ def _split(draw, layers: int, stages: int) -> tuple[int, ...]:
 
 @st.composite
 def plans(draw):
-    """Any valid plan: degrees, ZeRO, schedules, virtual stages, uneven splits, partial recompute."""
+    """Any valid plan: degrees, ZeRO, schedules, virtual stages, uneven splits, partial recompute,
+    OSDP's kept groups and splits."""
     dp_r, dp_s, tp, pp, cp = (draw(st.sampled_from([1, 2, 3, 4, 8])) for _ in range(5))
     zero = draw(st.integers(0, 3)) if dp_s == 1 else draw(st.integers(1, 3))
     ep = draw(st.sampled_from([e for e in (1, 2, 4) if (dp_s * cp) % e == 0]))
@@ -79,7 +80,11 @@ def plans(draw):
         plan = Plan(dims=ParallelDims(dp_replicate=dp_r, dp_shard=dp_s, tp=tp, pp=pp, cp=cp, ep=ep), zero=zero,
                     sp=draw(st.booleans()) if tp > 1 else False, schedule=schedule, vpp=vpp,
                     stage_layers=stage_layers, cp_method=draw(st.sampled_from(list(CPMethod))),
-                    micro_batch=draw(st.integers(1, 4)), recompute=recompute, recompute_layers=rec_layers)
+                    micro_batch=draw(st.integers(1, 4)), recompute=recompute, recompute_layers=rec_layers,
+                    # OSDP (zero 3 only for the keeps and the MLP slices)
+                    keep_gathered=tuple(draw(st.sets(st.sampled_from(list(OpGroup))))) if zero == 3 else (),
+                    mlp_splits=draw(st.sampled_from([1, 2, 4])) if zero == 3 else 1,
+                    head_splits=draw(st.sampled_from([1, 2, 8])))
     except MeshplanError:
         assume(False)
     return plan, SimpleNamespace(num_layers=layers)  # with_defaults reads num_layers only

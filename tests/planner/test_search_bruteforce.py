@@ -57,7 +57,7 @@ def small_cases(draw):
     return model, cluster, training
 
 
-OPTIONS = SearchOptions(max_vpp=2, offloads=(), vocab_parallel=False)  # the brute force enumerates neither
+OPTIONS = SearchOptions(max_vpp=2, offloads=(), vocab_parallel=False, osdp=False)  # the brute force enumerates none
 
 
 @settings(max_examples=8, deadline=None)

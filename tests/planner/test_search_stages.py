@@ -3,7 +3,7 @@
 import itertools
 
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from meshplan.search.frontier import pareto_indices
 from meshplan.search.stages import StageTable, corner_bounds, relaxed_bounds, stage_frontier
@@ -104,3 +104,36 @@ def test_mixed_chunks_per_config_equal_one_table_each(tbl, vs):
         assert np.array_equal(pts.layers[sel], alone.layers)
         assert np.all(pts.layers[sel] >= vs[i])
         assert np.isclose(t_rel[i], relaxed_bounds(one)[0][0])
+
+
+@st.composite
+def deep_tables(draw):
+    """Tables with many layers per rank and uneven ranks (in-flight counts, embedding / head
+    intercepts), where the truncated grids of ``stage_frontier`` stop well short of L."""
+    C = draw(st.integers(1, 4))
+    p = draw(st.integers(1, 6))
+    L = draw(st.integers(3 * p, 48))
+    pos = lambda lo, hi, size: np.array(draw(st.lists(st.floats(lo, hi, allow_nan=False, allow_subnormal=False),  # noqa: E731
+                                                       min_size=size, max_size=size)))
+    d = pos(0.0, 50.0, C)
+    chunks = np.array(draw(st.lists(st.integers(1, 3), min_size=C, max_size=C)))
+    return StageTable(
+        layer_time_s=pos(0.1, 3.0, C), recompute_time_s=pos(0.0, 1.5, C), layer_static_bytes=pos(0.0, 40.0, C),
+        layer_act_bytes=d, layer_act_recomputed_bytes=d * pos(0.0, 1.0, C),
+        rank_time_s=pos(0.0, 20.0, C * p).reshape(C, p), rank_bytes=pos(0.0, 500.0, C * p).reshape(C, p),
+        inflight=np.array(draw(st.lists(st.integers(1, 2 * p), min_size=C * p, max_size=C * p)),
+                          float).reshape(C, p),
+        allow_recompute=np.array(draw(st.lists(st.booleans(), min_size=C, max_size=C))),
+        num_layers=L, chunks=chunks if draw(st.booleans()) else int(chunks.min()),
+        recompute_jump_bytes=pos(0.0, 30.0, C) * draw(st.integers(0, 1)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(deep_tables(), st.sampled_from([np.inf, 2000.0, 600.0]), st.integers(1, 40))
+def test_truncated_grids_walk_the_same_points(tbl, cap, points):
+    # Cutting the grids at the layer counts that can matter (stages._top) changes no point, no
+    # split: the walk equals the one over every layer count, bit for bit.
+    full = stage_frontier(tbl, max_points=points, memory_cap_bytes=cap, truncate=False)
+    cut = stage_frontier(tbl, max_points=points, memory_cap_bytes=cap, truncate=True)
+    for f in ("config", "max_time_s", "peak_bytes", "layers", "recomputed"):
+        assert np.array_equal(getattr(cut, f), getattr(full, f)), f

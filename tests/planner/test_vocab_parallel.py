@@ -4,6 +4,7 @@ rules, the search's choice, and the stacks that refuse it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -86,9 +87,25 @@ def test_search_picks_it_for_a_large_vocabulary():
     assert estimate(model, cluster, training, rec.plan).step_time_s == pytest.approx(rec.step_time_s, rel=1e-9)
 
 
-def test_runtime_and_exporters_refuse_it():
+def test_runtime_runs_it_with_gpipe_or_1f1b_over_pp_only():
+    gpipe = Plan(dims=ParallelDims(pp=4, dp_replicate=2), vocab_parallel=True, schedule="gpipe")
+    assert why_not(Target.MESHPLAN, L8, TRAIN, gpipe) is None
+    assert why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, schedule="1f1b")) is None
+    assert why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, dims=ParallelDims(pp=4, cp=2))) is None
+    interleaved = replace(gpipe, schedule="interleaved-1f1b", vpp=2)
+    assert "gpipe or 1f1b" in why_not(Target.MESHPLAN, L8, TRAIN, interleaved)
+    assert "tp=2" in why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, dims=ParallelDims(pp=4, tp=2)))
+    assert "divisible by pp=3" in why_not(Target.MESHPLAN, L8.with_overrides({"vocab_size": 128257}), TRAIN,
+                                          replace(gpipe, dims=ParallelDims(pp=3)))
+    assert why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, vocab_parallel=False, schedule="1f1b")) is None
+    assert "OSDP" in why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, zero=3, dims=ParallelDims(pp=4, dp_shard=2),
+                                                                   keep_gathered=("head",)))
+    assert why_not(Target.MESHPLAN, L8, TRAIN, replace(gpipe, zero=3, dims=ParallelDims(pp=4, dp_shard=2),
+                                                       keep_gathered=("attention",))) is None
+
+
+def test_exporters_refuse_it():
     p = Plan(dims=ParallelDims(pp=4, dp_replicate=2), vocab_parallel=True)
-    assert "planner-only" in why_not(Target.MESHPLAN, L8, TRAIN, p)
     job = Job(model=L8, training=TRAIN, cluster=H100, plan=p)
     for target in ("megatron", "megatron-bridge", "deepspeed", "torchtitan"):
         with pytest.raises(MeshplanError, match="vocabulary parallelism"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from typing import Annotated, Optional
 
 import typer
@@ -9,7 +10,7 @@ from rich.table import Table
 
 from meshplan.cli.checks import needs, refuse_with, typed_flags
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, err_console, print_json
-from meshplan.cli.cost_tables import time_breakdown_table
+from meshplan.cli.cost_tables import data_aware_table, expert_load_table, osdp_memory_rows, time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
@@ -19,9 +20,10 @@ from meshplan.targets import Target
 PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
                    "global_batch_tokens", "precision", "recipe", "optimizer", "dp", "dp_shard", "tp", "pp", "cp",
                    "ep", "zero", "micro_batch", "recompute", "schedule", "vpp", "sp", "cp_method", "stage_layers",
-                   "recompute_layers")
+                   "recompute_layers", "expert_placement", "expert_replicas")
 """Flags a ``--plan`` Job file already answers: typing one with it is an error, not an override
-(to change a plan, estimate it with flags, or write a new Job with ``meshplan plan --out``)."""
+(to change a plan, estimate it with flags, or write a new Job with ``meshplan plan --out``).
+``--expert-skew`` / ``--expert-load`` describe the data, not the plan: they replace the file's."""
 
 
 @app.command("estimate")
@@ -41,11 +43,15 @@ def estimate_cmd(
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
+    from meshplan.cost.data_aware import data_aware_steps
+    from meshplan.cost.expert_gain import placement_options, uniform_step_time_s
 
     if plan_file is not None:
         refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
         job = Job.load(plan_file)
         spec, train, base, plan = job.model, job.training, job.cluster, job.plan
+        train = replace(train, expert_load=training_flags.expert_load_spec(train.expert_load))
+        train = training_flags.with_data(train)  # the data flags apply to a Job's training
     else:
         spec = model_flags.spec(missing="name a model with --model (or give --plan plan.json)")
         base = cluster_flags.spec()
@@ -56,6 +62,9 @@ def estimate_cmd(
     hw = resolve_hardware(base, train.precision, cluster_profile, target.value)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
+    data = data_aware_steps(spec, clus, train, plan, hw.calib)
+    options = placement_options(spec, clus, train, plan, hw.calib)
+    uniform_s = uniform_step_time_s(spec, clus, train, plan, hw.calib) if est.expert_load else None
     refused = warn_if_refused(target if typed_flags(ctx, ["target"]) else None, spec, train, plan)
     if json_out:
         out = est.to_dict()
@@ -65,9 +74,17 @@ def estimate_cmd(
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
         out["target"] = target.value
         out["calibration_source"] = hw.calib.source
+        out["expert_placements"] = [{**asdict(o), "placement": o.placement.value} for o in options]
+        out["uniform_routing_step_time_s"] = uniform_s
+        if data is not None:
+            out["data_aware"] = data.to_dict()
         print_json(out)
         return
     _render(est, spec.name, clus)
+    if est.expert_load is not None:
+        console().print(expert_load_table(est, train.expert_load.describe(), options, uniform_s))
+    if data is not None:
+        console().print(data_aware_table(data, train))
 
 
 def warn_if_refused(target: Target | None, spec, training, plan) -> str | None:
@@ -108,6 +125,8 @@ def _render(est, model_name: str, clus) -> None:
     m.add_column("part")
     m.add_column("GiB", justify="right")
     for k, v in est.memory.gib().items():
+        m.add_row(k, f"{v:.2f}")
+    for k, v in osdp_memory_rows(est):
         m.add_row(k, f"{v:.2f}")
     con.print(m)
     if len(est.stages) > 1:

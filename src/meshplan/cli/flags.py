@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import inspect
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -25,7 +25,9 @@ from meshplan.cli.common import (ClusterOpt, GlobalBatchOpt, GlobalBatchTokensOp
                                  load_cluster, load_model, make_training)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.expert_load import ExpertLoad, read_expert_load, zipf_load
 from meshplan.spec.model import ModelSpec, parse_overrides
+from meshplan.spec.seqlen import DocBalance, load_seq_len_dist
 from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
 
 DEFAULT_SEQ_LEN = 2048
@@ -103,6 +105,22 @@ MoeDispatcherOpt = Annotated[Optional[MoeDispatcher], typer.Option(
 MoeCapacityOpt = Annotated[Optional[float], typer.Option(
     "--moe-capacity-factor", help="MoE expert capacity over the mean tokens per expert; tokens beyond it "
     "are dropped (default: dropless).")]
+SeqLenDistOpt = Annotated[Optional[str], typer.Option(
+    "--seq-len-dist", help="Document lengths of the data, packed into --seq-len sequences with document "
+    "masks: a histogram CSV (length,count), one length per line, or JSON lines with a \"length\" field "
+    "(docs/data-aware.md).")]
+DocBalanceOpt = Annotated[Optional[DocBalance], typer.Option(
+    "--doc-balance", help="Documents to data-parallel ranks: stream [default] (in data order) or "
+    "balanced (token- and attention-balanced); needs --seq-len-dist.")]
+CpBucketsOpt = Annotated[Optional[bool], typer.Option(
+    "--cp-buckets/--no-cp-buckets", help="Per-bucket context parallel: documents of at most "
+    "seq-len/cp tokens train without CP, longer ones over the CP ranks (ByteScale); needs --seq-len-dist.")]
+ExpertSkewOpt = Annotated[Optional[float], typer.Option(
+    "--expert-skew", help="MoE routing skew: expert e gets a share ~ (e+1)^-S (Zipf exponent S; 0 = uniform). "
+    "Default: the calibration's imbalance. See docs/expert-load.md.")]
+ExpertLoadOpt = Annotated[Optional[str], typer.Option(
+    "--expert-load", help="MoE routing log (JSON lines, written by `meshplan train --expert-load-log`): the "
+    "per-step, per-layer expert token counts the estimate places on the ep ranks.")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +136,20 @@ class TrainingFlags:
     optimizer: OptimizerOpt = None
     moe_dispatcher: MoeDispatcherOpt = None
     moe_capacity_factor: MoeCapacityOpt = None
+    seq_len_dist: SeqLenDistOpt = None
+    doc_balance: DocBalanceOpt = None
+    cp_buckets: CpBucketsOpt = None
+    expert_skew: ExpertSkewOpt = None
+    expert_load: ExpertLoadOpt = None
+
+    def with_data(self, training: TrainingSpec) -> TrainingSpec:
+        """``training`` with the data flags given here (--seq-len-dist, --doc-balance, --cp-buckets)
+        in place of its own."""
+        dist = load_seq_len_dist(self.seq_len_dist) if self.seq_len_dist is not None else training.seq_len_dist
+        return replace(
+            training, seq_len_dist=dist,
+            doc_balance=self.doc_balance if self.doc_balance is not None else training.doc_balance,
+            cp_buckets=self.cp_buckets if self.cp_buckets is not None else training.cp_buckets)
 
     @property
     def length_or_batch_given(self) -> bool:
@@ -140,5 +172,20 @@ class TrainingFlags:
         dispatcher = self.moe_dispatcher or (base.moe_dispatcher if base else training.moe_dispatcher)
         capacity = self.moe_capacity_factor if self.moe_capacity_factor is not None else (
             base.moe_capacity_factor if base else None)
-        return TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
-                                       "moe_capacity_factor": capacity})
+        training = replace(TrainingSpec.from_dict({**training.to_dict(), "moe_dispatcher": dispatcher.value,
+                                                   "moe_capacity_factor": capacity}),
+                           expert_load=self.expert_load_spec(base.expert_load if base else None))
+        if base is not None:
+            training = replace(training, seq_len_dist=base.seq_len_dist, doc_balance=base.doc_balance,
+                               cp_buckets=base.cp_buckets)
+        return self.with_data(training)
+
+    def expert_load_spec(self, job_load: ExpertLoad | None = None) -> ExpertLoad | None:
+        """--expert-skew or --expert-load (not both); else the Job file's expert load."""
+        if self.expert_skew is not None and self.expert_load is not None:
+            raise MeshplanError("give --expert-skew or --expert-load, not both")
+        if self.expert_skew is not None:
+            return zipf_load(self.expert_skew)
+        if self.expert_load is not None:
+            return read_expert_load(self.expert_load)
+        return job_load

@@ -172,9 +172,11 @@ def plan_cmd(
         res = results[at]
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
                                  num_gpus=res.num_gpus, hardware=hardware[at])
+    data = _data_aware(spec, training, chosen, choices[chosen_idx], chosen_cluster, hardware[chosen_idx])
     if json_out:
         print_json({**_to_json(results, choices, training, written, str(plot) if plot else None),
-                    **({"comparison": comparison.to_dict()} if comparison else {})})
+                    **({"comparison": comparison.to_dict()} if comparison else {}),
+                    **({"data_aware": data.to_dict()} if data else {})})
         return
     con = console()
     if comparison is not None:
@@ -188,11 +190,26 @@ def plan_cmd(
         _print_frontier(con, res, cl, training, top, choice)
     if len(results) > 1:
         _print_scaling(con, results, training)
+    if data is not None:
+        from meshplan.cli.cost_tables import data_aware_table
+
+        con.print(data_aware_table(data, training))
     if written:
         which = f"frontier point {pick}" if pick is not None else "recommended plan"
         con.print(f"wrote the {which} to {written}")
     if plot is not None:
         con.print(f"wrote the frontier plot to {plot}")
+
+
+def _data_aware(spec, training: TrainingSpec, res, choice, cluster: ClusterSpec, hw):
+    """The recommended plan's step time under the document lengths: fixed against data-aware
+    choices (cost/data_aware.py); None without --seq-len-dist or a recommendation."""
+    from meshplan.cost.data_aware import data_aware_steps
+
+    index = choice.index if choice is not None else res.recommended_index
+    if training.seq_len_dist is None or index is None:
+        return None
+    return data_aware_steps(spec, cluster, training, res.frontier[index].plan, hw.calib)
 
 
 def _robust(res, cluster: ClusterSpec, spec, training: TrainingSpec):

@@ -1,5 +1,6 @@
 """The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
---schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload``): declared once,
+--schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload
+--keep-gathered --mlp-splits --head-splits --expert-placement --expert-replicas``): declared once,
 turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
 reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
 
@@ -13,7 +14,8 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree,
+from meshplan.plan import (CPMethod, ExpertPlacement, Offload, OpGroup, ParallelDims, Plan, Recompute, Schedule,
+                           data_parallel_degree,
                            format_counts, parse_counts)
 
 Int = Optional[int]
@@ -39,7 +41,12 @@ class PlanFlags:
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
     vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
+    expert_placement: Annotated[ExpertPlacement, typer.Option("--expert-placement", help="Which ep rank holds which expert: contiguous ids, or balanced by the expert load (--expert-skew / --expert-load).")] = ExpertPlacement.CONTIGUOUS
+    expert_replicas: Annotated[int, typer.Option("--expert-replicas", help="Extra slots per ep rank for copies of the hottest experts (FlexMoE).")] = 0
     offload: Annotated[Optional[str], typer.Option("--offload", help="Keep in host memory: optimizer, params (needs optimizer and --zero 3), activations; '+'-separated, e.g. optimizer+activations.")] = None
+    keep_gathered: Annotated[Optional[str], typer.Option("--keep-gathered", help="With --zero 3, operator groups kept gathered from forward to backward (OSDP): attention, mlp, embedding, head; '+'-separated.")] = None
+    mlp_splits: Annotated[int, typer.Option("--mlp-splits", help="With --zero 3, gather each MLP's weights in this many slices (OSDP operator splitting).")] = 1
+    head_splits: Annotated[int, typer.Option("--head-splits", help="Run the LM head and loss on this many token chunks (no full logits tensor).")] = 1
 
     @property
     def given(self) -> bool:
@@ -70,7 +77,8 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
     given, in which case ``dp_replicate = dp / dp_shard`` (HSDP)."""
     f = flags
     for name, v in (("tp", f.tp), ("pp", f.pp), ("cp", f.cp), ("ep", f.ep), ("vpp", f.vpp),
-                    ("micro-batch", f.micro_batch), ("dp", f.dp), ("dp-shard", f.dp_shard)):
+                    ("micro-batch", f.micro_batch), ("dp", f.dp), ("dp-shard", f.dp_shard),
+                    ("mlp-splits", f.mlp_splits), ("head-splits", f.head_splits)):
         if v is not None and v < 1:
             raise MeshplanError(f"--{name} must be a positive integer, got {v}")
     dp = f.dp
@@ -90,18 +98,22 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
         stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
-        offload=_parse_offload(f.offload), vocab_parallel=f.vocab_parallel,
+        offload=_parse_names(f.offload, Offload, "--offload"), vocab_parallel=f.vocab_parallel,
+        keep_gathered=_parse_names(f.keep_gathered, OpGroup, "--keep-gathered"),
+        mlp_splits=f.mlp_splits, head_splits=f.head_splits,
+        expert_placement=f.expert_placement, expert_replicas=f.expert_replicas,
     )
 
 
-def _parse_offload(text: str | None) -> tuple[Offload, ...]:
+def _parse_names(text: str | None, enum_cls: type[enum.Enum], flag: str) -> tuple:
+    """'+'-separated members of ``enum_cls`` by value (``--offload``, ``--keep-gathered``)."""
     if not text:
         return ()
     names = [t.strip() for t in text.split("+")]
-    known = {o.value: o for o in Offload}
+    known = {o.value: o for o in enum_cls}
     bad = [n for n in names if n not in known]
     if bad:
-        raise MeshplanError(f"--offload {text!r}: {bad[0]!r} is not one of {', '.join(known)}")
+        raise MeshplanError(f"{flag} {text!r}: {bad[0]!r} is not one of {', '.join(known)}")
     return tuple(known[n] for n in names)
 
 
@@ -120,6 +132,9 @@ def flags_for(plan: Plan) -> PlanFlags:
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
         offload="+".join(o.value for o in plan.offload) or None, vocab_parallel=plan.vocab_parallel,
+        keep_gathered="+".join(g.value for g in plan.keep_gathered) or None,
+        mlp_splits=plan.mlp_splits, head_splits=plan.head_splits,
+        expert_placement=plan.expert_placement, expert_replicas=plan.expert_replicas,
     )
 
 

@@ -69,6 +69,7 @@ def train(
     min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Final learning rate of --cosine, as a fraction of --lr.")] = 0.0,
     clip_grad: Annotated[float, typer.Option("--clip-grad", help="Clip the global gradient norm to this (0: no clipping).", min=0.0)] = 0.0,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay of matrices and embeddings (never of biases and norms).", min=0.0)] = 0.0,
+    expert_load_log: Annotated[Optional[Path], typer.Option("--expert-load-log", help="MoE routing log (JSON lines): per step, per MoE layer, the tokens each expert received; `meshplan estimate --expert-load` reads it.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (one process per rank, gloo on CPU, nccl on GPU)."""
@@ -85,6 +86,9 @@ def train(
     count_flag("--checkpoint-every", checkpoint_every, minimum=0)
     count_flag("--checkpoint-keep", checkpoint_keep)
     output_path(log, "--log", "training log")
+    output_path(expert_load_log, "--expert-load-log", "routing log")
+    if expert_load_log is not None and not job.model.is_moe:
+        raise MeshplanError(f"--expert-load-log logs MoE routing; {job.model.name} has no experts")
     if init_from is not None:
         job = _job_for_checkpoint(job, init_from)
     _check_loop_flags(job, data, tokenizer, eval_every, eval_fraction, weight_decay)
@@ -135,7 +139,8 @@ def train(
                           init_from=str(init_from) if init_from else None,
                           tokenizer=str(tokenizer) if tokenizer else None, eval_every=eval_every,
                           eval_fraction=eval_fraction, warmup_steps=warmup_steps, cosine=cosine,
-                          min_lr_ratio=min_lr_ratio, clip_grad=clip_grad, weight_decay=weight_decay)
+                          min_lr_ratio=min_lr_ratio, clip_grad=clip_grad, weight_decay=weight_decay,
+                          expert_load_log=str(expert_load_log) if expert_load_log else None)
         launch([(job, cfg)])
         if under_torchrun() and not _is_rank0():
             return

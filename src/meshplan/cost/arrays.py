@@ -8,7 +8,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, offload_choices, offload_code
+from meshplan.plan import (CPMethod, ExpertPlacement, ParallelDims, Plan, Recompute, Schedule, group_choices,
+                           group_code, offload_choices, offload_code)
 
 SCHEDULE_CODES: tuple[Schedule, ...] = tuple(Schedule)
 """Integer code of a schedule = its index here (gpipe 0, 1f1b 1, interleaved 2, zero-bubble 3)."""
@@ -47,18 +48,36 @@ class PlanArrays:
     """What lives in host memory, as the bit mask of ``meshplan.plan.offload_code``; None: nothing."""
     vocab_parallel: np.ndarray | None = None
     """Vocabulary parallelism over the pipeline ranks (bool); None: off."""
+    keep: np.ndarray | None = None
+    """OSDP: operator groups kept gathered under zero 3, as the bit mask of
+    ``meshplan.plan.group_code``; None: none (every group sharded)."""
+    mlp_splits: np.ndarray | None = None
+    """Slices each MLP is gathered in (``Plan.mlp_splits``); None: 1."""
+    head_splits: np.ndarray | None = None
+    """Token chunks of the LM head and loss (``Plan.head_splits``); None: 1."""
+    expert_balanced: np.ndarray | None = None
+    """Experts placed by their load (``ExpertPlacement.BALANCED``, bool); None: contiguous."""
+    expert_replicas: np.ndarray | None = None
+    """Replica slots per ep rank for hot experts (``Plan.expert_replicas``); None: 0."""
 
     def __post_init__(self) -> None:
         if self.etp is None:
             object.__setattr__(self, "etp", np.asarray(self.tp))
         if self.offload is None:
             object.__setattr__(self, "offload", np.zeros_like(np.asarray(self.tp)))
+        for name, default in (("keep", 0), ("mlp_splits", 1), ("head_splits", 1)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(np.shape(self.tp), default, dtype=np.int64))
         if self.vocab_parallel is None:
             object.__setattr__(self, "vocab_parallel", np.zeros(np.shape(self.tp), dtype=bool))
+        if self.expert_balanced is None:
+            object.__setattr__(self, "expert_balanced", np.zeros(np.shape(self.tp), dtype=bool))
+        if self.expert_replicas is None:
+            object.__setattr__(self, "expert_replicas", np.zeros_like(np.asarray(self.tp)))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
-            a = a.astype(bool) if f.name in ("sp", "vocab_parallel") else a.astype(np.int64)
+            a = a.astype(bool) if f.name in ("sp", "vocab_parallel", "expert_balanced") else a.astype(np.int64)
             a = np.atleast_1d(a)
             object.__setattr__(self, f.name, a)
             if n is None:
@@ -99,6 +118,11 @@ class PlanArrays:
             etp=col(lambda p: p.dims.expert_tp),
             offload=col(lambda p: offload_code(p.offload)),
             vocab_parallel=col(lambda p: p.vocab_parallel),
+            keep=col(lambda p: group_code(p.keep_gathered)),
+            mlp_splits=col(lambda p: p.mlp_splits),
+            head_splits=col(lambda p: p.head_splits),
+            expert_balanced=col(lambda p: p.expert_placement == ExpertPlacement.BALANCED),
+            expert_replicas=col(lambda p: p.expert_replicas),
         )
 
     def plan(self, i: int, stage_layers: tuple[int, ...] = (),
@@ -122,6 +146,11 @@ class PlanArrays:
             recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
             offload=offload_choices(int(self.offload[i])),
             vocab_parallel=bool(self.vocab_parallel[i]),
+            keep_gathered=group_choices(int(self.keep[i])),
+            mlp_splits=int(self.mlp_splits[i]),
+            head_splits=int(self.head_splits[i]),
+            expert_placement=ExpertPlacement.BALANCED if self.expert_balanced[i] else ExpertPlacement.CONTIGUOUS,
+            expert_replicas=int(self.expert_replicas[i]),
         )
 
     def take(self, index) -> "PlanArrays":

@@ -31,6 +31,8 @@ import numpy as np
 
 from meshplan.cost import comms
 from meshplan.cost.offload import host_budget_bytes, rank_offload
+from meshplan.cost.osdp import extra_gather_latency_s, rank_osdp, uses_osdp
+from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
@@ -40,6 +42,7 @@ from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
 from meshplan.cost.precision import (
     compute_dtype_peak_flops,
+    op_rates,
     weight_copy_bytes_per_param,
 )
 from meshplan.spec.cluster import ClusterSpec
@@ -79,6 +82,16 @@ class RankCost:
     """Per step: the offloaded optimizer's gradient download, host (CPU Adam) step and upload."""
     host_bytes: np.ndarray | float = 0.0
     """Host memory this GPU's offloaded tensors take (not part of ``memory_bytes``)."""
+    osdp_compute_s: np.ndarray | float = 0.0
+    """Of ``compute_s``: OSDP's split GEMMs, their launches and the chunked LM head's recompute."""
+    osdp_gather_latency_s: np.ndarray | float = 0.0
+    """Of ``comm_total_s``: the latency of OSDP's extra gathers (one per extra FSDP unit)."""
+    kept_weight_bytes: np.ndarray | float = 0.0
+    """Of ``parameters_bytes``: OSDP's kept groups beyond their shards."""
+    gathered_weight_bytes: np.ndarray | float = 0.0
+    """Of ``other_bytes``: ZeRO-3's gathered layers (OSDP: sharded groups, MLP a slice at a time)."""
+    logits_bytes: np.ndarray | float = 0.0
+    """Of ``activations_bytes``: the logits and loss transients at once (OSDP: one chunk's)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
@@ -111,6 +124,10 @@ class PlanTerms:
     same plans computes it once (:func:`plan_terms`) and passes it to each call."""
 
     hbm: float
+    head_flops: float
+    """Peak rate of the LM head's GEMM (the compute dtype's: it stays bf16)."""
+    linear_flops: float
+    """Peak rate of the layers' linear GEMMs (fp8/fp4 where the recipe runs them so)."""
     t: np.ndarray
     v: np.ndarray
     T: np.ndarray
@@ -137,6 +154,8 @@ class PlanTerms:
     least 1; n1 / ep when etp = tp)."""
     vocab_sync_s: np.ndarray | float = 0.0
     """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
+    osdp: bool = False
+    """Whether any plan keeps a group gathered or splits an operator (cost.osdp.uses_osdp)."""
 
 
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
@@ -173,10 +192,11 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     z = plans.zero
     m = num_microbatches(training, plans)
     vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
-    return PlanTerms(vocab_sync_s=vocab_sync,
+    return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
-        hbm=hbm, t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
+        hbm=hbm, head_flops=peak, linear_flops=op_rates(cluster, training, calib).linear_flops,
+        t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
         embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
         lvl1=comms.group_link(cluster, calib, n1, plans.tp),
@@ -212,9 +232,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
     compute = compute + embed_share * terms.embed_compute_s
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
-    p2p = terms.p2p_s + terms.vocab_sync_s
-    comm_exp = comm_exp + p2p * (1.0 - calib.pp_p2p_overlap)
-    comm_tot = comm_tot + p2p
+    # the vocabulary-parallel sync runs blocking between the passes (cost.vocab): never overlapped
+    comm_exp = comm_exp + terms.p2p_s * (1.0 - calib.pp_p2p_overlap) + terms.vocab_sync_s
+    comm_tot = comm_tot + terms.p2p_s + terms.vocab_sync_s
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
     # a tied head needs no copy of the embedding when both rows sit on the same rank
@@ -229,7 +249,16 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     def shard(dense_bytes, expert_bytes, stage):
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
+    # OSDP (cost.osdp): groups kept gathered under zero 3, the MLP and the LM head in slices
+    rest_p = np.maximum(total_p - layers * layer.params_per_gpu, 0.0)  # embedding / LM head shares
+    osdp = rank_osdp(model, plans, calib, layer_params=layer.params_per_gpu,
+                     dense_layer_params=layer.dense_params_per_gpu, layers=layers, rest_params=rest_p,
+                     embed_params=embed_share * terms.embed_p, head_params=head_share * head_p,
+                     head_share=head_share, tokens=T, vocab_per_gpu=Vt, linear_flops=terms.linear_flops,
+                     head_flops=terms.head_flops, hbm_bytes_per_s=hbm,
+                     activation_bytes=activation_bytes(training.precision), active=terms.osdp)
     weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
+    weights = weights + osdp.kept_weight_bytes
     # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
     copy_b = weight_copy_bytes_per_param(training, calib)
     if copy_b:
@@ -248,8 +277,16 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     ag_weights = comms.all_gather_time(w_bytes, n1, lvl1)
     step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
                          np.where(z <= 2, rs_grads + ag_weights, 0.0))
+    # OSDP's kept groups (zero 3): their updated weights all-gathered once per step, as ZeRO-2
+    if osdp.active:
+        step_lvl1 = step_lvl1 + comms.all_gather_time(osdp.kept_params * calib.weight_bytes_per_param, n1, lvl1)
     step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, lvl2)
     dp_total = step_lvl1 + step_lvl2
+    if model.is_moe:  # hot-expert replicas: gradients all-reduced among the copies (cost/expert_load.py)
+        replica_share = 1.0 - 1.0 / replica_factor(model.moe_num_experts, plans.ep, plans.expert_replicas)
+        ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)
+        dp_total = dp_total + np.where(plans.expert_replicas > 0, comms.all_reduce_time(
+            expert_p * replica_share * gb, plans.ep, ep_link), 0.0)
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
     if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step
@@ -265,16 +302,23 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
     # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
     layer_p = layer.params_per_gpu
-    rest_p = np.maximum(total_p - layers * layer_p, 0.0)  # embedding / LM head shares on this rank
     layer_compute = layer.fwd_compute_s + layer.bwd_compute_s
     rest_compute = np.maximum(compute - layers * layer_compute, 0.0)
+    if osdp.active:
+        compute = compute + osdp.compute_s
 
-    def fsdp_time(params):
-        gather = comms.all_gather_time(params * calib.weight_bytes_per_param, n1, lvl1)
+    def fsdp_time(params, gathered):
+        gather = comms.all_gather_time(gathered * calib.weight_bytes_per_param, n1, lvl1)
         return 2 * gather + comms.reduce_scatter_time(params * gb, n1, lvl1)
 
     accumulate = (terms.m_float - 1.0) / terms.m_float
-    z3_layer, z3_rest = fsdp_time(layer_p), np.where(rest_p > 0, fsdp_time(rest_p), 0.0)
+    # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
+    z3_layer = fsdp_time(layer_p, osdp.sharded_layer_params)
+    extra_latency = 0.0
+    if osdp.active:
+        extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
+        z3_layer = z3_layer + extra_latency
+    z3_rest = np.where(rest_p > 0, fsdp_time(rest_p, osdp.sharded_rest_params), 0.0)
     z2_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1) * accumulate
     z2_rest = np.where(rest_p > 0, comms.reduce_scatter_time(rest_p * gb, n1, lvl1), 0.0) * accumulate
     z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
@@ -293,11 +337,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- activations ------------------------------------------------------------------------
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
-    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule)  # floats: no re-conversion
+    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule,  # floats: no re-conversion
+                            plans.vocab_parallel)
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    acts = acts + head_share * T * Vt * (calib.logits_bytes_per_element + calib.loss_transient_bytes_per_element)
+    logits = head_share * T * Vt * osdp.logits_fraction * (calib.logits_bytes_per_element
+                                                            + calib.loss_transient_bytes_per_element)
+    acts = acts + logits
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
     off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
@@ -314,10 +361,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
     # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
     # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
-    gathered = np.minimum(2.0, layers)
+    # OSDP: the sharded groups only, the MLP a slice at a time (all of them when the stage stays
+    # unsharded).
+    gathered, gathered_p = np.minimum(2.0, layers), osdp.gathered_layer_params
     if calib.fsdp_pp_keeps_unsharded and np.any(z >= 3):
         gathered = np.where(p > 1, layers, gathered)
-    z3_buffers = np.where(z >= 3, gathered * layer.params_per_gpu
+        if osdp.active:
+            gathered_p = np.where(p > 1, osdp.sharded_layer_params, gathered_p)
+    z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
     other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
@@ -329,6 +380,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
         offload_exposed_s=np.where(offloaded, off.microbatch_exposed_s, 0.0),
         offload_total_s=off.microbatch_total_s, offload_step_s=off.step_exposed_s, host_bytes=off.host_bytes,
+        osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * extra_latency,
+        kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=z3_buffers, logits_bytes=logits,
     )
 
 

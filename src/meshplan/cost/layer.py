@@ -31,7 +31,9 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
 from meshplan.cost.mixers import mixer_cost
+from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
+from meshplan.cost.packing import DocAttention, doc_attention
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.layers import (
@@ -42,7 +44,8 @@ from meshplan.spec.layers import (
     mixer_params,
     moe_params,
 )
-from meshplan.spec.model import ModelSpec
+from meshplan.spec.model import Arch, ModelSpec
+from meshplan.spec.seqlen import DocBalance
 from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
 
 
@@ -151,16 +154,32 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         return LayerCost(**{f: (1.0 - bf16_share) * getattr(lowp, f) + bf16_share * getattr(bf16, f)
                             for f in LayerCost.__dataclass_fields__})
     kinds = layer_kind_counts(model)
+    docs = packed_documents(model, training, plans, calib)
     if len(kinds) == 1:
-        return _one_layer(model, cluster, training, plans, calib, kinds[0][0])
-    costs = [(_one_layer(model, cluster, training, plans, calib, kind), n / model.num_layers)
+        return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs)
+    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs), n / model.num_layers)
              for kind, n in kinds]
     return LayerCost(**{f: sum(w * getattr(cost, f) for cost, w in costs)
                         for f in LayerCost.__dataclass_fields__})
 
 
+def packed_documents(model: ModelSpec, training: TrainingSpec, plans: PlanArrays,
+                     calib: Calibration) -> DocAttention | None:
+    """The attention factors of the training's packed documents (cost/packing.py); None when every
+    sequence is one document. The varlen kernel's half-efficiency length is the attention's."""
+    if training.seq_len_dist is None:
+        return None
+    causal = model.arch == Arch.DECODER
+    half = calib.attention_half_seq_causal if causal else calib.attention_half_seq
+    return doc_attention(training.seq_len_dist, seq_len=training.seq_len, global_batch=training.global_batch,
+                         dp=plans.dp, cp=plans.cp, half_seq=half, causal=causal,
+                         balanced=training.doc_balance == DocBalance.BALANCED, buckets=training.cp_buckets,
+                         ideal=training.doc_balance == DocBalance.IDEAL)
+
+
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               plans: PlanArrays, calib: Calibration, kind: LayerKind) -> LayerCost:
+               plans: PlanArrays, calib: Calibration, kind: LayerKind,
+               docs: DocAttention | None = None) -> LayerCost:
     gpu = cluster.gpu
     rates = op_rates(cluster, training, calib)  # precision per operation (cost/precision.py)
     peak = rates.linear_flops
@@ -189,7 +208,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- forward math: token mixer, then channel mixer (per GPU shapes) ---------------------
     mix = mixer_cost(model, cluster, kind, plans, calib, seq_len=training.seq_len, peak=peak, hbm=hbm,
-                     ab=ab, gemm_time=linear_time, core_peak=rates.core_flops)
+                     ab=ab, gemm_time=linear_time, core_peak=rates.core_flops, docs=docs)
     if moe:
         block = moe_cost(model, cluster, training, plans, calib, T=T, hbm=hbm, ab=ab,
                          bf16_flops=rates.bf16_flops, linear_flops=peak, gemm_time=gemm_time,
@@ -252,6 +271,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     dense_p, expert_p = _layer_params(model, kind)
     dense_g = dense_p / t
     expert_g = expert_p / (e_t * ep)
+    if moe:  # hot-expert replicas hold whole experts too (cost/expert_load.py)
+        expert_g = expert_g * replica_factor(model.moe_num_experts, plans.ep, plans.expert_replicas)
     shard = (plans.dp_shard * plans.cp).astype(float)
     states = (state_bytes(calib, training, dense_g, plans.zero, shard)
               + state_bytes(calib, training, expert_g, plans.zero, np.maximum(shard * t / (e_t * ep), 1.0)))

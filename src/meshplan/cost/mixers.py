@@ -29,6 +29,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency
+from meshplan.cost.packing import DocAttention
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.layers import (
     LayerKind,
@@ -60,9 +61,10 @@ class MixerCost:
 
 def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
                calib: Calibration, *, seq_len: int, peak: float, hbm: float, ab: float,
-               gemm_time, core_peak: float | None = None) -> MixerCost:
+               gemm_time, core_peak: float | None = None, docs: DocAttention | None = None) -> MixerCost:
     """``peak`` is the projections' rate, ``core_peak`` the attention core's / scan's (bf16 under
-    an fp8 recipe unless fp8 attention: cost/precision.py); ``gemm_time`` costs a projection."""
+    an fp8 recipe unless fp8 attention: cost/precision.py); ``gemm_time`` costs a projection;
+    ``docs`` the packed documents' attention factors (cost/packing.py), None: full sequences."""
     core_peak = peak if core_peak is None else core_peak
     zero = np.zeros(len(plans.tp))
     if kind.mixer == Mixer.NONE:
@@ -71,7 +73,7 @@ def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: P
         return _mamba(model, cluster, plans, calib, S=float(seq_len), peak=peak, ab=ab, gemm_time=gemm_time,
                       core_peak=core_peak)
     return _attention(model, cluster, kind, plans, calib, S=float(seq_len), peak=peak, hbm=hbm, ab=ab,
-                      gemm_time=gemm_time, core_peak=core_peak)
+                      gemm_time=gemm_time, core_peak=core_peak, docs=docs)
 
 
 def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causal: bool):
@@ -96,7 +98,7 @@ def cp_causal_imbalance(calib: Calibration, c, causal: bool):
     return (2.0 * c - 1.0) / c
 
 
-def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time, core_peak) -> MixerCost:
+def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_time, core_peak, docs=None) -> MixerCost:
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     D = float(model.hidden_size)
@@ -143,7 +145,17 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
     ring = (c - 1) * comms.p2p_time(kv_msg, c > 1, cp_link)
     # Ulysses (Jacobs et al. 2023): all-to-all of Q, K, V in and of the output back.
     ulysses = comms.all_to_all_time(T * (heads_local * (dqk + dv) + 2 * kv_local) * ab, c, cp_link)
-    t_core = t_core * cp_causal_imbalance(calib, c, is_causal)
+    cp_share = 1.0
+    if docs is not None and calib.fused_attention and s_eff >= S:
+        # Document masks: a varlen kernel computes each document's block only; the factor holds
+        # the zig-zag imbalance of the documents and the busiest dp rank (cost/packing.py).
+        # Unfused attention masks the full S x S scores and a sliding window caps the work
+        # already: both keep the full-sequence time.
+        t_core = t_core * docs.core_factor
+        cp_share = docs.cp_token_share
+    else:
+        t_core = t_core * cp_causal_imbalance(calib, c, is_causal)
+    ring, ulysses = ring * cp_share, ulysses * cp_share
     return MixerCost(
         gemm_s=t_in + t_out, core_s=t_core, softmax_bytes=softmax_bytes,
         kept_bytes=kept, score_bytes=score_bytes,

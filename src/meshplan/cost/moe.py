@@ -30,6 +30,7 @@ import numpy as np
 from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.expert_load import plan_load_factors
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import MoeDispatcher, TrainingSpec
@@ -48,9 +49,15 @@ class MoeCost:
     """Per-token width of the experts' kept activations (k*F + shared F), for the memory."""
 
 
-def load_factor(training: TrainingSpec, calib: Calibration) -> float:
+def load_factor(training: TrainingSpec, calib: Calibration, model: ModelSpec | None = None,
+                plans: PlanArrays | None = None):
     """Tokens of the busiest rank over the mean: the routing imbalance, capped by the capacity
-    factor when tokens beyond it are dropped."""
+    factor when tokens beyond it are dropped. With the training's expert load (and the model and
+    plans to place it on), that load's busiest rank per plan (cost/expert_load.py) instead of the
+    calibration's imbalance."""
+    if training.expert_load is not None and model is not None and plans is not None:
+        return plan_load_factors(training.expert_load, model.moe_num_experts, plans.ep, plans.expert_balanced,
+                                 plans.expert_replicas, training.moe_capacity_factor)
     if training.moe_capacity_factor is None:
         return calib.moe_routing_imbalance
     return min(calib.moe_routing_imbalance, training.moe_capacity_factor)
@@ -91,7 +98,7 @@ def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     Fs = float(model.moe_shared_ffn_hidden_size)
     k = float(model.moe_top_k)
     m_mlp = 3.0 if model.gated_mlp else 2.0
-    load = load_factor(training, calib)
+    load = load_factor(training, calib, model, plans)
     # tokens each local expert sees: an expert-tp group gathers its members' T*etp/t tokens
     tok_in = T * (e_t / t)
     tok_per_expert = tok_in * k * ep / E * load

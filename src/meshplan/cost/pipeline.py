@@ -9,14 +9,16 @@ Activations in flight on pipeline rank r (units: micro-batch x chunk, a chunk be
 stage): GPipe keeps all m*v; 1F1B keeps p - r (the first rank the most); interleaved 1F1B keeps
 its warm-up count + 1 = 2(p - r - 1) + (v - 1) p + 1 (Megatron-LM's schedule; for r = 0 that
 is L(1 + (p-1)/(pv)) layers' worth, Korthikanti et al. 2022 Sec. 4.2.3); zero-bubble H1 keeps
-the 1F1B count. Never more than m*v.
+the 1F1B count. With vocabulary parallelism 1F1B warms up as deep as interleaved 1F1B with
+v = 1, 2(p - r - 1) + 1, so that the output passes of all ranks line up (runtime/vocab_parallel.py).
+Never more than m*v.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from meshplan.cost.arrays import GPIPE, INTERLEAVED, ZERO_BUBBLE
+from meshplan.cost.arrays import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE
 from meshplan.cost.calibration import Calibration
 
 
@@ -34,7 +36,7 @@ def pipeline_time(rank_time_s, num_microbatches, pp, vpp, schedule, calib: Calib
     return num_microbatches * rank_time_s + bubble, bubble
 
 
-def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule):
+def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule, vocab_parallel=False):
     """Micro-batch x chunk activation sets held at the peak by pipeline ``rank``."""
     r = np.asarray(rank, dtype=float)
     p = np.asarray(pp, dtype=float)
@@ -44,8 +46,8 @@ def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule):
     one_f_one_b = p - r
     interleaved = 2 * (one_f_one_b - 1) + (v - 1) * p + 1
     all_chunks = m * v
-    held = np.where(sched == GPIPE, all_chunks,
-                    np.where((sched == INTERLEAVED) & (v > 1), interleaved, one_f_one_b * v))
+    deep = ((sched == INTERLEAVED) & (v > 1)) | ((sched == ONE_F_ONE_B) & np.asarray(vocab_parallel, dtype=bool))
+    held = np.where(sched == GPIPE, all_chunks, np.where(deep, interleaved, one_f_one_b * v))
     return np.minimum(held, all_chunks)
 
 

@@ -7,7 +7,7 @@ so it agrees with ``estimate_batch`` whenever the split is even and every layer 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,8 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
-from meshplan.plan import Plan
+from meshplan.cost.expert_load import LoadStats, load_stats
+from meshplan.plan import ExpertPlacement, Plan
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -62,6 +63,11 @@ class TimeBreakdown:
     (CPU Adam) with its gradient download and weight upload (:mod:`meshplan.cost.offload`)."""
     offload_total_s: float = 0.0
     """All host-device copies per step, hidden or not, plus the host's optimizer step."""
+    osdp_compute_s: float = 0.0
+    """Of compute_s: OSDP's smaller MLP GEMMs and their launches, the chunked LM head's
+    recomputed forward (:mod:`meshplan.cost.osdp`)."""
+    osdp_gather_latency_s: float = 0.0
+    """Of microbatch_comm_total_s: the latency of OSDP's extra gathers (MLP slices)."""
 
     @property
     def step_s(self) -> float:
@@ -98,6 +104,17 @@ class MemoryBreakdown:
                 + self.activations_bytes + self.other_bytes)
     host_bytes: float = 0.0
     """Offloaded tensors in host memory (not part of ``total_bytes``, the GPU's)."""
+    kept_weight_bytes: float = 0.0
+    """Of parameters_bytes: OSDP's groups kept gathered, beyond their shards."""
+    gathered_weight_bytes: float = 0.0
+    """Of other_bytes: ZeRO-3's gathered layers (OSDP: the sharded groups, the MLP a slice at a time)."""
+    logits_bytes: float = 0.0
+    """Of activations_bytes: the logits and loss transients at once (OSDP: one chunk's)."""
+
+    def osdp_gib(self) -> dict[str, float]:
+        """The OSDP-relevant parts of the categories above (each already counted in one)."""
+        return {"kept_gathered": self.kept_weight_bytes / GIB,
+                "gathered_buffer": self.gathered_weight_bytes / GIB, "logits": self.logits_bytes / GIB}
 
     @property
     def total_bytes(self) -> float:
@@ -150,6 +167,8 @@ class Estimate:
     """Host memory of the GPU whose offloaded tensors take the most."""
     host_memory_budget_gib: float = 0.0
     """That GPU's share of the node's usable host memory (0: no offload)."""
+    expert_load: LoadStats | None = None
+    """The training's expert load on this plan's placement (cost/expert_load.py); None without one."""
 
     def to_dict(self) -> dict[str, Any]:
         t = self.time
@@ -177,11 +196,15 @@ class Estimate:
                 "dp_comm_total": t.dp_comm_total_s,
                 "offload": t.offload_s,
                 "offload_total": t.offload_total_s,
+                "osdp_compute": t.osdp_compute_s,
+                "osdp_gather_latency": t.osdp_gather_latency_s,
             },
+            "osdp_memory_gib": self.memory.osdp_gib(),
             "terms_s": t.terms_s(),
             "host_memory_gib": self.host_memory_gib,
             "host_memory_budget_gib": self.host_memory_budget_gib,
             "num_microbatches": t.num_microbatches,
+            "expert_load": asdict(self.expert_load) if self.expert_load else None,
             "stages": [
                 {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
                  "in_flight_microbatches": s.in_flight_microbatches,
@@ -218,7 +241,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
-            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule)) / plan.vpp,
+            in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule, arrays.vocab_parallel)) / plan.vpp,
             microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
     batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
@@ -235,7 +258,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         dp_comm_total_s=_f(rt.dp_total_s), num_microbatches=m,
         **{k: m * v for k, v in kinds.items()}, exposed_dp_s=_f(rt.dp_exposed_s),
         offload_s=m * _f(rs.offload_exposed_s) + _f(rt.offload_step_s),
-        offload_total_s=m * _f(rs.offload_total_s) + _f(rt.offload_step_s))
+        offload_total_s=m * _f(rs.offload_total_s) + _f(rt.offload_step_s),
+        osdp_compute_s=m * _f(rs.osdp_compute_s * np.ones(1)),
+        osdp_gather_latency_s=m * _f(rs.osdp_gather_latency_s * np.ones(1)))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
@@ -247,7 +272,16 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
         peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
         host_memory_gib=_f(batch.host_memory_bytes) / GIB,
-        host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0)
+        host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0,
+        expert_load=_expert_load(model, training, plan))
+
+
+def _expert_load(model: ModelSpec, training: TrainingSpec, plan: Plan) -> LoadStats | None:
+    if training.expert_load is None or not model.is_moe:
+        return None
+    return load_stats(training.expert_load, model.moe_num_experts, plan.dims.ep,
+                      balanced_placement=plan.expert_placement == ExpertPlacement.BALANCED,
+                      replicas=plan.expert_replicas, capacity_factor=training.moe_capacity_factor)
 
 
 def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, arrays: PlanArrays,
@@ -261,7 +295,7 @@ def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
     layer_comm = n * _f(layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     terms = plan_terms(model, cluster, training, arrays, calib, layer)
     # the pipeline's p2p and, with vocabulary parallelism, its per-micro-batch sync over the stages
-    pp = _f(terms.p2p_s + terms.vocab_sync_s) * (1.0 - calib.pp_p2p_overlap)
+    pp = _f(terms.p2p_s) * (1.0 - calib.pp_p2p_overlap) + _f(terms.vocab_sync_s)  # the latter never hidden
     return {"exposed_tp_s": tp, "exposed_cp_s": cp, "exposed_ep_s": ep, "exposed_pp_s": pp,
             "exposed_host_s": max(layer_comm - tp - cp - ep, 0.0),
             "exposed_zero_s": max(_f(rank.comm_exposed_s) - layer_comm - pp, 0.0)}
@@ -272,4 +306,5 @@ def _memory(rc: RankCost) -> MemoryBreakdown:
         parameters_bytes=_f(rc.parameters_bytes), gradients_bytes=_f(rc.gradients_bytes),
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
         other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes),
-        host_bytes=_f(rc.host_bytes * np.ones(1)))
+        host_bytes=_f(rc.host_bytes * np.ones(1)), kept_weight_bytes=_f(rc.kept_weight_bytes * np.ones(1)),
+        gathered_weight_bytes=_f(rc.gathered_weight_bytes * np.ones(1)), logits_bytes=_f(rc.logits_bytes * np.ones(1)))

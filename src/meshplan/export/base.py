@@ -7,7 +7,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from meshplan.plan import Recompute
+from meshplan.errors import MeshplanError
+from meshplan.plan import ExpertPlacement, Recompute
 
 if TYPE_CHECKING:
     from meshplan.plan import Plan
@@ -39,3 +40,10 @@ def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
     every = all(r == n for r, n in zip(plan.recompute_layers, plan.stage_layers))
     counts = set(plan.recompute_layers)
     return every, counts.pop() if len(counts) == 1 else -1
+
+
+def refuse_expert_placement(plan, stack: str) -> None:
+    """One line when ``plan`` places experts other than contiguously: no exported stack can."""
+    if plan.expert_placement != ExpertPlacement.CONTIGUOUS or plan.expert_replicas:
+        raise MeshplanError(f"{stack} places experts contiguously (ids r*E/ep.. on ep rank r) and has no expert "
+                            "replicas; plan with --expert-placement contiguous --expert-replicas 0")

@@ -50,10 +50,14 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
         # (the exporter's own rules).
         return SearchOptions(schedules=(Schedule.ONE_F_ONE_B,), max_vpp=1, max_cp=1,
                              recomputes=(Recompute.NONE, Recompute.FULL), allow=_deepspeed_runs,
-                             offloads=offloads[ExportTarget.DEEPSPEED], vocab_parallel=False)
-    # no stack runs vocabulary parallelism over pipeline ranks (Yeung et al. 2024 is a Megatron fork)
+                             offloads=offloads[ExportTarget.DEEPSPEED], vocab_parallel=False,
+                             expert_placement=False, osdp=False)
+    # no stack runs vocabulary parallelism over pipeline ranks (Yeung et al. 2024 is a Megatron fork),
+    # nor places experts by their load (each puts ids [r*E/ep, (r+1)*E/ep) on ep rank r)
     allow = _torchtitan_runs if ExportTarget(target) == ExportTarget.TORCHTITAN else None
-    return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, allow=allow)
+    # per operator-group sharding and operator splits (OSDP) neither (export.osdp)
+    return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, expert_placement=False,
+                         osdp=False, allow=allow)
 
 
 def _torchtitan_runs(space) -> "object":
@@ -88,3 +92,4 @@ def best_expressible(job: "Job", frontier: Sequence[object], target: "ExportTarg
         except MeshplanError:
             continue
     return None
+

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.osdp import persistence_config
 from meshplan.plan import Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision
 
@@ -46,9 +47,11 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
             f"DeepSpeed ZeRO shards over every data-parallel rank; hybrid sharding "
             f"(dp_replicate={d.dp_replicate} x dp_shard={d.dp_shard}) was MiCS, which DeepSpeed 0.19 removed"
         )
+    refuse_expert_placement(plan, "DeepSpeed")
     if plan.vocab_parallel:
         raise MeshplanError("DeepSpeed has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     zero.update(_offload_config(plan, zero["stage"]))
+    zero.update(persistence_config(job.model, plan))
     cfg["zero_optimization"] = zero
     if d.tp > 1:
         if plan.zero == 3 and d.dp_shard > 1:

@@ -9,7 +9,8 @@ argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
@@ -211,9 +212,14 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
+    refuse_expert_placement(plan, "Megatron-LM")
     if plan.vocab_parallel:
         raise MeshplanError("Megatron-LM has no vocabulary parallelism over pipeline ranks (Yeung et al. "
                             "2024 is a fork of it); plan without --vocab-parallel")
+    if uses_osdp(plan):
+        raise MeshplanError("Megatron-LM shards every parameter alike (distributed optimizer or FSDP); "
+                            f"per operator-group keeps and operator splits ({osdp_notation(plan)}) are not "
+                            "expressible: plan without them")
     args += _offload_args(plan)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)

@@ -10,7 +10,8 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
 
@@ -57,8 +58,13 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         # no pipeline: one micro-batch per forward, gradient accumulation over the rest
         training["local_batch_size"] = plan.micro_batch
     training["mixed_precision_param"] = "float32" if t.precision == Precision.FP32 else "bfloat16"
+    refuse_expert_placement(plan, "torchtitan")
     if plan.vocab_parallel:
         raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
+    if uses_osdp(plan):
+        raise MeshplanError("torchtitan's parallelism.fsdp_reshard_after_forward is one policy for every "
+                            f"layer and it has no operator splitting: {osdp_notation(plan)} is not expressible; "
+                            "plan without them (or run it with meshplan train)")
     if plan.offload:
         # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
         if set(plan.offload) != {Offload.OPTIMIZER, Offload.PARAMS} or d.dp_shard == 1:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.layer import activation_bytes
+from meshplan.cost.vocab import SOFTMAX_MAX_BYTES_PER_TOKEN, SOFTMAX_SUM_BYTES_PER_TOKEN
 from meshplan.plan import CPMethod, Job
 
 GROUP_OF_AXIS = {
-    "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "pp_tied": "pp",
+    "tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "pp_tied": "pp", "pp_vocab": "pp",
     "dp_shard_cp": "dp", "dp_shard": "dp", "dp_cp": "dp", "dp": "dp", "dp_replicate": "dp",
     "edp": "dp", "dp_edp": "dp",
 }
@@ -86,7 +87,20 @@ def expected_collectives(job: Job, pp_rank: int) -> list[ExpectedCollective]:
     if d.pp > 1:  # activation out and its gradient back, per virtual stage and micro-batch
         n = 2 * plan.vpp * m
         out.append(ExpectedCollective("pp", "send", n, n * T * D * ab / t))
+    if plan.vocab_parallel:
+        out += _vocab_parallel(T, D, ab, m)
     return out
+
+
+def _vocab_parallel(T: float, D: int, ab: float, m: int) -> list[ExpectedCollective]:
+    """cost/vocab.py, on every pipeline rank: per micro-batch the head input broadcast and its
+    gradient reduced, the softmax's max and (sum, target logit) all-reduced; per step the
+    embedding rows of the m micro-batches reduced and their gradient broadcast."""
+    rows = T * D * ab
+    stats = T * (SOFTMAX_MAX_BYTES_PER_TOKEN + SOFTMAX_SUM_BYTES_PER_TOKEN)
+    return [ExpectedCollective("pp", "broadcast", m + 1, 2 * m * rows),
+            ExpectedCollective("pp", "reduce", m + 1, 2 * m * rows),
+            ExpectedCollective("pp", "all_reduce", 2 * m, m * stats)]
 
 
 def _data_parallel(job: Job, pp_rank: int, m: int, calib) -> list[ExpectedCollective]:

@@ -245,7 +245,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
             n_microbatches=plan.num_microbatches(training),
             make_stage=_stage_factory(job, plan, fake, autocast, amp_dtype),
         )
-        modules = list(pipe.stage_modules)
+        modules = pipe.model_parts
         stages = list(pipe.stage_indices)
         tied_group = pipe.tied.group if pipe.tied is not None else None
     else:
@@ -262,6 +262,8 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     axes = axis_of_groups(_mesh_views(mesh, ep_mesh))
     if tied_group is not None:
         axes[tied_group.group_name] = "pp_tied"  # first and last stage: tied embedding gradient
+    if pipe is not None and pipe.vocab is not None:
+        axes[pipe.vocab.group.group_name] = "pp_vocab"  # vocabulary parallelism's reduces and broadcasts
     counter = CollectiveCounter(axes)
     with fake, _marking_sharding_propagation(propagation), tracker:
         for step in range(1, steps + 1):
@@ -303,7 +305,7 @@ def _stage_factory(job: Job, plan: Plan, fake: FakeTensorMode, autocast: bool, a
 
     def make(module: nn.Module, index: int, num_stages: int, device: torch.device, *, group) -> PipelineStage:
         with fake:
-            if index == 0:
+            if index == 0 and not plan.vocab_parallel:  # else hidden states (runtime/vocab_parallel.py)
                 x = torch.randint(0, spec.vocab_size, (plan.micro_batch, seq))
             else:
                 x = torch.empty(plan.micro_batch, hidden_seq, spec.hidden_size, dtype=hidden_dtype,

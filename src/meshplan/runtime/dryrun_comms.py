@@ -25,7 +25,7 @@ _KINDS: tuple[tuple[str, str], ...] = (
     ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
     ("allgather", "all_gather"), ("all_gather", "all_gather"),
     ("reduce_scatter", "reduce_scatter"), ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
-    ("shard_dim_alltoall", "all_to_all"), ("broadcast", "broadcast"),
+    ("shard_dim_alltoall", "all_to_all"), ("broadcast", "broadcast"), ("reduce_", "reduce"),
     ("isend", "send"), ("send", "send"), ("irecv", "recv"), ("recv", "recv"), ("batch_p2p", "p2p"),
 )
 

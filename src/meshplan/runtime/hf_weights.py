@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from meshplan.errors import MeshplanError
 from meshplan.hf_names import Source, check_all_mapped, family_of, name_map, normalise_key, rope_row
+from meshplan.runtime.models.init import osdp_slice
 from meshplan.runtime.state import unique_parameters
 from meshplan.runtime.models.layers import NORM_EPS, ROPE_THETA
 from meshplan.spec.model import ModelSpec
@@ -140,6 +141,9 @@ def _global_index(module: nn.Module, short: str, p: torch.Tensor) -> tuple[slice
     etp_dim = getattr(module, "etp_dims", {}).get(short) if etp_size > 1 else None
     if etp_dim is not None:
         base[etp_dim] = module.etp_rank * shape[etp_dim]
+    part, _, part_dim = osdp_slice(module, short)  # an MLP slice (runtime.osdp): its rows / columns
+    if part_dim is not None:
+        base[part_dim] = part * shape[part_dim]
     if isinstance(p, DTensor):
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 
 from meshplan.plan import CPMethod, Offload, Plan, Recompute
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
+from meshplan.runtime.osdp import apply_osdp_modules, osdp_units
 
 
 def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: DeviceMesh | None = None,
@@ -45,6 +46,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
     train.mixed_precision_dtype); None keeps fp32 compute (CPU runs)."""
     plan = plan.with_defaults(model.spec)
     d = plan.dims
+    apply_osdp_modules(model, plan)  # OSDP's MLP slices and chunked LM head (runtime.osdp)
     if d.tp > 1:
         apply_tp(model, mesh["tp"], plan.sp)
     if d.cp > 1:
@@ -323,10 +325,13 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
     else:
         dp_mesh = data_parallel_mesh(mesh, plan)
 
-        def wrap(module: nn.Module) -> None:
+        def wrap(module: nn.Module, reshard: bool = reshard) -> None:
             fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy,
                         ignored_params=expert_params or None, offload_policy=policy)
 
+    # OSDP (zero 3): kept groups and MLP slices as their own units, inside their layer's
+    for module, unit_reshard in osdp_units(model, plan):
+        wrap(module, unit_reshard)
     for layer in model.layers.values():
         wrap(layer)
     wrap(model)

@@ -4,7 +4,8 @@ Order of work in :func:`build_pipeline` (the runtime's train loop calls it when 
 1. cut: one deep copy of the meta model per virtual stage held by this pipeline rank, with the
    layers of other stages deleted from ``layers`` (a ModuleDict, so the remaining FQNs such as
    ``layers.5.attention.wq.weight`` are the same as in the whole model); embeddings only on the
-   first stage, final norm and output projection only on the last;
+   first stage, final norm and output projection only on the last (with vocabulary parallelism
+   the embedding and the output projection leave the stages: meshplan.runtime.vocab_parallel);
 2. the runtime's ``parallelize_stage`` (TP, CP, AC, FSDP/DDP on the stage module) then
    ``init_stage`` (materialise on the device, deterministic init by FQN);
 3. tied embeddings (GPT-2): the last stage keeps its own copy of the embedding matrix as
@@ -43,11 +44,14 @@ from torch.distributed.pipelining.schedules import (
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import MeshAxis, Plan, Schedule
+from meshplan.runtime.mesh import data_parallel_mesh
 from meshplan.runtime.pipeline_check import (
     ZERO_BUBBLE_RECOMPUTE,
     local_stage_indices,
     stage_layer_keys,
 )
+from meshplan.runtime.vocab_parallel import VOCAB_PARALLEL_SCHEDULES, VocabParallel, VocabShards, pipeline_groups
+from meshplan.targets import VOCAB_PARALLEL_SCHEDULE
 
 _SINGLE_STAGE_SCHEDULES = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
 _MULTI_STAGE_SCHEDULES = {
@@ -87,19 +91,23 @@ class ZeroStage(PipelineStage):
         return grads, None
 
 
-def cut_stage(model_meta: nn.Module, layer_keys: list[str], *, is_first: bool, is_last: bool) -> nn.Module:
-    """A deep copy of ``model_meta`` holding only ``layer_keys``, embeddings/head only at the ends."""
+def cut_stage(model_meta: nn.Module, layer_keys: list[str], *, is_first: bool, is_last: bool,
+              vocab_parallel: bool = False) -> nn.Module:
+    """A deep copy of ``model_meta`` holding only ``layer_keys``, embeddings/head only at the ends
+    (token embedding and head on no stage with ``vocab_parallel``: the first stage then takes
+    hidden states and the last returns them)."""
     stage = copy.deepcopy(model_meta)
     keep = set(layer_keys)
     for key in list(stage.layers.keys()):
         if key not in keep:
             del stage.layers[key]
-    if not is_first:
+    if not is_first or vocab_parallel:
         stage.tok_embeddings = None
-        if getattr(stage, "pos_embeddings", None) is not None:
-            stage.pos_embeddings = None
+    if not is_first and getattr(stage, "pos_embeddings", None) is not None:
+        stage.pos_embeddings = None
     if not is_last:
         stage.norm = None
+    if not is_last or vocab_parallel:
         stage.output = None
     return stage
 
@@ -171,7 +179,14 @@ class PipelineRuntime:
     tied_copy_names: tuple[str, ...] = field(default=())
     """FQNs on this rank that are copies of a weight owned elsewhere (``output.weight`` of a tied
     model on the last stage): checkpoints should save the owner's value only."""
+    vocab: VocabParallel | None = None
+    """This rank's vocabulary shards and their collectives (``plan.vocab_parallel``)."""
     _schedule: _PipelineSchedule | None = None
+
+    @property
+    def model_parts(self) -> list[nn.Module]:
+        """What the optimizer, checkpoints and full weights cover: the stages and the vocabulary shards."""
+        return [*self.stage_modules, *([self.vocab.shards] if self.vocab is not None else [])]
 
     @property
     def has_first_stage(self) -> bool:
@@ -195,10 +210,10 @@ class PipelineRuntime:
         Returns the mean loss over the batch's tokens on ranks holding the last stage, else None.
         Gradients are left in the parameters' ``.grad`` (already reduced over data parallel).
         """
-        if self.has_first_stage and tokens is None:
-            raise MeshplanError("the first pipeline stage needs the input tokens")
-        if self.has_last_stage and targets is None:
-            raise MeshplanError("the last pipeline stage needs the targets")
+        if (self.has_first_stage or self.vocab is not None) and tokens is None:
+            raise MeshplanError("the first pipeline stage (every stage with vocab_parallel) needs the input tokens")
+        if (self.has_last_stage or self.vocab is not None) and targets is None:
+            raise MeshplanError("the last pipeline stage (every stage with vocab_parallel) needs the targets")
         if self.n_microbatches is None:
             batch = tokens if tokens is not None else targets
             if batch is None:
@@ -208,14 +223,18 @@ class PipelineRuntime:
                     f"batch of {batch.shape[0]} sequences is not a multiple of micro_batch={self.micro_batch}"
                 )
             self.n_microbatches = batch.shape[0] // self.micro_batch
-        args = (tokens,) if self.has_first_stage else ()
+        first_input = self.vocab.begin(tokens, targets) if self.vocab is not None else tokens
+        args = (first_input,) if self.has_first_stage else ()
         target = targets if self.has_last_stage else None
         losses: list[torch.Tensor] = []
         self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         if self.tied is not None:
             self.tied.all_reduce_grad()
+        vocab_loss = self.vocab.finish() if self.vocab is not None else None
         if not self.has_last_stage:
             return None
+        if vocab_loss is not None:
+            return vocab_loss
         # Each micro-batch loss is a mean over equally many tokens: their mean is the batch mean.
         return torch.stack([loss.detach() for loss in losses]).mean()
 
@@ -234,6 +253,9 @@ class PipelineRuntime:
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the global L2 norm over all stages (each tied weight counted once); returns it."""
+        if self.vocab is not None:
+            raise MeshplanError("clip vocabulary-parallel pipelines with runtime.schedule.clip_gradients "
+                                "(its norm counts the pp-sharded vocabulary rows once)")
         owned = [p for n, p in self.named_parameters() if n not in self.tied_copy_names]
         sq = grad_sq_norm(owned)
         dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=self.pp_group)
@@ -301,11 +323,12 @@ def build_pipeline(
     keys = stage_layer_keys(plan, len(model_meta.layers))
     n_stages = plan.num_stages
     local = local_stage_indices(plan, pp_rank)
-    tied_model = has_tied_embeddings(model_meta)
+    tied_model = has_tied_embeddings(model_meta) and not plan.vocab_parallel  # else tied in the shards
 
     modules: list[nn.Module] = []
     for s in local:
-        stage = cut_stage(model_meta, keys[s], is_first=s == 0, is_last=s == n_stages - 1)
+        stage = cut_stage(model_meta, keys[s], is_first=s == 0, is_last=s == n_stages - 1,
+                          vocab_parallel=plan.vocab_parallel)
         stage = parallelize_stage(stage)
         init_stage(stage)
         modules.append(stage)
@@ -333,6 +356,7 @@ def build_pipeline(
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=pp_group)
         if flag.item():
             raise MeshplanError(ZERO_BUBBLE_RECOMPUTE)
+    vocab = _build_vocab(model_meta, plan, mesh, local, n_microbatches, init_stage) if plan.vocab_parallel else None
     stages = [
         make_stage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, local)
     ]
@@ -341,12 +365,35 @@ def build_pipeline(
         stage_indices=local,
         num_stages=n_stages,
         micro_batch=plan.micro_batch,
-        make_schedule=lambda n_mb: _make_schedule(plan, stages, n_mb, loss_fn),
+        make_schedule=lambda n_mb: _make_schedule(plan, stages, n_mb, loss_fn, vocab),
         pp_group=pp_group,
         n_microbatches=n_microbatches,
         tied=tied,
         tied_copy_names=tied_names,
+        vocab=vocab,
     )
+
+
+def _build_vocab(model_meta: nn.Module, plan: Plan, mesh: DeviceMesh, local: list[int],
+                 n_microbatches: int | None, init_stage: Callable[[nn.Module], None]) -> VocabParallel:
+    """This rank's vocabulary shards, materialised like a stage, and their process groups."""
+    if n_microbatches is None:
+        raise MeshplanError("vocab_parallel needs n_microbatches given to build_pipeline")
+    shards = VocabShards(model_meta.spec, mesh[MeshAxis.PP.value])
+    dp_cp = mesh["dp_cp"]
+    if dp_cp.size() > 1 and plan.zero >= 1:  # ZeRO as the stages: FSDP2 over the data-parallel ranks
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(shards, mesh=data_parallel_mesh(mesh, plan), reshard_after_forward=plan.zero == 3)
+        # zero 1/2: gathered once per step, kept over the step's passes (VocabParallel.finish reshards)
+        shards.set_reshard_after_backward(plan.zero == 3)
+    init_stage(shards)
+    me = dist.get_rank()
+    row, group = next((r, g) for r, g in pipeline_groups(_all_pp_rows(mesh)) if me in r)
+    return VocabParallel(shards=shards, group=group, first_rank=row[0], last_rank=row[-1],
+                         is_first=0 in local, is_last=plan.num_stages - 1 in local,
+                         dp_group=dp_cp.get_group() if dp_cp.size() > 1 and plan.zero == 0 else None,
+                         n_microbatches=n_microbatches)
 
 
 def _uses_composable_checkpoint(module: nn.Module) -> bool:
@@ -365,9 +412,14 @@ def _all_pp_rows(mesh: DeviceMesh) -> torch.Tensor:
 
 
 def _make_schedule(
-    plan: Plan, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable
+    plan: Plan, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable,
+    vocab: VocabParallel | None = None,
 ) -> _PipelineSchedule:
     try:
+        if vocab is not None:
+            if plan.schedule.value not in VOCAB_PARALLEL_SCHEDULES or len(stages) != 1:
+                raise MeshplanError(VOCAB_PARALLEL_SCHEDULE)
+            return VOCAB_PARALLEL_SCHEDULES[plan.schedule.value](stages[0], n_microbatches, vocab)
         if plan.schedule in _SINGLE_STAGE_SCHEDULES:
             if len(stages) != 1:
                 raise MeshplanError(f"{plan.schedule.value} runs one stage per rank (vpp=1)")

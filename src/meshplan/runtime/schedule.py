@@ -101,7 +101,9 @@ def clip_gradients(modules: list[nn.Module], max_norm: float, pp_group) -> float
                     if any(pl.is_partial() for pl in g.placements):
                         g = g.redistribute(g.device_mesh, [pl if not pl.is_partial() else Replicate()
                                                            for pl in g.placements])
-                    dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
+                    # a pp-sharded weight (vocabulary parallelism) is summed over pp with the stages
+                    dims = tuple(i for i, pl in enumerate(g.placements)
+                                 if pl.is_shard() and (g.device_mesh.mesh_dim_names or ("",))[i] != "pp")
                     key = (id(g.device_mesh), dims, id(ep_group))
                     groups = [g.device_mesh.get_group(i) for i in dims]
                     local = g.to_local()

@@ -13,13 +13,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshplan.runtime.models.init import canonical_name
+from meshplan.runtime.models.init import canonical_name, osdp_slice
 
 
 @torch.no_grad()
 def full_parameters(modules: list[nn.Module], tied_embeddings: bool = False) -> dict[str, torch.Tensor]:
     """Canonical name -> full fp32 CPU tensor for every parameter of ``modules``."""
     out: dict[str, torch.Tensor] = {}
+    slices: dict[str, dict[int, torch.Tensor]] = {}  # split MLPs' parameters, by slice index
     for name, module, short, p in unique_parameters(modules, tied_embeddings):
         t = p.full_tensor() if isinstance(p, DTensor) else p.detach()
         etp_size = getattr(module, "etp_size", 1)
@@ -32,6 +33,12 @@ def full_parameters(modules: list[nn.Module], tied_embeddings: bool = False) -> 
             parts = [torch.empty_like(t) for _ in range(ep_size)]
             dist.all_gather(parts, t.contiguous(), group=module.group)
             t = torch.cat(parts, dim=0)
+        part, parts, part_dim = osdp_slice(module, short)
+        if part_dim is not None:  # a slice of an MLP split by OSDP: whole once all are met
+            slices.setdefault(name, {})[part] = t
+            if len(slices[name]) < parts:
+                continue
+            t = torch.cat([slices[name][i] for i in range(parts)], dim=part_dim)
         out[name] = t.float().cpu().clone()
     return out
 

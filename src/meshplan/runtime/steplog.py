@@ -20,6 +20,8 @@ class StepRecord:
     """Global gradient norm before clipping (only when clipping)."""
     eval_loss: float | None = None
     """Held-out loss after this step (only on evaluation steps)."""
+    expert_imbalance: tuple[float, ...] | None = None
+    """Per MoE layer, the busiest expert's routed tokens over the mean this step (MoE models)."""
 
 
 class LogWriter:
@@ -39,6 +41,7 @@ class LogWriter:
             return
         steady = records[1:] or records  # the first step pays for warm-up
         mfus = [r.mfu for r in steady if r.mfu is not None]
+        imbalances = [sum(r.expert_imbalance) / len(r.expert_imbalance) for r in records if r.expert_imbalance]
         self.file.write(json.dumps({
             "summary": True, "steps": len(records), "plan": notation, "world_size": world,
             "first_loss": records[0].loss if records else None,
@@ -47,6 +50,7 @@ class LogWriter:
             "mean_tokens_per_s": sum(r.tokens_per_s for r in steady) / max(1, len(steady)),
             "peak_memory_gib": max((r.peak_memory_gib for r in records), default=0.0),
             "mfu": sum(mfus) / len(mfus) if mfus else None,
+            "mean_expert_imbalance": sum(imbalances) / len(imbalances) if imbalances else None,
             "final_eval_loss": next((r.eval_loss for r in reversed(records) if r.eval_loss is not None), None),
             "loop": loop or {},
         }) + "\n")
@@ -70,8 +74,9 @@ class ProgressBar:
 
     def advance(self, rec: StepRecord) -> None:
         if self.bar:
+            experts = f"  busiest expert {max(rec.expert_imbalance):.2f}x" if rec.expert_imbalance else ""
             self.bar.update(self.task, advance=1,
-                            info=f"loss {rec.loss:.4f}  {rec.tokens_per_s:,.0f} tok/s")
+                            info=f"loss {rec.loss:.4f}  {rec.tokens_per_s:,.0f} tok/s{experts}")
 
     def close(self) -> None:
         if self.bar:

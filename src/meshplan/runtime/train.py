@@ -34,9 +34,11 @@ from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize, set_accumulation
+from meshplan.runtime.routing_log import RoutingLog
 from meshplan.runtime.schedule import (
     LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
 )
+from meshplan.runtime.osdp import head_loss_context
 from meshplan.runtime.state import full_parameters
 from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
 from meshplan.spec.training import Optimizer, Precision
@@ -93,6 +95,9 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 does not clip."""
     weight_decay: float = WEIGHT_DECAY
     """AdamW decay of matrices and embeddings (biases and norm gains are never decayed)."""
+    expert_load_log: str | None = None
+    """MoE routing log (rank 0): per step, per MoE layer, the tokens each expert received
+    (runtime/routing_log.py), what ``meshplan estimate --expert-load`` reads."""
 
 
 def pick_device(job: Job) -> torch.device:
@@ -182,6 +187,8 @@ class _Run:
     schedule: LRSchedule
     held_out: list = field(default_factory=list)
     """Held-out global batches (inputs, targets) for the eval loss."""
+    routing: RoutingLog | None = None
+    """Per-step expert counts of a MoE model (runtime/routing_log.py)."""
 
 
 def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list[StepRecord]:
@@ -213,8 +220,9 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
             if not math.isfinite(loss):
                 raise MeshplanError(f"the loss is {loss} at step {step}: training diverged "
                                     f"(lower --lr, currently {cfg.lr:g})")
+            imbalance = run.routing.collect(step) if run.routing else None  # a collective, every rank
             rec = _record(run, step, loss, start, grad_norm=grad_norm,
-                          eval_loss=_maybe_eval(run, step))
+                          eval_loss=_maybe_eval(run, step), expert_imbalance=imbalance)
             records.append(rec)
             writer.write(rec)
             progress.advance(rec)
@@ -224,6 +232,8 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
                 _stop(run, step, saved, stops)
     finally:
         progress.close()
+        if run.routing:
+            run.routing.close()
     writer.summary(records, run.plan.notation(), d.world_size, loop=loop_settings(run.cfg, run.job, run.optimizers[0], len(run.held_out)))
     if cfg.state_out:
         _save_state(run.modules, job, run.mesh, cfg.state_out)
@@ -264,7 +274,7 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
             parallelize_stage=lambda m: parallelize(m, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype),
             init_stage=init_stage, n_microbatches=plan.num_microbatches(training),
         )
-        modules = list(pipe.stage_modules)
+        modules = pipe.model_parts
     else:
         parallelize(model, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype)
         init_stage(model)
@@ -295,12 +305,20 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
                 flops_per_token=model_flops_per_token(job.model, training.seq_len),
                 peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0,
                 schedule=schedule,
-                held_out=held_out)
+                held_out=held_out,
+                routing=RoutingLog(job.model, modules, tp=d.tp, pp=d.pp, device=device, path=cfg.expert_load_log)
+                if job.model.is_moe else None)
 
 
 def _data_source(job: Job, cfg: TrainConfig):
     """(training batches, held-out batches): packed tokenizer data, byte text or synthetic tokens."""
     training = job.training
+    if training.seq_len_dist is not None:  # packed variable-length documents (runtime/packing.py)
+        from meshplan.runtime.packing import DocumentSource
+
+        return DocumentSource(dist=training.seq_len_dist, seq_len=training.seq_len,
+                              global_batch=training.global_batch, vocab_size=job.model.vocab_size,
+                              seed=cfg.seed, balance=training.doc_balance), []
     if cfg.tokenizer:
         from meshplan.runtime.datasets import load_packed
 
@@ -320,16 +338,20 @@ def _step(run: _Run, step: int) -> torch.Tensor:
     dp_rank = run.mesh["dp"].get_local_rank()
     cp_rank = run.mesh["cp"].get_local_rank()
     rows_per_rank = training.global_batch // d.dp
-    tokens, targets = run.source.batch(step)
     for optimizer in run.optimizers:
         optimizer.zero_grad(set_to_none=True)
-    if run.pipe is not None:
+    if training.seq_len_dist is not None:  # pp = cp = 1 (targets.py)
+        local_loss = _accumulate_documents(run.modules[0], plan, run.source.rank_batch(step, dp_rank, d.dp),
+                                           device, run.autocast, run.amp_dtype)
+    elif run.pipe is not None:
+        tokens, targets = run.source.batch(step)
         x, y = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp,
                                   micro_batch=rows_per_rank, cp_rank=cp_rank, cp=d.cp)[0]
         with torch.autocast(device.type, dtype=run.amp_dtype, enabled=run.autocast), loss_context(plan):
             out = run.pipe.step(x.to(device), y.to(device))
         local_loss = replicated_value(out.detach()).float() if out is not None else torch.zeros((), device=device)
     else:
+        tokens, targets = run.source.batch(step)
         local_tokens = rows_per_rank * training.seq_len // d.cp
         local_loss = _accumulate(run.modules[0], plan, tokens, targets, dp_rank, cp_rank,
                                  local_tokens, device, run.autocast, run.amp_dtype)
@@ -343,7 +365,7 @@ def _step(run: _Run, step: int) -> torch.Tensor:
 
 
 def _record(run: _Run, step: int, loss: float, start: float, *, grad_norm: float | None = None,
-            eval_loss: float | None = None) -> StepRecord:
+            eval_loss: float | None = None, expert_imbalance: list[float] | None = None) -> StepRecord:
     """The step's log record (``start``: its perf_counter at the beginning): time, throughput,
     the fullest rank's peak memory, MFU on GPU."""
     if run.device.type == "cuda":
@@ -356,7 +378,8 @@ def _record(run: _Run, step: int, loss: float, start: float, *, grad_norm: float
     mfu = (run.flops_per_token * tps / (world * run.peak_flops)) if run.peak_flops else None
     return StepRecord(step=step, loss=loss, step_time_s=elapsed_s, tokens_per_s=tps,
                       peak_memory_gib=float(peak.item()), mfu=mfu, lr=run.schedule.lr_at(step),
-                      grad_norm=grad_norm, eval_loss=eval_loss)
+                      grad_norm=grad_norm, eval_loss=eval_loss,
+                      expert_imbalance=tuple(expert_imbalance) if expert_imbalance is not None else None)
 
 
 @torch.no_grad()
@@ -423,11 +446,34 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
         set_accumulation(model, plan, last)
         with loss_context(plan):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
-                logits = model(x.to(device))
-            loss = token_loss_sum(logits, y.to(device)) / local_tokens
+            with (torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device),
+                  head_loss_context(model, y.to(device))):
+                out = model(x.to(device))  # the loss sum with a chunked LM head (runtime.osdp)
+            loss = (out if out.dim() == 0 else token_loss_sum(out, y.to(device))) / local_tokens
             loss.backward()
         total += replicated_value(loss.detach())
+    return total
+
+
+def _accumulate_documents(model, plan, batch, device, autocast, amp_dtype):
+    """``_accumulate`` for packed documents: each micro-batch's document layout is set on the
+    attention cores before its forward; the loss is over the targets of the whole global batch."""
+    from meshplan.runtime.packing import set_documents
+
+    per_rank_targets = batch.global_targets / plan.dims.dp  # the dp average makes it the global mean
+    rows = range(0, batch.tokens.shape[0], plan.micro_batch)
+    total = torch.zeros((), device=device)
+    for i, r in enumerate(rows):
+        set_accumulation(model, plan, i == len(rows) - 1)
+        set_documents(model, batch.documents[r:r + plan.micro_batch])
+        x, y = batch.tokens[r:r + plan.micro_batch], batch.targets[r:r + plan.micro_batch]
+        with loss_context(plan):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
+                logits = model(x.to(device))
+            loss = token_loss_sum(logits, y.to(device)) / per_rank_targets
+            loss.backward()
+        total += replicated_value(loss.detach())
+    set_documents(model, None)
     return total
 
 

@@ -22,16 +22,18 @@ from typing import Callable
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import BatchEstimate, compose, plan_terms, rank_cost
 from meshplan.cost.layer import LayerCost
-from meshplan.cost.pipeline import rank_layers_even
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.cost.offload import host_budget_bytes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.search.expert_load import placement_rows, placement_variants
 from meshplan.search.vocab import vocab_rows, vocab_variants
+from meshplan.search.even import (EVEN_CHUNK_ROWS, PRUNE_MIN_CONFIGS, EvenCost,  # noqa: F401 (re-exported)
+                                  even_estimate as _even_estimate, even_slice as _even_slice)
+from meshplan.search.osdp import osdp_rows, osdp_variants
 from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
@@ -98,6 +100,9 @@ class SearchResult:
     refined_configs: int
     plans_evaluated: int
     elapsed_s: float
+    pruned_configs: int = 0
+    """Global configurations scored by a lower bound only (their first pipeline rank), not in
+    full (:mod:`meshplan.search.prune`); counted in ``plans_evaluated``."""
 
     @property
     def fitting(self) -> tuple[ScoredPlan, ...]:
@@ -129,8 +134,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
            memory_cap_bytes: float | None = None, stage_points: int = STAGE_POINTS_PER_CONFIG,
-           progress: Callable[[str, float], None] | None = None) -> SearchResult:
-    """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring)."""
+           progress: Callable[[str, float], None] | None = None, prune: bool | None = None) -> SearchResult:
+    """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring).
+    ``prune`` False scores every configuration in full and walks every stage grid whole
+    (:mod:`meshplan.search.prune` drops dominated configurations unscored, ``stage_frontier``
+    cuts its grids short; the frontier is the same: tests compare the two); None prunes spaces
+    of more than PRUNE_MIN_CONFIGS configurations."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
@@ -151,19 +160,23 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick("even splits", 0.05)
     plans = space
     layer = shared_layer_cost(ctx, plans)
-    even = _even_estimate(ctx, plans, layer)
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    prune_even = len(space) > PRUNE_MIN_CONFIGS if prune is None else prune
+    even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune_even and shrink > 0 else None,
+                                  budget_bytes=budget)
     evaluated = len(space)
-    keys = np.arange(len(space))
-    even_front = Front.of(even.step_time_s, even.peak_memory_bytes, keys)
+    keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
+    even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
     tick("stage splits", 0.4)
 
     fronts = [Front(even_front.time_s, even_front.memory_bytes, -1 - even_front.key)]
-    splits: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}  # point key -> (n, r, config)
+    splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (n, r, config) of keys 0, 1, ...
     refined = 0
     if options.nonuniform_stages:
         refined, scored_splits = _refine(ctx, space, plans, layer, even, even_front, fronts, splits,
                                          options=options, refine_slack=refine_slack, cap=cap,
-                                         stage_points=stage_points, tick=tick)
+                                         stage_points=stage_points, tick=tick,
+                                         truncate=False if prune is False else None)
         evaluated += scored_splits
 
     vocab_space = None
@@ -172,6 +185,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                                              refine_slack)
         fronts.append(vocab_front)
         evaluated += scored_vocab
+    osdp_space = None
+    if options.osdp:
+        osdp_space, osdp_front, scored_osdp = _osdp_pass(ctx, space, layer, even, even_front,
+                                                         merge_fronts(*fronts), budget, options, refine_slack)
+        fronts.append(osdp_front)
+        evaluated += scored_osdp
+    expert_space = None
+    if options.expert_placement and training.expert_load is not None and model.is_moe:
+        expert_space, expert_front, scored_expert = _placement_pass(ctx, space, options)
+        fronts.append(expert_front)
+        evaluated += scored_expert
     off_space = None
     if searches_offload(cluster, options):
         off_space, off_front, scored_off = _offload_pass(ctx, space, layer, even, merge_fronts(*fronts),
@@ -179,19 +203,26 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         fronts.append(off_front)
         evaluated += scored_off
     front = merge_fronts(*fronts)
+    split_start = np.cumsum([0] + [len(c) for _, _, c in splits])  # first key of each item
     scored = []
     tokens_flops = model_flops_per_token(model, training.seq_len)
     peak = cluster.gpu.peak_flops(training.precision)
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
-        if k >= VOCAB_KEY_BASE:
+        if k >= OSDP_KEY_BASE:
+            plan = osdp_space.plan(k - OSDP_KEY_BASE).with_defaults(model)
+        elif k >= EXPERT_KEY_BASE:
+            plan = expert_space.plan(k - EXPERT_KEY_BASE).with_defaults(model)
+        elif k >= VOCAB_KEY_BASE:
             plan = vocab_space.plan(k - VOCAB_KEY_BASE).with_defaults(model)
         elif k >= OFFLOAD_KEY_BASE:
             plan = off_space.plan(k - OFFLOAD_KEY_BASE).with_defaults(model)
         elif k < 0:
             plan = space.plan(-1 - k).with_defaults(model)
         else:
-            n, r, cfg = splits[k]
+            i = int(np.searchsorted(split_start, k, side="right")) - 1
+            j = k - int(split_start[i])
+            n, r, cfg = splits[i][0][j], splits[i][1][j], int(splits[i][2][j])
             layers, rec = chunk_split(n, r, int(space.vpp[cfg]))
             plan = space.plan(cfg, layers, rec)
             if not any(rec):
@@ -206,10 +237,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         # fits" message reports the least memory any plan needs, not only the even splits'.
         return search(model, cluster, training, calib=calib, budget_bytes=budget, options=options,
                       refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
-                      progress=progress)
+                      progress=progress, prune=prune)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
                         global_configs=len(space), refined_configs=refined,
-                        plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start)
+                        plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start,
+                        pruned_configs=pruned)
 
 
 OFFLOAD_KEY_BASE = 1 << 40
@@ -229,12 +261,12 @@ def _offload_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, e
     host_cap = host_budget_bytes(ctx.cluster)
     most, src = offload_variants(space, rows, most_offloaded(options.offloads))
     most, src = _allowed(most, src, options)
-    floor = _even_estimate(ctx, most, _SharedRows(layer, src))
+    floor, _ = _even_estimate(ctx, most, _SharedRows(layer, src))
     lean = (floor.peak_memory_bytes <= budget) & (floor.host_memory_bytes <= host_cap)
     firsts = fastest(src[lean], floor.step_time_s[lean])
     variants, vsrc = offload_variants(space, firsts, options.offloads)
     variants, vsrc = _allowed(variants, vsrc, options)
-    est = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
+    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
     ok_m = np.flatnonzero(floor.host_memory_bytes <= host_cap)
     ok_v = np.flatnonzero(est.host_memory_bytes <= host_cap)
     both = PlanArrays(**{f.name: np.concatenate([getattr(most, f.name)[ok_m], getattr(variants, f.name)[ok_v]])
@@ -252,15 +284,51 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, eve
                 even_front: Front, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
     """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
-                              even.step_time_s * shrink, even.peak_memory_bytes * shrink)
-    rows = vocab_rows(candidate, space.pp)
+    rows = vocab_rows(even.candidates(even_front, shrink), space.pp)
     variants, src = _allowed(vocab_variants(space, rows), rows, options)
     if len(variants) == 0:
         return variants, Front.empty(), 0
-    est = _even_estimate(ctx, variants, _SharedRows(layer, src))
+    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
     return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
                               VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
+
+
+OSDP_KEY_BASE = 1 << 43
+"""Frontier keys at or above this index the OSDP variants."""
+
+
+def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost, even_front: Front,
+               known: Front, budget: float, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
+    """OSDP variants of the configurations near the frontier or held back by memory
+    (:mod:`meshplan.search.osdp`), even split."""
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    candidate = even.candidates(even_front, shrink)
+    fitting = known.time_s[known.memory_bytes <= budget]
+    rows = osdp_rows(space.zero, candidate, even.step_time_s, even.peak_memory_bytes, budget,
+                     float(fitting.min()) if fitting.size else np.inf)
+    variants, src = _allowed(*osdp_variants(ctx.model, ctx.training, space, rows), options)
+    if len(variants) == 0:
+        return variants, Front.empty(), 0
+    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
+                              OSDP_KEY_BASE + np.arange(len(variants))), len(variants)
+
+
+EXPERT_KEY_BASE = 1 << 42
+"""Frontier keys at or above this index the expert-placement variants."""
+
+
+def _placement_pass(ctx: CostContext, space: PlanArrays, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
+    """Balanced-placement and replica variants of every configuration with ep > 1
+    (:mod:`meshplan.search.expert_load`); their layer costs are their own (the load changes them)."""
+    rows = placement_rows(np.ones(len(space), dtype=bool), space.ep)
+    variants, src = placement_variants(space, rows, ctx.model.moe_num_experts)
+    variants, src = _allowed(variants, src, options)
+    if len(variants) == 0:
+        return variants, Front.empty(), 0
+    est, _ = _even_estimate(ctx, variants, shared_layer_cost(ctx, variants))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
+                              EXPERT_KEY_BASE + np.arange(len(variants))), len(variants)
 
 
 def _allowed(variants: PlanArrays, src: np.ndarray, options: SearchOptions) -> tuple[PlanArrays, np.ndarray]:
@@ -287,47 +355,6 @@ def _without_recompute(plan: Plan) -> Plan:
     return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers))
 
 
-EVEN_CHUNK_ROWS = 1 << 15
-"""Global configurations costed at once. Large spaces (millions of configurations for a few
-thousand GPUs) are costed in slices of this many rows: a slice's ~100 temporary arrays then
-stay in the CPU caches and are reused by the allocator instead of paging in gigabytes."""
-
-
-@dataclass(frozen=True)
-class EvenCost:
-    """Step time and peak memory of every global configuration with an even layer split."""
-
-    step_time_s: np.ndarray
-    peak_memory_bytes: np.ndarray
-    host_memory_bytes: np.ndarray
-
-
-def _even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost) -> EvenCost:
-    """What ``estimate_batch`` computes (even split, policy on every layer: the first and the
-    last rank bound the step and the peak), with the layer costs shared between rows; in
-    slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads."""
-    step = np.empty(len(plans))
-    peak = np.empty(len(plans))
-    host = np.zeros(len(plans))
-    for i in range(0, len(plans), EVEN_CHUNK_ROWS):
-        rows = slice(i, i + EVEN_CHUNK_ROWS)
-        est = _even_slice(ctx, plans.take(rows), shared.take(rows))
-        step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
-    return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host)
-
-
-def _even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> BatchEstimate:
-    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
-              calib=ctx.calib, layer=layer)
-    kw["terms"] = plan_terms(**kw)  # shared by both ranks
-    L, last = ctx.model.num_layers, plans.pp - 1
-    l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
-    ll = rank_layers_even(L, last, plans.pp, plans.vpp)
-    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
-    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
-
-
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
     """Of several GPU counts, those whose recommended plan is faster than every smaller count's
     (the Pareto frontier over (GPUs, step time))."""
@@ -343,19 +370,19 @@ def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
 
 def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
             even: EvenCost, even_front: Front, fronts: list[Front],
-            splits: dict[int, tuple[np.ndarray, np.ndarray, int]], *, options: SearchOptions,
+            splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
             refine_slack: float, cap: float, stage_points: int,
-            tick: Callable[[str, float], None]) -> tuple[int, int]:
+            tick: Callable[[str, float], None], truncate: bool | None = None) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
-    Appends one Front per group of configurations to ``fronts`` (keys >= 0 index ``splits``) and
-    returns (configurations refined, splits scored).
+    Appends one Front per group of configurations to ``fronts`` (keys >= 0 number the rows of
+    ``splits``, in order: each item holds the per-rank layer and recomputed counts and the
+    configuration of its next rows) and returns (configurations refined, splits scored).
     """
     model = ctx.model
     refined = evaluated = 0
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    candidate = ~dominated_by(even_front.time_s, even_front.memory_bytes,
-                              even.step_time_s * shrink, even.peak_memory_bytes * shrink)
+    candidate = even.candidates(even_front, shrink)
     # Policy 'none' is recompute policy 'selective' with zero recomputed layers: refine the
     # recomputing policies only (their frontier contains every no-recompute split).
     none_code = RECOMPUTES.index(Recompute.NONE)
@@ -368,14 +395,18 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     # layer-count ranges (L - p v + 1 values per rank) are within a factor of two, so that no
     # table is padded to much more than its configurations need. Most promising groups first so
     # that their plans prune the later groups; within a group fastest even split first.
-    width = model.num_layers - space.pp * space.vpp + 1
-    group_of = space.pp.astype(np.int64) * 64 + np.floor(np.log2(np.maximum(width, 1))).astype(np.int64)
-    groups = np.unique(group_of[candidate])
-    best = [even.step_time_s[candidate & (group_of == g)].min() for g in groups]
-    groups = groups[np.argsort(best, kind="stable")]
+    cand = np.flatnonzero(candidate)  # the rest of the space is not read below
+    width = model.num_layers - space.pp[cand] * space.vpp[cand] + 1
+    group_of = space.pp[cand].astype(np.int64) * 64 + np.floor(np.log2(np.maximum(width, 1))).astype(np.int64)
+    groups, group_idx = np.unique(group_of, return_inverse=True)
+    best = np.full(groups.size, np.inf)
+    np.minimum.at(best, group_idx, even.step_time_s[cand])
+    order = np.argsort(best, kind="stable")
+    by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
+    starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
     next_key = 0
-    for gi, g in enumerate(groups):
-        idx = np.flatnonzero(candidate & (group_of == g))
+    for gi, g in enumerate(order):
+        idx = cand[by_group[starts[g]:starts[g + 1]]]
         idx = idx[np.argsort(even.step_time_s[idx], kind="stable")]
         pp = int(space.pp[idx[0]])
         refined += idx.size
@@ -401,14 +432,14 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
             sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
             alpha = alpha[live]
             pts = stage_frontier(tbl, max_points=stage_points, memory_cap_bytes=cap,
-                                 keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a))
+                                 keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
+                                 truncate=truncate)
             if pts.config.size == 0:
                 continue
             exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
                                  _take_layer(sub_layer, pts.config))
             evaluated += pts.config.size
-            for j in range(pts.config.size):
-                splits[next_key + j] = (pts.layers[j], pts.recomputed[j], int(chunk[pts.config[j]]))
+            splits.append((pts.layers, pts.recomputed, chunk[pts.config]))  # keys next_key...
             pts_t.append(exact.step_time_s)
             pts_m.append(exact.peak_memory_bytes)
             pts_k.append(np.arange(next_key, next_key + pts.config.size))

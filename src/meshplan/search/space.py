@@ -81,6 +81,12 @@ class SearchOptions:
     empty: no offload. Tried only on clusters that describe their host side."""
     vocab_parallel: bool = True
     """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
+    osdp: bool = True
+    """Try OSDP's groups kept gathered and operator splits on zero-3 configurations
+    (``meshplan.search.osdp``)."""
+    expert_placement: bool = True
+    """Try balanced expert placement and hot-expert replicas when the training describes its
+    expert load (``meshplan.search.expert_load``)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -96,6 +102,29 @@ def _cross(cols: dict[str, np.ndarray], name: str, values: np.ndarray) -> dict[s
 
 def _keep(cols: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v[mask] for k, v in cols.items()}
+
+
+def _cross_legal(cols: dict[str, np.ndarray], name: str, values: np.ndarray,
+                 rule: Callable[[dict[str, np.ndarray]], np.ndarray], reads: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """``_keep(_cross(cols, name, values), rule(...))`` without materialising the full cross:
+    the rule is applied to one row per distinct combination of the columns it ``reads`` (plus
+    ``name``), and each row is repeated once per value legal for it (same rows, same order)."""
+    n = next(iter(cols.values())).size
+    key = np.zeros(n, dtype=np.int64)
+    for k in reads:  # mixed-radix code of the columns the rule reads
+        col = cols[k].astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    reps = _cross(_keep(cols, first), name, values)
+    legal = rule(reps).reshape(first.size, values.size)
+    per_rep = legal.sum(axis=1)
+    flat = np.broadcast_to(values, legal.shape)[legal]  # legal values, rep by rep
+    counts = per_rep[inverse.reshape(-1)]
+    out = {k: np.repeat(v, counts) for k, v in cols.items()}
+    starts = np.concatenate(([0], np.cumsum(per_rep)[:-1]))[inverse.reshape(-1)]
+    pos = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    out[name] = flat[np.repeat(starts, counts) + pos]
+    return out
 
 
 # ---- the rules, one function per column group (docs/search.md lists them with reasons) -------
@@ -180,6 +209,10 @@ def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
     return listed & np.where(c["pp"] == 1, first, (chunks <= model.num_layers) & bounded)
 
 
+MICRO_BATCH_READS = ("dp_replicate", "dp_shard", "pp", "schedule", "vpp")
+"""The columns besides ``micro_batch`` that :func:`_rule_micro_batch` reads."""
+
+
 def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
     """Micro-batches divide the per-replica batch; interleaving needs m % pp == 0 (Megatron)."""
     per_dp = training.global_batch // (c["dp_replicate"] * c["dp_shard"])
@@ -214,11 +247,15 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
     del c["_pair"]
     c = _keep(c, _rule_schedule(c, model, options))
-    c = _cross(c, "micro_batch", np.array(divisors(training.global_batch)))
-    c = _keep(c, _rule_micro_batch(c, training))
+    c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
+                     lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
     c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
     c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
+    c["keep"], c["mlp_splits"], c["head_splits"] = (np.full(c["tp"].shape, v, dtype=np.int64)
+                                                    for v in (0, 1, 1))  # variants: meshplan.search.osdp
+    c["expert_balanced"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.expert_load
+    c["expert_replicas"] = np.zeros_like(c["tp"])
     space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))

@@ -48,7 +48,8 @@ def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
     return plans.take(idx), idx
 
 
-LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "sp", "micro_batch", "cp_method", "dp_shard", "zero")
+LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "sp", "micro_batch", "cp_method", "dp_shard", "zero",
+                    "expert_balanced", "expert_replicas")
 """The plan fields ``layer_cost`` reads (tests/planner/test_search_tables.py checks that rows
 equal on these get equal layer costs, so a change in the cost model cannot go unnoticed)."""
 
@@ -77,7 +78,12 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
         col = getattr(plans, f).astype(np.int64)
         key = key * (int(col.max(initial=0)) + 1) + col
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    # Rows that differ only in what the key leaves out (e.g. the recompute policy) are adjacent
+    # in the enumerated space: sort only the first row of each run of equal keys.
+    head = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if key.size else key
+    _, first, run_inverse = np.unique(key[head], return_index=True, return_inverse=True)
+    first = head[first]
+    inverse = np.repeat(run_inverse.reshape(-1), np.diff(np.append(head, key.size)))
     unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
     unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
                                                   (first.size,)) for f in fields(LayerCost)})
@@ -112,7 +118,8 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     mem = np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C)
     alpha = pipeline_alpha(ctx, plans)
     m = num_microbatches(ctx.training, plans)
-    held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule), float)  # noqa: E731
+    held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule,  # noqa: E731
+                                                 plans.vocab_parallel), float)
     h0, hl = held(0), held(last)
 
     a = t[1] - t[0]
@@ -129,7 +136,7 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     # Per-rank intercepts: plain ranks, then the embedding rank 0 and the head rank p-1.
     ranks = np.arange(pp)
     h = np.asarray(in_flight_chunks(ranks[None, :], plans.pp[:, None], plans.vpp[:, None],
-                                    m[:, None], plans.schedule[:, None]), float)
+                                    m[:, None], plans.schedule[:, None], plans.vocab_parallel[:, None]), float)
     e_plain = (t[0] - a) + (x[0] - xa) / alpha
     f_plain = mem[0] - (c + h0 * d)
     e = np.repeat(e_plain[:, None], pp, axis=1)

@@ -8,6 +8,8 @@ from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
+from meshplan.spec.seqlen import DocBalance, SeqLenDist
+from meshplan.spec.expert_load import ExpertLoad
 
 
 class Precision(str, enum.Enum):
@@ -89,10 +91,21 @@ class TrainingSpec:
     moe_capacity_factor: float | None = None
     """Expert capacity over the mean tokens per expert: tokens beyond it are dropped (Fedus et
     al. 2022 Sec. 2.2; Megatron --moe-expert-capacity-factor). None: dropless."""
+    seq_len_dist: SeqLenDist | None = None
+    """Document lengths of the data, packed into ``seq_len`` sequences with document masks
+    (cost/packing.py); None: every sequence is one document of ``seq_len`` tokens."""
+    doc_balance: DocBalance = DocBalance.STREAM
+    """How documents reach the data-parallel ranks (needs ``seq_len_dist``)."""
+    cp_buckets: bool = False
+    """Per-bucket context parallel: documents of at most seq_len/cp tokens are trained without
+    CP, the longer ones split over the CP ranks (ByteScale; needs ``seq_len_dist``)."""
+    expert_load: ExpertLoad | None = None
+    """How the router spreads tokens over the experts (spec/expert_load.py: a Zipf skew or a
+    routing log). None: the calibration's routing imbalance (``Calibration.moe_routing_imbalance``)."""
 
     def __post_init__(self) -> None:
         for f, enum_cls in (("precision", Precision), ("optimizer", Optimizer),
-                            ("moe_dispatcher", MoeDispatcher)):
+                            ("moe_dispatcher", MoeDispatcher), ("doc_balance", DocBalance)):
             try:
                 object.__setattr__(self, f, enum_cls(getattr(self, f)))
             except ValueError:
@@ -104,6 +117,13 @@ class TrainingSpec:
             raise MeshplanError(f"moe_capacity_factor must be a positive number (or None: dropless), got {cf!r}")
         for f in ("seq_len", "global_batch"):
             check_count(f, getattr(self, f))
+        if self.seq_len_dist is None and (self.doc_balance != DocBalance.STREAM or self.cp_buckets):
+            raise MeshplanError("balanced documents and per-bucket context parallel need a sequence-length "
+                                "distribution (--seq-len-dist)")
+        if not isinstance(self.cp_buckets, bool):
+            raise MeshplanError(f"cp_buckets must be true or false, got {self.cp_buckets!r}")
+        if self.expert_load is not None and not isinstance(self.expert_load, ExpertLoad):
+            raise MeshplanError(f"expert_load must be an ExpertLoad, got {type(self.expert_load).__name__}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -126,6 +146,9 @@ class TrainingSpec:
         out["optimizer"] = self.optimizer.value
         out["recipe"] = self.recipe.value if self.recipe else None
         out["moe_dispatcher"] = self.moe_dispatcher.value
+        out["seq_len_dist"] = self.seq_len_dist.to_dict() if self.seq_len_dist else None
+        out["doc_balance"] = self.doc_balance.value
+        out["expert_load"] = self.expert_load.to_dict() if self.expert_load else None
         return out
 
     @classmethod
@@ -141,6 +164,10 @@ class TrainingSpec:
                 data["optimizer"] = Optimizer(data["optimizer"])
             if data.get("recipe") is not None:  # absent in plan files before fp8 recipes
                 data["recipe"] = Recipe(data["recipe"])
+            if data.get("seq_len_dist") is not None:  # absent in plan files before issue 18
+                data["seq_len_dist"] = SeqLenDist.from_dict(data["seq_len_dist"])
+            if data.get("expert_load") is not None:  # absent in plan files before expert loads
+                data["expert_load"] = ExpertLoad.from_dict(data["expert_load"])
             return cls(**data)
         except MeshplanError:
             raise

@@ -9,6 +9,7 @@ time proportional to the largest parameter; fine for the reference models this r
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import torch
@@ -19,12 +20,15 @@ INIT_STD = 0.02
 """Normal std of weight matrices and embeddings (GPT-2, Radford et al. 2019; Llama uses the same)."""
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+_SLICE_PART = re.compile(r"(^|\.)osdp_slices\.\d+\.")
+"""The slices of a split MLP (runtime.osdp.SlicedMLP) are parts of the whole MLP's parameters."""
 
 
 def canonical_name(name: str, tied_embeddings: bool = False) -> str:
     """Parameter name without wrapper prefixes; a tied LM head is the embedding table."""
     for p in _WRAPPER_PREFIXES:
         name = name.replace(p, "")
+    name = _SLICE_PART.sub(r"\1", name)
     if tied_embeddings and name == "output.weight":
         return "tok_embeddings.weight"
     return name
@@ -43,6 +47,13 @@ def _local_slices(p: torch.Tensor) -> tuple[slice, ...] | None:
 
     shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     return tuple(slice(o, o + s) for o, s in zip(offset, shape))
+
+
+def osdp_slice(module: nn.Module, short_name: str) -> tuple[int, int, int | None]:
+    """(index, count, dim) of the slice a split MLP's parameter is of its whole tensor
+    (``runtime.osdp.SlicedMLP`` sets ``osdp_slice`` on its linears); dim None: whole."""
+    index, count, dims = getattr(module, "osdp_slice", (0, 1, {}))
+    return index, count, dims.get(short_name)
 
 
 def _draw(name: str, shape: tuple[int, ...], kind: str, seed: int) -> torch.Tensor:
@@ -87,7 +98,13 @@ def init_parameters(model: nn.Module, seed: int, tied_embeddings: bool = False) 
             full_shape[0] *= ep_size
             if etp_dim is not None:
                 full_shape[etp_dim] *= etp_size
+            part, parts, part_dim = osdp_slice(module, short)  # an MLP slice (runtime.osdp)
+            if part_dim is not None:
+                full_shape[part_dim] *= parts
             full = _draw(name, tuple(full_shape), _kind(module, short), seed)
+            if part_dim is not None:
+                n = full_shape[part_dim] // parts
+                full = full.narrow(part_dim, part * n, n)
             if ep_size > 1:
                 n = p.shape[0]
                 full = full[ep_rank * n:(ep_rank + 1) * n]

@@ -72,8 +72,28 @@ value width H_v differs from the query/key width H).
         self.causal = causal
         self.rope_dim = rope_dim
         """Channels of each head RoPE rotates (the last ones); 0 means all."""
+        self.documents: tuple[tuple[int, ...], ...] | None = None
+        """Document lengths of each row of the current micro-batch (they sum to S), set by
+        runtime/packing.set_documents before the forward (torchtitan sets its flex-attention block
+        mask the same way, before the model runs); None: each row is one sequence."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.documents is None:
+            return self._attend(q, k, v)
+        # Packed documents (runtime/packing.py): each document attends only to itself, causally,
+        # with positions from 0 -- the varlen path (FlashAttention's flash_attn_varlen_func), one
+        # SDPA call per document, so the work follows the sum of squared lengths.
+        rows = []
+        for b, segments in enumerate(self.documents):
+            out, start = [], 0
+            for n in segments:
+                out.append(self._attend(q[b:b + 1, start:start + n], k[b:b + 1, start:start + n],
+                                        v[b:b + 1, start:start + n]))
+                start += n
+            rows.append(torch.cat(out, dim=1))
+        return torch.cat(rows, dim=0)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         S = q.shape[1]
         if self.rope:
             pos = torch.arange(S, device=q.device)

@@ -43,8 +43,18 @@ class GroupedExperts(nn.Module):
         return expert_mlp(x_sorted, counts.tolist(), self.w1, self.w2, self.w3)
 
 
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass (where activation checkpointing recomputes a
+    forward): the routing counter skips those, so each token is counted once per step."""
+    return torch._C._current_graph_task_id() != -1
+
+
 class MoE(nn.Module):
-    """Router + routed experts (+ always-on shared experts as one wider MLP)."""
+    """Router + routed experts (+ always-on shared experts as one wider MLP).
+
+    ``routed_tokens``: token copies routed to each expert by this rank's training forwards since
+    the last ``take_routed_tokens`` (a bincount the routing needs anyway; runtime/routing_log.py
+    reduces it over the ranks once per step). Not a buffer: checkpoints and parity are untouched."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -55,6 +65,12 @@ class MoE(nn.Module):
         # n shared experts of width F_s sum to one MLP of width n*F_s (the hidden units are disjoint)
         self.shared = (MLP(spec.hidden_size, spec.moe_shared_experts * spec.moe_shared_ffn_hidden_size,
                            spec.gated_mlp, spec.mlp_bias) if spec.moe_shared_experts else None)
+        self.routed_tokens: torch.Tensor | None = None
+
+    def take_routed_tokens(self) -> torch.Tensor | None:
+        """The counts since the last call (None if no training forward ran), and a fresh start."""
+        counts, self.routed_tokens = self.routed_tokens, None
+        return counts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, D = x.shape
@@ -67,6 +83,8 @@ class MoE(nn.Module):
         order = torch.argsort(slot_expert, stable=True)
         token_of_slot = order // self.top_k
         counts = torch.bincount(slot_expert, minlength=E)
+        if torch.is_grad_enabled() and not _in_backward():  # training forwards, not eval nor recompute
+            self.routed_tokens = counts if self.routed_tokens is None else self.routed_tokens + counts
         out_sorted = self.experts(flat[token_of_slot], counts)  # (T*k, D)
         out_sorted = out_sorted * weights.reshape(-1)[order, None]
         out = torch.zeros_like(flat).index_add(0, token_of_slot, out_sorted)

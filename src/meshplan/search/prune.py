@@ -1,0 +1,113 @@
+"""Dominance pruning before the full estimate: configurations whose lower bound a known plan
+already beats are never scored in full.
+
+TensorOpt's frontier tracking (Cai et al. 2021, Sec. 4) keeps only the non-dominated partial
+states. Here the partial state of a global configuration is the cost of its first pipeline rank
+alone: ``compose`` takes the slowest rank for the micro-batch time and the most loaded for the
+memory (a max over ranks, and the step is increasing in the micro-batch time), so the first rank
+on its own bounds the even split's step time and peak memory from below, and with one rank
+(``pp == 1``) it *is* the even split. The cost model is not restated: the bound is the cost
+model's own ``rank_cost`` and ``compose`` over fewer ranks.
+
+A configuration is dropped without its full estimate when a plan already scored exactly beats
+its bound made ``1 / (1 + REFINE_SLACK)`` faster and leaner, strictly (:func:`prunable`): its
+exact even point is then off the even-split frontier and is no refinement candidate either (the
+planner's refinement test is that point, so shrunk, against that frontier), so the frontier the
+search returns is the one without pruning. A dropped configuration keeps its bound in place of
+its exact point: every consumer of the even points reads them only through those two tests and
+the offload pass's "held back" test, which the bound also decides (a dropped configuration is no
+faster than a plan that fits; see :func:`prunable`).
+
+Adding a dimension to the space (a new column of ``PlanArrays``) needs nothing here as long as
+the first rank's ``rank_cost`` still bounds ``compose`` from below: the cost of a configuration
+stays a max over its ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from meshplan.search.frontier import Front, dominated_by
+
+STRICT = 1.0 - 1e-9
+"""A bound is pruned only when a known plan beats it by this factor in both objectives, so that
+no pruned configuration ties an exact frontier point (ties keep the first key: the frontier's
+keys could change)."""
+
+SETTLE_ROWS = 1 << 15
+"""Configurations scored in full per round (fastest bound first); after each round the known
+frontier grows and the remaining bounds are tested again."""
+
+
+@dataclass(frozen=True)
+class EvenPoints:
+    """Per configuration: the even split's (step time, peak memory, host memory), exact where
+    ``exact`` and a lower bound (first rank alone) elsewhere."""
+
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    host_memory_bytes: np.ndarray
+    exact: np.ndarray
+
+
+def prunable(known: Front, time_s: np.ndarray, memory_bytes: np.ndarray, *, shrink: float,
+             fastest_fitting_s: float) -> np.ndarray:
+    """Bounds (time, memory) that need no exact score: a known exact point beats the bound times
+    ``shrink`` (the refinement test's factor) strictly in both objectives, and the bound is no
+    faster than ``fastest_fitting_s``, the fastest known plan that fits the budget (so the
+    configuration is not one the offload pass holds back: those are faster than every fitting
+    plan). ``shrink`` 0 (refine everything) prunes nothing."""
+    if known.time_s.size == 0 or shrink <= 0.0:
+        return np.zeros(time_s.shape, dtype=bool)
+    return (dominated_by(known.time_s, known.memory_bytes, time_s * shrink * STRICT,
+                         memory_bytes * shrink * STRICT)
+            & (time_s >= fastest_fitting_s))
+
+
+def settle(bound: EvenPoints, evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+           *, shrink: float, budget_bytes: float) -> tuple[EvenPoints, int]:
+    """Exact points for every configuration whose bound is not :func:`prunable`.
+
+    ``evaluate(rows)`` returns the exact (step, peak, host) of those rows. The first round scores
+    the configurations on the frontier of the bounds (the likeliest frontier points); then the
+    surviving bounds, fastest first, SETTLE_ROWS at a time, pruning again against the grown
+    frontier after each round. Returns the points and how many configurations were scored.
+    """
+    t, m, h = bound.step_time_s.copy(), bound.peak_memory_bytes.copy(), bound.host_memory_bytes.copy()
+    exact = bound.exact.copy()
+    scored = 0
+
+    def score(rows: np.ndarray) -> None:
+        nonlocal scored
+        t[rows], m[rows], h[rows] = evaluate(rows)
+        exact[rows] = True
+        scored += rows.size
+
+    open_rows = np.flatnonzero(~exact)
+    if open_rows.size:
+        seeds = Front.of(t[open_rows], m[open_rows], open_rows).key
+        score(np.sort(seeds))
+    done = np.flatnonzero(exact)
+    known = Front.of(t[done], m[done], done)
+    open_rows = open_rows[~exact[open_rows]]
+    while True:
+        # The known frontier only grows better, so a bound pruned once stays pruned: each round
+        # tests only the survivors of the last.
+        fits = known.memory_bytes <= budget_bytes
+        fastest_fitting = float(known.time_s[fits].min()) if fits.any() else np.inf
+        open_rows = open_rows[~prunable(known, t[open_rows], m[open_rows], shrink=shrink,
+                                        fastest_fitting_s=fastest_fitting)]
+        if open_rows.size == 0:
+            break
+        batch = open_rows
+        if open_rows.size > SETTLE_ROWS:
+            batch = open_rows[np.argpartition(t[open_rows], SETTLE_ROWS - 1)[:SETTLE_ROWS]]
+        batch = np.sort(batch)
+        score(batch)
+        known = Front.of(np.concatenate([known.time_s, t[batch]]), np.concatenate([known.memory_bytes, m[batch]]),
+                         np.concatenate([known.key, batch]))
+        open_rows = open_rows[~exact[open_rows]]
+    return EvenPoints(t, m, h, exact), scored
