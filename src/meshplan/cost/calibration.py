@@ -356,7 +356,8 @@ DEFAULT_STACK = "meshplan"
 """The stack an estimate is for when none is named: meshplan's own runtime (`meshplan train`)."""
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
-                "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s")
+                "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
+                "loss_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 
