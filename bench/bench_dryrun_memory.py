@@ -98,24 +98,37 @@ def main() -> None:
     console.print(summary_table(saved))
 
 
+def _with_tensor_bytes(name: str, entry: dict) -> list[dict]:
+    """The entry's rows, with the model's tensor figure (report.dryrun.model_tensor_bytes) added
+    to rows saved before it existed (compare() again on the saved dry-run results; no torch)."""
+    if all("tensor_bytes" in r["cost_model_memory"] for r in entry["ranks"]):
+        return entry["ranks"]
+    job = bench_jobs()[name]
+    return [c.to_dict() for c in compare(job, [r["dry_run"] for r in entry["ranks"]])]
+
+
 def summary_table(saved: dict) -> Table:
     t = Table(title="cost-model peak vs dry-run tracked peak (GiB per rank)")
-    for col in ("plan", "rank", "dry run", "model", "diff", "dry: params+grads+optim", "model: same",
-                "dry: act+temp", "model: act+other"):
+    for col in ("plan", "rank", "dry run", "model", "diff", "model tensors", "diff (tensors)",
+                "dry: params+grads+optim", "model: same", "dry: act+temp", "model: act+other"):
         t.add_column(col, justify="left" if col == "plan" else "right")
-    diffs = []
+    diffs, tensor_diffs = [], []
     for name, entry in saved.items():
-        for r in entry["ranks"]:
+        for r in _with_tensor_bytes(name, entry):
             d, m = r["dry_run"], r["cost_model_memory"]
             states = d["parameters_bytes"] + d["gradients_bytes"] + d["optimizer_bytes"]
             m_states = m["parameters_bytes"] + m["gradients_bytes"] + m["optimizer_bytes"]
+            tensor_diff = (d["peak_bytes"] - m["tensor_bytes"]) / m["tensor_bytes"]
             diffs.append(abs(r["peak_difference"]))
+            tensor_diffs.append(abs(tensor_diff))
             t.add_row(name, str(r["rank"]), f"{d['peak_bytes'] / GIB:.2f}", f"{m['total_bytes'] / GIB:.2f}",
-                      f"{r['peak_difference']:+.0%}", f"{states / GIB:.2f}", f"{m_states / GIB:.2f}",
+                      f"{r['peak_difference']:+.0%}", f"{m['tensor_bytes'] / GIB:.2f}", f"{tensor_diff:+.0%}",
+                      f"{states / GIB:.2f}", f"{m_states / GIB:.2f}",
                       f"{(d['peak_bytes'] - states) / GIB:.2f}",
                       f"{(m['activations_bytes'] + m['other_bytes']) / GIB:.2f}")
     if diffs:
-        t.caption = f"{len(diffs)} ranks of {len(saved)} plans: median |diff| {statistics.median(diffs):.1%}"
+        t.caption = (f"{len(diffs)} ranks of {len(saved)} plans: median |diff| {statistics.median(diffs):.1%}, "
+                     f"against the model's tensors {statistics.median(tensor_diffs):.1%}")
     return t
 
 

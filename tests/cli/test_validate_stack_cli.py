@@ -33,15 +33,17 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     d = json.loads(r.stdout)
     by = d["signed_error_by"]
     assert {"fp8", "fp4", "bf16"} <= set(by["precision"]) and set(by["dense_moe"]) == {"dense", "moe"}
-    assert {"hopper", "blackwell"} == set(by["generation"]) and "h100-sxm" in by["gpu"]
+    assert {"hopper", "blackwell", "blackwell-ultra"} == set(by["generation"]) and "h100-sxm" in by["gpu"]
     rows = [x for x in d["rows"] if x["error"] is not None]
     moe = sorted(x["error"] for x in rows if x["moe"])
     assert by["dense_moe"]["moe"]["median_signed_error"] == pytest.approx(
         (moe[(len(moe) - 1) // 2] + moe[len(moe) // 2]) / 2)
     assert all(x["stack"] == "megatron" for x in rows)
     # the fitted hopper/blackwell megatron records are what makes this hold (61.7% before them)
-    # a regression guard on the shipped fit (15.4% after the per-op mechanisms were fitted; issue 14 aims at 8%)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.16
+    # a regression guard on the shipped fit (15.4% after the per-op mechanisms were fitted, on
+    # TFLOP/s; 8.1% on tokens/s after the attention, grouped-GEMM, host-launch and SSD
+    # mechanisms and the Blackwell Ultra records; issue 14 aims at 8%)
+    assert d["summary"]["throughput_median_abs_error"] <= 0.09
 
 
 def test_target_replaces_each_rows_stack():

@@ -114,11 +114,39 @@ def test_fp4_keeps_first_and_last_layers_bf16():
 
 def test_attention_efficiency_by_length_and_mask():
     c = CALIB
-    # 0.55 x 128/(128+128) x 4096/(4096+1024): causal, head dim 128, 4k keys
-    assert attention_core_efficiency(c, 128.0, 4096.0, True) == pytest.approx(0.55 * 0.5 * 0.8)
-    assert attention_core_efficiency(c, 128.0, 4096.0, False) == pytest.approx(0.55 * 0.5 * 4096 / 4224)
+    # 0.55 x 128/(128+64) x 4096/(4096+1024): causal, head dim 128, 4k keys
+    assert attention_core_efficiency(c, 128.0, 4096.0, True) == pytest.approx(0.55 * (2 / 3) * 0.8)
+    assert attention_core_efficiency(c, 128.0, 4096.0, False) == pytest.approx(0.55 * (2 / 3) * 4096 / 4224)
     effs = [attention_core_efficiency(c, 128.0, s, True) for s in (512.0, 2048.0, 8192.0, 65536.0)]
-    assert effs == sorted(effs) and effs[-1] < 0.55 * 0.5
+    assert effs == sorted(effs) and effs[-1] < 0.55 * (2 / 3)
+
+
+def test_attention_head_dim_falloff_is_its_own_constant():
+    """FlashAttention-3's head-dim curve (Shah et al. 2024 Fig. 5: ~500/650/750 TFLOP/s at head
+    dims 64/128/256) is H / (H + 64): 1/2, 2/3, 4/5 of the large-head rate, whatever the GEMM
+    curve's matmul_half_dim (a fitted GEMM falloff no longer slows the attention core)."""
+    long_seq = 1e12  # the sequence falloff out of the way
+    for h, frac in ((64.0, 0.5), (128.0, 2 / 3), (256.0, 0.8)):
+        assert attention_core_efficiency(CALIB, h, long_seq, False) == pytest.approx(0.55 * frac)
+        steep_gemms = CALIB.replace_fields(matmul_half_dim=512.0)
+        assert attention_core_efficiency(steep_gemms, h, long_seq, False) == pytest.approx(0.55 * frac)
+    assert attention_core_efficiency(CALIB.replace_fields(attention_half_head_dim=128.0), 128.0, long_seq,
+                                     False) == pytest.approx(0.55 * 0.5)
+
+
+def test_mamba_scan_at_its_own_efficiency():
+    """Nemotron-3-Nano's SSD scan + conv, per token forward 2*(G Q N + n Q P + 2 n N P + W conv)
+    = 3,457,024 FLOPs (test_model_arch), runs at mamba_scan_efficiency of the core's peak; the
+    GEMM and attention curves do not touch it."""
+    model = model_preset("nemotron-3-nano")
+    arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8), zero=1, micro_batch=1))
+    kind = next(k for k, _ in layer_kind_counts(model) if k.mixer.value == "mamba")
+    kw = dict(seq_len=8192, peak=1e15, hbm=3e12, ab=2.0, gemm_time=gemm_time)
+    for calib in (CALIB, CALIB.replace_fields(matmul_half_dim=512.0, attention_efficiency=0.9)):
+        core = mixer_cost(model, H100, kind, arrays, calib, **kw).core_s
+        np.testing.assert_allclose(core, 8192 * 3_457_024 / (1e15 * 0.05))
+    slow = mixer_cost(model, H100, kind, arrays, CALIB.replace_fields(mamba_scan_efficiency=0.02), **kw).core_s
+    np.testing.assert_allclose(slow, 8192 * 3_457_024 / (1e15 * 0.02))
 
 
 def test_causal_cp_balance():
@@ -197,20 +225,60 @@ def test_imbalance_capacity_and_permutation():
     np.testing.assert_allclose(base.compute_s - no_perm.compute_s, 4.0 * (T + 8 * T) * 2048 * 2.0 / hbm)
 
 
-def test_alltoall_host_sync_is_fixed_per_moe_layer():
-    """The dropless all-to-all's host sync: the same seconds per MoE layer forward whatever the
-    micro-batch (so micro-batch 1 pays it 4x as often per token as micro-batch 4); none with the
+def _moe_block_device_s(model, arrays, training):
+    """The MoE block's forward device time on H100 under CALIB, as layer_cost computes it."""
+    rates = op_rates(H100, training, CALIB)
+    T = arrays.micro_batch * training.seq_len / arrays.cp
+    return moe_cost(model, H100, training, arrays, CALIB, T=T, hbm=H100.gpu.hbm_bandwidth_bytes_per_s * CALIB.hbm_efficiency,
+                    ab=2.0, bf16_flops=rates.bf16_flops, linear_flops=rates.linear_flops, gemm_time=gemm_time,
+                    linear_time=gemm_time).compute_s
+
+
+def test_alltoall_host_launch_runs_beside_the_device():
+    """After the dropless all-to-all's host sync the host launches the block while the device
+    runs it: the block takes max(device time, launch time). A launch time longer than the
+    device's work adds exactly their difference; a shorter one adds nothing; none with the
     all-gather dispatcher."""
     model = model_preset("mixtral-8x7b")  # every layer MoE
+    arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=1))
+    device = float(_moe_block_device_s(model, arrays, _train())[0])
+    free = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=0.0))
+    for launch, extra in ((0.5 * device, 0.0), (device + 2e-3, 2e-3)):
+        synced = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=launch))
+        np.testing.assert_allclose(synced.fwd_compute_s - free.fwd_compute_s, extra, atol=1e-12)
     for mb in (1, 4):
         arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=mb))
-        synced = layer_cost(model, H100, _train(), arrays, CALIB)
-        free = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=0.0))
-        np.testing.assert_allclose(synced.fwd_compute_s - free.fwd_compute_s, 1e-3)
         ag = _train(moe_dispatcher="allgather")
         np.testing.assert_allclose(layer_cost(model, H100, ag, arrays, CALIB).fwd_compute_s,
                                    layer_cost(model, H100, ag, arrays,
                                               CALIB.replace_fields(moe_alltoall_sync_s=0.0)).fwd_compute_s)
+
+
+def test_grouped_gemm_half_dim_slows_only_the_experts():
+    """The experts' grouped GEMMs follow their own curve: at tokens-per-expert m and widths 2F, D
+    (F = 768, D = 2048, Qwen3-30B-A3B), each member's time is 2mnk / (peak x eff x x/(x + h))
+    with x = min(m, n, k); the router, permutation and shared parts keep the GEMM curve."""
+    model = model_preset("qwen3-30b-a3b")
+    plan = Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=1)
+    train = _train()
+    arrays, T = _moe_args(model, plan, train)
+
+    def cost(calib):
+        return moe_cost(model, NO_LATENCY, train, arrays, calib, T=T, hbm=3e12, ab=2.0, bf16_flops=1e15,
+                        linear_flops=1e15, gemm_time=gemm_time, linear_time=gemm_time).compute_s
+
+    m = T * 8 * 8 / 128  # tokens per expert: T x k x ep / E
+    F, D = 768.0, 2048.0
+    assert (model.moe_ffn_hidden_size, model.hidden_size, model.moe_num_experts) == (F, D, 128)
+
+    def member(h, n, k):  # one (m x k) @ (k x n) grouped-GEMM member on the grouped curve
+        x = min(m, n, k)
+        return 2 * m * n * k / (1e15 * CALIB.matmul_efficiency * x / (x + h))
+
+    def experts(h):  # 16 local experts, up (m x 2F x D) and down (m x D x F)
+        return 16 * (member(h, 2 * F, D) + member(h, D, F))
+    np.testing.assert_allclose(cost(CALIB.replace_fields(moe_grouped_gemm_half_dim=1024.0)) - cost(CALIB),
+                               experts(1024.0) - experts(128.0), rtol=1e-9)
 
 
 def test_moe_training_options_checked():

@@ -45,7 +45,8 @@ def test_every_framework_maps_to_a_stack(name):
 
 @pytest.mark.parametrize("gpu,generation", [("v100-32gb", "volta"), ("a100-80gb", "ampere"),
                                             ("h100-sxm", "hopper"), ("h200", "hopper"),
-                                            ("gb200", "blackwell"), ("b300", "blackwell"), ("cpu", "cpu")])
+                                            ("gb200", "blackwell"), ("b300", "blackwell-ultra"),
+                                            ("gb300", "blackwell-ultra"), ("cpu", "cpu")])
 def test_generation_of_a_gpu(gpu, generation):
     assert gpu_generation(gpu_preset(gpu)) == generation
 

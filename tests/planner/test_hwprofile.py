@@ -174,7 +174,9 @@ def test_calibration_fitted_from_golden_profile():
     assert calib.hbm_efficiency == pytest.approx(0.8)  # add 8 GB/s over best copy 10 GB/s
     assert calib.intra_node_comm_efficiency == 1.0
     assert calib.framework_overhead_gib == pytest.approx(3e8 / 2**30)
+    assert calib.attention_half_head_dim == pytest.approx(100.0)  # the matmul curve's
     assert {f.field for f in fitted} == {"matmul_efficiency", "matmul_half_dim", "attention_efficiency",
+                                         "attention_half_head_dim",
                                          "hbm_efficiency", "intra_node_comm_efficiency", "framework_overhead_gib",
                                          "all_reduce_latency_factor", "all_reduce_bandwidth_factor",
                                          "tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",

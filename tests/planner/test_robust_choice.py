@@ -3,7 +3,6 @@ headroom from the memory error, unvalidated features, and the record it reads.""
 
 from dataclasses import dataclass
 
-import pytest
 
 from meshplan.plan import ParallelDims, Plan
 from meshplan.search.robust import FEATURES, MIN_VALIDATED_ROWS, ModelError, model_error, robust_choice
@@ -79,3 +78,20 @@ def test_record_falls_back_to_coarser_classes():
     unknown = model_error(True, "fp4", "no-such-gpu")
     assert unknown.throughput_class == "all" and unknown.memory_class == "all"
     assert 0 < unknown.memory_abs_p90 < 1 and "validate" in unknown.source
+
+
+def test_within_the_band_the_simpler_plan_wins_over_more_headroom():
+    """Both keep the 10% headroom (60 and 40 GiB of 80); #1 uses context parallel and an uneven
+    split (two features), #0 neither: #0 stays although #1 keeps 20 GiB more."""
+    ragged = Plan(dims=ParallelDims(dp_shard=2, cp=2, pp=2), zero=1, stage_layers=(3, 1))
+    front = [Point(PLAIN, 1.00, 60 * GIB), Point(ragged, 0.99, 40 * GIB)]
+    c = robust_choice(front, 80 * GIB, 1, _err())
+    assert c.index == 0 and c.nominal_index == 1
+    assert "is simpler (no context parallel, uneven layer split)" in c.why
+
+
+def test_headroom_breaks_ties_between_equally_simple_plans():
+    cp_small = Plan(dims=ParallelDims(dp_shard=2, cp=4), zero=1)
+    front = [Point(CP, 1.00, 60 * GIB), Point(cp_small, 1.01, 40 * GIB)]
+    c = robust_choice(front, 80 * GIB, 0, _err())
+    assert c.index == 1 and "20.0 GiB more memory headroom" in c.why

@@ -109,11 +109,10 @@ def test_moe_expert_parallel_uses_balanced_routing() -> None:
            for c in res["collectives"] if c["kind"] == "all_to_all"}
     # per MoE layer: counts + tokens out + tokens back, forward; tokens back and out again, backward
     assert a2a["ep"]["count"] == 5
-    # T*k rows of D values each way and again in backward: dispatched in fp32 (the norm's output:
-    # the runtime keeps fp32 weights, autocast casts only at the matmuls), combined in bf16 (the
-    # experts' matmul output); plus the E int64 counts.
+    # T*k rows of D values each way and again in backward, all in bf16 (FSDP2 mixed precision: the
+    # norm's output and the experts' matmul output are bf16); plus the E int64 counts.
     T, k, D = 256, 2, model.hidden_size
-    assert a2a["ep"]["total_bytes"] == 2 * T * k * D * (4 + 2) + model.moe_num_experts * 8
+    assert a2a["ep"]["total_bytes"] == 2 * T * k * D * (2 + 2) + model.moe_num_experts * 8
 
 
 def test_expected_collectives_by_hand() -> None:
@@ -194,3 +193,23 @@ def test_cli_ranks_without_dry_run_is_refused(tmp_path: Path) -> None:
                            "--ranks", "all"], env=_env(), capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert "--ranks picks the ranks of a --dry-run" in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(("zero", "gathers", "reductions"), [(1, 3, 3), (2, 3, 6), (3, 12, 6)])
+def test_zero_stage_sets_gathers_and_reductions_per_step(zero: int, gathers: int, reductions: int) -> None:
+    """Two micro-batches per rank, 3 FSDP units (2 layers + root). ZeRO-1/2 keep the gathered 16-bit
+    weights from the first forward to the last backward: one gather per unit and step; ZeRO-3
+    gathers each unit in every micro-batch's forward and backward (2 x 2 x 3). Gradients are
+    reduced once per step for ZeRO-1, per micro-batch for ZeRO-2/3. Weights travel as bf16
+    (2 B/param, mixed precision), gradients as fp32 (4 B/param)."""
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 2})
+    job = Job(model=model, training=TrainingSpec(seq_len=256, global_batch=16),
+              cluster=resolve_cluster(gpu="h100-sxm", gpus=8),
+              plan=Plan(dims=ParallelDims(dp_shard=8), zero=zero, micro_batch=1))
+    (res,) = run_ranks(job, [0], steps=2, timeout_s=300)
+    assert res["microbatches"] == 2
+    tally = {c["kind"]: c for c in res["collectives"]}
+    assert (tally["all_gather"]["count"], tally["reduce_scatter"]["count"]) == (gathers, reductions)
+    P = model.num_params()
+    assert tally["all_gather"]["total_bytes"] == gathers // 3 * 2 * P
+    assert tally["reduce_scatter"]["total_bytes"] == reductions // 3 * 4 * P

@@ -37,9 +37,11 @@ def _frontier_jobs(model: str, tmp_path) -> list[Job]:
 
 @pytest.mark.timeout(600)
 def test_every_frontier_point_trains(tmp_path):
-    jobs = _frontier_jobs("toy-llama", tmp_path) + _frontier_jobs("toy-moe", tmp_path)
+    moe = _frontier_jobs("toy-moe", tmp_path)
+    jobs = _frontier_jobs("toy-llama", tmp_path) + moe
     layouts = {j.plan.notation() for j in jobs}
     assert any(j.plan.dims.pp > 1 for j in jobs) and any(j.plan.dims.tp > 1 for j in jobs)
+    assert any(j.plan.dims.ep > 1 for j in moe)  # the MoE frontier exercises expert parallel
     results = run_jobs(jobs, steps=1, tmp_path=tmp_path)
     assert len(results) == len(jobs) and len(layouts) > 1
     for job, res in zip(jobs, results):

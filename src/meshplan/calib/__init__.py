@@ -1,4 +1,4 @@
-"""Calibration: the layer above spec/, plan.py and cost/ that turns measurements into the cost
+"""Calibration: the layer above spec/, plan/ and cost/ that turns measurements into the cost
 model's inputs (no torch).
 
 * hardware profiles (``meshplan profile``'s JSON): ``hwprofile`` (format, measured rates),

@@ -26,6 +26,9 @@ from meshplan.spec.cluster import GIB
 TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "matmul_efficiency": tuple(np.round(np.arange(0.40, 0.951, 0.025), 3)),
     "matmul_half_dim": (16.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0, 384.0, 512.0),
+    # the fused attention kernel of the generation and stack (FlashAttention-2/3, cuDNN): 30-90%
+    # of peak forward+backward (Dao 2023 Sec. 4.1; Shah et al. 2024 Fig. 5)
+    "attention_efficiency": (0.3, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9),
     # NCCL bus bandwidth over the link rate: nccl-tests reach 70-80% on NVLink and 80-95% on
     # InfiniBand at large messages; the grids stop at 0.4 (intra: a ring over NVLink switches at
     # mid-size messages) so that a missing cost elsewhere is not absorbed by an impossible link.
@@ -43,6 +46,9 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "fp8_matmul_factor": (0.6, 0.7, 0.8, 0.85, 0.9, 1.0),
     "fp4_matmul_factor": (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0),
     "moe_alltoall_sync_s": (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3),
+    "moe_grouped_gemm_half_dim": (64.0, 128.0, 256.0, 512.0, 1024.0),
+    # the Mamba-2 SSD kernels (Triton, fp32 chunk states): a few % to a third of peak
+    "mamba_scan_efficiency": (0.02, 0.05, 0.1, 0.2, 0.35),
 })
 """Factors fitted on throughput, with their grids. Groups with few rows fit only the first; a
 field a row's framework fixes (its ``settings``) is not fitted."""

@@ -6,8 +6,9 @@ the factors fitted here are relative to those measured rates:
 
   matmul_efficiency, matmul_half_dim   the curve eff_max * x / (x + x_half) fitted to the matmul
                                        sweep (x = smallest GEMM dimension), relative to the best;
-  attention_efficiency                 causal SDPA FLOP/s over (peak * H / (H + x_half)), the form
-                                       in which the cost model uses it, median over shapes;
+  attention_efficiency,                causal SDPA FLOP/s over (peak * H / (H + x_half)), the form
+  attention_half_head_dim              in which the cost model uses it, median over shapes, with
+                                       the matmul curve's x_half as the head-dim falloff;
   hbm_efficiency                       elementwise-add bandwidth over the best bandwidth (the
                                        memory-bound ops of a layer are elementwise, not copies);
   intra_node_comm_efficiency           1: the link bandwidth already is the measured bus bandwidth;
@@ -82,6 +83,10 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
         effs = [a.flops_per_s / (best * a.head_dim / (a.head_dim + curve.d_half)) for a in attn]
         out.append(FittedValue(field="attention_efficiency", value=min(1.0, statistics.median(effs)),
                                source=source, how=f"causal SDPA, median over {len(attn)} shapes"))
+    if attn:
+        # the profile's SDPA runs as matmuls of the measured curve: its head-dim falloff is theirs
+        out.append(FittedValue(field="attention_half_head_dim", value=curve.d_half, source=source,
+                               how="the matmul curve's half dimension (SDPA measured against it)"))
     adds = [b.bytes_per_s for b in profile.bandwidth if b.op == "add"]
     if adds:
         out.append(FittedValue(field="hbm_efficiency",

@@ -296,8 +296,10 @@ def build_run(row: dict[str, str]) -> Run:
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
     plan.validate_for(model, training, cluster.num_gpus)
     metric, measured = None, None
-    for key, name in (("measured_tflops_per_gpu", "tflops_per_gpu"), ("measured_mfu", "mfu"),
-                      ("measured_tokens_per_s_per_gpu", "tokens_per_s_per_gpu"),
+    # tokens/s first where a row gives it: it needs no FLOP count, whose formula differs by
+    # source (Megatron-Bridge's halves causal attention, Narayanan et al. 2021's does not)
+    for key, name in (("measured_tokens_per_s_per_gpu", "tokens_per_s_per_gpu"),
+                      ("measured_tflops_per_gpu", "tflops_per_gpu"), ("measured_mfu", "mfu"),
                       ("measured_step_time_s", "step_time_s")):
         v = _num(row, key, float)
         if v is not None and v > 0:

@@ -68,7 +68,14 @@ class Calibration:
     elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
-    peak forward+backward, Dao 2023 Sec. 4.1)."""
+    peak forward+backward, Dao 2023 Sec. 4.1). Fitted per (generation, stack): the fused kernel
+    differs (FlashAttention-2/3 on Hopper, cuDNN / FlashAttention-4 on Blackwell)."""
+    attention_half_head_dim: float = 64.0
+    """Head dim at which a fused attention kernel reaches half its large-head efficiency:
+    efficiency x H / (H + attention_half_head_dim). Its own constant, not the GEMM's
+    matmul_half_dim: the kernel's tiles span the whole sequence, only the inner (head) dim of
+    its two GEMMs is small. FlashAttention-3 forward, H100 bf16, 16k: ~500, ~650 and ~750
+    TFLOP/s at head dims 64, 128 and 256 (Shah et al. 2024, Fig. 5), i.e. ~55-65."""
     fused_attention: bool = True
     """Attention scores are never materialised (FlashAttention, Dao et al. 2022): no s^2 term in
     activation memory or in HBM traffic. Megatron-LM 2021/2022 runs did not use it."""
@@ -132,6 +139,16 @@ class Calibration:
     figure by default: the backward then costs attention_backward_ratio x the forward at every S)."""
     attention_backward_half_seq_causal: float = 1024.0
     """The same for a causal mask, as attention_half_seq_causal (Shah et al. 2024, Fig. 5)."""
+    mamba_scan_efficiency: float = 0.05
+    """Fraction of the bf16 peak the Mamba-2 SSD kernels reach on their FLOPs (cost/mixers.py):
+    the chunked scan of Dao & Gu 2024 (Sec. 6-7) runs as five Triton kernels (chunk cumsum,
+    chunk state, state passing, BMM, chunk scan) that write and read fp32 per-chunk states of
+    n x P x N_s per chunk, small matmuls of the head dim P = 64 and the chunk Q = 128. Roofline:
+    per token forward ~3.5 MFLOP over ~100 KB (x, B, C, y in bf16; the fp32 states written,
+    passed and read: 3-4 x n*P*N_s*4/Q bytes), ~35 FLOP/B against a bf16 ridge of ~370 FLOP/B
+    (H100; B200 alike): memory-bound at ~0.1 of peak with full bandwidth, ~0.05 with the
+    backward's recomputation of the states and Triton's share of the bandwidth. Its own
+    constant, fitted per (generation, stack) on the hybrid models' rows."""
     cp_causal_balanced: bool = True
     """Context parallel splits a causal sequence in 2c chunks, rank i holding chunks i and
     2c-1-i, so every rank does the same attention work (Megatron-Core's load-balanced CP, the
@@ -147,15 +164,25 @@ class Calibration:
     routing (Megatron --moe-router-force-load-balancing; the Megatron-Bridge benchmark rows);
     natural routing with an auxiliary loss stays 1.1-1.5x off balance per step (Fedus et al.
     2022, Switch Transformer Sec. 2.2; DeepSeek-V3 Sec. 2.1.2). The step waits for the busiest."""
+    moe_grouped_gemm_half_dim: float = 128.0
+    """matmul_half_dim of the experts' grouped GEMMs: the efficiency curve of cost/gemm.py with
+    this half dimension, seen by the tokens per expert (the m of each group member) and the
+    expert widths. A grouped GEMM (TE/cuBLASLt grouped GEMM, CUTLASS grouped kernels) pays a
+    partial wave per expert and cannot pick one tile shape for all members, so its falloff with
+    small per-expert batches is steeper than a single GEMM's (Megatron-Core MoE docs, 'grouped
+    GEMM': efficiency grows with tokens per expert). Default: the dense GEMM's 128 (no extra
+    falloff); fitted per (generation, stack)."""
     moe_alltoall_sync_s: float = 1.0e-3
-    """Host time exposed per MoE layer forward (the backward, like all of the layer's work, 2x)
-    by the dropless all-to-all dispatcher's device-to-host sync of the tokens-per-expert counts
-    (Megatron-Core MoEAlltoAllTokenDispatcher and torchtitan's expert-parallel all-to-all move
-    them to the host to size the all-to-all): the launch queue drains, and the layer's remaining
-    ~100 kernels (permute, grouped GEMMs, activation, unpermute, combine) start from the host at
-    ~10 us of launch and dispatch each (5-20 us: PyTorch blog 'Accelerating PyTorch with CUDA
-    Graphs', 2021). Fixed per micro-batch: what makes micro-batch 1 of a fine-grained MoE slow.
-    0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    """Host time to launch a MoE layer's forward after the dropless all-to-all dispatcher's
+    device-to-host sync of the tokens-per-expert counts (the backward, like all of the layer's
+    work, 2x). Megatron-Core's MoEAlltoAllTokenDispatcher and torchtitan's expert-parallel
+    all-to-all move the counts to the host to size the all-to-all: the launch queue drains,
+    and the layer's remaining ~100 kernels (permute, grouped GEMMs, activation, unpermute,
+    combine) start from the host at ~10 us of launch and dispatch each (5-20 us: PyTorch blog
+    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently, so
+    the MoE block takes max(its device time, this launch time) (cost/layer.py): a small,
+    fine-grained MoE at micro-batch 1 is host-bound, a large one hides the launches behind its
+    GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75
@@ -338,7 +365,8 @@ DEFAULT_STACK = "meshplan"
 """The stack an estimate is for when none is named: meshplan's own runtime (`meshplan train`)."""
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
-                "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s")
+                "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
+                "loss_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 

@@ -4,7 +4,7 @@ Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce of B bytes over n r
 2(n-1)/n * B per rank in 2(n-1) steps; an all-gather or reduce-scatter moves (n-1)/n * B
 (B = the full, unsharded buffer) in n-1 steps; an all-to-all moves (n-1)/n * B in n-1 steps.
 
-Topology (plan.py): ranks are laid out ``pp, dp_replicate, dp_shard, cp, tp`` with tp innermost,
+Topology (meshplan.plan): ranks are laid out ``pp, dp_replicate, dp_shard, cp, tp`` with tp innermost,
 so the group of an axis has its members ``stride`` ranks apart, stride = product of the inner
 axes. The group fits in one NVLink (scale-up) domain iff ``stride * size <= scale_up_gpus`` (a
 DGX node of 8, or a whole GB200/GB300 NVL72 rack of 72 even though its hosts are 4-GPU trays;

@@ -219,7 +219,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                          linear_time=linear_time)
         t_mlp, mlp_width = block.compute_s, block.kept_width
         if calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
-            t_mlp = t_mlp + calib.moe_alltoall_sync_s  # host sync of the token counts (Calibration)
+            # after the host sync of the token counts the host launches the block while the
+            # device runs it: the slower of the two sets the pace (Calibration.moe_alltoall_sync_s)
+            t_mlp = np.maximum(t_mlp, calib.moe_alltoall_sync_s)
     elif kind.ffn == Ffn.DENSE:
         F = float(model.ffn_hidden_size)
         t_mlp = linear_time(calib, peak, T, (m_mlp - 1) * F / t, D) + linear_time(calib, peak, T, D, F / t)

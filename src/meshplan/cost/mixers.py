@@ -84,13 +84,13 @@ def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: P
 
 def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causal: bool, backward: bool = False):
     """Fraction of peak a fused attention kernel reaches: the large-problem efficiency, times the
-    head-dim falloff of a GEMM of that inner size, times the sequence falloff s / (s + s_half)
-    with the KV length one kernel call sees (causal masks ramp up later; FlashAttention-3
-    curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor. ``backward``: the
-    backward kernel's falloff (Calibration.attention_backward_half_seq*)."""
+    head-dim falloff H / (H + Calibration.attention_half_head_dim), times the sequence falloff
+    s / (s + s_half) with the KV length one kernel call sees (causal masks ramp up later;
+    FlashAttention-3 curves, Shah et al. 2024 Fig. 5), times the unaligned-head-dim factor.
+    ``backward``: the backward kernel's falloff (Calibration.attention_backward_half_seq*)."""
     aligned = calib.unaligned_matmul_factor if head_dim % 8 else 1.0  # model constant
     half_seq = attention_half_seq(calib, causal, backward)
-    return (calib.attention_efficiency * head_dim / (head_dim + calib.matmul_half_dim)
+    return (calib.attention_efficiency * head_dim / (head_dim + calib.attention_half_head_dim)
             * kv_len / (kv_len + half_seq) * aligned)
 
 
@@ -195,8 +195,8 @@ def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time, core_peak) -
     G, Ns, Q = float(model.mamba_groups), float(model.mamba_state_size), float(model.mamba_chunk_size)
     scan_flops = 2.0 * T * (G * Q * Ns + n * Q * P + 2.0 * n * Ns * P) / t
     conv_flops = 2.0 * T * model.mamba_conv_width * mamba_conv_channels(model) / t
-    # The SSD kernels are tiled matmuls like fused attention: costed at its efficiency on P.
-    t_core = (scan_flops + conv_flops) / (core_peak * calib.attention_efficiency * P / (P + calib.matmul_half_dim))
+    # The SSD kernels at their own fraction of peak (Calibration.mamba_scan_efficiency).
+    t_core = (scan_flops + conv_flops) / (core_peak * calib.mamba_scan_efficiency)
     kept = T * ab * (mamba_in_proj_width(model) + mamba_conv_channels(model) + 2 * di) / t
     # Context parallel (Megatron's Mamba CP): all-to-all of the in_proj output from sequence- to
     # head-sharded before the conv and scan, and of y back, whatever cp_method the attention uses.

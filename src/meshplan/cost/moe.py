@@ -9,8 +9,9 @@ W the width tokens travel at (hidden, or the latent width of a LatentMoE).
 * Permutation and un-permutation: memory-bound; each reads and writes the T input tokens and the
   T*k routed copies once (``Calibration.moe_permute_passes``).
 * Experts: each of the E/ep local experts a grouped-GEMM member with m = its tokens, so the GEMM
-  efficiency curve (cost/gemm.py) sees tokens per expert: small per-expert batches run at a lower
-  fraction of peak. The busiest rank sets the pace: tokens x ``Calibration.moe_routing_imbalance``
+  efficiency curve (cost/gemm.py, with the grouped GEMM's own half dimension,
+  ``Calibration.moe_grouped_gemm_half_dim``) sees tokens per expert: small per-expert batches
+  run at a lower fraction of peak. The busiest rank sets the pace: tokens x ``Calibration.moe_routing_imbalance``
   (1 = force-balanced), capped at the capacity factor when tokens are dropped.
 * Dispatch + combine (forward; the backward repeats them), ``TrainingSpec.moe_dispatcher``:
   alltoall: each token copy leaves for its expert's rank, (ep-1)/ep of T*k*W*b bytes each way;
@@ -23,7 +24,7 @@ W the width tokens travel at (hidden, or the latent width of a LatentMoE).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -103,8 +104,9 @@ def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     tok_in = T * (e_t / t)
     tok_per_expert = tok_in * k * ep / E * load
     Dx = float(model.moe_latent_size or model.hidden_size)  # width the routed experts see
-    up = linear_time(calib, linear_flops, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
-    down = linear_time(calib, linear_flops, tok_per_expert, Dx, F / e_t)
+    grouped = replace(calib, matmul_half_dim=calib.moe_grouped_gemm_half_dim)  # grouped GEMM curve
+    up = linear_time(grouped, linear_flops, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
+    down = linear_time(grouped, linear_flops, tok_per_expert, Dx, F / e_t)
     t_experts = (E / ep) * (up + down)
     t_router = gemm_time(calib, bf16_flops, T, E, D) + 2.0 * T * E * ROUTER_LOGIT_BYTES / hbm
     copies = tok_per_expert * E / ep  # routed token copies on this GPU (busiest rank)

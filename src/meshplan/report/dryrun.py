@@ -14,28 +14,29 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.table import Table
 
-from meshplan.cost import estimate
+from meshplan.cost import calibration_for, estimate
 from meshplan.plan import Job
 from meshplan.report.dryrun_expected import expected_collectives, group_of
 
 GIB = 2**30
 DIFFERENCE_NOTES = (
-    "parameters: the runtime keeps fp32 weights (4 B/param) and autocasts the matmuls; the cost model "
-    "counts a 16-bit working copy (2 B) and puts the fp32 master (4 B) with the optimizer states.",
+    "parameters: the runtime keeps fp32 weights (4 B/param) as FSDP2's sharded master copy and computes "
+    "with gathered 16-bit copies (MixedPrecisionPolicy); this row is the fp32 shards, the gathered copies "
+    "are in the peak. The cost model counts a 16-bit working copy (2 B) and puts the fp32 master (4 B) "
+    "with the optimizer states.",
     "peak: the tracker counts every tensor allocated through torch's dispatcher (weights, gradients, "
     "optimizer states, activations, FSDP's gathered weights, temporaries), not the allocator's "
     "fragmentation or the communication library's buffers; the cost model's peak is weights + gradients "
     "+ optimizer + activations kept for backward + its 'other' term.",
     "collective counts: the runtime issues one collective per FSDP unit (each layer and the root) and per "
     "tensor-parallel region; the cost model charges one bucket per step or layer pass, so compare bytes. "
-    "FSDP gathers and reduces the fp32 weights (no mixed-precision policy): twice the model's 16-bit bytes.",
-    "activations: the runtime keeps the residual stream in fp32 and, under tensor + sequence parallel, each "
-    "projection's own all-gathered bf16 input (autocast casts wq, wk, wv, w1, w3 inputs separately); the "
-    "cost model keeps 16-bit tensors and one sequence-parallel norm output (Korthikanti et al. 2022, 4.2.2).",
-    "pipeline + FSDP: torch's PipelineStage keeps a stage's gathered weights and unsharded gradients from its "
-    "first backward to the end of the step (reshard_after_backward and gradient sync off until then); the "
-    "cost model shards them per ZeRO stage. Pipeline sends carry fp32 hidden states; the first stage "
-    "receives no gradient and the last sends no activation.",
+    "FSDP gathers 16-bit weights and reduce-scatters fp32 gradients, as the cost model charges.",
+    "activations: on this CPU, rms_norm's composite kernel saves two fp32 copies of its (s, D) input where "
+    "a fused GPU kernel saves the 16-bit input and one value per row; the cost model keeps 16-bit tensors "
+    "(Korthikanti et al. 2022, 4.2.2).",
+    "pipeline + FSDP: each stage keeps what its ZeRO stage keeps (pipeline.ZeroStage): zero 3 frees the "
+    "gathered weights and reduce-scatters after every micro-batch's backward, zero 1 keeps both until the "
+    "end of the step. The first stage receives no gradient and the last sends no activation.",
 )
 
 
@@ -56,21 +57,37 @@ class RankComparison:
         model = self.model_memory["total_bytes"]
         return (self.measured["peak_bytes"] - model) / model if model else 0.0
 
+    @property
+    def tensor_difference(self) -> float:
+        """(dry-run peak - model's tensors) / model's tensors: like with like (see model_tensor_bytes)."""
+        model = self.model_memory["tensor_bytes"]
+        return (self.measured["peak_bytes"] - model) / model if model else 0.0
+
     def to_dict(self) -> dict:
         return {"rank": self.rank, "pp_rank": self.pp_rank, "dry_run": self.measured,
                 "cost_model_memory": self.model_memory, "collectives": self.collectives,
                 "peak_difference": self.peak_difference}
 
 
+def model_tensor_bytes(mem, framework_bytes: float) -> float:
+    """The cost model's peak less what no tensor tracker can see: the CUDA context, NCCL's buffers
+    and workspace (Calibration.framework_overhead_gib) and the caching allocator's fragmentation
+    reserve. What remains (weights, gradients, optimizer states, activations, logits, communication
+    buckets, gathered ZeRO-3 layers) is what the dry run's MemTracker counts."""
+    return mem.total_bytes - mem.reserve_bytes - framework_bytes
+
+
 def compare(job: Job, results: list[dict]) -> list[RankComparison]:
     est = estimate(job.model, job.cluster, job.training, job.plan)
+    framework = calibration_for(job.cluster.gpu).framework_overhead_gib * GIB
     out = []
     for res in results:
         pp_rank = res["coords"]["pp"]
         mem = est.stages[pp_rank].memory
         model_memory = {"parameters_bytes": mem.parameters_bytes, "gradients_bytes": mem.gradients_bytes,
                         "optimizer_bytes": mem.optimizer_bytes, "activations_bytes": mem.activations_bytes,
-                        "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes}
+                        "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes,
+                        "tensor_bytes": model_tensor_bytes(mem, framework)}
         out.append(RankComparison(rank=res["rank"], pp_rank=pp_rank, measured=res,
                                   model_memory=model_memory,
                                   collectives=_collective_rows(job, pp_rank, res["collectives"])))
@@ -122,7 +139,9 @@ def render(job: Job, comparisons: list[RankComparison]) -> Group:
                 ("gradients", r["gradients_bytes"], m["gradients_bytes"]),
                 ("optimizer states", r["optimizer_bytes"], m["optimizer_bytes"]),
                 ("activations + temporaries at peak", transient, m["activations_bytes"] + m["other_bytes"]),
-                ("peak (tracker, allocated)", r["peak_bytes"], m["total_bytes"]))
+                ("peak (tracker, allocated)", r["peak_bytes"], m["total_bytes"]),
+                ("peak, model without CUDA context / NCCL / fragmentation", r["peak_bytes"],
+                 m.get("tensor_bytes", m["total_bytes"])))
         for name, ours, theirs in rows:
             mem.add_row(name, _gib(ours), _gib(theirs), _ratio(ours, theirs))
         coll = Table(title=f"rank {c.rank}: collectives per step")

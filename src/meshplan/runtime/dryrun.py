@@ -41,18 +41,16 @@ from meshplan.runtime.dryrun_moe import use_balanced_routing
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
+from meshplan.runtime.pipeline import ZeroStage
 from meshplan.runtime.train import (
     _accumulate,
     compute_precision,
     loss_context,
     make_optimizer,
+    mixed_precision_dtype,
     token_loss_sum,
 )
-from meshplan.spec.training import Precision
 
-HIDDEN_DTYPE = torch.float32
-"""dtype of the hidden states passed between pipeline stages: the runtime keeps fp32 parameters
-and autocasts the matmuls, so the residual stream (embedding output + block outputs) stays fp32."""
 DRY_RUN_LR = 1e-3
 """Learning rate of the simulated optimizer (its value changes nothing a dry run measures)."""
 
@@ -84,7 +82,7 @@ class RankResult:
         return asdict(self)
 
 
-class _StaticShapeStage(PipelineStage):
+class _StaticShapeStage(ZeroStage):
     """A PipelineStage told its shapes up front. torch's warm-up vote sends a 4-byte int between
     neighbours to agree on static vs dynamic shapes; on a fake process group the value never arrives,
     so the vote is decided here: every stage of a dry run is static."""
@@ -96,9 +94,41 @@ class _StaticShapeStage(PipelineStage):
         return torch.tensor([1], dtype=torch.int32)
 
 
-def _step_tracker():
+class _ShardingPropagation:
+    """Marks DTensor's sharding propagation. To find an op's output shape, DTensor runs the op on
+    fake tensors of the *global* shape (``ShardingPropagator._propagate_tensor_meta_non_cached``)
+    under the active fake mode, which in a dry run is the tracker's own: MemTracker would count
+    these global-shape shadows (a (B, S, V) fp32 copy of vocabulary-sharded logits, a whole
+    embedding's Adam temporaries) as if the rank allocated them. Installed as the propagator's
+    ``_fake_mode_lock``, the hook torch gives for serialising that block; re-entrant."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+@contextlib.contextmanager
+def _marking_sharding_propagation(marker: _ShardingPropagation):
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    previous = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = marker
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = previous
+
+
+def _step_tracker(propagation: _ShardingPropagation):
     """torch's MemTracker, accepting a module called again within a step (gradient accumulation,
-    pipeline micro-batches): only its global peak is read, not its per-module statistics."""
+    pipeline micro-batches): only its global peak is read, not its per-module statistics. Ops run
+    by DTensor's sharding propagation (global-shape shadows, see _ShardingPropagation) are not
+    counted."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class StepMemTracker(MemTracker):
@@ -114,6 +144,11 @@ def _step_tracker():
                 if self._peak_mem.get(dev, 0) < snap["Total"]:
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if propagation.depth:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
     return StepMemTracker()
 
@@ -180,13 +215,12 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     device = torch.device("cpu")
     # Matmul precision of the plan's GPU run (fp8 runs as bf16 there too), autocast on CPU here.
-    compute = compute_precision(training.precision, torch.device("cuda"))
-    amp_dtype = torch.float16 if compute == Precision.FP16 else torch.bfloat16
-    autocast = compute != Precision.FP32
+    mp_dtype = mixed_precision_dtype(compute_precision(training.precision, torch.device("cuda")))
+    amp_dtype, autocast = mp_dtype or torch.bfloat16, mp_dtype is not None
     reference: list[str] = []
 
     def parallelize_stage(module: nn.Module) -> nn.Module:
-        parallelize(module, plan, mesh, ep_mesh=ep_mesh)
+        parallelize(module, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype)
         if use_balanced_routing(module) and "moe-routing" not in reference:
             reference.append("moe-routing")
         return module
@@ -220,7 +254,8 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
         modules, stages, tied_group = [model], [0], None
     optimizers = [make_optimizer(job, list(m.parameters()), DRY_RUN_LR) for m in modules]
 
-    tracker = _step_tracker()
+    propagation = _ShardingPropagation()
+    tracker = _step_tracker(propagation)
     tracker.track_external(*modules, *optimizers)
     dp_rank, cp_rank = mesh["dp"].get_local_rank(), mesh["cp"].get_local_rank()
     grads_bytes = 0
@@ -230,7 +265,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     if pipe is not None and pipe.vocab is not None:
         axes[pipe.vocab.group.group_name] = "pp_vocab"  # vocabulary parallelism's reduces and broadcasts
     counter = CollectiveCounter(axes)
-    with fake, tracker:
+    with fake, _marking_sharding_propagation(propagation), tracker:
         for step in range(1, steps + 1):
             counting = counter if step == steps else contextlib.nullcontext()
             with counting:
@@ -264,20 +299,23 @@ def _stage_factory(job: Job, plan: Plan, fake: FakeTensorMode, autocast: bool, a
     d, training, spec = plan.dims, job.training, job.model
     seq = training.seq_len // d.cp
     hidden_seq = seq // d.tp if (plan.sp and d.tp > 1) else seq
+    # Hidden states between stages are in the compute dtype: under FSDP2 mixed precision the
+    # embedding and the blocks compute with 16-bit weight copies, so the residual stream is 16-bit.
+    hidden_dtype = amp_dtype if autocast else torch.float32
 
     def make(module: nn.Module, index: int, num_stages: int, device: torch.device, *, group) -> PipelineStage:
         with fake:
             if index == 0 and not plan.vocab_parallel:  # else hidden states (runtime/vocab_parallel.py)
                 x = torch.randint(0, spec.vocab_size, (plan.micro_batch, seq))
             else:
-                x = torch.empty(plan.micro_batch, hidden_seq, spec.hidden_size, dtype=HIDDEN_DTYPE,
+                x = torch.empty(plan.micro_batch, hidden_seq, spec.hidden_size, dtype=hidden_dtype,
                                 requires_grad=True)  # its gradient goes back to the previous stage
             with torch.no_grad(), torch.autocast("cpu", dtype=amp_dtype, enabled=autocast):
                 y = module(x)
         _reshard(module)
         out = y if index == num_stages - 1 else torch.empty_like(y, requires_grad=True)
         return _StaticShapeStage(module, index, num_stages, device, input_args=x,
-                                 output_args=out, group=group)
+                                 output_args=out, group=group, zero=plan.zero)
 
     return make
 

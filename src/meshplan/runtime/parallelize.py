@@ -5,10 +5,14 @@
 2. ``apply_cp``   context parallel: Ulysses all-to-all around the attention core, or ring attention.
 3. ``apply_positions``  shift learned position ids by this rank's sequence offset (CP and/or SP).
 4. ``apply_ep``   expert parallel (experts split over the ep group, all-to-all dispatch).
-5. ``apply_ac``   activation checkpointing of the planned layers (full or selective).
+5. ``apply_ac``   activation checkpointing of the planned layers (full or selective); with sp,
+                  layers not recomputed whole keep their sequence shard for backward, not the
+                  gathered input (``apply_sp_saving``, Korthikanti et al. 2022, Sec. 4.2.2).
 6. ``apply_dp``   data parallel last, so it wraps what TP/EP produced: FSDP2 ``fully_shard``
                   (zero 3: reshard after forward; zero 1/2: keep parameters gathered until backward),
-                  HSDP on a 2-D (dp_replicate, dp_shard_cp) mesh, or ``replicate`` for zero 0.
+                  HSDP on a 2-D (dp_replicate, dp_shard_cp) mesh, or ``replicate`` for zero 0;
+                  with a 16-bit ``param_dtype``, FSDP2's mixed precision (bf16 compute copies of
+                  fp32 master weights) also where nothing is data parallel (a 1-rank FSDP group).
 
 Every step tolerates a stage module whose tok_embeddings / pos_embeddings / norm / output are None
 and whose ``layers`` hold only some of the layer ids (pipeline stages).
@@ -17,6 +21,7 @@ and whose ``layers`` hold only some of the layer ids (pipeline stages).
 from __future__ import annotations
 
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -33,8 +38,12 @@ from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 from meshplan.runtime.osdp import apply_osdp_modules, osdp_units
 
 
-def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: DeviceMesh | None = None) -> nn.Module:
-    """Apply ``plan`` to ``model`` in place (see the module docstring for the order); returns it."""
+def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: DeviceMesh | None = None,
+                param_dtype: torch.dtype | None = None) -> nn.Module:
+    """Apply ``plan`` to ``model`` in place (see the module docstring for the order); returns it.
+
+    ``param_dtype``: the dtype the matmuls compute in (bf16/fp16 on a GPU run of a 16-bit plan,
+    train.mixed_precision_dtype); None keeps fp32 compute (CPU runs)."""
     plan = plan.with_defaults(model.spec)
     d = plan.dims
     apply_osdp_modules(model, plan)  # OSDP's MLP slices and chunked LM head (runtime.osdp)
@@ -48,7 +57,9 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: Devi
             raise ValueError("plan has ep > 1 but no expert-parallel mesh was given")
         apply_ep(model, ep_mesh["ep"])
     apply_ac(model, plan)
-    apply_dp(model, plan, mesh, ep_mesh)
+    if d.tp > 1 and plan.sp:
+        apply_sp_saving(model)
+    apply_dp(model, plan, mesh, ep_mesh, param_dtype=param_dtype)
     return model
 
 
@@ -225,20 +236,59 @@ def apply_ac(model: nn.Module, plan: Plan) -> None:
             checkpoint(getattr(core, "inner", core))
 
 
+def apply_sp_saving(model: nn.Module) -> None:
+    """Attention and MLP inputs of every layer not recomputed whole: keep the sequence shard for
+    backward and all-gather it again there (runtime/sp_regather.py). A fully recomputed layer keeps
+    only its input already, and its recomputation must not meet these saved-tensor hooks."""
+    from torch.distributed._composable import checkpoint
+
+    from meshplan.runtime.sp_regather import keep_shards_for_backward
+
+    for layer in model.layers.values():
+        if checkpoint.state(layer) is not None:
+            continue
+        keep_shards_for_backward(layer.attention)
+        if layer.feed_forward is not None:
+            keep_shards_for_backward(layer.feed_forward)
+
+
 # ---- 6. data parallel -----------------------------------------------------------------------
-def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh | None) -> None:
+EXPERT_SHARD_DIM = 1
+"""FSDP shards routed-expert weights (E/ep, D, F) / (E/ep, F, D) on dim 1, not on the expert dim:
+ep already splits experts, and with fewer local experts than edp ranks a dim-0 shard leaves some
+ranks the whole expert and others nothing (torchtitan's ``shard_placement_fn`` for MoE)."""
+
+
+def mixed_precision(param_dtype: torch.dtype | None):
+    """FSDP2's policy: 16-bit compute copies gathered from fp32 master weights, gradients reduced
+    and kept in fp32 (Micikevicius et al. 2018, Sec. 3.1; the cost model's 2-byte weights + 4-byte
+    gradients + 12-byte master/Adam states); None: fp32 throughout."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if param_dtype is None or param_dtype == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh | None, *,
+             param_dtype: torch.dtype | None = None) -> None:
     """Shard or replicate over every rank that sees different tokens (dp_replicate x dp_shard x cp).
 
     zero 3: FSDP2 with reshard_after_forward=True (parameters re-gathered in backward).
     zero 1/2: FSDP2 with reshard_after_forward=False: parameters stay gathered from forward to
     backward, gradients and optimizer states are sharded. FSDP2 has no ZeRO-1 mode of its own, so
-    zero 1 runs like zero 2, except that the train loop skips gradient reduction on all but the last
-    micro-batch (full gradients accumulate locally, reduced once per step, as ZeRO-1 does).
+    zero 1 runs like zero 2, except that gradients are reduced once per step (full gradients
+    accumulate locally, as ZeRO-1 does); during gradient accumulation the gathered weights stay
+    until the last micro-batch's backward (``set_accumulation``), as ZeRO-1/2 keep them whole.
     zero 0: ``replicate`` (FSDP2-based DDP) over dp_replicate x cp.
+    No data parallel and a 16-bit ``param_dtype``: FSDP2 over a 1-rank group, for its mixed
+    precision only (no collective moves anything).
     Per layer first (one collective group per layer), then the root for what is left.
     """
     d = plan.dims
-    if d.dp_replicate * d.dp_shard * d.cp == 1:
+    mp_policy = mixed_precision(param_dtype)
+    no_dp = d.dp_replicate * d.dp_shard * d.cp == 1
+    if no_dp and mp_policy.param_dtype is None:
         return
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -249,6 +299,7 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
     # host memory (asynchronous copies) needs an accelerator: not on a CPU run.
     pinned = mesh.device_type != "cpu"
     policy = CPUOffloadPolicy(pin_memory=pinned) if Offload.PARAMS in plan.offload else OffloadPolicy()
+    reshard = plan.zero == 3
 
     # Experts split by ep are different tensors on each ep rank: they are data-parallel only over
     # the ranks holding the same experts (edp), and must be kept out of the dense groups.
@@ -257,33 +308,48 @@ def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh
     for layer in model.layers.values():
         if edp_mesh is None or layer.moe is None:
             continue
-        if edp_mesh.size() > 1:
-            if plan.zero == 0:
-                replicate(layer.moe.experts, mesh=ep_mesh["dp_edp"])
-            else:
-                fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=plan.zero == 3,
-                            offload_policy=policy)
+        if plan.zero == 0 and edp_mesh.size() > 1:
+            replicate(layer.moe.experts, mesh=ep_mesh["dp_edp"], mp_policy=mp_policy)
+        elif edp_mesh.size() > 1 or mp_policy.param_dtype is not None:
+            fully_shard(layer.moe.experts, mesh=edp_mesh, reshard_after_forward=reshard,
+                        shard_placement_fn=lambda _p: Shard(EXPERT_SHARD_DIM), mp_policy=mp_policy,
+                        offload_policy=policy)
         else:
             expert_params.update(layer.moe.experts.parameters())
 
-    if plan.zero == 0:
+    if plan.zero == 0 and not no_dp:
         dp_mesh = mesh["dp_cp"]
 
         def wrap(module: nn.Module) -> None:
-            replicate(module, mesh=dp_mesh, ignored_params=expert_params or None)
+            replicate(module, mesh=dp_mesh, ignored_params=expert_params or None, mp_policy=mp_policy)
     else:
         dp_mesh = data_parallel_mesh(mesh, plan)
 
-        def wrap(module: nn.Module, reshard: bool = plan.zero == 3) -> None:
-            fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard,
+        def wrap(module: nn.Module, reshard: bool = reshard) -> None:
+            fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy,
                         ignored_params=expert_params or None, offload_policy=policy)
 
     # OSDP (zero 3): kept groups and MLP slices as their own units, inside their layer's
-    for module, reshard in osdp_units(model, plan):
-        wrap(module, reshard)
+    for module, unit_reshard in osdp_units(model, plan):
+        wrap(module, unit_reshard)
     for layer in model.layers.values():
         wrap(layer)
     wrap(model)
+
+
+def set_accumulation(model: nn.Module, plan: Plan, last: bool) -> None:
+    """Before each micro-batch's backward: what ZeRO stage ``plan.zero`` keeps between micro-batches.
+
+    Gradients are reduced on every micro-batch for zero 2/3 and once, on the last, for zero 0/1
+    (DDP's no_sync, ZeRO-1: Rajbhandari et al. 2020, Sec. 5); gathered weights are freed after
+    every backward for zero 3 and kept until the last for zero 0-2 (whose 16-bit weights are whole
+    on every rank), so zero 1/2 gather once per step."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_requires_gradient_sync(last or plan.zero >= 2, recurse=False)
+            m.set_reshard_after_backward(last or plan.zero == 3, recurse=False)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
@@ -295,5 +361,5 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
             m.set_requires_gradient_sync(enabled, recurse=False)
 
 
-__all__ = ["parallelize", "apply_tp", "apply_cp", "apply_positions", "apply_ep", "apply_ac",
-           "apply_dp", "set_gradient_sync", "stage_index"]
+__all__ = ["parallelize", "apply_tp", "apply_cp", "apply_positions", "apply_ep", "apply_ac", "apply_sp_saving",
+           "apply_dp", "mixed_precision", "set_accumulation", "set_gradient_sync", "stage_index"]

@@ -23,6 +23,7 @@ data-parallel averaging is left to FSDP/DDP as there.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.stage import stage_backward
 from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
@@ -58,6 +60,35 @@ _MULTI_STAGE_SCHEDULES = {
     # ScheduleZBVZeroBubble would need the V placement (rank r holds stages r and 2pp-1-r).
     Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble,
 }
+
+
+class ZeroStage(PipelineStage):
+    """A PipelineStage whose FSDP2 stage module keeps, between micro-batches, what the plan's ZeRO
+    stage keeps (the cost model's per-stage states), not what torch's PipelineStage does.
+
+    torch's stage turns off resharding after backward and gradient reduction for every micro-batch
+    until the schedule's end (its ``perform_reduce_grad``), so from its first backward a stage
+    would hold all its gathered weights and unsharded fp32 gradients. Here, for full backwards:
+    zero 3 frees the gathered weights after each micro-batch's backward and reduce-scatters its
+    gradients (Rajbhandari et al. 2020, Sec. 5.3); zero 2 reduces every micro-batch and keeps the
+    16-bit weights whole; zero 0/1 keep both and reduce at the end (torch's behaviour). The
+    zero-bubble schedule's split backward (input, then weight) keeps torch's behaviour: a weight
+    backward needs the gathered weights after the input backward."""
+
+    def __init__(self, *args, zero: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.zero = zero
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        from torch.distributed.fsdp import FSDPModule
+
+        if backward_type != "full" or not isinstance(self.submod, FSDPModule) or self.zero < 2:
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_is_last_backward(False)  # the schedule's perform_reduce_grad finalises
+        self.submod.set_reshard_after_backward(self.zero == 3)
+        self.submod.set_requires_gradient_sync(True)
+        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
+        return grads, None
 
 
 def cut_stage(model_meta: nn.Module, layer_keys: list[str], *, is_first: bool, is_last: bool,
@@ -269,15 +300,18 @@ def build_pipeline(
     parallelize_stage: Callable[[nn.Module], nn.Module],
     init_stage: Callable[[nn.Module], None],
     n_microbatches: int | None = None,
-    make_stage: Callable[..., PipelineStage] = PipelineStage,
+    make_stage: Callable[..., PipelineStage] | None = None,
 ) -> PipelineRuntime:
     """Cut ``model_meta`` into this rank's stages, parallelise and materialise them, build the schedule.
 
     ``n_microbatches`` is ``plan.num_microbatches(training)``; when left out it is taken from the
     first batch given to ``step`` (its rows / ``plan.micro_batch``), which every rank must then get.
-    ``make_stage`` builds each stage (``PipelineStage``'s signature); the dry run passes one that
-    states the stages' shapes up front (meshplan.runtime.dryrun).
+    ``make_stage`` builds each stage (``PipelineStage``'s signature); by default a
+    :class:`ZeroStage` following ``plan.zero``; the dry run passes one that states the stages'
+    shapes up front (meshplan.runtime.dryrun).
     """
+    if make_stage is None:
+        make_stage = functools.partial(ZeroStage, zero=plan.zero)
     if n_microbatches is not None and n_microbatches < 1:
         raise MeshplanError(f"n_microbatches must be positive, got {n_microbatches}")
     pp = plan.dims.pp

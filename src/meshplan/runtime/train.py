@@ -33,7 +33,7 @@ from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S, RunStopped,
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import peak_memory_gib
 from meshplan.runtime.models import build_model
-from meshplan.runtime.parallelize import parallelize, set_gradient_sync
+from meshplan.runtime.parallelize import parallelize, set_accumulation
 from meshplan.runtime.routing_log import RoutingLog
 from meshplan.runtime.schedule import (
     LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
@@ -121,6 +121,15 @@ def compute_precision(precision: Precision, device: torch.device) -> Precision:
         log.warning(f"{precision.value} matmuls are not implemented by the runtime: training in bf16")
         return Precision.BF16
     return precision
+
+
+def mixed_precision_dtype(compute: Precision) -> torch.dtype | None:
+    """dtype of the weights' compute copies (FSDP2 mixed precision, parallelize.apply_dp) and of
+    autocast: bf16 (fp16) for a 16-bit plan, None for fp32 compute. The fp32 weights stay the
+    optimizer's master copy, as the cost model's precision assumes (cost/precision.py)."""
+    if compute == Precision.FP32:
+        return None
+    return torch.float16 if compute == Precision.FP16 else torch.bfloat16
 
 
 def make_optimizer(job: Job, params: list, lr: float, weight_decay: float = WEIGHT_DECAY) -> torch.optim.Optimizer:
@@ -245,6 +254,7 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
     ep_mesh = build_ep_mesh(plan, device.type)
     source, held_out = _data_source(job, cfg)
     compute = compute_precision(training.precision, device)
+    mp_dtype = mixed_precision_dtype(compute)
     if cfg.eval_every and d.pp > 1:
         raise MeshplanError("--eval-every is not supported with pipeline parallel (pp > 1)")
 
@@ -261,12 +271,12 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
         pipe = build_pipeline(
             model, plan, mesh, device=device,
             loss_fn=lambda logits, y: token_loss_sum(logits, y) / y.numel(),
-            parallelize_stage=lambda m: parallelize(m, plan, mesh, ep_mesh=ep_mesh),
+            parallelize_stage=lambda m: parallelize(m, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype),
             init_stage=init_stage, n_microbatches=plan.num_microbatches(training),
         )
         modules = pipe.model_parts
     else:
-        parallelize(model, plan, mesh, ep_mesh=ep_mesh)
+        parallelize(model, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype)
         init_stage(model)
         modules = [model]
     resuming = cfg.resume and cfg.checkpoint_dir and latest_checkpoint(cfg.checkpoint_dir) is not None
@@ -290,8 +300,8 @@ def _set_up(job: Job, cfg: TrainConfig) -> _Run:
         note_schedule_change(optimizers, schedule, start_step)
     return _Run(job=job, cfg=cfg, plan=plan, device=device, mesh=mesh, source=source, modules=modules,
                 optimizers=optimizers, pipe=pipe, start_step=start_step, start_position=start_position,
-                autocast=compute != Precision.FP32,
-                amp_dtype=torch.float16 if compute == Precision.FP16 else torch.bfloat16,
+                autocast=mp_dtype is not None,
+                amp_dtype=mp_dtype or torch.bfloat16,
                 flops_per_token=model_flops_per_token(job.model, training.seq_len),
                 peak_flops=job.cluster.gpu.peak_flops(compute) if device.type == "cuda" else 0.0,
                 schedule=schedule,
@@ -434,7 +444,7 @@ def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, de
     for i, (x, y) in enumerate(mbs):
         last = i == len(mbs) - 1
         # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
-        set_gradient_sync(model, last or plan.zero >= 2)
+        set_accumulation(model, plan, last)
         with loss_context(plan):
             with (torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device),
                   head_loss_context(model, y.to(device))):
@@ -454,7 +464,7 @@ def _accumulate_documents(model, plan, batch, device, autocast, amp_dtype):
     rows = range(0, batch.tokens.shape[0], plan.micro_batch)
     total = torch.zeros((), device=device)
     for i, r in enumerate(rows):
-        set_gradient_sync(model, i == len(rows) - 1 or plan.zero >= 2)
+        set_accumulation(model, plan, i == len(rows) - 1)
         set_documents(model, batch.documents[r:r + plan.micro_batch])
         x, y = batch.tokens[r:r + plan.micro_batch], batch.targets[r:r + plan.micro_batch]
         with loss_context(plan):

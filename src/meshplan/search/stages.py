@@ -320,7 +320,7 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
     base = n * (c + tbl.inflight * d) + tbl.rank_bytes
     saving = tbl.inflight * (d - g)
     tol = np.maximum(np.abs(m_lim), 1.0)[:, None] * _REL
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
     r = np.where(base <= m_lim[:, None] + tol, 0.0, np.maximum(need, 1.0))
     r = np.clip(r, 0, n).astype(np.int64)

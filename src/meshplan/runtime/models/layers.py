@@ -99,10 +99,9 @@ value width H_v differs from the query/key width H).
             pos = torch.arange(S, device=q.device)
             q, k = apply_rope_part(q, pos, self.rope_dim), apply_rope_part(k, pos, self.rope_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, S, H)
-        if k.shape[1] != q.shape[1]:  # GQA: each KV head serves Nq/Nk query heads
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        # GQA: query head n uses KV head n // (Nq/Nk) (repeat_interleave semantics); SDPA shares
+        # the KV heads without expanded copies, so backward keeps K/V at Nk heads.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=k.shape[1] != q.shape[1])
         return out.transpose(1, 2)
 
 
@@ -134,6 +133,30 @@ class Attention(nn.Module):
         return self.wo(out.flatten(2))
 
 
+class _SwiGLU(torch.autograd.Function):
+    """silu(a) * b keeping only a and b for backward and recomputing silu there, as Megatron's fused
+    SwiGLU does: autograd would also keep silu(a), a third (S, F) tensor per layer."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        a32, b32, g32 = a.float(), b.float(), grad.float()  # fp32 math, as silu's own backward kernel
+        sig = torch.sigmoid(a32)
+        # d silu(a) / da = sig * (1 + a * (1 - sig))
+        da = g32 * b32 * sig * (1 + a32 * (1 - sig))
+        return da.to(a.dtype), (g32 * a32 * sig).to(b.dtype)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b (Shazeer 2020), a = x W1, b = x W3."""
+    return _SwiGLU.apply(a, b)
+
+
 class MLP(nn.Module):
     """GELU: w2(gelu(w1 x)); SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
 
@@ -145,5 +168,5 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            return self.w2(swiglu(self.w1(x), self.w3(x)))
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.runtime.models.layers import MLP
+from meshplan.runtime.models.layers import MLP, swiglu
 from meshplan.spec.model import ModelSpec
 
 
@@ -23,7 +23,7 @@ def expert_mlp(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.T
     outs = []
     for e, chunk in enumerate(torch.split(x, counts, dim=0)):
         h = chunk @ w1[e]  # (T_e, F)
-        h = F.silu(h) * (chunk @ w3[e]) if w3 is not None else F.gelu(h, approximate="tanh")
+        h = swiglu(h, chunk @ w3[e]) if w3 is not None else F.gelu(h, approximate="tanh")
         outs.append(h @ w2[e])  # (T_e, D)
     return torch.cat(outs, dim=0) if outs else x.new_zeros((0, x.shape[-1]))
 

@@ -1,147 +1,21 @@
-"""The one contract between planner and runtime.
-
-A ``Plan`` says *how* to parallelise: the degree of every device-mesh axis and every other choice
-(ZeRO stage, sequence parallel, pipeline schedule and layer split, micro-batch, recompute).
-A ``Job`` bundles a plan with *what* is trained (``ModelSpec``, ``TrainingSpec``) and *where*
-(``ClusterSpec``); it is the versioned JSON file that ``meshplan plan --out`` writes and
-``meshplan train --plan`` reads. The runtime executes a Job and never re-decides it.
-
-Mesh layout (outermost to innermost, as in torchtitan): ``pp, dp_replicate, dp_shard, cp, tp``.
-Ranks are laid out so that ``tp`` is contiguous (inside a node first), then ``cp``, ``dp_shard``,
-``dp_replicate`` and ``pp``: ``rank = (((pp*R + r)*S + s)*C + c)*T + t``.
-Expert parallel (``ep``) does not add ranks: it reuses the ``dp_shard x cp`` ranks
-(torchtitan's convention), so ``ep`` must divide ``dp_shard * cp``.
-
-Virtual pipeline stages: with ``pp`` ranks and ``vpp`` stages per rank there are ``pp * vpp``
-stages in model order; stage ``i`` runs on pipeline rank ``i % pp`` (the interleaved/looped
-placement of Narayanan et al. 2021, Sec. 2.2.2).
-"""
+"""``Plan``: how to parallelise one training job (see the package docstring for the mesh layout)."""
 
 from __future__ import annotations
 
-import enum
-import json
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
+from meshplan.plan.choices import CPMethod, ExpertPlacement, Offload, OpGroup, Recompute, Schedule
+from meshplan.plan.dims import ParallelDims
+from meshplan.plan.split import even_split, format_counts
 
 if TYPE_CHECKING:
-    from meshplan.spec.cluster import ClusterSpec
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
 
 PLAN_FORMAT_VERSION = 1
-
-
-class MeshAxis(str, enum.Enum):
-    """Device-mesh axis names, shared by planner and runtime (DeviceMesh ``mesh_dim_names``)."""
-
-    PP = "pp"
-    DP_REPLICATE = "dp_replicate"
-    DP_SHARD = "dp_shard"
-    CP = "cp"
-    TP = "tp"
-
-
-# Outermost first; the runtime builds its DeviceMesh in exactly this order.
-MESH_AXIS_ORDER: tuple[MeshAxis, ...] = (
-    MeshAxis.PP,
-    MeshAxis.DP_REPLICATE,
-    MeshAxis.DP_SHARD,
-    MeshAxis.CP,
-    MeshAxis.TP,
-)
-
-
-class Schedule(str, enum.Enum):
-    """Pipeline schedules (torch.distributed.pipelining names in brackets)."""
-
-    GPIPE = "gpipe"  # all forwards, then all backwards (ScheduleGPipe)
-    ONE_F_ONE_B = "1f1b"  # PipeDream-flush (Schedule1F1B)
-    INTERLEAVED_1F1B = "interleaved-1f1b"  # virtual stages (ScheduleInterleaved1F1B)
-    ZERO_BUBBLE = "zero-bubble"  # split backward, B/W (ScheduleInterleavedZeroBubble)
-
-    @property
-    def supports_virtual_stages(self) -> bool:
-        return self in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
-
-
-class Recompute(str, enum.Enum):
-    """Activation recomputation policy (Korthikanti et al. 2022, Sec. 4 and 5)."""
-
-    NONE = "none"
-    SELECTIVE = "selective"  # recompute only the attention core (softmax, dropout, QK^T, AV)
-    FULL = "full"  # keep only each layer's input; recompute the whole layer in backward
-
-
-class Offload(str, enum.Enum):
-    """What lives in host memory instead of the GPU's (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
-    Rajbhandari et al. 2021). ``PARAMS`` moves the parameter and gradient shards (and needs
-    ``OPTIMIZER``: the step then runs on the host, where both are); ``ACTIVATIONS`` moves the tensors
-    saved for backward (torch's ``save_on_cpu``)."""
-
-    OPTIMIZER = "optimizer"
-    PARAMS = "params"
-    ACTIVATIONS = "activations"
-
-    @property
-    def bit(self) -> int:
-        """Bit of this choice in the search's integer column (``PlanArrays.offload``)."""
-        return 1 << tuple(Offload).index(self)
-
-
-OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OFFLOAD_ACTIVATIONS_BIT = (o.bit for o in Offload)
-
-
-def offload_code(choices: "tuple[Offload, ...]") -> int:
-    """The bit mask of a set of offload choices (0: nothing offloaded)."""
-    return sum(Offload(c).bit for c in set(choices))
-
-
-def offload_choices(code: int) -> "tuple[Offload, ...]":
-    """The inverse of :func:`offload_code`, in the enum's order."""
-    return tuple(o for o in Offload if code & o.bit)
-
-
-class OpGroup(str, enum.Enum):
-    """Operator groups whose parameters OSDP shards or keeps as one (Jiang et al. 2023, "OSDP:
-    Optimal Sharded Data Parallel for Distributed Deep Learning", Sec. 3: a per-operator choice
-    between ZeRO-3 sharding and ZeRO-DP's gathered parameters; here per group of operators)."""
-
-    ATTENTION = "attention"  # every layer's attention (and its norm)
-    MLP = "mlp"  # every layer's MLP, or its experts and shared experts
-    EMBEDDING = "embedding"
-    HEAD = "head"  # final norm and LM head
-
-    @property
-    def bit(self) -> int:
-        """Bit of this group in the search's integer column (``PlanArrays.keep``)."""
-        return 1 << tuple(OpGroup).index(self)
-
-
-def group_code(groups: "tuple[OpGroup, ...]") -> int:
-    """The bit mask of a set of operator groups (0: none)."""
-    return sum(OpGroup(g).bit for g in set(groups))
-
-
-def group_choices(code: int) -> "tuple[OpGroup, ...]":
-    """The inverse of :func:`group_code`, in the enum's order."""
-    return tuple(g for g in OpGroup if code & g.bit)
-class ExpertPlacement(str, enum.Enum):
-    """Which expert-parallel rank holds which routed expert (meshplan.cost.expert_load)."""
-
-    CONTIGUOUS = "contiguous"  # rank r holds experts [r*E/ep, (r+1)*E/ep) (Megatron-Core, the runtime)
-    BALANCED = "balanced"  # greedy by the expert load, E/ep per rank (FlexMoE, Nie et al. 2023 Sec. 4)
-
-
-class CPMethod(str, enum.Enum):
-    """Context-parallel attention: ring (pass K/V around) or all-to-all (Ulysses, heads <-> seq)."""
-
-    RING = "ring"
-    ALL_TO_ALL = "all-to-all"
 
 
 def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
@@ -153,95 +27,6 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
     if training.expert_load is not None and not model.is_moe:
         raise MeshplanError(f"an expert load (--expert-skew / --expert-load) describes MoE routing; "
                             f"{model.name} has no experts")
-
-
-def _check_positive(name: str, value: int) -> None:
-    check_count(name, value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelDims:
-    """Degree of every mesh axis, plus expert parallel (which reuses dp_shard x cp ranks)."""
-
-    dp_replicate: int = 1
-    """Replicated data parallel (DDP, or the replicate axis of HSDP)."""
-    dp_shard: int = 1
-    """Sharded data parallel (ZeRO-1/2/3, FSDP); needs ``Plan.zero >= 1`` when above 1."""
-    tp: int = 1
-    """Tensor parallel (Megatron column/row split); sequence parallel is ``Plan.sp``."""
-    pp: int = 1
-    """Pipeline-parallel ranks."""
-    cp: int = 1
-    """Context parallel: the sequence is split over this many ranks."""
-    ep: int = 1
-    """Expert parallel for MoE layers; borrows ``dp_shard x cp`` ranks (and tp ranks when
-    ``etp < tp``): ``etp * ep`` divides ``dp_shard * cp * tp``."""
-    etp: int = 0
-    """Expert tensor parallel: the experts' own tp degree (Megatron-Core's MoE parallel folding,
-    ``--expert-tensor-parallel-size``); 0 means the dense layers' ``tp``. The expert layers then
-    see the ``dp_shard x cp x tp`` ranks of a pipeline stage as ``edp x ep x etp`` (innermost
-    last), edp = dp_shard * cp * tp / (ep * etp) the experts' data-parallel (ZeRO) degree."""
-
-    def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
-            _check_positive(name, getattr(self, name))
-        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
-            raise MeshplanError(f"etp must be a non-negative integer (0: as tp), got {self.etp!r}")
-        if self.etp == 0 and (self.dp_shard * self.cp) % self.ep:
-            raise MeshplanError(
-                f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp} "
-                "(expert parallel reuses the sharded-data and context ranks)"
-            )
-        if self.etp and (self.dp_shard * self.cp * self.tp) % (self.etp * self.ep):
-            raise MeshplanError(
-                f"etp*ep={self.etp}*{self.ep} must divide dp_shard*cp*tp="
-                f"{self.dp_shard * self.cp * self.tp} (the experts fold onto those ranks)"
-            )
-
-    @property
-    def expert_tp(self) -> int:
-        """The experts' tensor-parallel degree (``etp``, or ``tp`` when 0)."""
-        return self.etp or self.tp
-
-    @property
-    def expert_dp(self) -> int:
-        """The experts' data-parallel degree: ranks holding the same expert shard."""
-        return self.dp_shard * self.cp * self.tp // (self.expert_tp * self.ep)
-
-    @property
-    def dp(self) -> int:
-        """Total data-parallel degree: how many different micro-batches run side by side."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    def axis_size(self, axis: MeshAxis) -> int:
-        return {
-            MeshAxis.PP: self.pp,
-            MeshAxis.DP_REPLICATE: self.dp_replicate,
-            MeshAxis.DP_SHARD: self.dp_shard,
-            MeshAxis.CP: self.cp,
-            MeshAxis.TP: self.tp,
-        }[axis]
-
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        """Sizes in ``MESH_AXIS_ORDER``."""
-        return tuple(self.axis_size(a) for a in MESH_AXIS_ORDER)
-
-
-def data_parallel_degree(num_gpus: int, *, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
-    """dp = GPUs / (tp * pp * cp): the data-parallel degree the model-parallel degrees leave
-    (ep borrows dp_shard x cp ranks and takes none of its own). The one place dp is derived
-    from a GPU count; a count the degrees do not divide is an error."""
-    for name, degree in (("GPU count", num_gpus), ("tp", tp), ("pp", pp), ("cp", cp)):
-        _check_positive(name, degree)
-    model_parallel = tp * pp * cp
-    if num_gpus % model_parallel:
-        raise MeshplanError(f"{num_gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel}")
-    return num_gpus // model_parallel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,8 +97,8 @@ class Plan:
             raise MeshplanError(f"keep_gathered={list(self.keep_gathered)!r}: each must be one of "
                                 f"{', '.join(g.value for g in OpGroup)}") from None
         object.__setattr__(self, "keep_gathered", tuple(g for g in OpGroup if g in kept))
-        _check_positive("mlp_splits", self.mlp_splits)
-        _check_positive("head_splits", self.head_splits)
+        check_count("mlp_splits", self.mlp_splits)
+        check_count("head_splits", self.head_splits)
         if kept and self.zero != 3:
             raise MeshplanError(f"keep_gathered needs zero 3 (below it every parameter is already kept "
                                 f"gathered), got zero {self.zero}")
@@ -344,8 +129,8 @@ class Plan:
             raise MeshplanError(f"expert_replicas must be a whole number >= 0, got {self.expert_replicas!r}")
         if (self.expert_replicas or self.expert_placement != ExpertPlacement.CONTIGUOUS) and d.ep == 1:
             raise MeshplanError("expert placement and replicas spread experts over expert-parallel ranks: they need ep > 1")
-        _check_positive("vpp", self.vpp)
-        _check_positive("micro_batch", self.micro_batch)
+        check_count("vpp", self.vpp)
+        check_count("micro_batch", self.micro_batch)
         if self.vpp > 1 and not self.schedule.supports_virtual_stages:
             raise MeshplanError(
                 f"vpp={self.vpp} needs an interleaved schedule, not {self.schedule.value!r}"
@@ -614,108 +399,3 @@ def _no_extra(what: str, leftover: dict[str, Any]) -> dict[str, Any]:
     if leftover:
         raise MeshplanError(f"unknown {what} field(s): {', '.join(sorted(leftover))}")
     return {}
-
-
-def format_counts(counts: tuple[int, ...]) -> str:
-    """``(2, 2, 2, 1, 3)`` -> ``2x3,1,3``: comma separated, a run of K equal values N as ``NxK``."""
-    runs: list[list[int]] = []
-    for n in counts:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
-    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
-
-
-def parse_counts(text: str, what: str) -> tuple[int, ...]:
-    """The inverse of :func:`format_counts`: ``2x3,1,3`` -> ``(2, 2, 2, 1, 3)``."""
-    out: list[int] = []
-    for item in text.split(","):
-        value, times, repeat = item.strip().partition("x")
-        try:
-            n, k = int(value), int(repeat) if times else 1
-        except ValueError:
-            raise MeshplanError(f"{what} {text!r}: give counts like 9,10x6,11 (N, or N repeated K times as NxK)") from None
-        if n < 0 or k < 1:
-            raise MeshplanError(f"{what} {text!r}: counts must be >= 0 and repeats >= 1")
-        out += [n] * k
-    return tuple(out)
-
-
-def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Split layers as evenly as possible; the earlier stages take the remainder."""
-    if num_stages < 1 or num_stages > num_layers:
-        raise MeshplanError(f"cannot split {num_layers} layers into {num_stages} stages")
-    base, extra = divmod(num_layers, num_stages)
-    return tuple(base + (1 if i < extra else 0) for i in range(num_stages))
-
-
-def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and
-    ``--account-for-loss-in-pipeline-split``: the embedding and the loss count as one layer each,
-    the ``num_layers + 2`` slots split evenly (Megatron requires it to divide), so the first and
-    last stages hold one transformer layer fewer (none when every stage holds one slot)."""
-    slots = num_layers + 2
-    if num_stages < 2 or slots % num_stages:
-        raise MeshplanError(f"{num_layers} layers + embedding + loss = {slots} slots do not split evenly "
-                            f"into {num_stages} stages")
-    per = slots // num_stages
-    return (per - 1,) + (per,) * (num_stages - 2) + (per - 1,)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Job:
-    """What to train, on what, and how: the versioned JSON file the runtime consumes."""
-
-    model: "ModelSpec"
-    training: "TrainingSpec"
-    cluster: "ClusterSpec"
-    plan: Plan
-    version: int = PLAN_FORMAT_VERSION
-
-    def __post_init__(self) -> None:
-        self.plan.validate_for(self.model, self.training, self.cluster.num_gpus)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "meshplan_plan_version": self.version,
-            "model": self.model.to_dict(),
-            "training": self.training.to_dict(),
-            "cluster": self.cluster.to_dict(),
-            "plan": self.plan.to_dict(),
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Job":
-        from meshplan.spec.cluster import ClusterSpec
-        from meshplan.spec.model import ModelSpec
-        from meshplan.spec.training import TrainingSpec
-
-        if not isinstance(data, dict) or "meshplan_plan_version" not in data:
-            raise MeshplanError("not a meshplan plan file (no 'meshplan_plan_version' field)")
-        version = data["meshplan_plan_version"]
-        if version != PLAN_FORMAT_VERSION:
-            raise MeshplanError(
-                f"plan file version {version!r} is not supported (this meshplan reads {PLAN_FORMAT_VERSION})"
-            )
-        for key in ("model", "training", "cluster", "plan"):
-            if key not in data:
-                raise MeshplanError(f"plan file has no '{key}' section")
-        return cls(
-            model=ModelSpec.from_dict(data["model"]),
-            training=TrainingSpec.from_dict(data["training"]),
-            cluster=ClusterSpec.from_dict(data["cluster"]),
-            plan=Plan.from_dict(data["plan"]),
-        )
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Job":
-        from meshplan.jsonfile import load_json_file
-
-        return load_json_file(path, cls.from_dict, missing="no such plan file", what="plan file (JSON)")

@@ -1,0 +1,114 @@
+"""The vocabulary of a plan: mesh axes, pipeline schedules, recompute, offload, operator groups,
+expert placement and context-parallel methods (enums shared by planner and runtime)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class MeshAxis(str, enum.Enum):
+    """Device-mesh axis names, shared by planner and runtime (DeviceMesh ``mesh_dim_names``)."""
+
+    PP = "pp"
+    DP_REPLICATE = "dp_replicate"
+    DP_SHARD = "dp_shard"
+    CP = "cp"
+    TP = "tp"
+
+
+# Outermost first; the runtime builds its DeviceMesh in exactly this order.
+MESH_AXIS_ORDER: tuple[MeshAxis, ...] = (
+    MeshAxis.PP,
+    MeshAxis.DP_REPLICATE,
+    MeshAxis.DP_SHARD,
+    MeshAxis.CP,
+    MeshAxis.TP,
+)
+
+
+class Schedule(str, enum.Enum):
+    """Pipeline schedules (torch.distributed.pipelining names in brackets)."""
+
+    GPIPE = "gpipe"  # all forwards, then all backwards (ScheduleGPipe)
+    ONE_F_ONE_B = "1f1b"  # PipeDream-flush (Schedule1F1B)
+    INTERLEAVED_1F1B = "interleaved-1f1b"  # virtual stages (ScheduleInterleaved1F1B)
+    ZERO_BUBBLE = "zero-bubble"  # split backward, B/W (ScheduleInterleavedZeroBubble)
+
+    @property
+    def supports_virtual_stages(self) -> bool:
+        return self in (Schedule.INTERLEAVED_1F1B, Schedule.ZERO_BUBBLE)
+
+
+class Recompute(str, enum.Enum):
+    """Activation recomputation policy (Korthikanti et al. 2022, Sec. 4 and 5)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute only the attention core (softmax, dropout, QK^T, AV)
+    FULL = "full"  # keep only each layer's input; recompute the whole layer in backward
+
+
+class Offload(str, enum.Enum):
+    """What lives in host memory instead of the GPU's (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
+    Rajbhandari et al. 2021). ``PARAMS`` moves the parameter and gradient shards (and needs
+    ``OPTIMIZER``: the step then runs on the host, where both are); ``ACTIVATIONS`` moves the tensors
+    saved for backward (torch's ``save_on_cpu``)."""
+
+    OPTIMIZER = "optimizer"
+    PARAMS = "params"
+    ACTIVATIONS = "activations"
+
+    @property
+    def bit(self) -> int:
+        """Bit of this choice in the search's integer column (``PlanArrays.offload``)."""
+        return 1 << tuple(Offload).index(self)
+
+
+OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OFFLOAD_ACTIVATIONS_BIT = (o.bit for o in Offload)
+
+
+def offload_code(choices: "tuple[Offload, ...]") -> int:
+    """The bit mask of a set of offload choices (0: nothing offloaded)."""
+    return sum(Offload(c).bit for c in set(choices))
+
+
+def offload_choices(code: int) -> "tuple[Offload, ...]":
+    """The inverse of :func:`offload_code`, in the enum's order."""
+    return tuple(o for o in Offload if code & o.bit)
+
+
+class OpGroup(str, enum.Enum):
+    """Operator groups whose parameters OSDP shards or keeps as one (Jiang et al. 2023, "OSDP:
+    Optimal Sharded Data Parallel for Distributed Deep Learning", Sec. 3: a per-operator choice
+    between ZeRO-3 sharding and ZeRO-DP's gathered parameters; here per group of operators)."""
+
+    ATTENTION = "attention"  # every layer's attention (and its norm)
+    MLP = "mlp"  # every layer's MLP, or its experts and shared experts
+    EMBEDDING = "embedding"
+    HEAD = "head"  # final norm and LM head
+
+    @property
+    def bit(self) -> int:
+        """Bit of this group in the search's integer column (``PlanArrays.keep``)."""
+        return 1 << tuple(OpGroup).index(self)
+
+
+def group_code(groups: "tuple[OpGroup, ...]") -> int:
+    """The bit mask of a set of operator groups (0: none)."""
+    return sum(OpGroup(g).bit for g in set(groups))
+
+
+def group_choices(code: int) -> "tuple[OpGroup, ...]":
+    """The inverse of :func:`group_code`, in the enum's order."""
+    return tuple(g for g in OpGroup if code & g.bit)
+class ExpertPlacement(str, enum.Enum):
+    """Which expert-parallel rank holds which routed expert (meshplan.cost.expert_load)."""
+
+    CONTIGUOUS = "contiguous"  # rank r holds experts [r*E/ep, (r+1)*E/ep) (Megatron-Core, the runtime)
+    BALANCED = "balanced"  # greedy by the expert load, E/ep per rank (FlexMoE, Nie et al. 2023 Sec. 4)
+
+
+class CPMethod(str, enum.Enum):
+    """Context-parallel attention: ring (pass K/V around) or all-to-all (Ulysses, heads <-> seq)."""
+
+    RING = "ring"
+    ALL_TO_ALL = "all-to-all"

@@ -1,0 +1,75 @@
+"""A ``Job``: a plan with the model, training and cluster it is for; the versioned JSON file that
+``meshplan plan --out`` writes and ``meshplan train --plan`` reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshplan.errors import MeshplanError
+from meshplan.plan.core import PLAN_FORMAT_VERSION, Plan
+
+if TYPE_CHECKING:
+    from meshplan.spec.cluster import ClusterSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What to train, on what, and how: the versioned JSON file the runtime consumes."""
+
+    model: "ModelSpec"
+    training: "TrainingSpec"
+    cluster: "ClusterSpec"
+    plan: Plan
+    version: int = PLAN_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.plan.validate_for(self.model, self.training, self.cluster.num_gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "meshplan_plan_version": self.version,
+            "model": self.model.to_dict(),
+            "training": self.training.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "plan": self.plan.to_dict(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Job":
+        from meshplan.spec.cluster import ClusterSpec
+        from meshplan.spec.model import ModelSpec
+        from meshplan.spec.training import TrainingSpec
+
+        if not isinstance(data, dict) or "meshplan_plan_version" not in data:
+            raise MeshplanError("not a meshplan plan file (no 'meshplan_plan_version' field)")
+        version = data["meshplan_plan_version"]
+        if version != PLAN_FORMAT_VERSION:
+            raise MeshplanError(
+                f"plan file version {version!r} is not supported (this meshplan reads {PLAN_FORMAT_VERSION})"
+            )
+        for key in ("model", "training", "cluster", "plan"):
+            if key not in data:
+                raise MeshplanError(f"plan file has no '{key}' section")
+        return cls(
+            model=ModelSpec.from_dict(data["model"]),
+            training=TrainingSpec.from_dict(data["training"]),
+            cluster=ClusterSpec.from_dict(data["cluster"]),
+            plan=Plan.from_dict(data["plan"]),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Job":
+        from meshplan.jsonfile import load_json_file
+
+        return load_json_file(path, cls.from_dict, missing="no such plan file", what="plan file (JSON)")
