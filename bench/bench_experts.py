@@ -430,9 +430,13 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
         for r in over:
             fams[r.model] = fams.get(r.model, 0) + 1
         out += ["", f"{len(over)} published Megatron-Bridge plans ran although the model puts them over the budget "
-                "(" + ", ".join(f"{m} {n}" for m, n in sorted(fams.items(), key=lambda kv: -kv[1])) + "): there the "
-                "memory model over-counts (MoE dispatch buffers, fp8 copies, allocator reserve) or the recipe "
-                "recomputes modules that the data's blank recompute column does not state. On those jobs the search "
+                "(" + ", ".join(f"{m} {n}" for m, n in sorted(fams.items(), key=lambda kv: -kv[1])) + "). The "
+                "recipes set memory options the data does not record: Megatron-Bridge's performance presets "
+                "(scripts/performance/configs/llama/llama3_workload_base_configs.py) run Llama-3 70B fp8 on GB300 "
+                "with Megatron FSDP and `cpu_offloading_num_layers=20` (activations of 20 layers offloaded to the "
+                "host), on GB200 with 40, on B200 with 5, and Llama-3 8B fp8 on H100 with "
+                "`recompute_num_layers=5`; the rest may be the memory model over-counting (MoE dispatch buffers, "
+                "fp8 copies, allocator reserve): not separated. On those jobs the search "
                 "holds its plans to a stricter memory limit than the experts had, so their ratios are not gains from "
                 "dropping recompute, and a plan the search rejects there may well have fit."]
     outside = [r for r in rows if r.outside is not None]
