@@ -19,8 +19,14 @@ from typing import TYPE_CHECKING
 from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
-from meshplan.runtime.lifecycle import EXIT_PREEMPTED, RunStopped, log_path, read_error_reports
-from meshplan.runtime.procgroup import GroupResult, run_group
+from meshplan.runtime.lifecycle import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    RunStopped,
+    log_path,
+    read_error_reports,
+)
+from meshplan.runtime.procgroup import GroupResult, is_failure, run_group
 
 if TYPE_CHECKING:
     from meshplan.runtime.train import TrainConfig
@@ -116,6 +122,12 @@ def launch(runs: list[tuple[Job, "TrainConfig"]], *, timeout_s: float | None = N
         cmd = [sys.executable, "-m", "meshplan.runtime.worker", str(payload)]
         result = run_group(cmd, world=world, run_dir=run_dir, env=_worker_env(), timeout_s=timeout_s,
                            capture=capture)
+        failed = [c for c in result.returncodes if is_failure(c)]
+        if failed and all(c == EXIT_INTERRUPTED for c in failed):
+            # Ctrl-C reached the ranks (their handler exits 130) but not this process: one started
+            # with SIGINT ignored (a background job of a non-interactive shell) raises no
+            # KeyboardInterrupt. The run was interrupted, not failed.
+            raise KeyboardInterrupt
         if result.first_failed is not None:
             keep = True
             raise MeshplanError(failure_line(result, run_dir, ckpt_dirs[0] if ckpt_dirs else None))

@@ -36,7 +36,8 @@ class RoutingLog:
         self.ids = moe_layer_ids(spec)
         self.row = {layer_id: i for i, layer_id in enumerate(self.ids)}
         self.num_experts, self.tp, self.device = spec.moe_num_experts, tp, device
-        self.layers = [(int(name), block.moe) for m in modules for name, block in m.layers.items()
+        # Model parts without blocks (a vocabulary-parallel rank's embedding / head shards) route nothing.
+        self.layers = [(int(name), block.moe) for m in modules for name, block in getattr(m, "layers", {}).items()
                        if getattr(block, "moe", None) is not None]
         self.skip_next = pp > 1  # the pipeline's shape-inference step (module docstring)
         self.file = None
