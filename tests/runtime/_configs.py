@@ -29,3 +29,17 @@ def make_job(model: str, optimizer: Optimizer = Optimizer.SGD, **plan_fields) ->
     return Job(model=MODELS[model], training=TrainingSpec(seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH,
                                                           optimizer=optimizer),
                cluster=resolve_cluster("cpu", gpus=dims.world_size), plan=plan)
+
+
+def layout_runs(layouts: dict, tmp_path_factory, tag: str) -> dict:
+    """Train each named layout ``{name: (model, make_job fields)}`` and, once per model, its
+    single-process reference; ``{name: (result, reference)}`` for the parity tests."""
+    from meshplan.runtime.testing import run_jobs, single_process
+
+    jobs = [make_job(model, **dict(fields)) for model, fields in layouts.values()]
+    models = sorted({model for model, _ in layouts.values()})
+    refs = run_jobs([single_process(make_job(m)) for m in models], steps=STEPS, lr=LR,
+                    tmp_path=tmp_path_factory.mktemp("ref"))
+    results = run_jobs(jobs, steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp(tag))
+    ref_of = dict(zip(models, refs))
+    return {name: (got, ref_of[layouts[name][0]]) for name, got in zip(layouts, results)}

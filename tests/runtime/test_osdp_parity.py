@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan.errors import MeshplanError
-from meshplan.runtime.testing import parity_errors, run_jobs, single_process
+from meshplan.runtime.testing import parity_errors
 from meshplan.targets import Target, check_runs
 
-from _configs import LR, STEPS, make_job
+from _configs import layout_runs, make_job
 
 pytestmark = pytest.mark.runtime
 
@@ -34,13 +34,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    jobs = [make_job(model, **dict(fields)) for model, fields in LAYOUTS.values()]
-    models = sorted({model for model, _ in LAYOUTS.values()})
-    refs = run_jobs([single_process(make_job(m)) for m in models], steps=STEPS, lr=LR,
-                    tmp_path=tmp_path_factory.mktemp("ref"))
-    results = run_jobs(jobs, steps=STEPS, lr=LR, tmp_path=tmp_path_factory.mktemp("osdp"))
-    ref_of = dict(zip(models, refs))
-    return {name: (got, ref_of[LAYOUTS[name][0]]) for name, got in zip(LAYOUTS, results)}
+    return layout_runs(LAYOUTS, tmp_path_factory, "osdp")
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
