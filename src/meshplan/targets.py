@@ -219,6 +219,10 @@ def why_not(target: Target | str, model: "ModelSpec", training: "TrainingSpec", 
     from meshplan.cost.arrays import PlanArrays
 
     plan = plan.with_defaults(model)  # recomputing zero layers is no recompute
+    if Target(target) == Target.MESHPLAN and plan.offload_layers:
+        # a per-plan field the search's arrays do not carry (it never proposes a partial offload)
+        return (f"offload_layers={plan.offload_layers} (activations of only some layers offloaded) is not "
+                "supported by this runtime: its save_on_cpu hooks take every layer; use offload_layers=0")
     row = PlanArrays.from_plans([plan])
     for rule in rules_for(target):
         if bool(np.asarray(rule.refuses(row, model, training))[0]):

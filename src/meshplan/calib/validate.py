@@ -6,7 +6,8 @@ dimensions: spec/row_model.py), a cluster (the GPU preset's system with the row'
 a training setup and a plan (blank degrees = 1, blank dp = GPUs / (tp*pp*cp), blank micro-batch =
 global batch / dp, ZeRO > 0 shards the data-parallel ranks). Blank precision, ZeRO stage, sequence
 parallel and recompute take the defaults of the row's ``framework`` (spec/presets/frameworks.json),
-listed per row in ``assumed``. Rows that cannot be built are returned with the reason.
+listed per row in ``assumed``; a Megatron-Bridge row first takes the memory settings of the preset
+it ran (Megatron FSDP, recompute, activation offload: ``calib/recipes.py``), listed there too. Rows that cannot be built are returned with the reason.
 
 Throughput is compared on the quantity the row gives, in this order: TFLOP/s per GPU (on the
 row's ``flops_basis``, with the formula the source used, see ``flops.reported_flops_per_token``),
@@ -28,6 +29,7 @@ import numpy as np
 
 import re
 
+from meshplan.calib.recipes import Overlay, find_recipe, overlay
 from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
 from meshplan.cost.flops import reported_flops_per_token
 from meshplan.cost.step import estimate
@@ -75,6 +77,9 @@ class Run:
     """The calibration the row is estimated with: its framework's stack (frameworks.json)."""
     family: str = ""
     """The model family (``model_family``): the unit of leave-one-family-out."""
+    preset: str = ""
+    """The Megatron-Bridge preset whose memory settings the row took (``calib/recipes.py``); empty:
+    none taken."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class RowResult:
     generation: str = ""
     precision: str = ""
     moe: bool = False
+    preset: str = ""
 
 
 GROUPINGS: Mapping[str, Callable[[RowResult], str]] = MappingProxyType({
@@ -174,6 +180,7 @@ class ValidationReport:
             "memory_median_abs_error": self.memory_median_abs_error,
             "memory_p90_abs_error": self.memory_p90_abs_error,
             "oom_rows": self.oom_rows, "oom_predicted_not_fitting": self.oom_predicted,
+            "preset_rows": sum(bool(r.preset) for r in self.rows),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,13 +277,18 @@ def build_run(row: dict[str, str]) -> Run:
     gbs = _need(row, "global_batch_size")
     tp, pp, cp = (_num(row, k, _int, 1) for k in ("tp", "pp", "cp"))
     ep, vpp = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1)
-    zero = default("zero", fw.zero, _int)
     dp = _num(row, "dp", _int, 0) or data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
     if tp * pp * cp * dp != gpus:
         raise MeshplanError(f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} is not the GPU count {gpus} "
                             "(degrees not given in the source?)")
     mb = _num(row, "micro_batch_size", _int, 0) or max(1, gbs // dp)
-    recompute = Recompute(default("recompute", fw.recompute))
+    # The preset a Megatron-Bridge row ran: its memory settings where the row is blank (recipes.py)
+    preset = find_recipe(row, (model.name, gpu, precision.value, gpus, gbs, mb, tp, pp, cp, vpp, ep))
+    extra = Overlay() if preset is None else overlay(
+        preset, row_zero=_num(row, "zero", _int), row_recompute=(row.get("recompute") or "").strip() or None)
+    assumed += extra.notes
+    zero = extra.zero if extra.zero is not None else default("zero", fw.zero, _int)
+    recompute = extra.recompute or Recompute(default("recompute", fw.recompute))
     sp = default("sequence_parallel", int(fw.sequence_parallel_with_tp and tp > 1), _int)
     stage_layers: tuple[int, ...] = ()
     if pp * vpp > model.num_layers and fw.embedding_loss_stages:
@@ -292,6 +304,8 @@ def build_run(row: dict[str, str]) -> Run:
         zero=zero, sp=bool(sp) and tp > 1,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
         stage_layers=stage_layers, micro_batch=mb, recompute=recompute,
+        recompute_layers=extra.recompute_layers(model.num_layers, pp * vpp, stage_layers),
+        offload=extra.offload, offload_layers=extra.offload_layers or 0,
     )
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
     plan.validate_for(model, training, cluster.num_gpus)
@@ -310,7 +324,8 @@ def build_run(row: dict[str, str]) -> Run:
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
                measured_memory_gib=_num(row, "measured_peak_mem_gib", float),
                oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
-               assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture))
+               assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture),
+               preset=preset.config if preset is not None and extra.applied else "")
 
 
 def model_family(name: str, architecture: str | None) -> str:
@@ -381,7 +396,7 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
             predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom,
             assumed=run.assumed, stack=stack or run.stack, family=run.family,
             generation=gpu_generation(run.cluster.gpu), precision=run.training.precision.value,
-            moe=run.model.is_moe))
+            moe=run.model.is_moe, preset=run.preset))
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 

@@ -1,6 +1,6 @@
 """The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
 --schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload
---keep-gathered --mlp-splits --head-splits --expert-placement --expert-replicas``): declared once,
+--offload-layers --keep-gathered --mlp-splits --head-splits --expert-placement --expert-replicas``): declared once,
 turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
 reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
 
@@ -44,6 +44,7 @@ class PlanFlags:
     expert_placement: Annotated[ExpertPlacement, typer.Option("--expert-placement", help="Which ep rank holds which expert: contiguous ids, or balanced by the expert load (--expert-skew / --expert-load).")] = ExpertPlacement.CONTIGUOUS
     expert_replicas: Annotated[int, typer.Option("--expert-replicas", help="Extra slots per ep rank for copies of the hottest experts (FlexMoE).")] = 0
     offload: Annotated[Optional[str], typer.Option("--offload", help="Keep in host memory: optimizer, params (needs optimizer and --zero 3), activations; '+'-separated, e.g. optimizer+activations.")] = None
+    offload_layers: Annotated[int, typer.Option("--offload-layers", help="With --offload activations, the layers per pipeline rank whose activations go to the host (Megatron's cpu_offloading_num_layers); 0: all.")] = 0
     keep_gathered: Annotated[Optional[str], typer.Option("--keep-gathered", help="With --zero 3, operator groups kept gathered from forward to backward (OSDP): attention, mlp, embedding, head; '+'-separated.")] = None
     mlp_splits: Annotated[int, typer.Option("--mlp-splits", help="With --zero 3, gather each MLP's weights in this many slices (OSDP operator splitting).")] = 1
     head_splits: Annotated[int, typer.Option("--head-splits", help="Run the LM head and loss on this many token chunks (no full logits tensor).")] = 1
@@ -98,7 +99,8 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
         stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
-        offload=_parse_names(f.offload, Offload, "--offload"), vocab_parallel=f.vocab_parallel,
+        offload=_parse_names(f.offload, Offload, "--offload"), offload_layers=f.offload_layers,
+        vocab_parallel=f.vocab_parallel,
         keep_gathered=_parse_names(f.keep_gathered, OpGroup, "--keep-gathered"),
         mlp_splits=f.mlp_splits, head_splits=f.head_splits,
         expert_placement=f.expert_placement, expert_replicas=f.expert_replicas,
@@ -131,7 +133,8 @@ def flags_for(plan: Plan) -> PlanFlags:
         stage_layers=format_counts(plan.stage_layers) if plan.uneven_split else None,
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
-        offload="+".join(o.value for o in plan.offload) or None, vocab_parallel=plan.vocab_parallel,
+        offload="+".join(o.value for o in plan.offload) or None, offload_layers=plan.offload_layers,
+        vocab_parallel=plan.vocab_parallel,
         keep_gathered="+".join(g.value for g in plan.keep_gathered) or None,
         mlp_splits=plan.mlp_splits, head_splits=plan.head_splits,
         expert_placement=plan.expert_placement, expert_replicas=plan.expert_replicas,

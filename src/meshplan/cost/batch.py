@@ -206,9 +206,12 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
 
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
-              has_embedding, has_head, terms: PlanTerms | None = None) -> RankCost:
+              has_embedding, has_head, terms: PlanTerms | None = None,
+              offloaded_layers=None) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
-    plan's recompute policy (arrays or scalars; booleans for the embedding / LM head).
+    plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
+    ``offloaded_layers`` of them with their activations in host memory when the plan offloads
+    activations (None: all, ``meshplan.cost.offload``).
     ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it."""
     if terms is None:
         terms = plan_terms(model, cluster, training, plans, calib, layer)
@@ -351,7 +354,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                        microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
                        layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
                        layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
-                       backward_s=mb_bwd)
+                       backward_s=mb_bwd, offloaded_layers=offloaded_layers)
     offloaded = plans.offload > 0
     weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
     optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes

@@ -14,7 +14,8 @@ Three choices, each alone or together (``meshplan.plan.Offload``; the search's b
   reduce-scatter, overlapped like FSDP's prefetch.
 * activations (torch's ``save_on_cpu``; Megatron's activation offloading): the tensors a layer
   saves for backward go down in the forward and come back up in the backward; the GPU keeps the
-  layer in flight and the one being copied.
+  layer in flight and the one being copied. Megatron-Core offloads only the first
+  ``cpu_offloading_num_layers`` layers (``Plan.offload_layers``): that share of the activations.
 
 Symbols: W_h host-device bandwidth per GPU and direction (``ClusterSpec``), B_h host memory
 bandwidth per node shared by its GPUs. A transfer of ``n`` bytes takes ``n / W_h``; CPU Adam over
@@ -107,7 +108,7 @@ def host_budget_bytes(cluster: ClusterSpec, factors: OffloadFactors = OFFLOAD_FA
 
 def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads_bytes, optim_bytes,
                  microbatch_activations_bytes, stored_activations_bytes, layer_activation_bytes,
-                 layers, params_on_gpu, compute_s, backward_s,
+                 layers, params_on_gpu, compute_s, backward_s, offloaded_layers=None,
                  factors: OffloadFactors = OFFLOAD_FACTORS) -> OffloadCost:
     """Offload of one pipeline rank (arrays over plans; ``code`` the offload bit mask).
 
@@ -115,7 +116,8 @@ def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads
     the layer activations it holds at its peak (all micro-batches in flight), of which one layer
     of one micro-batch is ``layer_activation_bytes``; ``params_on_gpu`` the rank's parameters
     before ZeRO over the optimizer's shards (what the host updates); ``compute_s`` and
-    ``backward_s`` per micro-batch hide the transfers.
+    ``backward_s`` per micro-batch hide the transfers; ``offloaded_layers`` of the ``layers`` have
+    their activations offloaded (None: all).
     """
     zero = np.zeros(np.shape(code))
     if not np.any(code):
@@ -132,12 +134,16 @@ def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads
     # The GPU keeps the layer whose activations are being produced or consumed and the one in
     # transit (double buffering), per micro-batch in flight on the first copy only.
     kept = np.minimum(2.0, layers) * layer_activation_bytes
-    act_saved = np.where(act, np.maximum(stored_activations_bytes - kept, 0.0), 0.0)
+    # Offloading N of the L layers moves N/L of what they store (and of what they copy).
+    share = (1.0 if offloaded_layers is None
+             else np.clip(np.asarray(offloaded_layers, dtype=float) / np.maximum(layers, 1.0), 0.0, 1.0))
+    act_saved = np.where(act, np.minimum(np.maximum(stored_activations_bytes - kept, 0.0),
+                                         share * stored_activations_bytes), 0.0)
 
     # ---- per micro-batch: parameter shards up twice, gradient shard down once (ZeRO-Infinity);
     # activations down in forward and up in backward.
     par_mb = np.where(par, (2.0 * weights_bytes + grads_bytes) / w_h, 0.0)
-    act_mb = np.where(act, 2.0 * microbatch_activations_bytes / w_h, 0.0)
+    act_mb = np.where(act, 2.0 * share * microbatch_activations_bytes / w_h, 0.0)
     mb_total = par_mb + act_mb
     mb_exposed = (comms.exposed(par_mb, factors.param_transfer_overlap, compute_s)
                   + act_mb * (1.0 - factors.activation_transfer_overlap))

@@ -237,7 +237,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         layers = sum(n for i, n in enumerate(plan.stage_layers) if plan.stage_rank(i) == r)
         rec = sum(n for i, n in enumerate(plan.recompute_layers) if plan.stage_rank(i) == r)
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
-                       recomputed=rec, has_embedding=r == 0, has_head=r == p - 1)
+                       recomputed=rec, has_embedding=r == 0, has_head=r == p - 1,
+                       offloaded_layers=min(plan.offload_layers, layers) if plan.offload_layers else None)
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,

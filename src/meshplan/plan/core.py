@@ -53,6 +53,10 @@ class Plan:
     (or none when ``recompute`` is NONE)."""
     offload: tuple[Offload, ...] = ()
     """What is kept in host memory (:class:`Offload`); empty: nothing. Kept in the enum's order."""
+    offload_layers: int = 0
+    """With activations offloaded: the layers of each pipeline rank whose saved tensors go to the
+    host (Megatron-Core's ``cpu_offloading_num_layers``, which runs without pipelining); 0: every
+    layer (all but the two in flight)."""
     vocab_parallel: bool = False
     """Vocabulary parallelism over the pipeline ranks (Yeung et al. 2024): the embedding and the
     LM head with its loss split over all ``pp`` ranks instead of sitting on the first and last;
@@ -98,6 +102,11 @@ class Plan:
                                 f"{', '.join(g.value for g in OpGroup)}") from None
         object.__setattr__(self, "keep_gathered", tuple(g for g in OpGroup if g in kept))
         check_count("mlp_splits", self.mlp_splits)
+        if isinstance(self.offload_layers, bool) or not isinstance(self.offload_layers, int) or self.offload_layers < 0:
+            raise MeshplanError(f"offload_layers must be a whole number >= 0, got {self.offload_layers!r}")
+        if self.offload_layers and Offload.ACTIVATIONS not in chosen:
+            raise MeshplanError(f"offload_layers={self.offload_layers} counts layers whose activations are "
+                                f"offloaded: it needs offload 'activations'")
         check_count("head_splits", self.head_splits)
         if kept and self.zero != 3:
             raise MeshplanError(f"keep_gathered needs zero 3 (below it every parameter is already kept "
@@ -284,7 +293,8 @@ class Plan:
         parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all; ``offload=optimizer+params+activations`` what lives in host memory;
+        not all; ``offload=optimizer+params+activations`` what lives in host memory, ``:N`` the
+        layers per rank whose activations do when not all;
         ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
         the operator splits when not 1 (OSDP).
         Lists are comma separated, a run of K equal counts N written ``NxK``.
@@ -313,7 +323,8 @@ class Plan:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
             parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         if self.offload:
-            parts.append("offload=" + "+".join(o.value for o in self.offload))
+            parts.append("offload=" + "+".join(o.value for o in self.offload)
+                         + (f":{self.offload_layers}" if self.offload_layers else ""))
         if self.keep_gathered:
             parts.append("keep=" + "+".join(g.value for g in self.keep_gathered))
         splits = [f"{name}{n}" for name, n in (("mlp", self.mlp_splits), ("head", self.head_splits)) if n > 1]
@@ -367,6 +378,7 @@ class Plan:
                 recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
                 recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
                 offload=tuple(data.pop("offload", ())),
+                offload_layers=_json_int("offload_layers", data.pop("offload_layers", 0)),
                 vocab_parallel=_json_bool("vocab_parallel", data.pop("vocab_parallel", False)),
                 keep_gathered=tuple(data.pop("keep_gathered", ())),
                 mlp_splits=_json_int("mlp_splits", data.pop("mlp_splits", 1)),

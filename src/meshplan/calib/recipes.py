@@ -1,0 +1,240 @@
+"""What a Megatron-Bridge performance preset really ran that its published row does not record.
+
+NVIDIA's performance tables (``runs_megatron_bridge.csv``) give the parallel layout of each run but
+not the memory settings of the preset behind it (``scripts/performance/configs/<family>/
+*_workload_base_configs.py`` in NVIDIA-NeMo/Megatron-Bridge): Megatron FSDP, activation offload
+(``cpu_offloading_num_layers``), full recompute of some layers (``recompute_num_layers``, method
+``block``) or selective recompute of some modules (``recompute_modules``). Estimated without them a
+run that offloaded or recomputed looks over the memory budget. ``bridge_recipes.csv`` (package
+data, columns in ``src/meshplan/data/README.md``) holds those settings per preset, keyed by what
+the row does give (model, GPU, precision, GPUs, batch and layout), each with the file and commit
+it was read from.
+
+A Megatron-Bridge row whose key matches a preset takes the settings meshplan can express where
+the row leaves the field blank (:func:`overlay`):
+
+* ``use_megatron_fsdp`` -> ZeRO stage 3 (Megatron FSDP's ``optim_grads_params`` sharding);
+* ``recompute_num_layers=N`` -> full recompute of the first N layers of each (virtual) stage
+  (Megatron-Core's ``block`` method, as ``export.import_megatron`` reads it);
+* ``recompute_modules`` containing ``core_attn`` -> selective recompute (meshplan's is the
+  attention core of Korthikanti et al. 2022, Sec. 5); the other modules (``mla_up_proj``,
+  ``moe_act``, ``layernorm``, ``mlp``, ``moe``, ...) have no counterpart and are listed, not applied;
+* ``cpu_offloading_num_layers=N`` -> activations of N layers in host memory
+  (``Plan.offload_layers``).
+
+A row whose own value contradicts the preset keeps its value; every setting taken, kept or left
+out is a line of ``Run.assumed``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
+
+from meshplan.errors import MeshplanError
+from meshplan.plan import Offload, Recompute, even_split
+from meshplan.textfile import read_text_file
+
+KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
+               "tp", "pp", "cp", "vpp", "ep")
+"""What a published row gives and a preset fixes: a row takes a preset's settings only when all
+of these are equal (presets change from one container to the next; a row run with another
+layout ran another preset)."""
+SETTING_COLUMNS = ("megatron_fsdp", "recompute_num_layers", "recompute_modules",
+                   "cpu_offloading_num_layers")
+RECIPE_COLUMNS = KEY_COLUMNS + SETTING_COLUMNS + ("config", "source")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+RECOMPUTE_MODULES = frozenset({"core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", "moe",
+                               "shared_experts"})
+"""Megatron-Core's ``recompute_modules`` names (TransformerConfig, megatron/core 0.14+)."""
+SELECTIVE_MODULE = "core_attn"
+"""The one module meshplan's selective recompute stands for."""
+SOURCE_FRAMEWORK = "Megatron-Bridge"
+"""Rows whose ``source`` starts with this ran Megatron-Bridge's presets."""
+SHIPPED = "bridge_recipes.csv"
+
+RecipeKey = tuple[str, str, str, int, int, int, int, int, int, int, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BridgeRecipe:
+    """The memory settings of one Megatron-Bridge preset (one row of bridge_recipes.csv)."""
+
+    key: RecipeKey
+    megatron_fsdp: bool
+    recompute_num_layers: int | None
+    recompute_modules: tuple[str, ...]
+    cpu_offloading_num_layers: int | None
+    config: str
+    """The preset's name(s) in the source file."""
+    source: str
+    """``path@commit`` in NVIDIA-NeMo/Megatron-Bridge."""
+
+    @property
+    def label(self) -> str:
+        return f"Megatron-Bridge preset {self.config}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overlay:
+    """What a row takes from its preset (None: the row's own value or its framework default)."""
+
+    zero: int | None = None
+    recompute: Recompute | None = None
+    recompute_block_layers: int | None = None
+    """Full recompute of this many layers per (virtual) stage (``block``); None: all."""
+    offload_layers: int | None = None
+    """Activations of this many layers per pipeline rank in host memory; None: no offload."""
+    notes: tuple[str, ...] = ()
+    """One line per setting taken, kept or not expressible (for ``Run.assumed``)."""
+
+    @property
+    def applied(self) -> bool:
+        return any(v is not None for v in (self.zero, self.recompute, self.offload_layers))
+
+    def recompute_layers(self, num_layers: int, num_stages: int, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
+        """Layers recomputed per (virtual) stage: the first N of each (Megatron-Core's block method)."""
+        if self.recompute_block_layers is None:
+            return ()
+        per_stage = stage_layers or even_split(num_layers, num_stages)
+        return tuple(min(self.recompute_block_layers, n) for n in per_stage)
+
+    @property
+    def offload(self) -> tuple[Offload, ...]:
+        return (Offload.ACTIVATIONS,) if self.offload_layers is not None else ()
+
+
+# ---- reading ---------------------------------------------------------------------------------
+def _cell_int(raw: str, column: str, where: str, *, minimum: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise MeshplanError(f"{where}: column {column}: {raw!r} is not a whole number") from None
+    if value < minimum:
+        raise MeshplanError(f"{where}: column {column}: {value} is below {minimum}")
+    return value
+
+
+def _optional_int(raw: str, column: str, where: str, *, minimum: int) -> int | None:
+    return _cell_int(raw, column, where, minimum=minimum) if raw else None
+
+
+def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
+    """The presets of a bridge_recipes.csv text by key; MeshplanError names the first bad cell."""
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        missing = [c for c in RECIPE_COLUMNS if c not in header]
+        if missing:
+            raise MeshplanError(f"{name}: not a recipes CSV, missing column(s): {', '.join(missing)}")
+        out: dict[RecipeKey, BridgeRecipe] = {}
+        first_line: dict[RecipeKey, int] = {}
+        for n, row in enumerate(reader, start=2):
+            where = f"{name} line {n}"
+            cells = {c: (row.get(c) or "").strip() for c in RECIPE_COLUMNS}
+            for c in ("model", "gpu", "config", "source"):
+                if not cells[c]:
+                    raise MeshplanError(f"{where}: column {c} is blank")
+            if cells["precision"] not in PRECISIONS:
+                raise MeshplanError(f"{where}: column precision: {cells['precision']!r} is not one of "
+                                    f"{', '.join(PRECISIONS)}")
+            key: RecipeKey = (cells["model"], cells["gpu"], cells["precision"], *(
+                _cell_int(cells[c], c, where, minimum=1) for c in KEY_COLUMNS[3:]))
+            if cells["megatron_fsdp"] not in ("", "0", "1"):
+                raise MeshplanError(f"{where}: column megatron_fsdp: {cells['megatron_fsdp']!r} is not 0, 1 "
+                                    "or blank")
+            modules = tuple(m.strip() for m in cells["recompute_modules"].split("+") if m.strip())
+            unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+            if unknown:
+                raise MeshplanError(f"{where}: column recompute_modules: {unknown[0]!r} is not one of "
+                                    f"{', '.join(sorted(RECOMPUTE_MODULES))}")
+            if key in out:
+                raise MeshplanError(f"{where}: repeats the key of line {first_line[key]} "
+                                    f"({', '.join(map(str, key))}): one preset per layout")
+            out[key] = BridgeRecipe(
+                key=key, megatron_fsdp=cells["megatron_fsdp"] == "1",
+                recompute_num_layers=_optional_int(cells["recompute_num_layers"], "recompute_num_layers",
+                                                   where, minimum=1),
+                recompute_modules=modules,
+                cpu_offloading_num_layers=_optional_int(cells["cpu_offloading_num_layers"],
+                                                        "cpu_offloading_num_layers", where, minimum=1),
+                config=cells["config"], source=cells["source"])
+            first_line[key] = n
+        return MappingProxyType(out)
+    except csv.Error as exc:
+        raise MeshplanError(f"{name}: cannot read CSV: {exc}") from None
+
+
+def load_recipes(path: str | Path) -> Mapping[RecipeKey, BridgeRecipe]:
+    p = Path(path)
+    return parse_recipes(read_text_file(p, what="recipes CSV", missing="no such recipes file"), str(p))
+
+
+@lru_cache(maxsize=1)
+def shipped_recipes() -> Mapping[RecipeKey, BridgeRecipe]:
+    """The presets shipped with meshplan (read once)."""
+    return load_recipes(Path(str(resources.files("meshplan.data").joinpath(SHIPPED))))
+
+
+# ---- applying --------------------------------------------------------------------------------
+def is_bridge_row(row: Mapping[str, str]) -> bool:
+    return (row.get("source") or "").strip().startswith(SOURCE_FRAMEWORK)
+
+
+def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | None) -> Overlay:
+    """What a row takes from ``recipe``, given the row's own ZeRO stage and recompute (None:
+    blank). A value the row gives wins; the notes say which setting went where."""
+    notes: list[str] = []
+    label = recipe.label
+    zero = None
+    if recipe.megatron_fsdp:
+        if row_zero is None:
+            zero = 3
+            notes.append(f"zero: 3 ({label}: use_megatron_fsdp)")
+        elif row_zero != 3:
+            notes.append(f"zero: the row's {row_zero} kept ({label} says use_megatron_fsdp, zero 3)")
+
+    # Megatron-Bridge's _set_recompute_overrides: recompute_num_layers sets full/block, then
+    # recompute_modules (when given) sets selective, which wins.
+    want, block, said = None, None, ""
+    if recipe.recompute_num_layers is not None:
+        want, block, said = Recompute.FULL, recipe.recompute_num_layers, f"recompute_num_layers={recipe.recompute_num_layers}"
+    if recipe.recompute_modules:
+        said = f"recompute_modules={'+'.join(recipe.recompute_modules)}"
+        want, block = (Recompute.SELECTIVE, None) if SELECTIVE_MODULE in recipe.recompute_modules else (None, None)
+        others = [m for m in recipe.recompute_modules if m != SELECTIVE_MODULE]
+        if others:
+            notes.append(f"recompute of {'+'.join(others)} not applied ({label}; meshplan's selective "
+                         "recompute is the attention core only)")
+    recompute = None
+    if want is not None:
+        if row_recompute is None:
+            recompute = want
+            layers = f", the first {block} layers of each stage" if block is not None else ""
+            notes.append(f"recompute: {want.value}{layers} ({label}: {said})")
+        elif row_recompute != want.value:
+            block = None
+            notes.append(f"recompute: the row's {row_recompute} kept ({label} says {said})")
+        else:
+            block = None  # the row says so itself: every layer, as its recompute column reads
+
+    offload_layers = recipe.cpu_offloading_num_layers
+    if offload_layers is not None:
+        notes.append(f"offload: activations of {offload_layers} layers per rank ({label}: "
+                     f"cpu_offloading_num_layers={offload_layers})")
+    return Overlay(zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
+                   offload_layers=offload_layers, notes=tuple(notes))
+
+
+def find_recipe(row: Mapping[str, str], key: RecipeKey,
+                recipes: Mapping[RecipeKey, BridgeRecipe] | None = None) -> BridgeRecipe | None:
+    """The preset a Megatron-Bridge row ran, or None (another source, or no preset of that key)."""
+    if not is_bridge_row(row):
+        return None
+    return (shipped_recipes() if recipes is None else recipes).get(key)
