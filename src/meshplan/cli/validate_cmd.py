@@ -134,6 +134,9 @@ def validate_cmd(
     con.print(summ)
     con.print(f"OOM rows predicted not to fit: {s['oom_predicted_not_fitting']} of {s['oom_rows']}; "
               f"{s['rows']} rows estimated, {s['skipped']} not estimated.")
+    if s["preset_rows"]:
+        con.print(f"{s['preset_rows']} rows took memory settings (FSDP, recompute, activation offload) from the "
+                  "Megatron-Bridge preset they ran (data/bridge_recipes.csv; `--json` rows: preset, assumed).")
     by = report.breakdown()
     bias = Table(title="Median signed throughput error (predicted / measured - 1) by group")
     for col in ("by", "group", "rows", "median signed", "median |error|"):

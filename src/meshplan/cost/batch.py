@@ -354,7 +354,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                        microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
                        layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
                        layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
-                       backward_s=mb_bwd, offloaded_layers=offloaded_layers)
+                       backward_s=mb_bwd, offloaded_layers=offloaded_layers,
+                       activation_overlap=calib.activation_offload_overlap)
     offloaded = plans.offload > 0
     weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
     optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes

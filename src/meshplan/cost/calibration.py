@@ -299,6 +299,13 @@ class Calibration:
     core_attn selective, Korthikanti et al. 2022 Sec. 5), the fraction a stack really keeps: 1
     for Megatron-Core; an op-level policy that recomputes norms and activation functions
     (torchtitan's op selective AC: saves matmul outputs) keeps less. A stack-dependent field."""
+    activation_offload_overlap: float = 0.0
+    """Fraction of the activation offload copies (down in the forward, up in the backward) hidden
+    behind compute: 0 for torch's ``save_on_cpu`` (meshplan's runtime: copies on the compute stream,
+    torch.autograd.graph, torch 2.13); Megatron-Core's ``cpu_offloading`` copies each layer on
+    streams of its own, double-buffered, while the next layers compute (megatron/core/cpu_offload.py;
+    Megatron-Bridge's CPU-offloading guide: "overlap computation with data transfer"), 1 for the
+    megatron-core framework (spec/presets/frameworks.json). A stack-dependent field."""
 
     # ---- behaviour ------------------------------------------------------------------------
     def grad_bytes_per_param(self, precision: Precision) -> float:

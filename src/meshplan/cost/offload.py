@@ -50,9 +50,6 @@ class OffloadFactors:
     """Of the node's host memory, what offloaded tensors may use: the OS, page cache, data-loader
     workers and pinned staging buffers take the rest (DeepSpeed's ZeRO-Infinity guidance sizes
     pinned buffers at a few GB per GPU and warns against using all of host memory)."""
-    activation_transfer_overlap: float = 0.0
-    """Fraction of activation copies hidden behind compute: torch's ``save_on_cpu`` copies on the
-    compute stream (torch.autograd.graph, torch 2.13), so none is hidden."""
     param_transfer_overlap: float = 1.0
     """Fraction of the parameter-shard uploads hidden behind compute: FSDP2 copies a shard up in
     the all-gather's copy-in on its own stream, prefetching the next layer's (torch.distributed.fsdp,
@@ -109,6 +106,7 @@ def host_budget_bytes(cluster: ClusterSpec, factors: OffloadFactors = OFFLOAD_FA
 def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads_bytes, optim_bytes,
                  microbatch_activations_bytes, stored_activations_bytes, layer_activation_bytes,
                  layers, params_on_gpu, compute_s, backward_s, offloaded_layers=None,
+                 activation_overlap: float = 0.0,
                  factors: OffloadFactors = OFFLOAD_FACTORS) -> OffloadCost:
     """Offload of one pipeline rank (arrays over plans; ``code`` the offload bit mask).
 
@@ -117,7 +115,8 @@ def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads
     of one micro-batch is ``layer_activation_bytes``; ``params_on_gpu`` the rank's parameters
     before ZeRO over the optimizer's shards (what the host updates); ``compute_s`` and
     ``backward_s`` per micro-batch hide the transfers; ``offloaded_layers`` of the ``layers`` have
-    their activations offloaded (None: all).
+    their activations offloaded (None: all), whose copies the stack hides behind compute by
+    ``activation_overlap`` (``Calibration.activation_offload_overlap``).
     """
     zero = np.zeros(np.shape(code))
     if not np.any(code):
@@ -146,7 +145,7 @@ def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads
     act_mb = np.where(act, 2.0 * share * microbatch_activations_bytes / w_h, 0.0)
     mb_total = par_mb + act_mb
     mb_exposed = (comms.exposed(par_mb, factors.param_transfer_overlap, compute_s)
-                  + act_mb * (1.0 - factors.activation_transfer_overlap))
+                  + comms.exposed(act_mb, activation_overlap, compute_s))
 
     # ---- per step: gradients down (unless already there), CPU Adam, weights up --------------
     host_bw = (cluster.host_memory_bandwidth_bytes_per_s / cluster.gpus_per_node
