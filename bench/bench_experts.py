@@ -11,6 +11,7 @@ claims 34% faster"); for every ratio above 1.15 the terms that make the differen
     PYTHONPATH=src python bench/bench_experts.py               # all rows (cached, see CACHE)
     PYTHONPATH=src python bench/bench_experts.py --workers 2   # two processes search jobs
     PYTHONPATH=src python bench/bench_experts.py --sample 40   # every k-th row, for a quick look
+    PYTHONPATH=src python bench/bench_experts.py --runs megatron-bridge   # one set (to bench/results/)
 
 Rows of one job (same model, cluster, training and calibration: 417 rows are 155 jobs) share one
 search. Results are cached in bench/results/experts_cache.json under a hash of the planner's
@@ -176,13 +177,14 @@ def _job(args: tuple[str, tuple[str, ...]]) -> tuple[list[Row], list[tuple[str, 
         return [], [(csv, r.row_id, str(exc)) for r in runs], time.process_time() - start
 
 
-def run_all(sample: int | None, workers: int) -> tuple[list[Row], list[tuple[str, str, str]], dict]:
+def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBLISHED_RUNS),
+            ) -> tuple[list[Row], list[tuple[str, str, str]], dict]:
     key = source_hash()
     cache = load_cache(key)
     rows, skipped, todo = [], [], []
     start = time.perf_counter()
     jobs_total = 0
-    for csv in PUBLISHED_RUNS:
+    for csv in sets:
         runs, skip = load_runs(runs_csv(csv))
         skipped += [(csv, s.row_id, s.reason) for s in skip]
         if sample:
@@ -213,13 +215,13 @@ def run_all(sample: int | None, workers: int) -> tuple[list[Row], list[tuple[str
     return rows, skipped, stats
 
 
-def render_cached() -> tuple[list[Row], list[tuple[str, str, str]], dict]:
+def render_cached(sets: tuple[str, ...] = tuple(PUBLISHED_RUNS)) -> tuple[list[Row], list[tuple[str, str, str]], dict]:
     """The cached rows as they are (``--render-only``), with the rows the CSVs cannot build."""
     data = json.loads(CACHE.read_text())
-    rows = [Row(**v) for v in data["rows"].values()]
-    skipped = [(csv, s.row_id, s.reason) for csv in PUBLISHED_RUNS for s in load_runs(runs_csv(csv))[1]]
+    rows = [Row(**v) for v in data["rows"].values() if v["csv"] in sets]
+    skipped = [(csv, s.row_id, s.reason) for csv in sets for s in load_runs(runs_csv(csv))[1]]
     stale = data["source_hash"] != source_hash()
-    jobs = {job_key(r, setting_calibration(r, None, r.settings)) for csv in PUBLISHED_RUNS
+    jobs = {job_key(r, setting_calibration(r, None, r.settings)) for csv in sets
             for r in load_runs(runs_csv(csv))[0]}
     return rows, skipped, dict(wall_s=0.0, cpu_s=0.0, jobs=len(jobs),
                                searched=0, workers=0, stale=stale)
@@ -331,6 +333,7 @@ def _recompute_section(big: list[Row]) -> list[str]:
     forced = [x for x in needed if x > 1]
     csvs = sorted({r.csv for r in by_rc})
     heads = sorted((r.budget_gib - r.recommended_gib) / r.budget_gib for r in by_rc if r.recommended_gib)
+    mb_rc = sum(r.plan.recompute != Recompute.NONE for r in _runs_by_id("megatron-bridge").values())
     out = ["", "## Gains from dropping recompute", "",
            f"{len(by_rc)} of the {len(big)} large gains have recompute as their largest term; they all come from "
            f"the {', '.join(csvs) or '-'} set; {len(old)} of them are runs of a stack older than Megatron-LM v3.0 "
@@ -343,8 +346,9 @@ def _recompute_section(big: list[Row]) -> list[str]:
            + (f"{heads[0]:.1%} to {heads[-1]:.1%} (median {statistics.median(heads):.1%}) of the memory budget free"
               if heads else "-")
            + " at the model's peak, i.e. at least the p90 memory error of `validate` on top of it "
-           "(`meshplan.search.robust`). The published Megatron-Bridge recipes use no recompute at all "
-           "(blank recompute column in all their rows), so no gain there comes from dropping it.", "",
+           "(`meshplan.search.robust`). The Megatron-Bridge tables leave the recompute column blank; "
+           f"{mb_rc} of their published plans recompute as their preset does (`data/bridge_recipes.csv`), and "
+           f"{sum(r.csv == 'megatron-bridge' for r in by_rc)} of their large gains have recompute as the largest term.", "",
            "Is recompute charged as Megatron runs it? The same authors published the same jobs run both ways "
            "(full recompute without sequence parallel, and selective recompute with sequence parallel). "
            "Measured and modelled step-time ratios:", "",
@@ -365,10 +369,83 @@ def _recompute_section(big: list[Row]) -> list[str]:
     return out
 
 
-def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
+PRESET_NOTE = "Megatron-Bridge preset"
+"""How ``calib/recipes.py`` marks a row's ``assumed`` lines that come from its preset."""
+
+
+def without_preset_settings(run: Run):
+    """The published plan with what the row took from its Megatron-Bridge preset taken out again
+    (activation offload, and recompute when it came from the preset): as the rows were estimated
+    before ``calib/recipes.py``. The ZeRO stage stays (the rows that took FSDP from the preset
+    give no other)."""
+    from_preset = any(a.startswith("recompute: ") and PRESET_NOTE in a and "kept" not in a for a in run.assumed)
+    plan = replace(run.plan, offload=(), offload_layers=0)
+    if from_preset:
+        plan = replace(plan, recompute=Recompute.NONE, recompute_layers=())
+    return plan
+
+
+def _over_budget_section(rows: list[Row]) -> list[str]:
+    """The published Megatron-Bridge plans the model puts over the budget, and what their presets
+    (data/bridge_recipes.csv) did about memory."""
+    bridge = [r for r in rows if r.csv == "megatron-bridge"]
+    if not bridge:
+        return []
+    runs = _runs_by_id("megatron-bridge")
+    over = [r for r in bridge if not r.published_fits]
+
+    def fits_without(r: Row) -> bool:
+        run = runs[r.row_id]
+        est = estimate(run.model, run.cluster, run.training, without_preset_settings(run),
+                       setting_calibration(run, None, run.settings))
+        return est.peak_memory_gib <= r.budget_gib
+
+    took = [r for r in bridge if runs[r.row_id].preset]
+    before = [r for r in bridge if (not r.published_fits) if not runs[r.row_id].preset] + [
+        r for r in took if not fits_without(r)]
+    now_fit = [r for r in took if r.published_fits and not fits_without(r)]
+    inexpressible = [r for r in over if any("not applied" in a for a in runs[r.row_id].assumed)]
+    took_still_over = [r for r in over if runs[r.row_id].preset and r not in inexpressible]
+    no_preset = [r for r in over if r not in inexpressible and r not in took_still_over]
+    fams: dict[str, int] = {}
+    for r in over:
+        fams[r.model] = fams.get(r.model, 0) + 1
+    ex = took_still_over[0] if took_still_over else None
+    return ["", "## Published plans the model puts over the memory budget", "",
+            f"The performance tables leave out the memory settings of the Megatron-Bridge presets behind them "
+            "(`scripts/performance/configs/<family>/*_workload_base_configs.py`): Megatron FSDP, activation offload "
+            "(`cpu_offloading_num_layers`), full recompute of the first layers of each stage "
+            "(`recompute_num_layers`) and selective recompute of named modules (`recompute_modules`). "
+            "`data/bridge_recipes.csv` records them per preset, keyed by model, GPU, precision, GPU count, batch "
+            "and layout, with the preset file and the commit they were read from; a row whose key matches takes "
+            "what meshplan can express where its own column is blank (`calib/recipes.py`, listed in the row's "
+            "`assumed`). Without them the model puts "
+            f"{len(before)} published Megatron-Bridge plans over the budget; with them {len(over)} "
+            "(" + ", ".join(f"{m} {n}" for m, n in sorted(fams.items(), key=lambda kv: -kv[1])) + ").", "",
+            f"- {len(took)} rows took settings from their preset; {len(now_fit)} of them fit now: "
+            + (", ".join(f"{r.row_id} ({r.model}, {r.gpus} x {r.gpu}, `{r.published}`)" for r in now_fit) or "none")
+            + ".",
+            f"- {len(took_still_over)} took all of them and are still over"
+            + (f" (e.g. row {ex.row_id}, {ex.model} on {ex.gpu}: `{ex.published}`): in the model the activations of "
+               "the layers the preset leaves on the GPU still exceed the budget" if ex else "") + ".",
+            f"- {len(inexpressible)} ran a preset that also recomputes modules meshplan has no counterpart for "
+            "(`mla_up_proj`, `moe_act`, `layernorm`, `moe`, `mlp`: DeepSeek-V3, GPT-OSS and Nemotron 3 presets; "
+            "meshplan's selective recompute is the attention core only): listed in `assumed`, not applied, so the "
+            "model keeps those activations.",
+            f"- {len(no_preset)} match no preset of the recorded commits that sets memory options: either their "
+            "container ran another version of the preset (the tables span containers 25.09 to 26.08; the presets "
+            "change between them), or the preset sets none and the model over-counts memory (MoE dispatch "
+            "buffers, fp8 weight copies, allocator reserve): not separated.", "",
+            "On the jobs whose published plan is still over the budget the search holds its plans to a stricter "
+            "memory limit than the experts had: a plan it rejects there may well have fit."]
+
+
+def render(rows: list[Row], skipped, stats: dict, sample: int | None,
+           sets: tuple[str, ...] = tuple(PUBLISHED_RUNS)) -> str:
     out = ["# Recommended plans against the published ones", "",
            "Generated by `PYTHONPATH=src python bench/bench_experts.py` (do not edit by hand)"
-           + (f"; SAMPLE of every k-th row (--sample {sample})" if sample else "") + ".", "",
+           + (f"; SAMPLE of every k-th row (--sample {sample})" if sample else "")
+           + ("" if set(sets) == set(PUBLISHED_RUNS) else f"; only {', '.join(sets)}") + ".", "",
            "For each published run of `meshplan validate --runs calibration` and `--runs megatron-bridge`, the "
            f"search's recommended plan (robust to the model's error, `meshplan.search.robust`, as `meshplan plan` recommends it) for the same job on the {STACK.value} stack, both estimated by the cost model "
            "with the calibration `validate` uses. ratio = published step time / recommended step time: above 1 "
@@ -378,7 +455,7 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
     out += ["## Distribution", "", "| set | rows | ratio | nominal ratio (fastest that fits) | > 1.15 | < 1 (published faster) "
             "| outside the space | published over the budget (model) |",
             "|---|---:|---|---|---:|---:|---:|---:|"]
-    for csv in PUBLISHED_RUNS:
+    for csv in sets:
         sub = [r for r in rows if r.csv == csv]
         rs = [r.ratio for r in sub if r.ratio is not None]
         nom = [r.nominal_ratio for r in sub if r.nominal_ratio is not None]
@@ -424,21 +501,7 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None) -> str:
             + (", ".join(f"{r.csv} {r.row_id} ({r.model}, ratio {r.ratio:.2f}; against row {sib[1]}: measured "
                          f"{sib[0]:.2f}, model {sib[2]:.2f})" for r, sib in against) or "none") + "."]
     out += _recompute_section(big)
-    over = [r for r in rows if r.csv == "megatron-bridge" and not r.published_fits]
-    if over:
-        fams: dict[str, int] = {}
-        for r in over:
-            fams[r.model] = fams.get(r.model, 0) + 1
-        out += ["", f"{len(over)} published Megatron-Bridge plans ran although the model puts them over the budget "
-                "(" + ", ".join(f"{m} {n}" for m, n in sorted(fams.items(), key=lambda kv: -kv[1])) + "). The "
-                "recipes set memory options the data does not record: Megatron-Bridge's performance presets "
-                "(scripts/performance/configs/llama/llama3_workload_base_configs.py) run Llama-3 70B fp8 on GB300 "
-                "with Megatron FSDP and `cpu_offloading_num_layers=20` (activations of 20 layers offloaded to the "
-                "host), on GB200 with 40, on B200 with 5, and Llama-3 8B fp8 on H100 with "
-                "`recompute_num_layers=5`; the rest may be the memory model over-counting (MoE dispatch buffers, "
-                "fp8 copies, allocator reserve): not separated. On those jobs the search "
-                "holds its plans to a stricter memory limit than the experts had, so their ratios are not gains from "
-                "dropping recompute, and a plan the search rejects there may well have fit."]
+    out += _over_budget_section(rows)
     outside = [r for r in rows if r.outside is not None]
     out += ["", "## Published plans outside the search space", "",
             "The search cannot propose these layouts (the rule of `search/space.py` each one breaks):", "",
@@ -465,12 +528,19 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--workers", type=int, default=1, help="Processes searching jobs in parallel.")
     ap.add_argument("--render-only", action="store_true",
                     help="Re-render the cached rows whatever source they were computed on (no search).")
+    ap.add_argument("--runs", action="append", choices=tuple(PUBLISHED_RUNS), default=None,
+                    help="Only this set of runs (repeatable; default all). With a subset the page goes to "
+                         "bench/results/experts_<sets>.md unless --out says otherwise.")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    rows, skipped, stats = render_cached() if args.render_only else run_all(args.sample, args.workers)
-    args.out.write_text(render(rows, skipped, stats, args.sample))
+    sets = tuple(dict.fromkeys(args.runs or PUBLISHED_RUNS))
+    out = args.out
+    if out == DOC and set(sets) != set(PUBLISHED_RUNS):
+        out = CACHE.parent / f"experts_{'_'.join(sets)}.md"  # docs/experts.md is the page of every set
+    rows, skipped, stats = render_cached(sets) if args.render_only else run_all(args.sample, args.workers, sets)
+    out.write_text(render(rows, skipped, stats, args.sample, sets))
     ratios = [r.ratio for r in rows if r.ratio is not None]
-    log.info(f"{len(rows)} rows, ratio {_quantiles(ratios)}; wrote {args.out} in {stats['wall_s']:.0f} s")
+    log.info(f"{len(rows)} rows, ratio {_quantiles(ratios)}; wrote {out} in {stats['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":
