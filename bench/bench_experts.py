@@ -15,7 +15,7 @@ claims 34% faster"); for every ratio above 1.15 the terms that make the differen
 
 Rows of one job (same model, cluster, training and calibration: 417 rows are 155 jobs) share one
 search. Results are cached in bench/results/experts_cache.json under a hash of the planner's
-source (cost/, search/, spec/, calib/, targets.py, plan.py), written after every job, so an
+source (cost/, search/, spec/, calib/, targets.py, plan/), written after every job, so an
 unchanged model re-renders in seconds, an interrupted run resumes, and any change to the model
 re-runs every search (all 155 jobs: 700 CPU s of searching, 49 min wall with --workers 2
 on the shared 2-core machine, 2026-11-24).
@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "meshplan"
 CACHE = ROOT / "bench" / "results" / "experts_cache.json"
 DOC = ROOT / "docs" / "experts.md"
-HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan.py")
+HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan")
 log = logging.getLogger("bench_experts")
 LARGE_GAIN = 1.15
 """Ratios above this get their terms listed (the issue's threshold)."""

@@ -7,7 +7,8 @@ a training setup and a plan (blank degrees = 1, blank dp = GPUs / (tp*pp*cp), bl
 global batch / dp, ZeRO > 0 shards the data-parallel ranks). Blank precision, ZeRO stage, sequence
 parallel and recompute take the defaults of the row's ``framework`` (spec/presets/frameworks.json),
 listed per row in ``assumed``; a Megatron-Bridge row first takes the memory settings of the preset
-it ran (Megatron FSDP, recompute, activation offload: ``calib/recipes.py``), listed there too. Rows that cannot be built are returned with the reason.
+it ran (Megatron FSDP, recompute, activation offload: ``calib/recipes.py``), listed there too.
+Rows that cannot be built are returned with the reason.
 
 Throughput is compared on the quantity the row gives, in this order: TFLOP/s per GPU (on the
 row's ``flops_basis``, with the formula the source used, see ``flops.reported_flops_per_token``),
