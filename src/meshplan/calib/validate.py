@@ -36,6 +36,7 @@ from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.frameworks import framework_defaults
+from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
@@ -255,7 +256,9 @@ def build_run(row: dict[str, str]) -> Run:
     gpu = (row.get("gpu") or "").strip()
     if not gpu:
         raise MeshplanError("gpu is blank")
-    cluster = cluster_for_gpu(gpu, gpus_per_node=gpn).with_gpus(gpus)
+    gpu_name = resolve_gpu(gpu)  # 'H100-SXM5-80GB', 'NVIDIA A100 80GB', ... -> a preset
+    assumed.extend([gpu_name.note] if gpu_name.note else [])
+    cluster = cluster_for_gpu(gpu_name.preset, gpus_per_node=gpn).with_gpus(gpus)
 
     def default(key: str, value: Any, cast: Callable[[str], Any] = str) -> Any:
         if (row.get(key) or "").strip():
