@@ -250,7 +250,7 @@ def build_run(row: dict[str, str]) -> Run:
     fw = framework_defaults(row.get("framework"))
     S = _need(row, "seq_len")
     model, assumed = row_model(row.get("model"), {k: _num(row, k, _int) for k in ROW_DIMENSIONS}, S, fw)
-    assumed = list(assumed)
+    assumed = [fw.read_as, *assumed] if fw.read_as else list(assumed)
     gpus = _need(row, "num_gpus")
     gpn = _num(row, "gpus_per_node", _int, 8)
     gpu = (row.get("gpu") or "").strip()
