@@ -98,7 +98,7 @@ def resolve_framework(name: str | None) -> str:
         if candidate in aliases:
             return aliases[candidate]
     raise MeshplanError(f"no defaults known for framework {name!r}; known: {', '.join(sorted(entries))} "
-                        f"(and {', '.join(sorted(aliases))})")
+                        "(or an alias of one: spec/presets/frameworks.json)")
 
 
 def framework_defaults(name: str | None) -> FrameworkDefaults:
