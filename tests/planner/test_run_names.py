@@ -92,7 +92,7 @@ def test_model_keys_fold_separators_but_keep_names_apart():
 
 
 @pytest.mark.parametrize("name, entry", [
-    ("torchtitan", "torchtitan"), ("TorchTitan", "torchtitan"), ("torchtitan-v0.2.0", "torchtitan"),
+    ("torchtitan", "torchtitan"), ("TorchTitan", "torchtitan"), ("torchtitan-v0.2.0", "torchtitan"), ("torchtitan 2025-03", "torchtitan"),
     ("Megatron-LM", "megatron-lm"), ("megatron_lm 0.9", "megatron-lm"), ("Megatron", "megatron-lm"),
     ("NeMo 2.0", "megatron-core"), ("nemo2", "megatron-core"), ("Megatron-Bridge", "megatron-core"), ("MCore", "megatron-core"),
     ("DeepSpeed", "deepspeed"), ("DeepSpeed v0.14.4", "deepspeed"),
@@ -131,6 +131,8 @@ def test_unknown_framework_is_one_clear_line():
         framework_defaults("maxtext")
     text = str(exc.value)
     assert text.startswith("no defaults known for framework 'maxtext'; known: colossalai, deepspeed,")
+    with pytest.raises(MeshplanError, match="no defaults known for framework '2.0'"):
+        framework_defaults("2.0")  # a version alone names no stack
     assert "\n" not in text
 
 

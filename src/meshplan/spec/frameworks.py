@@ -92,11 +92,16 @@ def resolve_framework(name: str | None) -> str:
     written or without a trailing version (blank: ``unstated``); MeshplanError for an unknown one."""
     key = framework_key(name or "") or UNSTATED
     entries, aliases = _data(), _file()["aliases"]
-    for candidate in (key, _VERSION.sub("", key)):
+    candidate = key
+    while True:  # as written, then without one trailing release number at a time ('torchtitan-2025-03')
         if candidate in entries:
             return candidate
         if candidate in aliases:
             return aliases[candidate]
+        shorter = _VERSION.sub("", candidate)
+        if shorter in ("", candidate):
+            break
+        candidate = shorter
     raise MeshplanError(f"no defaults known for framework {name!r}; known: {', '.join(sorted(entries))} "
                         "(or an alias of one: spec/presets/frameworks.json)")
 
