@@ -176,3 +176,15 @@ def test_heldout_set_builds_every_row_with_its_source():
     assert all("not in the alias table" in s.reason for s in skipped)
     assert len(runs) + len(skipped) == len(rows) and len(runs) >= 180
 
+
+
+def test_gpu_alias_table_names_only_presets():
+    import json
+    from importlib import resources
+
+    from meshplan.spec.cluster import gpu_names
+
+    table = json.loads(resources.files("meshplan.spec").joinpath("presets/gpu_aliases.json").read_text())["gpus"]
+    assert set(table) <= set(gpu_names())
+    for preset in table:  # every preset's own name reads back as itself
+        assert resolve_gpu(preset).preset == preset
