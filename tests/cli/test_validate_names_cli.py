@@ -15,7 +15,8 @@ FIXTURE = ROOT / "tests" / "fixtures" / "runs" / "frameworks.csv"
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
 
 
 def test_cli_skips_unknown_names_and_refuses_a_malformed_file(tmp_path):

@@ -8,12 +8,18 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from meshplan.calib.validate import evaluate, load_runs
 from meshplan.errors import MeshplanError
 from meshplan.spec.aliases import alias_key, resolve_alias
-from meshplan.spec.frameworks import framework_defaults, framework_key, framework_names, resolve_framework
+from meshplan.spec.frameworks import (
+    framework_defaults,
+    framework_key,
+    framework_names,
+    resolve_framework,
+)
 from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.presets import model_names
 
