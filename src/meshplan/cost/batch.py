@@ -269,6 +269,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         weights = weights + shard(layers * layer.dense_params_per_gpu * copy_b, expert_p * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)
     grads = shard(dense_p * gb, expert_p * gb, 2)
+    if calib.fsdp_pp_accumulates_unsharded_grads:
+        # FSDP + PP: the stage's gradients accumulate unsharded in the reduce dtype over the
+        # micro-batches and are reduce-scattered once (torch PipelineStage; torchtitan)
+        grads = np.where((z >= 3) & (p > 1), total_p * gb, grads)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
 
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------

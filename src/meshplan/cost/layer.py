@@ -33,6 +33,7 @@ from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-expo
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
+from meshplan.cost.op_recompute import op_selective_kept_bytes
 from meshplan.cost.packing import DocAttention, doc_attention
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
 from meshplan.spec.cluster import ClusterSpec
@@ -295,7 +296,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
         parallel = parallel + T * ab * 2.0 * model.moe_latent_size
     act_none = replicated + parallel + mix.score_bytes
-    act_sel = (replicated + parallel) * calib.selective_keeps_fraction  # stack-dependent (Calibration)
+    # selective: Megatron's keeps all but the scores; an op-level policy far less (cost/op_recompute.py)
+    act_sel = (op_selective_kept_bytes(model, kind, tokens=T, tokens_replicated=T_rep, tp=t, sp=sp, ab=ab)
+               if calib.op_selective_recompute else replicated + parallel)
     act_full = T_rep * D * ab
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,
