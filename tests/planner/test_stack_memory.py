@@ -9,8 +9,10 @@ import pytest
 from meshplan.cost import PlanArrays, estimate
 from meshplan.cost.calibration import STACK_FIELDS, Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
+from meshplan.cost.op_recompute import op_selective
 from meshplan.plan import ParallelDims, Plan, Recompute
 from meshplan.spec.cluster import system_preset
+from meshplan.spec.layers import layer_kind_counts
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
 
@@ -123,3 +125,18 @@ def test_meshplan_stack_keeps_only_fsdp_prefetch_under_pipelining():
     layer_p = _layer(plan, mp).params_per_gpu[0]
     gathered = est.stages[1].memory.gathered_weight_bytes
     assert np.asarray(gathered) == pytest.approx(2 * layer_p * mp.weight_bytes_per_param * (1 - 1 / 4))
+
+
+def test_op_level_selective_recomputes_the_even_mms():
+    """wk and wo of the attention projections' FLOPs (1024 x 4096 + 4096 x 4096 of
+    4096^2 + 2 x 1024 x 4096 + 4096^2: one half), w3 of the MLP's (one third)."""
+    (kind, _), = layer_kind_counts(MODEL)
+    one = np.ones(1)
+    op = op_selective(MODEL, kind, tokens=SEQ * one, tokens_replicated=SEQ * one, tp=one,
+                      sp=np.zeros(1, dtype=bool), ab=2.0)
+    assert op.mixer_recomputed_share[0] == pytest.approx((KV * D + D * D) / (2 * D * D + 2 * KV * D))
+    assert op.ffn_recomputed_share == pytest.approx(1 / 3)
+    # the policy repeats more than Megatron's core-attention recompute, and less than a full forward
+    plan = Plan(dims=ParallelDims(dp_shard=8), zero=3, micro_batch=1, recompute=Recompute.SELECTIVE)
+    lc, meg = _layer(plan, OP_SAC), _layer(plan, MEGATRON)
+    assert meg.recompute_selective_s[0] < lc.recompute_selective_s[0] < lc.recompute_full_s[0]
