@@ -10,7 +10,7 @@ from meshplan.cost import PlanArrays, estimate
 from meshplan.cost.calibration import STACK_FIELDS, Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.op_recompute import op_selective
-from meshplan.plan import ParallelDims, Plan, Recompute
+from meshplan.plan import ParallelDims, Plan, Recompute, Schedule
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.layers import layer_kind_counts
 from meshplan.spec.presets import model_preset
@@ -97,6 +97,7 @@ def test_stacks_hold_memory_as_their_runtimes_do():
     assert mp.fp8_weight_copy_bytes_per_param == 0.0 and mp.fp8_saved_input_bytes_per_element == 2.0
     assert not meg.op_selective_recompute and meg.fp8_weight_copy_bytes_per_param == 2.0
     for f in ("op_selective_recompute", "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads",
+              "zero_bubble_keeps_unsharded",
               "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "logits_bytes_per_element"):
         assert f in STACK_FIELDS
 
@@ -140,3 +141,17 @@ def test_op_level_selective_recomputes_the_even_mms():
     plan = Plan(dims=ParallelDims(dp_shard=8), zero=3, micro_batch=1, recompute=Recompute.SELECTIVE)
     lc, meg = _layer(plan, OP_SAC), _layer(plan, MEGATRON)
     assert meg.recompute_selective_s[0] < lc.recompute_selective_s[0] < lc.recompute_full_s[0]
+
+
+def test_meshplan_zero_bubble_keeps_torchs_stage_behaviour():
+    """The split backward needs the gathered weights after the input backward: meshplan's runtime
+    keeps torch's PipelineStage behaviour there (stage gathered, gradients unsharded)."""
+    mp = calibration_for(H100.gpu, "meshplan")
+    one = Plan(dims=ParallelDims(dp_shard=4, pp=4), zero=3, micro_batch=1)
+    zb = Plan(dims=ParallelDims(dp_shard=4, pp=4), zero=3, micro_batch=1, schedule=Schedule.ZERO_BUBBLE)
+    a, b = estimate(MODEL, H100, _train(), one, mp), estimate(MODEL, H100, _train(), zb, mp)
+    layer_p = _layer(one, mp).params_per_gpu[0]
+    stage = b.stages[1]
+    assert stage.memory.gradients_bytes == pytest.approx(4.0 * a.stages[1].memory.gradients_bytes)
+    assert np.asarray(stage.memory.gathered_weight_bytes) == pytest.approx(
+        stage.layers * layer_p * mp.weight_bytes_per_param * (1 - 1 / 4))

@@ -307,6 +307,12 @@ class Calibration:
     reduce dtype and reduce-scatters once after the last backward (torch.distributed.pipelining's
     PipelineStage turns off gradient sync and resharding after backward until then), so a rank
     holds its whole stage's gradients unsharded beside the gathered weights. A stack field."""
+    zero_bubble_keeps_unsharded: bool = False
+    """Under the zero-bubble schedule's split backward (input gradients, then weight gradients),
+    FSDP with pipelining keeps the stage gathered and its gradients unsharded whatever the two
+    fields above say: a weight backward needs the gathered weights after the input backward, so
+    the stack runs torch's PipelineStage behaviour there (meshplan's runtime/pipeline.py
+    ZeroStage). A stack field."""
     op_selective_recompute: bool = False
     """Selective recompute is an op-level policy (torchtitan's op SAC: the block input, every
     other mm output, the attention kernel's output; cost/op_recompute.py) instead of Megatron's
@@ -380,7 +386,8 @@ DEFAULT_STACK = "meshplan"
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
                 "loss_transient_bytes_per_element", "logits_bytes_per_element",
-                "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "op_selective_recompute",
+                "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
+                "op_selective_recompute",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
