@@ -117,7 +117,7 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         warnings.append("selective recompute mapped to torchtitan's per-op policy, which saves "
                         "every other matmul output and the attention kernel's, and recomputes the "
                         "rest (less memory and more recompute than Korthikanti's attention-core "
-                        "recompute; `--stack torchtitan` estimates it so)")
+                        "recompute; `--target torchtitan` estimates it so)")
     else:
         every, _ = uniform_recompute(plan)
         if every:
