@@ -17,7 +17,7 @@ import pytest
 
 from meshplan.cost import PlanArrays
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.host import host_launch_s, layer_kernels, mixer_kernels, ffn_kernels
+from meshplan.cost.host import ffn_kernels, host_launch_s, layer_kernels, mixer_kernels
 from meshplan.cost.layer import layer_cost
 from meshplan.plan import ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
