@@ -63,7 +63,8 @@ class Calibration:
     host_s_per_kernel: float = 0.0
     """Host time to issue one kernel from the training loop: Python, the PyTorch dispatcher and
     cudaLaunchKernel, 5-20 us per op in eager PyTorch (PyTorch blog 'Accelerating PyTorch with
-    CUDA Graphs', 2021); ~0 under CUDA graphs (one graph launch per captured region). A layer
+    CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
+    under CUDA graphs (one graph launch per captured region). A layer
     takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
     host_fused_kernels: bool = False
     """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
