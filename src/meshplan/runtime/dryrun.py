@@ -37,6 +37,7 @@ from meshplan.runtime.dryrun_comms import (
     CollectiveTally,
     axis_of_groups,
 )
+from meshplan.runtime.dryrun_kernels import use_fused_norm_kernels
 from meshplan.runtime.dryrun_moe import use_balanced_routing
 from meshplan.runtime.dryrun_tracker import ShardingPropagation, marking_sharding_propagation, step_tracker
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
@@ -169,6 +170,8 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
         parallelize(module, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype)
         if use_balanced_routing(module) and "moe-routing" not in reference:
             reference.append("moe-routing")
+        if use_fused_norm_kernels(module) and "fused-norm-kernel" not in reference:
+            reference.append("fused-norm-kernel")
         return module
 
     model = build_model(job.model, "meta")

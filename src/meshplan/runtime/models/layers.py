@@ -28,7 +28,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Outside autocast: CUDA autocast runs rms_norm in fp32 (torch's autocast fp32 op list), i.e. an
+        # fp32 copy of x saved for backward and an fp32 output (sent at 4 B by sequence parallel's
+        # all-gather). Fused norms (Megatron/TE, torchtitan's FSDP2 without autocast) take the 16-bit
+        # input, compute in fp32 inside the kernel and return the input's dtype: what the cost model keeps
+        # (the norm's input, 2 B per element: Korthikanti et al. 2022, Sec. 4.1).
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
