@@ -87,7 +87,8 @@ def compare(job: Job, results: list[dict]) -> list[RankComparison]:
         model_memory = {"parameters_bytes": mem.parameters_bytes, "gradients_bytes": mem.gradients_bytes,
                         "optimizer_bytes": mem.optimizer_bytes, "activations_bytes": mem.activations_bytes,
                         "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes,
-                        "tensor_bytes": model_tensor_bytes(mem, framework)}
+                        "tensor_bytes": model_tensor_bytes(mem, framework),
+                        "logits_bytes": mem.logits_bytes, "gathered_weight_bytes": mem.gathered_weight_bytes}
         out.append(RankComparison(rank=res["rank"], pp_rank=pp_rank, measured=res,
                                   model_memory=model_memory,
                                   collectives=_collective_rows(job, pp_rank, res["collectives"])))

@@ -37,10 +37,21 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm in its input's dtype, outside autocast (layer_norm is on CUDA autocast's fp32
+    list too: see RMSNorm.forward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            weight = self.weight.to(x.dtype) if self.weight is not None else None
+            bias = self.bias.to(x.dtype) if self.bias is not None else None
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == Norm.RMSNORM:
         return RMSNorm(spec.hidden_size)
-    return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
+    return LayerNorm(spec.hidden_size, eps=NORM_EPS)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,120 @@
+"""Markdown tables of saved dry runs against the cost model, for docs/dryrun.md (no torch).
+
+``PYTHONPATH=src python bench/dryrun_report.py [--targets bench/results/dryrun_targets.json]
+[--memory bench/results/dryrun_memory_<date>.json] [--origins N]``
+
+The cost model's side is computed again from the job (``report.dryrun.compare`` on the saved dry-run
+results), so the tables follow the cost model of the checkout. Per rank: the tracked peak against
+the model's tensors (``model_tensor_bytes``: its peak less the CUDA context, NCCL and fragmentation,
+which no tensor tracker sees), and the peak split into four parts, each side by its own terms:
+
+- **states**: the tracker's Parameter, Gradient, Optstate and Buffer tensors (fp32 masters, gathered
+  16-bit weights, FSDP's gradient buffers); the model's weights, gradients, optimizer states and
+  ZeRO-3 gathered layers;
+- **layers**: Activation and Temp tensors allocated inside a transformer block
+  (``*.layers.*``); the model's activations less the logits;
+- **head + loss**: Activation and Temp tensors of the final norm, the LM head and the loss (and
+  everything outside a module); the model's logits and loss transients;
+- **rest**: what is left (the embedding, the pipeline's received activations; the model's
+  communication buckets).
+
+With ``--origins N``: the N largest origins (category, module, op, dtype) of every rank off by more
+than 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from meshplan.report.dryrun import GIB, compare
+
+OFF_THRESHOLD = 0.10
+"""A rank is 'off' when its tracked peak differs from the model's tensors by more than this."""
+STATE_CATEGORIES = ("Parameter", "Gradient", "Optstate", "Buffer")
+HEAD_MODULES = (".output", ".norm", "-")
+"""Module suffixes of the LM head, the final norm, and tensors allocated outside any module (the loss)."""
+
+
+def part_of(origin: dict) -> str:
+    """states / layers / head + loss / rest, for one origin of the tracker's peak."""
+    module = origin["module"]
+    if origin["category"] in STATE_CATEGORIES:
+        return "states"
+    if ".layers." in module + ".":
+        return "layers"
+    if module == "-" or module.endswith(HEAD_MODULES):
+        return "head + loss"
+    return "rest"
+
+
+def dry_parts(dry: dict) -> dict[str, float]:
+    parts = dict.fromkeys(("states", "layers", "head + loss", "rest"), 0.0)
+    for o in dry.get("peak_origins", []):
+        parts[part_of(o)] += o["bytes"]
+    return parts
+
+
+def model_parts(m: dict) -> dict[str, float]:
+    states = (m["parameters_bytes"] + m["gradients_bytes"] + m["optimizer_bytes"]
+              + m["gathered_weight_bytes"])
+    layers = m["activations_bytes"] - m["logits_bytes"]
+    return {"states": states, "layers": layers, "head + loss": m["logits_bytes"],
+            "rest": m["tensor_bytes"] - states - layers - m["logits_bytes"]}
+
+
+def comparisons(saved: dict, jobs: dict) -> list[tuple[str, object]]:
+    out = []
+    for name, entry in saved.items():
+        if name in jobs:
+            out += [(name, c) for c in compare(jobs[name], [r["dry_run"] for r in entry["ranks"]])]
+    return out
+
+
+def render(rows: list[tuple[str, object]], origins: int) -> str:
+    g = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+    lines = ["| job | rank (pp) | wall s | peak GiB | model GiB | model tensors GiB | diff (tensors) "
+             "| states dry / model | layers dry / model | head + loss dry / model | rest dry / model | peak at |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    off = []
+    for name, c in rows:
+        d, m = c.measured, c.model_memory
+        dp, mp = dry_parts(d), model_parts(m)
+        split = " | ".join(f"{g(dp[k])} / {g(mp[k])}" for k in dp)
+        lines.append(f"| {name} | {c.rank} ({c.pp_rank}) | {d['wall_s']:.0f} | {g(d['peak_bytes'])} | "
+                     f"{g(m['total_bytes'])} | {g(m['tensor_bytes'])} | {c.tensor_difference:+.0%} | {split} | "
+                     f"{d.get('peak_at', '')} |")
+        if abs(c.tensor_difference) > OFF_THRESHOLD:
+            off.append((name, c))
+    if origins and off:
+        for name, c in off:
+            lines += ["", f"{name}, rank {c.rank}: largest origins at the peak (GiB)", "",
+                      "| GiB | category | module | op | dtype |", "|---|---|---|---|---|"]
+            lines += [f"| {g(o['bytes'])} | {o['category']} | {o['module']} | {o['op']} | {o['dtype']} |"
+                      for o in c.measured.get("peak_origins", [])[:origins]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_dryrun_memory import bench_jobs
+    from dryrun_targets import target_jobs
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", type=Path)
+    ap.add_argument("--memory", type=Path)
+    ap.add_argument("--origins", type=int, default=0)
+    args = ap.parse_args()
+    rows = []
+    if args.targets:
+        rows += comparisons(json.loads(args.targets.read_text()), target_jobs())
+    if args.memory:
+        rows += comparisons(json.loads(args.memory.read_text()), bench_jobs())
+    print(render(rows, args.origins))
+
+
+if __name__ == "__main__":
+    main()
