@@ -39,7 +39,7 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
-from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.cost.pipeline import head_microbatches_held, in_flight_chunks, pipeline_time, rank_layers_even
 from meshplan.cost.precision import (
     compute_dtype_peak_flops,
     op_rates,
@@ -342,7 +342,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    logits = head_share * T * Vt * osdp.logits_fraction * (calib.logits_bytes_per_element
+    # Kept logits for every micro-batch the head stage holds (GPipe: all m), the loss's transients once.
+    head_mbs = head_microbatches_held(terms.m_float, plans.schedule)
+    logits = head_share * T * Vt * osdp.logits_fraction * (calib.logits_bytes_per_element * head_mbs
                                                             + calib.loss_transient_bytes_per_element)
     acts = acts + logits
 

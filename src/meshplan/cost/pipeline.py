@@ -51,6 +51,16 @@ def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule, vocab_parallel=F
     return np.minimum(held, all_chunks)
 
 
+def head_microbatches_held(num_microbatches, schedule):
+    """Micro-batches whose logits (and the loss's kept fp32 log-softmax) the LM-head stage holds at
+    its peak. GPipe runs every forward, the loss included (torch.distributed.pipelining computes
+    the loss in the last stage's forward), before the first backward: all m (Huang et al. 2019,
+    Sec. 2.2). The 1F1B family runs each micro-batch's backward on the last stage right after its
+    forward (Narayanan et al. 2021, Sec. 2.2): one."""
+    m = np.asarray(num_microbatches, dtype=float)
+    return np.where(np.asarray(schedule) == GPIPE, m, 1.0)
+
+
 def rank_layers_even(num_layers: int, rank, pp, vpp):
     """Layers on pipeline ``rank`` under ``plan.even_split`` (earlier stages take the remainder;
     virtual stage i lives on rank i % pp)."""

@@ -1,0 +1,34 @@
+"""The LM-head stage's logits: kept for every micro-batch in flight there (GPipe: all m, found by the
+dry run: docs/dryrun.md), the loss's transients once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.cost import calibration_for, estimate
+from meshplan.cost.arrays import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from meshplan.cost.pipeline import head_microbatches_held
+from meshplan.plan import ParallelDims, Plan, Schedule
+from meshplan.spec.cluster import resolve_cluster
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+
+def test_head_microbatches_held() -> None:
+    assert float(head_microbatches_held(8, GPIPE)) == 8.0
+    assert float(head_microbatches_held(8, ONE_F_ONE_B)) == 1.0
+    assert float(head_microbatches_held(8, INTERLEAVED)) == 1.0
+
+
+def test_gpipe_head_stage_keeps_every_microbatch_logits() -> None:
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 4})
+    training = TrainingSpec(seq_len=2048, global_batch=32)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    one_f_one_b = Plan(dims=ParallelDims(pp=2, dp_shard=4), zero=1)
+    calib = calibration_for(cluster.gpu)
+    # 32 sequences over dp 4: 8 micro-batches of one 2,048-token sequence; V = 128,256 (no tp).
+    m, elements = 8, 2048 * 128256
+    kept, transient = calib.logits_bytes_per_element, calib.loss_transient_bytes_per_element
+    for plan, held in ((one_f_one_b, 1), (replace(one_f_one_b, schedule=Schedule.GPIPE), m)):
+        last = estimate(model, cluster, training, plan).stages[-1].memory
+        assert last.logits_bytes == elements * (kept * held + transient)
