@@ -9,7 +9,8 @@ the model's tensors (``model_tensor_bytes``: its peak less the CUDA context, NCC
 which no tensor tracker sees), and the peak split into four parts, each side by its own terms:
 
 - **states**: the tracker's Parameter, Gradient, Optstate and Buffer tensors (fp32 masters, gathered
-  16-bit weights, FSDP's gradient buffers); the model's weights, gradients, optimizer states and
+  16-bit weights, FSDP's gradient buffers) and the fp32 casts of gradients before their reduction
+  (``is_gradient_cast``); the model's weights, gradients, optimizer states and
   ZeRO-3 gathered layers;
 - **layers**: Activation and Temp tensors allocated inside a transformer block
   (``*.layers.*``); the model's activations less the logits;
@@ -37,10 +38,20 @@ HEAD_MODULES = (".output", ".norm", "-")
 """Module suffixes of the LM head, the final norm, and tensors allocated outside any module (the loss)."""
 
 
+def is_gradient_cast(origin: dict) -> bool:
+    """An fp32 copy made in backward by an FSDP unit (the root, a block, or outside any module, where
+    FSDP2's post-backward runs): the 16-bit gradient cast to the reduce dtype (MixedPrecisionPolicy's
+    reduce_dtype=fp32) before its reduce-scatter or all-reduce. MemTracker files it as Temp."""
+    module = origin["module"]
+    unit = module == "-" or "." not in module or module.endswith(".layers.*")
+    return (origin["category"] == "Temp" and origin["op"] == "aten._to_copy.default"
+            and origin["dtype"] == "float32" and unit)
+
+
 def part_of(origin: dict) -> str:
     """states / layers / head + loss / rest, for one origin of the tracker's peak."""
     module = origin["module"]
-    if origin["category"] in STATE_CATEGORIES:
+    if origin["category"] in STATE_CATEGORIES or is_gradient_cast(origin):
         return "states"
     if ".layers." in module + ".":
         return "layers"
