@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 
 def _vocab_parallel_lookup(self: nn.Embedding, ids: torch.Tensor) -> DTensor:
@@ -27,8 +26,9 @@ def _vocab_parallel_lookup(self: nn.Embedding, ids: torch.Tensor) -> DTensor:
     weight = self.weight
     mesh, local_w = weight.device_mesh, weight.to_local()  # (V/tp, D); its gradient stays (V/tp, D)
     local_ids = ids.to_local() if isinstance(ids, DTensor) else ids
-    _, offset = compute_local_shape_and_global_offset(weight.shape, mesh, weight.placements)
-    start, rows = offset[0], local_w.shape[0]
+    # Shard(0) splits V as torch.chunk does: ceil(V / tp) rows per rank, the last ones fewer.
+    chunk = -(-weight.shape[0] // mesh.size())
+    start, rows = min(mesh.get_local_rank() * chunk, weight.shape[0]), local_w.shape[0]
     outside = (local_ids < start) | (local_ids >= start + rows)
     out = F.embedding((local_ids - start).masked_fill(outside, 0), local_w)  # (B, S, D)
     out = out.masked_fill(outside.unsqueeze(-1), 0.0)
@@ -36,5 +36,6 @@ def _vocab_parallel_lookup(self: nn.Embedding, ids: torch.Tensor) -> DTensor:
 
 
 def use_vocab_parallel_lookup(embedding: nn.Embedding) -> None:
-    """After RowwiseParallel sharded ``embedding`` on V: look up the local rows only (see above)."""
+    """After RowwiseParallel sharded ``embedding`` on V over a 1-D tp mesh: look up the local rows
+    only (see above)."""
     embedding.forward = types.MethodType(_vocab_parallel_lookup, embedding)
