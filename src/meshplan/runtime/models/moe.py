@@ -49,6 +49,17 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def combine_slots(out_sorted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Each token's k weighted expert outputs summed: (T*k, D) in expert order -> (T, D).
+
+    Slots back in token order by a gather, then a sum over k: the backward needs the indices only.
+    (``index_add`` would keep its (T*k, D) source for backward: its gradient formula expands to the
+    source, torch's derivatives.yaml; one more routed-sized tensor per layer than the combine needs,
+    found by the dry run, docs/dryrun.md.)"""
+    slot_rows = torch.argsort(order)  # slot s (token s // k, choice s % k) is row slot_rows[s]
+    return out_sorted[slot_rows].view(-1, top_k, out_sorted.shape[-1]).sum(dim=1)
+
+
 class MoE(nn.Module):
     """Router + routed experts (+ always-on shared experts as one wider MLP).
 
@@ -87,7 +98,7 @@ class MoE(nn.Module):
             self.routed_tokens = counts if self.routed_tokens is None else self.routed_tokens + counts
         out_sorted = self.experts(flat[token_of_slot], counts)  # (T*k, D)
         out_sorted = out_sorted * weights.reshape(-1)[order, None]
-        out = torch.zeros_like(flat).index_add(0, token_of_slot, out_sorted)
+        out = combine_slots(out_sorted, order, self.top_k)
         if self.shared is not None:
             out = out + self.shared(flat)
         return out.view(B, S, D)
