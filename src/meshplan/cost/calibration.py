@@ -283,6 +283,12 @@ class Calibration:
     temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
     gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
     V = 250k. Counted on the LM-head rank on top of the kept activations."""
+    moe_routed_copies_kept: float = 2.0
+    """(T*k, D) tensors an MoE layer keeps for backward beyond the experts' F-wide ones, in 16-bit
+    elements: the permuted tokens the experts' first linear keeps (its input) and the experts'
+    output the combine's multiply by the routing probability keeps (for the probability's
+    gradient). meshplan's runtime keeps both (dry run's attribution, docs/dryrun.md, 2026-11-24),
+    as Megatron-Core's permute/unpermute do (moe_utils.py)."""
     framework_overhead_gib: float = 3.0
     """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
     allocator_fragmentation: float = 0.05

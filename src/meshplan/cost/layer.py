@@ -294,6 +294,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     parallel = mix.kept_bytes + T * mlp_kept / t
     if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
         parallel = parallel + T * ab * 2.0 * model.moe_latent_size
+    if moe:  # routed copies: k per token, each as wide as the experts' input (Calibration field)
+        routed_width = model.moe_latent_size or D
+        parallel = parallel + T * model.moe_top_k * routed_width * ab * calib.moe_routed_copies_kept
     act_none = replicated + parallel + mix.score_bytes
     act_sel = (replicated + parallel) * calib.selective_keeps_fraction  # stack-dependent (Calibration)
     act_full = T_rep * D * ab

@@ -1,5 +1,5 @@
-"""The LM-head stage's logits: kept for every micro-batch in flight there (GPipe: all m, found by the
-dry run: docs/dryrun.md), the loss's transients once."""
+"""Cost-model memory terms the dry run found missing (docs/dryrun.md): the LM-head stage keeps the
+logits of every micro-batch in flight there (GPipe: all m), an MoE layer keeps its routed copies."""
 
 from __future__ import annotations
 
@@ -32,3 +32,19 @@ def test_gpipe_head_stage_keeps_every_microbatch_logits() -> None:
     for plan, held in ((one_f_one_b, 1), (replace(one_f_one_b, schedule=Schedule.GPIPE), m)):
         last = estimate(model, cluster, training, plan).stages[-1].memory
         assert last.logits_bytes == elements * (kept * held + transient)
+
+
+def test_moe_layer_keeps_its_routed_copies() -> None:
+    """Each MoE layer keeps k routed copies of D per token twice (the experts' permuted input, the
+    experts' output kept by the probability multiply): found by the dry run's attribution."""
+    model = model_preset("mixtral-8x7b").with_overrides({"num_layers": 2})
+    training = TrainingSpec(seq_len=1024, global_batch=16)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    plan = Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=3)
+    calib = calibration_for(cluster.gpu)
+    kept = estimate(model, cluster, training, plan, calib).stages[0].memory.activations_bytes
+    none = estimate(model, cluster, training, plan, replace(calib, moe_routed_copies_kept=0.0)
+                    ).stages[0].memory.activations_bytes
+    # 16 sequences over dp 8: micro-batches of 1 x 1,024 tokens, one in flight; k = 2, D = 4,096,
+    # 2 B elements; two layers.
+    assert kept - none == 2 * 1024 * 2 * 4096 * 2 * 2.0
