@@ -1,7 +1,7 @@
 """Markdown tables of saved dry runs against the cost model, for docs/dryrun.md (no torch).
 
 ``PYTHONPATH=src python bench/dryrun_report.py [--targets bench/results/dryrun_targets.json]
-[--memory bench/results/dryrun_memory_<date>.json] [--origins N]``
+[--memory bench/results/dryrun_memory_<date>.json] [--origins N] [--calibration FIELD=VALUE ...]``
 
 The cost model's side is computed again from the job (``report.dryrun.compare`` on the saved dry-run
 results), so the tables follow the cost model of the checkout. Per rank: the tracked peak against
@@ -75,12 +75,27 @@ def model_parts(m: dict) -> dict[str, float]:
             "rest": m["tensor_bytes"] - states - layers - m["logits_bytes"]}
 
 
-def comparisons(saved: dict, jobs: dict) -> list[tuple[str, object]]:
+def comparisons(saved: dict, jobs: dict, overrides: dict | None = None) -> list[tuple[str, object]]:
+    """compare() on every saved plan; ``overrides``: Calibration fields replaced for the cost model."""
+    from dataclasses import replace
+
+    from meshplan.cost import calibration_for
+
     out = []
     for name, entry in saved.items():
         if name in jobs:
-            out += [(name, c) for c in compare(jobs[name], [r["dry_run"] for r in entry["ranks"]])]
+            job = jobs[name]
+            calib = replace(calibration_for(job.cluster.gpu), **(overrides or {}))
+            out += [(name, c) for c in compare(job, [r["dry_run"] for r in entry["ranks"]], calib)]
     return out
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'field=value' of a Calibration field: true/false, or a number."""
+    field, _, value = text.partition("=")
+    if value.lower() in ("true", "false"):
+        return field, value.lower() == "true"
+    return field, float(value)
 
 
 def render(rows: list[tuple[str, object]], origins: int) -> str:
@@ -118,12 +133,15 @@ def main() -> None:
     ap.add_argument("--targets", type=Path)
     ap.add_argument("--memory", type=Path)
     ap.add_argument("--origins", type=int, default=0)
+    ap.add_argument("--calibration", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="Calibration fields replaced for the cost model's side (e.g. a stack value under review)")
     args = ap.parse_args()
+    overrides = dict(parse_override(t) for t in args.calibration)
     rows = []
     if args.targets:
-        rows += comparisons(json.loads(args.targets.read_text()), target_jobs())
+        rows += comparisons(json.loads(args.targets.read_text()), target_jobs(), overrides)
     if args.memory:
-        rows += comparisons(json.loads(args.memory.read_text()), bench_jobs())
+        rows += comparisons(json.loads(args.memory.read_text()), bench_jobs(), overrides)
     print(render(rows, args.origins))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.table import Table
 
-from meshplan.cost import calibration_for, estimate
+from meshplan.cost import Calibration, calibration_for, estimate
 from meshplan.plan import Job
 from meshplan.report.dryrun_expected import expected_collectives, group_of
 
@@ -79,9 +79,11 @@ def model_tensor_bytes(mem, framework_bytes: float) -> float:
     return mem.total_bytes - mem.reserve_bytes - framework_bytes
 
 
-def compare(job: Job, results: list[dict]) -> list[RankComparison]:
-    est = estimate(job.model, job.cluster, job.training, job.plan)
-    framework = calibration_for(job.cluster.gpu).framework_overhead_gib * GIB
+def compare(job: Job, results: list[dict], calib: Calibration | None = None) -> list[RankComparison]:
+    """Each rank's dry run next to ``estimate()`` (with ``calib``, else the GPU's default stack)."""
+    calib = calib or calibration_for(job.cluster.gpu)
+    est = estimate(job.model, job.cluster, job.training, job.plan, calib)
+    framework = calib.framework_overhead_gib * GIB
     out = []
     for res in results:
         pp_rank = res["coords"]["pp"]
