@@ -16,8 +16,8 @@ which no tensor tracker sees), and the peak split into four parts, each side by 
   (``*.layers.*``); the model's activations less the logits;
 - **head + loss**: Activation and Temp tensors of the final norm, the LM head and the loss (and
   everything outside a module); the model's logits and loss transients;
-- **rest**: what is left (the embedding, the pipeline's received activations; the model's
-  communication buckets).
+- **rest**: what is left (the embedding, the pipeline's receive buffers: empty tensors allocated
+  outside any module; the model's communication buckets).
 
 With ``--origins N``: the N largest origins (category, module, op, dtype) of every rank off by more
 than 10%.
@@ -35,6 +35,8 @@ OFF_THRESHOLD = 0.10
 """A rank is 'off' when its tracked peak differs from the model's tensors by more than this."""
 STATE_CATEGORIES = ("Parameter", "Gradient", "Optstate", "Buffer")
 HEAD_MODULES = (".output", ".norm", "-")
+BUFFER_OPS = ("aten.empty_strided.default", "aten.empty.memory_format")
+"""Ops of buffers allocated empty outside any module: the pipeline schedule's receive buffers."""
 """Module suffixes of the LM head, the final norm, and tensors allocated outside any module (the loss)."""
 
 
@@ -55,6 +57,8 @@ def part_of(origin: dict) -> str:
         return "states"
     if ".layers." in module + ".":
         return "layers"
+    if module == "-" and origin["op"] in BUFFER_OPS:
+        return "rest"  # the pipeline stage's receive buffers (allocated by the schedule, no module)
     if module == "-" or module.endswith(HEAD_MODULES):
         return "head + loss"
     return "rest"
