@@ -48,3 +48,25 @@ def test_moe_layer_keeps_its_routed_copies() -> None:
     # 16 sequences over dp 8: micro-batches of 1 x 1,024 tokens, one in flight; k = 2, D = 4,096,
     # 2 B elements; two layers.
     assert kept - none == 2 * 1024 * 2 * 4096 * 2 * 2.0
+
+
+def test_pipeline_recv_buffers_when_preallocated() -> None:
+    """torch's pipelining allocates a receive buffer per micro-batch for each stage's input (not the
+    first stage) and output gradient (not the last), kept for the step."""
+    from meshplan.cost.pipeline import recv_buffers_held
+
+    # pp 4, 5 virtual stages per rank, 8 micro-batches: middle ranks 8 x 10, the ends 8 x 9; no pp: 0.
+    assert [float(recv_buffers_held(r, 4, 5, 8)) for r in range(4)] == [72.0, 80.0, 80.0, 72.0]
+    assert float(recv_buffers_held(0, 1, 1, 8)) == 0.0
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 4})
+    training = TrainingSpec(seq_len=2048, global_batch=32)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    plan = Plan(dims=ParallelDims(pp=2, tp=2, dp_shard=2), zero=1, sp=True)
+    calib = calibration_for(cluster.gpu)
+    off = estimate(model, cluster, training, plan, replace(calib, pp_preallocated_recv_buffers=False))
+    on = estimate(model, cluster, training, plan, replace(calib, pp_preallocated_recv_buffers=True))
+    # 32 sequences over dp 2: 16 micro-batches; each buffer (1, 2048 / tp 2, 2048) in bf16; 2 ranks:
+    # rank 0 receives gradients only, the last rank activations only.
+    buffer = 2048 // 2 * 2048 * 2
+    for rank in (0, 1):
+        assert on.stages[rank].memory.other_bytes - off.stages[rank].memory.other_bytes == 16 * buffer

@@ -39,7 +39,8 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
-from meshplan.cost.pipeline import head_microbatches_held, in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.cost.pipeline import (head_microbatches_held, in_flight_chunks, pipeline_time, rank_layers_even,
+                                    recv_buffers_held)
 from meshplan.cost.precision import (
     compute_dtype_peak_flops,
     op_rates,
@@ -373,7 +374,13 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
-    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
+    # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
+    # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
+    hidden_bytes = T * model.hidden_size * activation_bytes(training.precision) / np.where(plans.sp, plans.tp, 1)
+    recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
+                            recv_buffers_held(rank, p, v, terms.m_float) * hidden_bytes, 0.0)
+    other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * 1024**3
+             + reserve)
     return RankCost(
         compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,

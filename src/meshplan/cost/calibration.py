@@ -283,6 +283,11 @@ class Calibration:
     temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
     gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
     V = 250k. Counted on the LM-head rank on top of the kept activations."""
+    pp_preallocated_recv_buffers: bool = False
+    """Whether the stack's pipeline stages allocate a receive buffer per micro-batch up front and keep
+    them for the step: torch.distributed.pipelining does (meshplan's runtime and torchtitan; measured
+    by the dry run, docs/dryrun.md: 1.9 GiB on a llama3-70b interleaved rank); Megatron-Core receives
+    into a fresh tensor per transfer (p2p_communication.py), the default here."""
     moe_routed_copies_kept: float = 2.0
     """(T*k, D) tensors an MoE layer keeps for backward beyond the experts' F-wide ones, in 16-bit
     elements: the permuted tokens the experts' first linear keeps (its input) and the experts'
