@@ -126,6 +126,16 @@ def render(rows: list[tuple[str, object]], origins: int) -> str:
     return "\n".join(lines)
 
 
+def render_collectives(rows: list[tuple[str, object]]) -> str:
+    """Rank 0's collectives per step of every job: count and GiB, dry run against the cost model."""
+    lines = ["| job | group | kind | count | model count | GiB | model GiB |", "|---|---|---|---|---|---|---|"]
+    for name, c in rows:
+        if c.rank == 0:
+            lines += [f"| {name} | {r['group']} | {r['kind']} | {r['count']} | {r['model_count']:.0f} | "
+                      f"{r['bytes'] / GIB:.2f} | {r['model_bytes'] / GIB:.2f} |" for r in c.collectives]
+    return "\n".join(lines)
+
+
 def main() -> None:
     import sys
 
@@ -137,6 +147,7 @@ def main() -> None:
     ap.add_argument("--targets", type=Path)
     ap.add_argument("--memory", type=Path)
     ap.add_argument("--origins", type=int, default=0)
+    ap.add_argument("--collectives", action="store_true", help="rank 0's collectives table instead")
     ap.add_argument("--calibration", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="Calibration fields replaced for the cost model's side (e.g. a stack value under review)")
     args = ap.parse_args()
@@ -146,7 +157,7 @@ def main() -> None:
         rows += comparisons(json.loads(args.targets.read_text()), target_jobs(), overrides)
     if args.memory:
         rows += comparisons(json.loads(args.memory.read_text()), bench_jobs(), overrides)
-    print(render(rows, args.origins))
+    print(render_collectives(rows) if args.collectives else render(rows, args.origins))
 
 
 if __name__ == "__main__":
