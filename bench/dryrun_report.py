@@ -72,6 +72,8 @@ def dry_parts(dry: dict) -> dict[str, float]:
 
 
 def model_parts(m: dict) -> dict[str, float]:
+    if "logits_bytes" not in m:  # saved before the split existed
+        return dict.fromkeys(("states", "layers", "head + loss", "rest"), float("nan"))
     states = (m["parameters_bytes"] + m["gradients_bytes"] + m["optimizer_bytes"]
               + m["gathered_weight_bytes"])
     layers = m["activations_bytes"] - m["logits_bytes"]
@@ -92,6 +94,15 @@ def comparisons(saved: dict, jobs: dict, overrides: dict | None = None) -> list[
             calib = replace(calibration_for(job.cluster.gpu), **(overrides or {}))
             out += [(name, c) for c in compare(job, [r["dry_run"] for r in entry["ranks"]], calib)]
     return out
+
+
+def saved_comparisons(saved: dict) -> list[tuple[str, object]]:
+    """The comparisons as saved by the run (the cost model of the checkout that ran them)."""
+    from meshplan.report.dryrun import RankComparison
+
+    return [(name, RankComparison(rank=r["rank"], pp_rank=r["pp_rank"], measured=r["dry_run"],
+                                  model_memory=r["cost_model_memory"], collectives=r["collectives"]))
+            for name, entry in saved.items() for r in entry["ranks"]]
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -117,6 +128,12 @@ def render(rows: list[tuple[str, object]], origins: int) -> str:
                      f"{d.get('peak_at', '')} |")
         if abs(c.tensor_difference) > OFF_THRESHOLD:
             off.append((name, c))
+    diffs = sorted(abs(c.tensor_difference) for _, c in rows)
+    if diffs:
+        mid = len(diffs) // 2
+        median = diffs[mid] if len(diffs) % 2 else (diffs[mid - 1] + diffs[mid]) / 2
+        lines += ["", f"{len(diffs)} ranks: median |diff (tensors)| {median:.1%}, "
+                      f"{len(off)} over {OFF_THRESHOLD:.0%}."]
     if origins and off:
         for name, c in off:
             lines += ["", f"{name}, rank {c.rank}: largest origins at the peak (GiB)", "",
@@ -148,6 +165,8 @@ def main() -> None:
     ap.add_argument("--memory", type=Path)
     ap.add_argument("--origins", type=int, default=0)
     ap.add_argument("--collectives", action="store_true", help="rank 0's collectives table instead")
+    ap.add_argument("--as-saved", action="store_true",
+                    help="the cost model's side as saved with the runs (no split), not this checkout's")
     ap.add_argument("--calibration", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="Calibration fields replaced for the cost model's side (e.g. a stack value under review)")
     args = ap.parse_args()
@@ -156,7 +175,8 @@ def main() -> None:
     if args.targets:
         rows += comparisons(json.loads(args.targets.read_text()), target_jobs(), overrides)
     if args.memory:
-        rows += comparisons(json.loads(args.memory.read_text()), bench_jobs(), overrides)
+        saved = json.loads(args.memory.read_text())
+        rows += saved_comparisons(saved) if args.as_saved else comparisons(saved, bench_jobs(), overrides)
     print(render_collectives(rows) if args.collectives else render(rows, args.origins))
 
 
