@@ -56,3 +56,30 @@ def test_moe_combine_keeps_no_routed_copy() -> None:
         got = combine_slots(src, order, k)
     torch.testing.assert_close(got, want)
     assert (T * k, D) not in saved and all(len(s) == 1 for s in saved)  # the slot order only
+
+
+def test_expert_weights_gradient_built_once() -> None:
+    """expert_mlp's backward builds the (E, D, F) weight gradient once (unbind), not one zero-filled
+    whole copy per expert (indexing): no backward op allocates more than one weight's worth."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.runtime.models.moe import expert_mlp
+
+    E, D, F = 4, 8, 16
+    w1, w3 = (torch.randn(E, D, F, requires_grad=True) for _ in range(2))
+    w2 = torch.randn(E, F, D, requires_grad=True)
+    y = expert_mlp(torch.randn(12, D), [3, 3, 3, 3], w1, w2, w3)
+
+    class WholeWeightOutputs(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            whole = isinstance(out, torch.Tensor) and out.shape in ((E, D, F), (E, F, D))
+            if whole and not func.is_view:  # a new (E, D, F) / (E, F, D) buffer
+                WholeWeightOutputs.count += 1
+            return out
+
+    with WholeWeightOutputs():
+        y.sum().backward()
+    assert WholeWeightOutputs.count == 3  # one stacked gradient per weight tensor

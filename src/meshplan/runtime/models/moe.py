@@ -19,12 +19,19 @@ from meshplan.spec.model import ModelSpec
 
 def expert_mlp(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor,
                w3: torch.Tensor | None) -> torch.Tensor:
-    """Run expert e on its contiguous block of counts[e] rows. x: (T, D); w1/w3: (E, D, F); w2: (E, F, D)."""
+    """Run expert e on its contiguous block of counts[e] rows. x: (T, D); w1/w3: (E, D, F); w2: (E, F, D).
+
+    The weights are unbound once, not indexed per expert: the backward of ``w[e]`` builds a
+    zero-filled gradient of the whole (E, D, F) tensor for every expert and sums them (E whole
+    copies at once, found by the dry run, docs/dryrun.md); ``unbind``'s backward stacks the E
+    expert gradients into one."""
     outs = []
+    w1s, w2s = w1.unbind(0), w2.unbind(0)
+    w3s = w3.unbind(0) if w3 is not None else None
     for e, chunk in enumerate(torch.split(x, counts, dim=0)):
-        h = chunk @ w1[e]  # (T_e, F)
-        h = swiglu(h, chunk @ w3[e]) if w3 is not None else F.gelu(h, approximate="tanh")
-        outs.append(h @ w2[e])  # (T_e, D)
+        h = chunk @ w1s[e]  # (T_e, F)
+        h = swiglu(h, chunk @ w3s[e]) if w3s is not None else F.gelu(h, approximate="tanh")
+        outs.append(h @ w2s[e])  # (T_e, D)
     return torch.cat(outs, dim=0) if outs else x.new_zeros((0, x.shape[-1]))
 
 
