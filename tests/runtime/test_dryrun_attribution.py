@@ -10,7 +10,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from meshplan.runtime.dryrun_kernels import FusedRmsNorm, use_fused_norm_kernels
-from meshplan.runtime.dryrun_tracker import ShardingPropagation, innermost_module, module_pattern, step_tracker
+from meshplan.runtime.dryrun_tracker import (
+    ShardingPropagation,
+    innermost_module,
+    module_pattern,
+    step_tracker,
+)
 from meshplan.runtime.models.layers import RMSNorm
 
 MIB = 2**20

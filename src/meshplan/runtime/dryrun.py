@@ -39,7 +39,11 @@ from meshplan.runtime.dryrun_comms import (
 )
 from meshplan.runtime.dryrun_kernels import use_fused_norm_kernels
 from meshplan.runtime.dryrun_moe import use_balanced_routing
-from meshplan.runtime.dryrun_tracker import ShardingPropagation, marking_sharding_propagation, step_tracker
+from meshplan.runtime.dryrun_tracker import (
+    ShardingPropagation,
+    marking_sharding_propagation,
+    step_tracker,
+)
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
