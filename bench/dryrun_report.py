@@ -114,7 +114,7 @@ def parse_override(text: str) -> tuple[str, object]:
 
 
 def render(rows: list[tuple[str, object]], origins: int) -> str:
-    g = lambda b: f"{b / GIB:.2f}"
+    g = lambda b: "-" if b != b else f"{b / GIB:.2f}"  # NaN: no model split saved with the run
     lines = ["| job | rank (pp) | wall s | peak GiB | model GiB | model tensors GiB | diff (tensors) "
              "| states dry / model | layers dry / model | head + loss dry / model | rest dry / model | peak at |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
