@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,18 @@ def test_an_unknown_kernel_is_one_clear_error():
         Calibration(attention_kernel="fa9")
     with pytest.raises(MeshplanError, match="unknown attention kernel"):
         kernel_efficiency("hopper", "flash")
+
+
+@pytest.mark.parametrize("gpu", ["cpu", "h100-sxm"])
+def test_a_profiles_measured_attention_efficiency_wins_over_the_table(gpu):
+    """The profiler's fitted efficiency replaces the starting value (on CPU, whose meshplan stack
+    has a record and no table entry, and on a GPU where the table gave the start)."""
+    from meshplan.calib.hwcalib import calibration_from_profile
+    from meshplan.spec.training import Precision
+
+    golden = Path(__file__).parent / "data" / "hwprofile_small.json"
+    base = calibration_for(gpu_preset(gpu), "meshplan")
+    calib, fitted = calibration_from_profile(golden, Precision.FP32, base)
+    measured = next(f.value for f in fitted if f.field == "attention_efficiency")
+    assert calib.attention_efficiency == pytest.approx(measured) != base.attention_efficiency
+    assert calib.attention_kernel == base.attention_kernel
