@@ -235,15 +235,18 @@ def _moe_block_device_s(model, arrays, training):
 
 
 def test_alltoall_host_launch_runs_beside_the_device():
-    """After the dropless all-to-all's host sync the host launches the block while the device
-    runs it: the block takes max(device time, launch time). A launch time longer than the
-    device's work adds exactly their difference; a shorter one adds nothing; none with the
-    all-gather dispatcher."""
+    """After the dropless all-to-all's host sync the host launches one layer's work (this layer's
+    experts, the next one's attention and router) while the device runs it: the layer's forward
+    takes max(its device time, launch time). A launch time longer than the layer's device work
+    adds exactly their difference; a shorter one adds nothing, even one longer than the MoE
+    block alone; none with the all-gather dispatcher."""
     model = model_preset("mixtral-8x7b")  # every layer MoE
     arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=1))
-    device = float(_moe_block_device_s(model, arrays, _train())[0])
+    block = float(_moe_block_device_s(model, arrays, _train())[0])
     free = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=0.0))
-    for launch, extra in ((0.5 * device, 0.0), (device + 2e-3, 2e-3)):
+    device = float(free.fwd_compute_s[0])  # the whole layer's forward on the device
+    assert block < device
+    for launch, extra in ((0.5 * device, 0.0), (0.5 * (block + device), 0.0), (device + 2e-3, 2e-3)):
         synced = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=launch))
         np.testing.assert_allclose(synced.fwd_compute_s - free.fwd_compute_s, extra, atol=1e-12)
     for mb in (1, 4):
@@ -314,3 +317,4 @@ def test_fsdp_with_pipelining_keeps_the_stage_unsharded():
     stage_layers = keep.stages[1].layers  # 8 layers; the prefetch policy holds 2 of them gathered
     extra = (stage_layers - 2) * layer_p * CALIB.weight_bytes_per_param * (1 - 1 / 4)
     assert keep.stages[1].memory.other_bytes - prefetch.stages[1].memory.other_bytes == pytest.approx(extra)
+

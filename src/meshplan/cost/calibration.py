@@ -179,10 +179,11 @@ class Calibration:
     all-to-all move the counts to the host to size the all-to-all: the launch queue drains,
     and the layer's remaining ~100 kernels (permute, grouped GEMMs, activation, unpermute,
     combine) start from the host at ~10 us of launch and dispatch each (5-20 us: PyTorch blog
-    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently, so
-    the MoE block takes max(its device time, this launch time) (cost/layer.py): a small,
-    fine-grained MoE at micro-batch 1 is host-bound, a large one hides the launches behind its
-    GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently up to
+    the next MoE layer's sync, the host launching this layer's experts and the next layer's norm,
+    attention and router: a MoE layer's forward takes max(its device time, this launch time)
+    (cost/layer.py): a small, fine-grained MoE at micro-batch 1 is host-bound, a large one hides
+    the launches behind its GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75

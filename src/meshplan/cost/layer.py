@@ -218,10 +218,6 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                          bf16_flops=rates.bf16_flops, linear_flops=peak, gemm_time=gemm_time,
                          linear_time=linear_time)
         t_mlp, mlp_width = block.compute_s, block.kept_width
-        if calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
-            # after the host sync of the token counts the host launches the block while the
-            # device runs it: the slower of the two sets the pace (Calibration.moe_alltoall_sync_s)
-            t_mlp = np.maximum(t_mlp, calib.moe_alltoall_sync_s)
     elif kind.ffn == Ffn.DENSE:
         F = float(model.ffn_hidden_size)
         t_mlp = linear_time(calib, peak, T, (m_mlp - 1) * F / t, D) + linear_time(calib, peak, T, D, F / t)
@@ -237,6 +233,12 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + mix.softmax_bytes / hbm
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
     fwd_compute = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    if moe and calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
+        # The dropless all-to-all's host sync of the token counts drains the launch queue once
+        # per MoE layer; up to the next layer's sync the host launches this layer's experts and
+        # the next layer's norm, attention and router while the device runs them: one layer's
+        # forward takes max(its device time, that launch time) (Calibration.moe_alltoall_sync_s).
+        fwd_compute = np.maximum(fwd_compute, calib.moe_alltoall_sync_s)
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ab  # (b, S/c, D) activation
