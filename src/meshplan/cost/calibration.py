@@ -60,6 +60,16 @@ class Calibration:
     pipeline sends/receives, the data iterator, hooks of the distributed optimizer) that a small
     model cannot hide behind device work (PyTorch CUDA semantics, 'Asynchronous execution').
     A stack field (STACK_FIELDS), fitted per (generation, stack)."""
+    host_s_per_kernel: float = 0.0
+    """Host time to issue one kernel from the training loop: Python, the PyTorch dispatcher and
+    cudaLaunchKernel, 5-20 us per op in eager PyTorch (PyTorch blog 'Accelerating PyTorch with
+    CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
+    under CUDA graphs (one graph launch per captured region). A layer
+    takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
+    host_fused_kernels: bool = False
+    """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
+    norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
+    per aten op of eager model code (cost/host.py counts both). A stack field."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -374,7 +384,7 @@ DEFAULT_STACK = "meshplan"
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
-                "loss_transient_bytes_per_element")
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 
