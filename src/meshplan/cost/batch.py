@@ -191,7 +191,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
     m = num_microbatches(training, plans)
-    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
+    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link) if plans.vocab_parallel.any() else 0.0
     return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
         dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
         expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
@@ -246,7 +246,11 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z = plans.zero
     opt_pp = optimizer_state_bytes_per_param(calib, training)
 
+    experts = model.is_moe  # dense models hold no expert parameters: their expert terms are 0
+
     def shard(dense_bytes, expert_bytes, stage):
+        if not experts:
+            return dense_bytes / terms.dense_shards[stage]
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     # OSDP (cost.osdp): groups kept gathered under zero 3, the MLP and the LM head in slices
@@ -347,15 +351,17 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = acts + logits
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
-    off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
-                       microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
-                       layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
-                       layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
-                       backward_s=mb_bwd)
     offloaded = plans.offload > 0
-    weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
-    optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
-    optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
+    off = None
+    if offloaded.any():  # else nothing leaves the GPU: every offload term is 0
+        off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
+                           microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
+                           layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
+                           layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
+                           backward_s=mb_bwd)
+        weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
+        optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
+        optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
@@ -372,14 +378,18 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
     other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
+    recompute_s = recomputed * rec_one
+    if np.shape(recompute_s) != np.shape(layers):
+        recompute_s = layers * 0 + recompute_s  # the rank's shape
     return RankCost(
-        compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
+        compute_s=compute, recompute_s=recompute_s,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
         activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
-        offload_exposed_s=np.where(offloaded, off.microbatch_exposed_s, 0.0),
-        offload_total_s=off.microbatch_total_s, offload_step_s=off.step_exposed_s, host_bytes=off.host_bytes,
+        offload_exposed_s=0.0 if off is None else np.where(offloaded, off.microbatch_exposed_s, 0.0),
+        offload_total_s=0.0 if off is None else off.microbatch_total_s,
+        offload_step_s=0.0 if off is None else off.step_exposed_s, host_bytes=0.0 if off is None else off.host_bytes,
         osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * extra_latency,
         kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=z3_buffers, logits_bytes=logits,
     )
@@ -422,21 +432,50 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     return compose(model, cluster, training, plans, [first, final], calib, allocated=True)
 
 
+@dataclass(frozen=True)
+class StepPeak:
+    """Of :func:`compose`, what the search reads: arrays over plans."""
+
+    step_time_s: np.ndarray
+    bubble_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    """Peak reserved over the ranks."""
+    host_memory_bytes: np.ndarray
+    """Host memory of the rank whose offloaded tensors take the most."""
+
+
+def _most(values: list) -> np.ndarray:
+    """Elementwise max over the ranks (what ``np.max(values, axis=0)`` gives, without stacking)."""
+    out = np.asarray(values[0])
+    for x in values[1:]:
+        out = np.maximum(out, x)
+    return out
+
+
+def compose_step_peak(training: TrainingSpec, plans: PlanArrays, ranks: list[RankCost],
+                      calib: Calibration) -> StepPeak:
+    """Step time, bubble, peak memory and host memory from the ranks' costs (max over ranks):
+    the figures of :func:`compose` the search reads, without the throughput columns."""
+    m = num_microbatches(training, plans)
+    t_mb = _most([r.microbatch_s for r in ranks])
+    fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
+    step = fb + _most([r.step_extra_s for r in ranks])
+    peak = _most([r.memory_bytes for r in ranks])
+    host = np.broadcast_to(_most([r.host_bytes for r in ranks]), np.shape(peak))
+    return StepPeak(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak, host_memory_bytes=host)
+
+
 def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
             ranks: list[RankCost], calib: Calibration, *, allocated: bool = False) -> BatchEstimate:
     """Step time and peak memory from the ranks' costs (max over ranks); the peak allocated
     too with ``allocated``."""
-    m = num_microbatches(training, plans)
-    t_mb = np.max([r.microbatch_s for r in ranks], axis=0)
-    fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
-    step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
-    peak = np.max([r.memory_bytes for r in ranks], axis=0)
-    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0) if allocated else None
+    sp = compose_step_peak(training, plans, ranks, calib)
+    step, bubble, peak, host = sp.step_time_s, sp.bubble_s, sp.peak_memory_bytes, sp.host_memory_bytes
+    peak_allocated = _most([r.allocated_bytes for r in ranks]) if allocated else None
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
-    host = np.max([r.host_bytes * np.ones_like(peak) for r in ranks], axis=0)
     host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
                          peak_allocated_bytes=peak_allocated,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import BatchEstimate, compose, plan_terms, rank_cost
+from meshplan.cost.batch import StepPeak, compose_step_peak, plan_terms, rank_cost
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
@@ -80,7 +80,7 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
                      host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
 
 
-def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> BatchEstimate:
+def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> StepPeak:
     """The even split's estimate; with ``first_only`` the first rank's alone (a lower bound,
     exact with one rank: :mod:`meshplan.search.prune`)."""
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
@@ -90,9 +90,9 @@ def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     if first_only:
-        return compose(ctx.model, ctx.cluster, ctx.training, plans, [first], ctx.calib)
+        return compose_step_peak(ctx.training, plans, [first], ctx.calib)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
+    return compose_step_peak(ctx.training, plans, [first, final], ctx.calib)
 
 

@@ -58,11 +58,24 @@ class StageTable:
 
     def chunk_array(self) -> np.ndarray:
         """v per config, (C,) int (read-only; built once per table)."""
-        return self._chunk_array
+        return self._chunk_array[0]
+
+    def min_chunks(self) -> int:
+        """The least v of the table (1 when it has no config)."""
+        return self._chunk_array[1]
+
+    def uniform_chunks(self) -> bool:
+        """Whether every config has the same v (then no grid needs :func:`_mask_grid`)."""
+        return self._chunk_array[2]
 
     @cached_property
-    def _chunk_array(self) -> np.ndarray:
-        return np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
+    def _chunk_array(self) -> tuple[np.ndarray, int, bool]:
+        # one cached entry: the walk asks for these at every point of every table it takes
+        v = np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
+        if v.size == 0:
+            return v, 1, True
+        lo = int(v.min())
+        return v, lo, np.ndim(self.chunks) == 0 or lo == int(v.max())
 
     def jump(self) -> np.ndarray:
         if self.recompute_jump_bytes is None:
@@ -111,7 +124,7 @@ def _grid(tbl: StageTable, top: int | None = None) -> tuple[np.ndarray, ...]:
     """Broadcast helpers of shape (C, p, G) over the layer counts n = v_min .. L - (p-1) v_min,
     v_min the least v of the table (see :func:`_mask_grid` for configs with a larger v), or
     v_min .. ``top`` (:func:`_top`: the cells beyond count as +inf)."""
-    v_min = int(tbl.chunk_array().min()) if tbl.num_configs else 1
+    v_min = tbl.min_chunks()
     n_max = tbl.num_layers - (tbl.num_ranks - 1) * v_min if top is None else top
     n = np.arange(v_min, n_max + 1, dtype=float)[None, None, :]
     col = lambda x: x[:, None, None]  # noqa: E731
@@ -125,10 +138,10 @@ def _mask_grid(values: np.ndarray, tbl: StageTable) -> np.ndarray:
     """Per-config usable range of a (C, p, G) grid of levels: fewer than v layers is free
     (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf).
     Overwrites and returns ``values`` (callers pass a fresh array)."""
-    v = tbl.chunk_array()
-    if v.size == 0 or v.min() == v.max():
+    if tbl.uniform_chunks():
         return values  # the grid is exactly v .. L - (p-1) v
-    n = np.arange(values.shape[2])[None, None, :] + int(v.min())
+    v = tbl.chunk_array()
+    n = np.arange(values.shape[2])[None, None, :] + tbl.min_chunks()
     vc = v[:, None, None]
     # The masks are (C, 1, G): write through them in place (values is the caller's scratch).
     np.copyto(values, -np.inf, where=n < vc)
@@ -162,7 +175,7 @@ def _top(tbl: StageTable, *, time_limit: np.ndarray | None = None,
     and ``mem_limit`` on a time grid are feasibility limits (dropped cells are +inf: exact for
     every answer, ``pure`` True); ``time_limit`` with ``mem_limit`` (a time grid) is an upper
     bound the caller checks the answer against (``pure`` False where it decided the count)."""
-    v_min = int(tbl.chunk_array().min())
+    v_min = tbl.min_chunks()
     n_full = tbl.num_layers - (tbl.num_ranks - 1) * v_min
 
     def count(limit, slope, intercept):
@@ -286,14 +299,15 @@ def _min_bottleneck(values: np.ndarray, tbl: StageTable) -> np.ndarray:
     C, p, G = values.shape
     if C == 0:
         return np.empty(0)
-    v = tbl.chunk_array()
-    v_min = int(v.min())
+    v_min = tbl.min_chunks()
     k = tbl.num_layers - p * (v_min - 1) - 1
     if k >= p * G:  # a grid cut short (:func:`_top`): the cells beyond are +inf
         return np.full(C, np.inf)
     kth = np.partition(values.reshape(C, p * G), k, axis=1)[:, k]
-    col = v - v_min
-    at_v = np.take_along_axis(values, np.minimum(col, G - 1)[:, None, None].repeat(p, axis=1), axis=2)[:, :, 0]
+    if tbl.uniform_chunks():  # every rank's level at n = v is the grid's first column
+        return np.maximum(kth, values[:, :, 0].max(axis=1))
+    col = tbl.chunk_array() - v_min
+    at_v = values[np.arange(C), :, np.minimum(col, G - 1)]  # (C, p): each config's own column
     at_v = np.where((col < G)[:, None], at_v, np.inf)
     return np.maximum(kth, at_v.max(axis=1))
 
@@ -305,7 +319,7 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
     if t_of_n is None:
         t_of_n = _time_given_memory(tbl, m_lim, strict=False)
     tol = np.maximum(np.abs(t_lim), 1e-30)[:, None, None] * 1e-9
-    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + int(tbl.chunk_array().min()) - 1
+    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + tbl.min_chunks() - 1
     n = np.minimum(n_max, _n_high(tbl)[:, None])
     excess = n.sum(axis=1) - tbl.num_layers
     # Give back surplus layers from the ranks holding the most (keeps both limits: downward closed).
@@ -369,7 +383,7 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
         return _empty_points(tbl.num_ranks)
     inf = np.full(C, np.inf)
     if truncate is None:
-        v_min = int(tbl.chunk_array().min())
+        v_min = tbl.min_chunks()
         truncate = tbl.num_layers - tbl.num_ranks * v_min + 1 >= TRUNCATE_MIN_LAYER_COUNTS
     mem_cap = np.full(C, float(memory_cap_bytes))
     top = _top(tbl, mem_limit=mem_cap)[0] if truncate else None
@@ -383,8 +397,9 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     for _ in range(max_points):
         if not active.any():
             break
-        sub = tbl.take(rows[active])
-        t_a = t_cur[active]
+        every = bool(active.all())
+        sub = tbl if every else tbl.take(rows[active])
+        t_a = t_cur if every else t_cur[active]
         top = _top(sub, time_limit=t_a)[0] if truncate else None
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=top), sub)
         # The split of this point, and the next point: the least time that lets memory go

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import BatchEstimate, RankCost, compose, num_microbatches, rank_cost
+from meshplan.cost.batch import RankCost, StepPeak, compose_step_peak, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
@@ -39,8 +39,11 @@ class CostContext:
     calib: Calibration
 
 
+_LAYER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LayerCost))
+
+
 def _take_layer(layer: LayerCost, idx: np.ndarray) -> LayerCost:
-    return LayerCost(**{f.name: np.asarray(getattr(layer, f.name))[idx] for f in fields(LayerCost)})
+    return LayerCost(**{name: np.asarray(getattr(layer, name))[idx] for name in _LAYER_FIELDS})
 
 
 def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
@@ -153,8 +156,9 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
 
 
 def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
-                 layer: LayerCost | None = None) -> BatchEstimate:
-    """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp)."""
+                 layer: LayerCost | None = None) -> StepPeak:
+    """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp): what
+    ``compose`` gives for step time and peak memory."""
     P, pp = layers.shape
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     sp, idx = _stack(plans, pp)  # rank-major blocks: block j is rank j of every plan
@@ -167,7 +171,7 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
     for j in range(pp):
         sl = slice(j * P, (j + 1) * P)
         per_rank.append(RankCost(**{name: x[sl] for name, x in full.items()}))
-    return compose(ctx.model, ctx.cluster, ctx.training, plans, per_rank, ctx.calib)
+    return compose_step_peak(ctx.training, plans, per_rank, ctx.calib)
 
 
 def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
