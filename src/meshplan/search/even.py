@@ -75,7 +75,7 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
                      for f in ("step_time_s", "peak_memory_bytes", "host_memory_bytes"))
 
     bound = EvenPoints(step, peak, host, exact=plans.pp == 1)  # one rank: the bound is exact
-    pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes)
+    pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes, overwrite=True)  # our scratch
     return (EvenCost(step_time_s=pts.step_time_s, peak_memory_bytes=pts.peak_memory_bytes,
                      host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
 

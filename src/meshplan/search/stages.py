@@ -221,7 +221,9 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
     with np.errstate(divide="ignore", invalid="ignore"):
         x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
     na = n * a  # (C, 1, G): the same for every rank and every strictness
-    no_saving = ~has_saving
+    # Recomputing cannot help a rank that saves nothing by it or a policy that recomputes
+    # nothing: (C, p, 1), so the grid pays one pass for both.
+    never = ~has_saving | ~allow
     for strict in stricts:
         # In-place passes over the (C, p, G) grid; each step computes what the plain
         # expression would (same operations, same order), without the temporaries.
@@ -234,14 +236,11 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
             fits_plain = base <= lim + tol
             np.ceil(r_min, out=r_min)
         np.maximum(r_min, 1.0, out=r_min)
-        np.copyto(r_min, np.inf, where=no_saving)
+        np.copyto(r_min, np.inf, where=never)
         np.copyto(r_min, 0.0, where=fits_plain)
-        blocked = r_min != 0
-        blocked &= ~allow
-        np.copyto(r_min, np.inf, where=blocked)
         bad = ~(r_min <= n)
-        np.copyto(r_min, 0.0, where=bad)
-        r_min *= b
+        with np.errstate(invalid="ignore"):  # inf * 0 where bad: overwritten below
+            r_min *= b
         t = np.add(na, r_min, out=r_min)
         t += e
         np.copyto(t, np.inf, where=bad)
