@@ -95,11 +95,11 @@ class RankCost:
 
     @property
     def microbatch_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.comm_exposed_s + self.offload_exposed_s
+        return _plus(self.compute_s + self.recompute_s + self.comm_exposed_s, self.offload_exposed_s)
 
     @property
     def step_extra_s(self) -> np.ndarray:
-        return self.dp_exposed_s + self.optimizer_s + self.offload_step_s
+        return _plus(self.dp_exposed_s + self.optimizer_s, self.offload_step_s)
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -111,6 +111,11 @@ class RankCost:
     def allocated_bytes(self) -> np.ndarray:
         """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
         return self.memory_bytes - self.reserve_bytes
+
+
+def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
+    """``x + extra``, without a pass over ``x`` when ``extra`` is the scalar 0 (no offload)."""
+    return x if isinstance(extra, float) and extra == 0.0 else x + extra
 
 
 def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -188,13 +193,17 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
                           np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
                                    layer.act_none_bytes))
-    n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
+    dense_shards = (n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3))
+    if model.is_moe:
+        n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
+        expert_shards = (n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3))
+    else:  # etp = tp, ep = 1: edp = n1, the same shards
+        n1_e, expert_shards = n1, dense_shards
     m = num_microbatches(training, plans)
     vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link) if plans.vocab_parallel.any() else 0.0
     return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
-        dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
-        expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
+        dense_shards=dense_shards, expert_shards=expert_shards,
         hbm=hbm, head_flops=peak, linear_flops=op_rates(cluster, training, calib).linear_flops,
         t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
@@ -218,7 +227,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
     # as Megatron places them: each is charged as one more average layer plus one more LM-head pass.
     mtp = float(model.mtp_num_layers)
-    layers = np.asarray(layers, dtype=float) + np.where(has_head, mtp, 0.0)
+    layers = np.asarray(layers, dtype=float)
+    if mtp:
+        layers = layers + np.where(has_head, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
@@ -229,7 +240,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
     # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
     embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
-    compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
+    head_passes = head_share + np.where(has_head, mtp, 0.0) if mtp else head_share
+    compute = compute + head_passes * terms.head_compute_s
     compute = compute + embed_share * terms.embed_compute_s
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
     # the vocabulary-parallel sync runs blocking between the passes (cost.vocab): never overlapped
@@ -238,7 +250,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
     # a tied head needs no copy of the embedding when both rows sit on the same rank
-    head_p = np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+    head_p = (np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+              if plans.vocab_parallel.any() else terms.head_p)
     dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -82,6 +82,10 @@ class StageTable:
             return np.zeros(self.num_configs)
         return self.recompute_jump_bytes
 
+    @cached_property
+    def _whole_grid(self) -> "_Grid":
+        return _whole_grid(self)
+
     @property
     def num_configs(self) -> int:
         return int(self.layer_time_s.size)
@@ -120,32 +124,68 @@ class StagePoints:
     recomputed: np.ndarray  # (P, p) r_s
 
 
-def _grid(tbl: StageTable, top: int | None = None) -> tuple[np.ndarray, ...]:
+class _Grid(NamedTuple):
+    """The table over its layer-count grid (see :func:`_grid`): broadcast columns and the grids
+    no limit changes, computed once per table."""
+
+    n: np.ndarray  # (1, 1, G) layer counts v_min ..
+    a: np.ndarray  # (C, 1, 1) and b, c, d, g, allow, jump alike
+    b: np.ndarray
+    c: np.ndarray
+    d: np.ndarray
+    g: np.ndarray
+    e: np.ndarray  # (C, p, 1) and f, k alike
+    f: np.ndarray
+    k: np.ndarray
+    allow: np.ndarray
+    jump: np.ndarray
+    base: np.ndarray  # (C, p, G) n (c + k d) + f: memory recomputing nothing
+    na: np.ndarray  # (C, 1, G) n a
+    nae: np.ndarray  # (C, p, G) n a + e: time recomputing nothing
+    nc: np.ndarray  # (C, 1, G) n c
+    below: np.ndarray | None  # (C, 1, G) n < v (mixed v only, see :func:`_mask_grid`)
+    above: np.ndarray | None  # (C, 1, G) n > L - (p-1) v
+
+    def upto(self, columns: int) -> "_Grid":
+        """The first ``columns`` layer counts (views)."""
+        cut = lambda x: None if x is None else x[:, :, :columns]  # noqa: E731
+        return self._replace(n=cut(self.n), base=cut(self.base), na=cut(self.na), nae=cut(self.nae),
+                             nc=cut(self.nc), below=cut(self.below), above=cut(self.above))
+
+
+def _whole_grid(tbl: StageTable) -> _Grid:
+    v_min = tbl.min_chunks()
+    n = np.arange(v_min, tbl.num_layers - (tbl.num_ranks - 1) * v_min + 1, dtype=float)[None, None, :]
+    col = lambda x: x[:, None, None]  # noqa: E731
+    a, c, d = col(tbl.layer_time_s), col(tbl.layer_static_bytes), col(tbl.layer_act_bytes)
+    e, f, k = tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None]
+    na = n * a
+    below = above = None
+    if not tbl.uniform_chunks():
+        vc = tbl.chunk_array()[:, None, None]
+        below, above = n < vc, n > tbl.num_layers - (tbl.num_ranks - 1) * vc
+    return _Grid(n=n, a=a, b=col(tbl.recompute_time_s), c=c, d=d, g=col(tbl.layer_act_recomputed_bytes),
+                 e=e, f=f, k=k, allow=col(tbl.allow_recompute), jump=col(tbl.jump()),
+                 base=n * (c + k * d) + f, na=na, nae=na + e, nc=n * c, below=below, above=above)
+
+
+def _grid(tbl: StageTable, top: int | None = None) -> _Grid:
     """Broadcast helpers of shape (C, p, G) over the layer counts n = v_min .. L - (p-1) v_min,
     v_min the least v of the table (see :func:`_mask_grid` for configs with a larger v), or
     v_min .. ``top`` (:func:`_top`: the cells beyond count as +inf)."""
-    v_min = tbl.min_chunks()
-    n_max = tbl.num_layers - (tbl.num_ranks - 1) * v_min if top is None else top
-    n = np.arange(v_min, n_max + 1, dtype=float)[None, None, :]
-    col = lambda x: x[:, None, None]  # noqa: E731
-    return (n, col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes),
-            col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes),
-            tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None],
-            col(tbl.allow_recompute), col(tbl.jump()))
+    whole = tbl._whole_grid
+    return whole if top is None else whole.upto(top - tbl.min_chunks() + 1)
 
 
-def _mask_grid(values: np.ndarray, tbl: StageTable) -> np.ndarray:
+def _mask_grid(values: np.ndarray, grid: _Grid) -> np.ndarray:
     """Per-config usable range of a (C, p, G) grid of levels: fewer than v layers is free
     (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf).
     Overwrites and returns ``values`` (callers pass a fresh array)."""
-    if tbl.uniform_chunks():
+    if grid.below is None:
         return values  # the grid is exactly v .. L - (p-1) v
-    v = tbl.chunk_array()
-    n = np.arange(values.shape[2])[None, None, :] + tbl.min_chunks()
-    vc = v[:, None, None]
     # The masks are (C, 1, G): write through them in place (values is the caller's scratch).
-    np.copyto(values, -np.inf, where=n < vc)
-    np.copyto(values, np.inf, where=n > tbl.num_layers - (tbl.num_ranks - 1) * vc)
+    np.copyto(values, -np.inf, where=grid.below)
+    np.copyto(values, np.inf, where=grid.above)
     return values
 
 
@@ -211,16 +251,17 @@ def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool,
 def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
                         stricts: tuple[bool, ...], top: int | None = None) -> list[np.ndarray]:
     """:func:`_time_given_memory` for each of ``stricts`` at one limit (shared intermediates)."""
-    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl, top)
+    grid = _grid(tbl, top)
+    n, b, d, g, e, k, allow, jump = grid.n, grid.b, grid.d, grid.g, grid.e, grid.k, grid.allow, grid.jump
     lim = mem_limit[:, None, None]
-    base = n * (c + k * d) + f  # memory with no recompute
+    base = grid.base  # memory with no recompute
     saving = k * (d - g)  # memory saved per recomputed layer
     has_saving = saving > 0
     tol = np.maximum(np.abs(lim), 1.0) * _REL
     out = []
     with np.errstate(divide="ignore", invalid="ignore"):
         x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
-    na = n * a  # (C, 1, G): the same for every rank and every strictness
+    na = grid.na  # (C, 1, G): the same for every rank and every strictness
     # Recomputing cannot help a rank that saves nothing by it or a policy that recomputes
     # nothing: (C, p, 1), so the grid pays one pass for both.
     never = ~has_saving | ~allow
@@ -244,18 +285,18 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
         t = np.add(na, r_min, out=r_min)
         t += e
         np.copyto(t, np.inf, where=bad)
-        out.append(_mask_grid(t, tbl))
+        out.append(_mask_grid(t, grid))
     return out
 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
                        top: int | None = None) -> np.ndarray:
     """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
-    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl, top)
+    grid = _grid(tbl, top)
+    n, b, d, g, k, allow, jump = grid.n, grid.b, grid.d, grid.g, grid.k, grid.allow, grid.jump
     lim = time_limit[:, None, None]
     # In-place passes over the (C, p, G) grid, each the plain expression's operations in order.
-    slack = n * a + e
-    np.subtract(lim, slack, out=slack)
+    slack = np.subtract(lim, grid.nae)
     if strict:
         slack -= np.maximum(np.abs(lim), 1e-30) * _REL
     else:
@@ -274,12 +315,12 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
     mem *= d
     mem += r_max * g
     mem *= k
-    np.add(n * c, mem, out=mem)
-    mem += f
+    np.add(grid.nc, mem, out=mem)
+    mem += grid.f
     np.add(mem, jump, out=mem, where=r_max > 0)
-    np.minimum(mem, n * (c + k * d) + f, out=mem)  # recomputing nothing may be leaner (jump)
+    np.minimum(mem, grid.base, out=mem)  # recomputing nothing may be leaner (jump)
     np.copyto(mem, np.inf, where=~ok)
-    return _mask_grid(mem, tbl)
+    return _mask_grid(mem, grid)
 
 
 def _n_high(tbl: StageTable) -> np.ndarray:
