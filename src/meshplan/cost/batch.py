@@ -324,27 +324,39 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if osdp.active:
         compute = compute + osdp.compute_s
 
-    def fsdp_time(params, gathered):
+    def fsdp_time(gathered, reduce_scatter_s):
         gather = comms.all_gather_time(gathered * calib.weight_bytes_per_param, n1, lvl1)
-        return 2 * gather + comms.reduce_scatter_time(params * gb, n1, lvl1)
+        return 2 * gather + reduce_scatter_s
 
-    accumulate = (terms.m_float - 1.0) / terms.m_float
-    # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
-    z3_layer = fsdp_time(layer_p, osdp.sharded_layer_params)
     extra_latency = 0.0
-    if osdp.active:
-        extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
-        z3_layer = z3_layer + extra_latency
-    z3_rest = np.where(rest_p > 0, fsdp_time(rest_p, osdp.sharded_rest_params), 0.0)
-    z2_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1) * accumulate
-    z2_rest = np.where(rest_p > 0, comms.reduce_scatter_time(rest_p * gb, n1, lvl1), 0.0) * accumulate
-    z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
-              + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
-    z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
-              + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
+    # Each stage's terms only where some plan runs it (np.where picks them nowhere else).
+    zero3, zero2 = bool(np.any(z >= 3)), bool(np.any(z == 2))
+    z3_exp = z3_tot = z2_exp = z2_tot = 0.0
+    if zero3 or zero2:
+        # The gradients' reduce-scatter of a layer and of the embedding / LM head shares: ZeRO-3's
+        # (with the two gathers) and ZeRO-2's (per micro-batch) are the same collective.
+        has_rest = rest_p > 0
+        rs_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1)
+        rs_rest = comms.reduce_scatter_time(rest_p * gb, n1, lvl1)
+    if zero3:
+        # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
+        z3_layer = fsdp_time(osdp.sharded_layer_params, rs_layer)
+        if osdp.active:
+            extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
+            z3_layer = z3_layer + extra_latency
+        z3_rest = np.where(has_rest, fsdp_time(osdp.sharded_rest_params, rs_rest), 0.0)
+        z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
+                  + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
+        z3_tot = layers * z3_layer + z3_rest
+    if zero2:
+        accumulate = (terms.m_float - 1.0) / terms.m_float
+        z2_layer = rs_layer * accumulate
+        z2_rest = np.where(has_rest, rs_rest, 0.0) * accumulate
+        z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
+                  + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
+        z2_tot = layers * z2_layer + z2_rest
     comm_exp = comm_exp + np.where(z >= 3, z3_exp, np.where(z == 2, z2_exp, 0.0))
-    comm_tot = comm_tot + np.where(z >= 3, layers * z3_layer + z3_rest,
-                                   np.where(z == 2, layers * z2_layer + z2_rest, 0.0))
+    comm_tot = comm_tot + np.where(z >= 3, z3_tot, np.where(z == 2, z2_tot, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / terms.dense_shards[1] * (
@@ -469,13 +481,22 @@ def compose_step_peak(training: TrainingSpec, plans: PlanArrays, ranks: list[Ran
                       calib: Calibration) -> StepPeak:
     """Step time, bubble, peak memory and host memory from the ranks' costs (max over ranks):
     the figures of :func:`compose` the search reads, without the throughput columns."""
+    return compose_maxima(training, plans, calib, microbatch_s=_most([r.microbatch_s for r in ranks]),
+                          step_extra_s=_most([r.step_extra_s for r in ranks]),
+                          memory_bytes=_most([r.memory_bytes for r in ranks]),
+                          host_bytes=_most([r.host_bytes for r in ranks]))
+
+
+def compose_maxima(training: TrainingSpec, plans: PlanArrays, calib: Calibration, *, microbatch_s,
+                   step_extra_s, memory_bytes, host_bytes) -> StepPeak:
+    """:func:`compose_step_peak` from the maxima over the ranks of their ``RankCost`` figures
+    (the slowest rank's micro-batch time, the largest step tail, the most loaded rank's memory
+    and host memory), for a caller that holds the ranks stacked in one array."""
     m = num_microbatches(training, plans)
-    t_mb = _most([r.microbatch_s for r in ranks])
-    fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
-    step = fb + _most([r.step_extra_s for r in ranks])
-    peak = _most([r.memory_bytes for r in ranks])
-    host = np.broadcast_to(_most([r.host_bytes for r in ranks]), np.shape(peak))
-    return StepPeak(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak, host_memory_bytes=host)
+    fb, bubble = pipeline_time(microbatch_s, m, plans.pp, plans.vpp, plans.schedule, calib)
+    step = fb + step_extra_s
+    host = np.broadcast_to(host_bytes, np.shape(memory_bytes))
+    return StepPeak(step_time_s=step, bubble_s=bubble, peak_memory_bytes=memory_bytes, host_memory_bytes=host)
 
 
 def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import RankCost, StepPeak, compose_step_peak, num_microbatches, rank_cost
+from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
@@ -166,12 +166,12 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
                    has_embedding=rank == 0, has_head=rank == pp - 1)
-    full = {f.name: np.broadcast_to(getattr(rc, f.name), (pp * P,)) for f in fields(RankCost)}
-    per_rank = []
-    for j in range(pp):
-        sl = slice(j * P, (j + 1) * P)
-        per_rank.append(RankCost(**{name: x[sl] for name, x in full.items()}))
-    return compose_step_peak(ctx.training, plans, per_rank, ctx.calib)
+    def most(x):  # rank-major (pp * P,) -> the max over the ranks, (P,)
+        return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
+
+    return compose_maxima(ctx.training, plans, ctx.calib, microbatch_s=most(rc.microbatch_s),
+                          step_extra_s=most(rc.step_extra_s), memory_bytes=most(rc.memory_bytes),
+                          host_bytes=most(rc.host_bytes))
 
 
 def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
