@@ -215,10 +215,12 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
 
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
-              has_embedding, has_head, terms: PlanTerms | None = None) -> RankCost:
+              has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head).
-    ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it."""
+    ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it. ``totals``
+    False leaves ``comm_total_s`` NaN: a figure for breakdowns that :func:`compose` does not
+    read, skipped where the search scores millions of ranks."""
     if terms is None:
         terms = plan_terms(model, cluster, training, plans, calib, layer)
     hbm, v, T, Vt = terms.hbm, terms.v, terms.T, terms.Vt
@@ -236,7 +238,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     rec_one = terms.rec_one
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
-    comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
+    comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s) if totals else np.nan
     # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
     # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
     embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
@@ -246,7 +248,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
     # the vocabulary-parallel sync runs blocking between the passes (cost.vocab): never overlapped
     comm_exp = comm_exp + terms.p2p_s * (1.0 - calib.pp_p2p_overlap) + terms.vocab_sync_s
-    comm_tot = comm_tot + terms.p2p_s + terms.vocab_sync_s
+    if totals:
+        comm_tot = comm_tot + terms.p2p_s + terms.vocab_sync_s
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
     # a tied head needs no copy of the embedding when both rows sit on the same rank
@@ -347,16 +350,17 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         z3_rest = np.where(has_rest, fsdp_time(osdp.sharded_rest_params, rs_rest), 0.0)
         z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
                   + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
-        z3_tot = layers * z3_layer + z3_rest
+        z3_tot = layers * z3_layer + z3_rest if totals else 0.0
     if zero2:
         accumulate = (terms.m_float - 1.0) / terms.m_float
         z2_layer = rs_layer * accumulate
         z2_rest = np.where(has_rest, rs_rest, 0.0) * accumulate
         z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
                   + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
-        z2_tot = layers * z2_layer + z2_rest
+        z2_tot = layers * z2_layer + z2_rest if totals else 0.0
     comm_exp = comm_exp + np.where(z >= 3, z3_exp, np.where(z == 2, z2_exp, 0.0))
-    comm_tot = comm_tot + np.where(z >= 3, z3_tot, np.where(z == 2, z2_tot, 0.0))
+    if totals:
+        comm_tot = comm_tot + np.where(z >= 3, z3_tot, np.where(z == 2, z2_tot, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = total_p / terms.dense_shards[1] * (

@@ -86,6 +86,7 @@ def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
     kw["terms"] = plan_terms(**kw)  # shared by both ranks
+    kw["totals"] = False  # the search reads the step and the memory only
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)

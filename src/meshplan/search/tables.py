@@ -79,8 +79,11 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     """
     key = np.zeros(len(plans), dtype=np.int64)
     for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
-        col = getattr(plans, f).astype(np.int64)
-        key = key * (int(col.max(initial=0)) + 1) + col
+        col = getattr(plans, f)
+        if col.size == 0 or col.min() == col.max():
+            continue  # the same on every row: it splits no rows (the groups, and their order, stay)
+        np.multiply(key, int(col.max()) + 1, out=key)
+        np.add(key, col, out=key)
     # Rows that differ only in what the key leaves out (e.g. the recompute policy) are adjacent
     # in the enumerated space: sort only the first row of each run of equal keys.
     head = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if key.size else key
@@ -115,7 +118,7 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     col = lambda j: np.repeat([pr[j] for pr in probes], C)  # noqa: E731
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=col(0), layers=col(1), recomputed=col(2), has_embedding=col(3).astype(bool),
-                   has_head=col(4).astype(bool))
+                   has_head=col(4).astype(bool), totals=False)
     t = np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)
     x = np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)
     mem = np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C)
@@ -165,7 +168,7 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
     rank = np.repeat(np.arange(pp), P)
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
-                   has_embedding=rank == 0, has_head=rank == pp - 1)
+                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False)
     def most(x):  # rank-major (pp * P,) -> the max over the ranks, (P,)
         return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
 
