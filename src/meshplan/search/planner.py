@@ -38,7 +38,7 @@ from meshplan.search.offload import fastest, held_back_rows, most_offloaded, off
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
-                                    score_splits, shared_layer_cost, stage_table)
+                                    score_splits, shared_layer_cost, stage_probes, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -404,6 +404,8 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     order = np.argsort(best, kind="stable")
     by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
     starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
+    # The stage tables' probes of every candidate in one cost-model call (cand is ascending).
+    probes = stage_probes(ctx, plans.take(cand), layer.take(cand))
     next_key = 0
     for gi, g in enumerate(order):
         idx = cand[by_group[starts[g]:starts[g + 1]]]
@@ -414,7 +416,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
             sub = plans.take(chunk)
             sub_layer = layer.take(chunk)
-            tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer)
+            tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer, probes.take(np.searchsorted(cand, chunk)))
             alpha = pipeline_alpha(ctx, sub)
             known = merge_fronts(*fronts)
 

@@ -102,26 +102,50 @@ def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
     return pipeline_time(1.0, m, plans.pp, plans.vpp, plans.schedule, ctx.calib)[0] * np.ones(len(plans))
 
 
-def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
-                layer: LayerCost | None = None) -> StageTable:
-    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank
-    (one int, or the plans' own ``vpp`` column)."""
+@dataclass(frozen=True)
+class StageProbes:
+    """``rank_cost`` of plans at the eight probes :func:`stage_table` reads its coefficients off,
+    each (8, C): per-micro-batch time, per-step tail and memory."""
+
+    time_s: np.ndarray
+    extra_s: np.ndarray
+    memory_bytes: np.ndarray
+
+    def take(self, idx) -> "StageProbes":
+        return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx])
+
+
+def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None) -> StageProbes:
+    """The probes of :func:`stage_table` for plans of any pipeline degrees, in one stacked
+    ``rank_cost`` call (a caller tabling many groups pays its fixed cost once); each plan's
+    columns are what ``stage_table`` computes for it alone."""
     C = len(plans)
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
-    last = pp - 1
+    last, one = plans.pp - 1, plans.pp == 1
     # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head).
     probes = [(0, 1, 0, False, False), (0, 2, 0, False, False), (0, 2, 1, False, False),
               (0, 2, 2, False, False), (last, 1, 0, False, False), (last, 2, 0, False, False),
-              (0, 1, 0, True, pp == 1), (last, 1, 0, pp == 1, True)]
+              (0, 1, 0, True, one), (last, 1, 0, one, True)]
     K = len(probes)
     sp, idx = _stack(plans, K)
-    col = lambda j: np.repeat([pr[j] for pr in probes], C)  # noqa: E731
+    col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
+                                           for pr in probes])
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
-                   rank=col(0), layers=col(1), recomputed=col(2), has_embedding=col(3).astype(bool),
-                   has_head=col(4).astype(bool), totals=False)
-    t = np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)
-    x = np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)
-    mem = np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C)
+                   rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
+                   has_embedding=col(3, bool), has_head=col(4, bool), totals=False)
+    return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C),
+                       extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C),
+                       memory_bytes=np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C))
+
+
+def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
+                layer: LayerCost | None = None, probes: StageProbes | None = None) -> StageTable:
+    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank
+    (one int, or the plans' own ``vpp`` column); ``probes`` is ``stage_probes`` of the same
+    plans when the caller has it."""
+    last = pp - 1
+    probes = probes if probes is not None else stage_probes(ctx, plans, layer)
+    t, x, mem = probes.time_s, probes.extra_s, probes.memory_bytes
     alpha = pipeline_alpha(ctx, plans)
     m = num_microbatches(ctx.training, plans)
     held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule,  # noqa: E731
