@@ -219,9 +219,8 @@ def _top(tbl: StageTable, *, time_limit: np.ndarray | None = None,
     n_full = tbl.num_layers - (tbl.num_ranks - 1) * v_min
 
     def count(limit, slope, intercept):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            lim = limit[:, None] * (1 + CAP_SLACK) + CAP_SLACK * np.abs(intercept)
-            cap = np.where(slope > 0, np.floor((lim - intercept) / slope) + CAP_EXTRA_LAYERS, np.inf)
+        lim = limit[:, None] * (1 + CAP_SLACK) + CAP_SLACK * np.abs(intercept)
+        cap = np.where(slope > 0, np.floor((lim - intercept) / slope) + CAP_EXTRA_LAYERS, np.inf)
         return np.nan_to_num(cap, nan=np.inf, posinf=np.inf)
 
     def clip(cap):
@@ -259,8 +258,7 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
     has_saving = saving > 0
     tol = np.maximum(np.abs(lim), 1.0) * _REL
     out = []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
+    x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
     na = grid.na  # (C, 1, G): the same for every rank and every strictness
     # Recomputing cannot help a rank that saves nothing by it or a policy that recomputes
     # nothing: (C, p, 1), so the grid pays one pass for both.
@@ -280,8 +278,7 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
         np.copyto(r_min, np.inf, where=never)
         np.copyto(r_min, 0.0, where=fits_plain)
         bad = ~(r_min <= n)
-        with np.errstate(invalid="ignore"):  # inf * 0 where bad: overwritten below
-            r_min *= b
+        r_min *= b  # inf * 0 (NaN) where bad: overwritten below
         t = np.add(na, r_min, out=r_min)
         t += e
         np.copyto(t, np.inf, where=bad)
@@ -301,8 +298,7 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
         slack -= np.maximum(np.abs(lim), 1e-30) * _REL
     else:
         slack += np.maximum(np.abs(lim), 1e-30) * _REL
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r_max = slack / b
+    r_max = slack / b
     np.floor(r_max, out=r_max)
     np.copyto(r_max, np.inf, where=~(b > 0))
     np.minimum(r_max, n, out=r_max)
@@ -369,15 +365,13 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
         n[rows, j] -= 1
         excess[rows] -= 1
     # Fewest recomputed layers that meet the memory limit (the fastest choice).
-    _, _, c, d, g = (x[:, None] for x in (tbl.layer_time_s, tbl.recompute_time_s, tbl.layer_static_bytes,
-                                          tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes))
+    c, d, g = tbl.layer_static_bytes[:, None], tbl.layer_act_bytes[:, None], tbl.layer_act_recomputed_bytes[:, None]
     base = n * (c + tbl.inflight * d) + tbl.rank_bytes
     saving = tbl.inflight * (d - g)
     tol = np.maximum(np.abs(m_lim), 1.0)[:, None] * _REL
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
+    need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
     r = np.where(base <= m_lim[:, None] + tol, 0.0, np.maximum(need, 1.0))
-    r = np.clip(r, 0, n).astype(np.int64)
+    r = np.minimum(np.maximum(r, 0), n).astype(np.int64)  # np.clip, without its wrapper
     r = np.where(tbl.allow_recompute[:, None], r, 0)
     return n, r
 
@@ -417,6 +411,19 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     (the same points: tests compare the two); None cuts them when they are large
     (TRUNCATE_MIN_LAYER_COUNTS).
     """
+    with _quiet():
+        return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+
+
+def _quiet() -> np.errstate:
+    """The grids divide by zero and multiply inf by 0 in cells they then overwrite: the walk
+    runs with those warnings off (one context per walk, not one per grid pass)."""
+    return np.errstate(divide="ignore", invalid="ignore", over="ignore")
+
+
+def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+          truncate: bool | None) -> StagePoints:
+    """:func:`stage_frontier` (the caller holds the floating-point warnings off)."""
     C = tbl.num_configs
     out: list[tuple[np.ndarray, ...]] = []
     if C == 0:
@@ -482,8 +489,9 @@ def corner_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:
     """Per config the least max-rank time (no memory limit) and least peak memory (no time
     limit): no split of that config does better in either objective."""
     inf = np.full(tbl.num_configs, np.inf)
-    t_lb = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
-    m_lb = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
+    with _quiet():
+        t_lb = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
+        m_lb = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
     return t_lb, m_lb
 
 
