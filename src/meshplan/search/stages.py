@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class StageTable:
 
     @cached_property
     def _whole_grid(self) -> "_Grid":
-        return _whole_grid(self)
+        return _Grid(self)
 
     @property
     def num_configs(self) -> int:
@@ -124,57 +124,67 @@ class StagePoints:
     recomputed: np.ndarray  # (P, p) r_s
 
 
-class _Grid(NamedTuple):
-    """The table over its layer-count grid (see :func:`_grid`): broadcast columns and the grids
-    no limit changes, computed once per table."""
+class _Grid:
+    """The table over its layer-count grid (see :func:`_grid`): broadcast columns, and the grids
+    no limit changes (computed once each, when first read)."""
 
-    n: np.ndarray  # (1, 1, G) layer counts v_min ..
-    a: np.ndarray  # (C, 1, 1) and b, c, d, g, allow, jump alike
-    b: np.ndarray
-    c: np.ndarray
-    d: np.ndarray
-    g: np.ndarray
-    e: np.ndarray  # (C, p, 1) and f, k alike
-    f: np.ndarray
-    k: np.ndarray
-    allow: np.ndarray
-    jump: np.ndarray
-    base: np.ndarray  # (C, p, G) n (c + k d) + f: memory recomputing nothing
-    na: np.ndarray  # (C, 1, G) n a
-    nae: np.ndarray  # (C, p, G) n a + e: time recomputing nothing
-    nc: np.ndarray  # (C, 1, G) n c
-    below: np.ndarray | None  # (C, 1, G) n < v (mixed v only, see :func:`_mask_grid`)
-    above: np.ndarray | None  # (C, 1, G) n > L - (p-1) v
+    _LAZY = ("base", "na", "nae", "nc")
+
+    def __init__(self, tbl: StageTable, top: int | None = None) -> None:
+        v_min = tbl.min_chunks()
+        n_max = tbl.num_layers - (tbl.num_ranks - 1) * v_min if top is None else top
+        col = lambda x: x[:, None, None]  # noqa: E731
+        self.n = np.arange(v_min, n_max + 1, dtype=float)[None, None, :]  # (1, 1, G) layer counts
+        # (C, 1, 1) per config; e, f, k (C, p, 1) per rank
+        self.a, self.b, self.c = col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes)
+        self.d, self.g = col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes)
+        self.e, self.f, self.k = tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None]
+        self.allow, self.jump = col(tbl.allow_recompute), col(tbl.jump())
+        self.below = self.above = None  # (C, 1, G): n < v, n > L - (p-1) v (mixed v only, :func:`_mask_grid`)
+        if not tbl.uniform_chunks():
+            vc = tbl.chunk_array()[:, None, None]
+            self.below, self.above = self.n < vc, self.n > tbl.num_layers - (tbl.num_ranks - 1) * vc
+
+    @cached_property
+    def base(self) -> np.ndarray:
+        """(C, p, G) n (c + k d) + f: memory recomputing nothing."""
+        return self.n * (self.c + self.k * self.d) + self.f
+
+    @cached_property
+    def na(self) -> np.ndarray:
+        """(C, 1, G) n a."""
+        return self.n * self.a
+
+    @cached_property
+    def nae(self) -> np.ndarray:
+        """(C, p, G) n a + e: time recomputing nothing."""
+        return self.na + self.e
+
+    @cached_property
+    def nc(self) -> np.ndarray:
+        """(C, 1, G) n c."""
+        return self.n * self.c
 
     def upto(self, columns: int) -> "_Grid":
-        """The first ``columns`` layer counts (views)."""
-        cut = lambda x: None if x is None else x[:, :, :columns]  # noqa: E731
-        return self._replace(n=cut(self.n), base=cut(self.base), na=cut(self.na), nae=cut(self.nae),
-                             nc=cut(self.nc), below=cut(self.below), above=cut(self.above))
-
-
-def _whole_grid(tbl: StageTable) -> _Grid:
-    v_min = tbl.min_chunks()
-    n = np.arange(v_min, tbl.num_layers - (tbl.num_ranks - 1) * v_min + 1, dtype=float)[None, None, :]
-    col = lambda x: x[:, None, None]  # noqa: E731
-    a, c, d = col(tbl.layer_time_s), col(tbl.layer_static_bytes), col(tbl.layer_act_bytes)
-    e, f, k = tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None]
-    na = n * a
-    below = above = None
-    if not tbl.uniform_chunks():
-        vc = tbl.chunk_array()[:, None, None]
-        below, above = n < vc, n > tbl.num_layers - (tbl.num_ranks - 1) * vc
-    return _Grid(n=n, a=a, b=col(tbl.recompute_time_s), c=c, d=d, g=col(tbl.layer_act_recomputed_bytes),
-                 e=e, f=f, k=k, allow=col(tbl.allow_recompute), jump=col(tbl.jump()),
-                 base=n * (c + k * d) + f, na=na, nae=na + e, nc=n * c, below=below, above=above)
+        """The first ``columns`` layer counts (views of what this grid has computed)."""
+        out = object.__new__(_Grid)
+        out.__dict__.update(self.__dict__)
+        for name in ("n", "below", "above") + self._LAZY:
+            x = self.__dict__.get(name)
+            if x is not None:
+                out.__dict__[name] = x[:, :, :columns]
+        return out
 
 
 def _grid(tbl: StageTable, top: int | None = None) -> _Grid:
     """Broadcast helpers of shape (C, p, G) over the layer counts n = v_min .. L - (p-1) v_min,
     v_min the least v of the table (see :func:`_mask_grid` for configs with a larger v), or
     v_min .. ``top`` (:func:`_top`: the cells beyond count as +inf)."""
-    whole = tbl._whole_grid
-    return whole if top is None else whole.upto(top - tbl.min_chunks() + 1)
+    if top is None:
+        return tbl._whole_grid  # one per table
+    if "_whole_grid" in tbl.__dict__:
+        return tbl._whole_grid.upto(top - tbl.min_chunks() + 1)
+    return _Grid(tbl, top)  # a grid cut short: only its own columns
 
 
 def _mask_grid(values: np.ndarray, grid: _Grid) -> np.ndarray:
@@ -221,7 +231,8 @@ def _top(tbl: StageTable, *, time_limit: np.ndarray | None = None,
     def count(limit, slope, intercept):
         lim = limit[:, None] * (1 + CAP_SLACK) + CAP_SLACK * np.abs(intercept)
         cap = np.where(slope > 0, np.floor((lim - intercept) / slope) + CAP_EXTRA_LAYERS, np.inf)
-        return np.nan_to_num(cap, nan=np.inf, posinf=np.inf)
+        cap[np.isnan(cap)] = np.inf  # (np.nan_to_num's NaN rule; -inf stays below every count)
+        return cap
 
     def clip(cap):
         return int(np.clip(cap.max(initial=v_min), v_min, n_full))
