@@ -22,10 +22,12 @@ PRUNE_MIN_CONFIGS = 1 << 15
 ones the bound pass and its rounds cost about what they save (Llama-2-7B on 8 GPUs, 13,590
 configurations: 17.4 ms pruned, 15.0 ms scored whole)."""
 
-EVEN_CHUNK_ROWS = 1 << 15
+EVEN_CHUNK_ROWS = 1 << 16
 """Global configurations costed at once. Large spaces (millions of configurations for a few
 thousand GPUs) are costed in slices of this many rows: a slice's ~100 temporary arrays then
-stay in the CPU caches and are reused by the allocator instead of paging in gigabytes."""
+stay in the CPU caches and are reused by the allocator instead of paging in gigabytes. (GPT-3
+175B's first-rank bounds on the 2-core dev machine: 16k rows 254-306 ns a row, 32k 243-285, 64k
+217-263, 128k 454-494: past 64k the temporaries leave the caches.)"""
 
 
 @dataclass(frozen=True)

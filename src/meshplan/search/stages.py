@@ -315,8 +315,8 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
     np.minimum(r_max, n, out=r_max)
     np.copyto(r_max, 0.0, where=~allow)
     ok = slack >= 0
-    np.maximum(r_max, 0.0, out=r_max)
-    np.copyto(r_max, 0.0, where=~ok)
+    # (where slack < 0, r_max is negative and the cell's memory is set to inf below: its value,
+    # and whether it counts as recomputing, never show)
     # n c + k ((n - r) d + r g) + f + [r > 0] jump
     mem = n - r_max
     mem *= d
