@@ -146,6 +146,9 @@ class PlanTerms:
     n1: np.ndarray
     n1_e: np.ndarray
     lvl1: comms.Link
+    lvl1_e: comms.Link
+    """The experts' data-parallel group (n1_e ranks ep * etp apart: Megatron lays experts out
+    etp, ep, edp from the innermost), which reduces the expert gradients."""
     lvl2: comms.Link
     act_policy: np.ndarray
     m: np.ndarray
@@ -200,6 +203,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
         expert_shards = (n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3))
     else:  # etp = tp, ep = 1: edp = n1, the same shards
         n1_e, expert_shards = n1, dense_shards
+    lvl1 = comms.group_link(cluster, calib, n1, plans.tp)  # (dense models: also the experts' group)
     m = num_microbatches(training, plans)
     vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link) if plans.vocab_parallel.any() else 0.0
     return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
@@ -208,7 +212,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
         t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
         embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
-        lvl1=comms.group_link(cluster, calib, n1, plans.tp),
+        lvl1=lvl1, lvl1_e=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp) if model.is_moe else lvl1,
         lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
         act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))
 
@@ -262,10 +266,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z = plans.zero
     opt_pp = optimizer_state_bytes_per_param(calib, training)
 
-    experts = model.is_moe  # dense models hold no expert parameters: their expert terms are 0
+    experts_on = model.is_moe  # dense models hold no expert parameters: their expert terms are 0
 
     def shard(dense_bytes, expert_bytes, stage):
-        if not experts:
+        if not experts_on:
             return dense_bytes / terms.dense_shards[stage]
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
@@ -290,12 +294,21 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
     lvl1, lvl2 = terms.lvl1, terms.lvl2
     g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
-    w_bytes = total_p * calib.weight_bytes_per_param
+
+    def dp_ring(op, dense_bytes, expert_bytes):
+        """A data-parallel collective of dense parameters over the dp group and of expert
+        parameters over the expert-dp group (its own ranks, its own link)."""
+        if not experts_on:  # no expert bytes: the expert group's term is 0 everywhere
+            return op(dense_bytes, n1, lvl1)
+        return op(dense_bytes, n1, lvl1) + np.where(
+            expert_bytes > 0, op(expert_bytes, terms.n1_e, terms.lvl1_e), 0.0)
+
     # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
     # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
-    rs_grads = comms.reduce_scatter_time(g_bytes, n1, lvl1)  # shared by ZeRO-1/2 and ZeRO-3
-    ag_weights = comms.all_gather_time(w_bytes, n1, lvl1)
-    step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
+    wb = calib.weight_bytes_per_param
+    rs_grads = dp_ring(comms.reduce_scatter_time, dense_p * gb, expert_p * gb)
+    ag_weights = dp_ring(comms.all_gather_time, dense_p * wb, expert_p * wb)
+    step_lvl1 = np.where(z == 0, dp_ring(comms.all_reduce_time, dense_p * gb, expert_p * gb),
                          np.where(z <= 2, rs_grads + ag_weights, 0.0))
     # OSDP's kept groups (zero 3): their updated weights all-gathered once per step, as ZeRO-2
     if osdp.active:
@@ -322,13 +335,17 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
     # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
     layer_p = layer.params_per_gpu
+    expert_layer_p = layer.params_per_gpu - layer.dense_params_per_gpu
     layer_compute = layer.fwd_compute_s + layer.bwd_compute_s
     rest_compute = np.maximum(compute - layers * layer_compute, 0.0)
     if osdp.active:
         compute = compute + osdp.compute_s
 
-    def fsdp_time(gathered, reduce_scatter_s):
-        gather = comms.all_gather_time(gathered * calib.weight_bytes_per_param, n1, lvl1)
+    def fsdp_time(gathered, experts, reduce_scatter_s):
+        """FSDP's two gathers and one reduce-scatter (``reduce_scatter_s``); ``experts`` of the
+        gathered params are expert ones (always sharded: OSDP keeps dense groups only)."""
+        dense_gathered = np.maximum(gathered - experts, 0.0) if experts_on else gathered
+        gather = dp_ring(comms.all_gather_time, dense_gathered * wb, experts * wb)
         return 2 * gather + reduce_scatter_s
 
     extra_latency = 0.0
@@ -336,24 +353,30 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     zero3, zero2 = bool(np.any(z >= 3)), bool(np.any(z == 2))
     z3_exp = z3_tot = z2_exp = z2_tot = 0.0
     if zero3 or zero2:
-        # The gradients' reduce-scatter of a layer and of the embedding / LM head shares: ZeRO-3's
-        # (with the two gathers) and ZeRO-2's (per micro-batch) are the same collective.
+        # The gradients' reduce-scatter of the embedding / LM head shares, and of a layer when it
+        # holds no experts: ZeRO-3's (with the two gathers) and ZeRO-2's (per micro-batch) are
+        # the same collective.
         has_rest = rest_p > 0
-        rs_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1)
         rs_rest = comms.reduce_scatter_time(rest_p * gb, n1, lvl1)
+        if not experts_on:
+            rs_layer3 = rs_layer2 = comms.reduce_scatter_time(layer_p * gb, n1, lvl1)
     if zero3:
+        if experts_on:
+            rs_layer3 = dp_ring(comms.reduce_scatter_time, (layer_p - expert_layer_p) * gb, expert_layer_p * gb)
         # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
-        z3_layer = fsdp_time(osdp.sharded_layer_params, rs_layer)
+        z3_layer = fsdp_time(osdp.sharded_layer_params, expert_layer_p, rs_layer3)
         if osdp.active:
             extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
             z3_layer = z3_layer + extra_latency
-        z3_rest = np.where(has_rest, fsdp_time(osdp.sharded_rest_params, rs_rest), 0.0)
+        z3_rest = np.where(has_rest, fsdp_time(osdp.sharded_rest_params, 0.0, rs_rest), 0.0)
         z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
                   + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
         z3_tot = layers * z3_layer + z3_rest if totals else 0.0
     if zero2:
+        if experts_on:
+            rs_layer2 = dp_ring(comms.reduce_scatter_time, layer.dense_params_per_gpu * gb, expert_layer_p * gb)
         accumulate = (terms.m_float - 1.0) / terms.m_float
-        z2_layer = rs_layer * accumulate
+        z2_layer = rs_layer2 * accumulate
         z2_rest = np.where(has_rest, rs_rest, 0.0) * accumulate
         z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
                   + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
@@ -363,8 +386,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         comm_tot = comm_tot + np.where(z >= 3, z3_tot, np.where(z == 2, z2_tot, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
-    opt_bytes = total_p / terms.dense_shards[1] * (
-        2 * opt_pp + gb + calib.weight_bytes_per_param)
+    opt_bytes = shard(dense_p, expert_p, 1) * (2 * opt_pp + gb + wb)
     optimizer_s = opt_bytes / hbm
 
     # ---- activations ------------------------------------------------------------------------

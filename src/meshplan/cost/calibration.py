@@ -190,6 +190,13 @@ class Calibration:
     DGX A100/H100 is ~70-80% of the link rate)."""
     inter_node_comm_efficiency: float = 0.80
     """Fraction of the NIC line rate reached by NCCL across nodes (nccl-tests on InfiniBand)."""
+    ring_nic_spread: float = 1.0
+    """Share of the NICs of a ring group's members in one NVLink domain that a ring collective
+    crossing domains sends through: the ring runs at min(NVLink, max(1, spread x g) x NIC per
+    GPU) for g members per domain (cost/comms.py). 1: NCCL's rings, one per channel, each
+    crossing through a different member's NIC (nccl-tests doc/PERFORMANCE.md: across nodes the
+    bus bandwidth is the node's NICs); 0: one NIC share per rank, as a stack whose collectives
+    do not use NCCL's multi-channel rings gets. Fitted per (generation, stack)."""
     comm_half_message_bytes: float = 0.0
     """Message size at which a per-layer collective (TP, CP, EP) reaches half its bandwidth:
     effective bandwidth = W * M / (M + comm_half_message_bytes). NCCL's bus bandwidth ramps up
@@ -353,7 +360,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
-                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction"):
+                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction", "ring_nic_spread"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
