@@ -1,8 +1,8 @@
 """The frontier of fixed one-node jobs against golden files (tests/golden/search/<case>.json).
 
-The files were written by main at 994c7c5, before the search's speed work (session 5), so a change to the
-search's or the cost model's internals that moves any frontier point, its plan or the
-recommendation fails here. The jobs stay inside one NVLink domain and use the code's default
+The files were written by main at 994c7c5, before the search's speed work (session 5), so a
+change to the search's or the cost model's internals that moves any frontier point, its plan or
+the recommendation fails here. The jobs stay inside one NVLink domain and use the code's default
 ``Calibration()`` (not the fitted presets), so that a refit or a change to cross-node
 collectives leaves them alone. Set MESHPLAN_UPDATE_GOLDEN=1 to rewrite them after a deliberate
 change to the cost model (then say why in the commit).
