@@ -83,7 +83,7 @@ class StageTable:
         return self.recompute_jump_bytes
 
     @cached_property
-    def _whole_grid(self) -> "_Grid":
+    def _whole_grid(self) -> _Grid:
         return _Grid(self)
 
     @property
@@ -165,7 +165,7 @@ class _Grid:
         """(C, 1, G) n c."""
         return self.n * self.c
 
-    def upto(self, columns: int) -> "_Grid":
+    def upto(self, columns: int) -> _Grid:
         """The first ``columns`` layer counts (views of what this grid has computed)."""
         out = object.__new__(_Grid)
         out.__dict__.update(self.__dict__)

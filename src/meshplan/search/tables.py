@@ -111,7 +111,7 @@ class StageProbes:
     extra_s: np.ndarray
     memory_bytes: np.ndarray
 
-    def take(self, idx) -> "StageProbes":
+    def take(self, idx) -> StageProbes:
         return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx])
 
 
