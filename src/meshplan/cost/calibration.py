@@ -17,6 +17,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from meshplan.cost.attention_kernels import check_kernel, kernel_efficiency
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.training import Precision
@@ -78,8 +79,14 @@ class Calibration:
     elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
-    peak forward+backward, Dao 2023 Sec. 4.1). Fitted per (generation, stack): the fused kernel
-    differs (FlashAttention-2/3 on Hopper, cuDNN / FlashAttention-4 on Blackwell)."""
+    peak forward+backward, Dao 2023 Sec. 4.1). A (generation, stack) without a fitted record
+    starts from the table of its stack's attention_kernel (cost/attention_kernels.py:
+    FlashAttention-2 reaches 35% of H100, FA3 / cuDNN ~60%); a fitted record's value wins."""
+    attention_kernel: str = "fa2"
+    """The fused attention kernel the stack runs (a stack field): 'fa2' (flash-attn 2, torch
+    SDPA's flash backend), 'fa3', 'fa4' or 'cudnn' (Transformer Engine's cuDNN fused attention);
+    the names of spec/presets/attention_kernels.json, whose efficiency per GPU generation
+    calibration_for starts from."""
     attention_half_head_dim: float = 64.0
     """Head dim at which a fused attention kernel reaches half its large-head efficiency:
     efficiency x H / (H + attention_half_head_dim). Its own constant, not the GEMM's
@@ -311,12 +318,24 @@ class Calibration:
     fsdp_pp_keeps_unsharded: bool = True
     """With pipeline parallelism, FSDP does not reshard a stage's parameters after the forward
     (torchtitan's default reshard_after_forward policy under PP: the backward of in-flight
-    micro-batches would gather them again), so a rank holds its whole stage unsharded."""
-    selective_keeps_fraction: float = 1.0
-    """Of the activations that selective recompute keeps (all but the attention scores, Megatron's
-    core_attn selective, Korthikanti et al. 2022 Sec. 5), the fraction a stack really keeps: 1
-    for Megatron-Core; an op-level policy that recomputes norms and activation functions
-    (torchtitan's op selective AC: saves matmul outputs) keeps less. A stack-dependent field."""
+    micro-batches would gather them again), so a rank holds its whole stage unsharded. A stack
+    field (meshplan's runtime reshards after forward and backward: runtime/pipeline.py ZeroStage)."""
+    fsdp_pp_accumulates_unsharded_grads: bool = False
+    """With pipeline parallelism, FSDP accumulates each micro-batch's gradients unsharded in the
+    reduce dtype and reduce-scatters once after the last backward (torch.distributed.pipelining's
+    PipelineStage turns off gradient sync and resharding after backward until then), so a rank
+    holds its whole stage's gradients unsharded beside the gathered weights. A stack field."""
+    zero_bubble_keeps_unsharded: bool = False
+    """Under the zero-bubble schedule's split backward (input gradients, then weight gradients),
+    FSDP with pipelining keeps the stage gathered and its gradients unsharded whatever the two
+    fields above say: a weight backward needs the gathered weights after the input backward, so
+    the stack runs torch's PipelineStage behaviour there (meshplan's runtime/pipeline.py
+    ZeroStage). A stack field."""
+    op_selective_recompute: bool = False
+    """Selective recompute is an op-level policy (torchtitan's op SAC: the block input, every
+    other mm output, the attention kernel's output; cost/op_recompute.py) instead of Megatron's
+    core-attention recompute that keeps everything else (Korthikanti et al. 2022, Sec. 5). A
+    stack field."""
 
     # ---- behaviour ------------------------------------------------------------------------
     def grad_bytes_per_param(self, precision: Precision) -> float:
@@ -354,10 +373,11 @@ class Calibration:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("source",) or isinstance(v, bool):
+            if f.name in ("source", "attention_kernel") or isinstance(v, bool):
                 continue
             if not isinstance(v, (int, float)) or v < 0:
                 raise MeshplanError(f"calibration {f.name} must be a non-negative number, got {v!r}")
+        check_kernel(self.attention_kernel)
         if self.fp8_matmul_factor <= 0 or self.fp4_matmul_factor <= 0:
             raise MeshplanError("calibration fp8_matmul_factor and fp4_matmul_factor must be > 0")
         if self.moe_routing_imbalance < 1:
@@ -371,7 +391,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
-                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction", "ring_nic_spread"):
+                  "fp8_matmul_factor", "fp4_matmul_factor", "ring_nic_spread"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
@@ -384,7 +404,11 @@ DEFAULT_STACK = "meshplan"
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
-                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels")
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels",
+                "logits_bytes_per_element",
+                "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
+                "op_selective_recompute",
+                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 
@@ -462,8 +486,10 @@ def gpu_generation(gpu: GPUSpec) -> str:
 
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
-    defaults, then the hardware fields of a record borrowed from another stack of the same
-    generation when this pair has none, then the stack's mechanisms, then the pair's own record."""
+    defaults, then, when this pair has no record, the hardware fields of a record borrowed from
+    another stack of the same generation and the attention efficiency of the stack's kernel on
+    this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
+    own record."""
     stack = (stack or DEFAULT_STACK).lower()
     stacks = stack_records()
     if stack not in stacks:
@@ -479,6 +505,11 @@ def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
             hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
             calib = calib.replace_fields(**hw)
             sources.append(f"{lender.source} (hardware fields of {lender.key})")
+        kernel = stacks[stack].values.get("attention_kernel", calib.attention_kernel)
+        entry = kernel_efficiency(gen, kernel)
+        if entry is not None:  # the kernel's efficiency, not another stack's kernel's (the lender's)
+            calib = calib.replace_fields(attention_efficiency=entry.attention_efficiency)
+            sources.append(f"attention_efficiency of {kernel} on {entry.generation} (attention kernel table)")
     calib = calib.replace_fields(**stacks[stack].values)
     sources.append(f"{stack} stack mechanisms")
     if own is not None:
