@@ -318,3 +318,27 @@ def test_fsdp_with_pipelining_keeps_the_stage_unsharded():
     extra = (stage_layers - 2) * layer_p * CALIB.weight_bytes_per_param * (1 - 1 / 4)
     assert keep.stages[1].memory.other_bytes - prefetch.stages[1].memory.other_bytes == pytest.approx(extra)
 
+
+@pytest.mark.parametrize("ep", [2, 8])
+def test_expert_gemm_fixed_time_per_local_expert(ep):
+    """Qwen3-30B-A3B (128 experts): each local expert's two GEMMs pay moe_expert_gemm_s each, so
+    the MoE block's forward grows by 2 x 128/ep x 10 us (ep 8: 16 experts, 320 us; ep 2: 1.28 ms)
+    and the layer's forward by the same when no host floor binds."""
+    model = model_preset("qwen3-30b-a3b")
+    plan = Plan(dims=ParallelDims(dp_shard=8, ep=ep), zero=1, micro_batch=1)
+    train = _train()
+    arrays = _arrays(model, plan)
+    base_calib = CALIB.replace_fields(moe_alltoall_sync_s=0.0)
+    fixed_calib = base_calib.replace_fields(moe_expert_gemm_s=10e-6)
+    expected = 2.0 * (128 / ep) * 10e-6
+    rates = op_rates(H100, train, CALIB)
+    hbm = H100.gpu.hbm_bandwidth_bytes_per_s * CALIB.hbm_efficiency
+    T = arrays.micro_batch * train.seq_len / arrays.cp
+
+    def block(calib):
+        return moe_cost(model, H100, train, arrays, calib, T=T, hbm=hbm, ab=2.0, bf16_flops=rates.bf16_flops,
+                        linear_flops=rates.linear_flops, gemm_time=gemm_time, linear_time=gemm_time).compute_s
+
+    np.testing.assert_allclose(block(fixed_calib) - block(base_calib), expected, rtol=1e-9)
+    np.testing.assert_allclose(layer_cost(model, H100, train, arrays, fixed_calib).fwd_compute_s
+                               - layer_cost(model, H100, train, arrays, base_calib).fwd_compute_s, expected, rtol=1e-9)
