@@ -112,9 +112,9 @@ def _check_counts(c: np.ndarray, *, what: str) -> None:
         raise MeshplanError(f"{what}: expected [step][moe layer][expert] lists of the same lengths, "
                             f"got an array of shape {c.shape}")
     flat = c.reshape(-1)
-    bad = next((v for v in flat if not _is_count(v)), None)
-    if bad is not None:
-        raise MeshplanError(f"{what}: token counts must be integers from 0 to {MAX_COUNT:,}, got {bad!r}")
+    bad = [v for v in flat if not _is_count(v)]
+    if bad:
+        raise MeshplanError(f"{what}: token counts must be integers from 0 to {MAX_COUNT:,}, got {bad[0]!r}")
     if c.shape[-1] < 2:
         raise MeshplanError(f"{what}: a MoE layer needs at least 2 experts, the log has {c.shape[-1]}")
     empty = np.argwhere(c.astype(np.int64).sum(axis=-1) == 0)
