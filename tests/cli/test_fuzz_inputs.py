@@ -525,3 +525,17 @@ def test_regression_profile_zero_shape(show, tmp_path):
     code, err = assert_clean(["profile", "--show", str(path)] if show else
                              EC + ["--model", "gpt2", "--cluster", "cpu", "--precision", "fp32", "--cluster-profile", str(path)])
     assert code == 2 and "attention[0].head_dim must be a positive integer, got 0" in err, err
+
+
+@pytest.mark.parametrize("size", ["1e400", "1e300", "1e-12"])
+def test_regression_export_weights_shard_size(size, checkpoint, tmp_path):
+    """--max-shard-gb inf raised OverflowError converting to bytes; 1e-12 GB rounded to 0 bytes."""
+    code, err = assert_clean(["export-weights", str(checkpoint), str(tmp_path / "out"), "--max-shard-gb", size])
+    assert code == 2 and "--max-shard-gb" in err, err
+
+
+def test_regression_export_weights_damaged_checkpoint(checkpoint, tmp_path):
+    """Shards that are not DCP files raised torch's UnpicklingError through the command."""
+    pytest.importorskip("torch")
+    code, err = assert_clean(["export-weights", str(checkpoint), str(tmp_path / "out")])
+    assert code == 2 and "cannot read the checkpoint's tensors" in err, err
