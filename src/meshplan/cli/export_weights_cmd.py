@@ -13,7 +13,6 @@ from rich.table import Table
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
-from meshplan.numbers import check_finite
 
 BYTES_PER_GB = 10**9
 """--max-shard-gb counts decimal gigabytes, as transformers' max_shard_size does."""
@@ -33,7 +32,9 @@ def export_weights(
     json_out: JsonOpt = False,
 ) -> None:
     """Write a checkpoint's weights as a Hugging Face model directory that `transformers` loads."""
-    shard_bytes = check_finite("--max-shard-gb", max_shard_gb, positive=True) * BYTES_PER_GB
+    if not max_shard_gb > 0:
+        raise MeshplanError(f"--max-shard-gb must be positive, got {max_shard_gb}")
+    shard_bytes = max_shard_gb * BYTES_PER_GB
     if not 1 <= shard_bytes < math.inf:  # 1e-12 GB rounds to 0 bytes, 1e300 GB overflows
         raise MeshplanError(f"--max-shard-gb {max_shard_gb:g} is not a shard size (at least one byte, finite)")
     from meshplan.runtime.hf_export import export_hf

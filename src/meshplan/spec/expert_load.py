@@ -114,7 +114,8 @@ def _check_counts(c: np.ndarray, *, what: str) -> None:
     flat = c.reshape(-1)
     bad = [v for v in flat if not _is_count(v)]
     if bad:
-        raise MeshplanError(f"{what}: token counts must be integers from 0 to {MAX_COUNT:,}, got {bad[0]!r}")
+        raise MeshplanError(f"{what}: token counts must be non-negative integers, got {bad[0]!r} "
+                            f"(at most {MAX_COUNT:,})")
     if c.shape[-1] < 2:
         raise MeshplanError(f"{what}: a MoE layer needs at least 2 experts, the log has {c.shape[-1]}")
     empty = np.argwhere(c.astype(np.int64).sum(axis=-1) == 0)
