@@ -539,3 +539,34 @@ def test_regression_export_weights_damaged_checkpoint(checkpoint, tmp_path):
     pytest.importorskip("torch")
     code, err = assert_clean(["export-weights", str(checkpoint), str(tmp_path / "out")])
     assert code == 2 and "cannot read the checkpoint's tensors" in err, err
+
+
+@pytest.mark.parametrize("memory", ["0", "-3"])
+def test_regression_runs_csv_memory(memory, runs_rows, tmp_path):
+    """A measured peak memory of 0 divided by zero in the memory error (ZeroDivisionError)."""
+    import csv
+    import io
+
+    header, row = runs_rows[0]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header)
+    writer.writeheader()
+    writer.writerow({**row, "measured_peak_mem_gib": memory})
+    code, err = assert_clean(["validate", "--runs", str(write(tmp_path, "runs.csv", buf.getvalue())), "--json"])
+    assert code == 2 and "measured_peak_mem_gib" in err and "> 0 GiB" in err, err
+
+
+def test_regression_validate_fit_json(runs_rows, tmp_path):
+    """`validate --fit --json` raised TypeError: a fit's settings (a MappingProxyType) were not JSON."""
+    import csv
+    import io
+
+    header, row = runs_rows[0]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=header)
+    writer.writeheader()
+    writer.writerow(row)
+    argv = ["validate", "--runs", str(write(tmp_path, "runs.csv", buf.getvalue())), "--fit", "--json"]
+    code, out, err = run_cli(argv)
+    assert code == 0, err
+    assert json.loads(out)["fit"], out
