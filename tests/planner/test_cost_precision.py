@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from meshplan.cost import PlanArrays, estimate, estimate_batch
-from meshplan.cost.calibration import calibration_for
+from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import activation_bytes, layer_cost
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute
 from meshplan.spec.cluster import system_preset
@@ -43,7 +43,9 @@ def test_bytes_per_activation_element():
 def test_fp32_doubles_layer_activations_and_tp_cp_ep_traffic(model_name):
     model = model_preset(model_name)
     arrays = PlanArrays.from_plans([p.with_defaults(model) for p in PLANS])
-    lc = {pr: layer_cost(model, PURE, _train(pr), arrays, CALIB)
+    # Transformer Engine's fp8 storage (the Calibration default; meshplan's runtime keeps bf16)
+    te = CALIB.replace_fields(fp8_saved_input_bytes_per_element=Calibration().fp8_saved_input_bytes_per_element)
+    lc = {pr: layer_cost(model, PURE, _train(pr), arrays, te)
           for pr in (Precision.FP32, Precision.BF16, Precision.FP8)}
     for f in ("act_none_bytes", "act_selective_bytes", "act_full_bytes", "fwd_comm_total_s"):
         f32, f16, f8 = (getattr(lc[pr], f) for pr in (Precision.FP32, Precision.BF16, Precision.FP8))

@@ -34,7 +34,7 @@ from meshplan.cost.offload import host_budget_bytes, rank_offload
 from meshplan.cost.osdp import extra_gather_latency_s, rank_osdp, uses_osdp
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.vocab import vocab_shares, vocab_sync_s
-from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, PlanArrays
+from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, ZERO_BUBBLE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
@@ -269,6 +269,14 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         weights = weights + shard(layers * layer.dense_params_per_gpu * copy_b, expert_p * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)
     grads = shard(dense_p * gb, expert_p * gb, 2)
+    # FSDP + PP as torch's PipelineStage runs it (torchtitan; meshplan's runtime under the
+    # zero-bubble split backward): gradients accumulate unsharded in the reduce dtype over the
+    # micro-batches and are reduce-scattered once, the stage's weights stay gathered.
+    fsdp_pp = (z >= 3) & (p > 1)
+    torch_stage = fsdp_pp & (plans.schedule == ZERO_BUBBLE) & calib.zero_bubble_keeps_unsharded
+    if calib.fsdp_pp_accumulates_unsharded_grads or calib.zero_bubble_keeps_unsharded:
+        grads = np.where((fsdp_pp & calib.fsdp_pp_accumulates_unsharded_grads) | torch_stage,
+                         total_p * gb, grads)
     optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
 
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
@@ -378,10 +386,11 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # OSDP: the sharded groups only, the MLP a slice at a time (all of them when the stage stays
     # unsharded).
     gathered, gathered_p = np.minimum(2.0, layers), osdp.gathered_layer_params
-    if calib.fsdp_pp_keeps_unsharded and np.any(z >= 3):
-        gathered = np.where(p > 1, layers, gathered)
+    if (calib.fsdp_pp_keeps_unsharded or calib.zero_bubble_keeps_unsharded) and np.any(z >= 3):
+        keep = (fsdp_pp & calib.fsdp_pp_keeps_unsharded) | torch_stage
+        gathered = np.where(keep, layers, gathered)
         if osdp.active:
-            gathered_p = np.where(p > 1, osdp.sharded_layer_params, gathered_p)
+            gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
     z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)

@@ -60,6 +60,16 @@ class Calibration:
     pipeline sends/receives, the data iterator, hooks of the distributed optimizer) that a small
     model cannot hide behind device work (PyTorch CUDA semantics, 'Asynchronous execution').
     A stack field (STACK_FIELDS), fitted per (generation, stack)."""
+    host_s_per_kernel: float = 0.0
+    """Host time to issue one kernel from the training loop: Python, the PyTorch dispatcher and
+    cudaLaunchKernel, 5-20 us per op in eager PyTorch (PyTorch blog 'Accelerating PyTorch with
+    CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
+    under CUDA graphs (one graph launch per captured region). A layer
+    takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
+    host_fused_kernels: bool = False
+    """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
+    norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
+    per aten op of eager model code (cost/host.py counts both). A stack field."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -300,12 +310,24 @@ class Calibration:
     fsdp_pp_keeps_unsharded: bool = True
     """With pipeline parallelism, FSDP does not reshard a stage's parameters after the forward
     (torchtitan's default reshard_after_forward policy under PP: the backward of in-flight
-    micro-batches would gather them again), so a rank holds its whole stage unsharded."""
-    selective_keeps_fraction: float = 1.0
-    """Of the activations that selective recompute keeps (all but the attention scores, Megatron's
-    core_attn selective, Korthikanti et al. 2022 Sec. 5), the fraction a stack really keeps: 1
-    for Megatron-Core; an op-level policy that recomputes norms and activation functions
-    (torchtitan's op selective AC: saves matmul outputs) keeps less. A stack-dependent field."""
+    micro-batches would gather them again), so a rank holds its whole stage unsharded. A stack
+    field (meshplan's runtime reshards after forward and backward: runtime/pipeline.py ZeroStage)."""
+    fsdp_pp_accumulates_unsharded_grads: bool = False
+    """With pipeline parallelism, FSDP accumulates each micro-batch's gradients unsharded in the
+    reduce dtype and reduce-scatters once after the last backward (torch.distributed.pipelining's
+    PipelineStage turns off gradient sync and resharding after backward until then), so a rank
+    holds its whole stage's gradients unsharded beside the gathered weights. A stack field."""
+    zero_bubble_keeps_unsharded: bool = False
+    """Under the zero-bubble schedule's split backward (input gradients, then weight gradients),
+    FSDP with pipelining keeps the stage gathered and its gradients unsharded whatever the two
+    fields above say: a weight backward needs the gathered weights after the input backward, so
+    the stack runs torch's PipelineStage behaviour there (meshplan's runtime/pipeline.py
+    ZeroStage). A stack field."""
+    op_selective_recompute: bool = False
+    """Selective recompute is an op-level policy (torchtitan's op SAC: the block input, every
+    other mm output, the attention kernel's output; cost/op_recompute.py) instead of Megatron's
+    core-attention recompute that keeps everything else (Korthikanti et al. 2022, Sec. 5). A
+    stack field."""
 
     # ---- behaviour ------------------------------------------------------------------------
     def grad_bytes_per_param(self, precision: Precision) -> float:
@@ -360,7 +382,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
-                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction", "ring_nic_spread"):
+                  "fp8_matmul_factor", "fp4_matmul_factor", "ring_nic_spread"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
@@ -373,7 +395,11 @@ DEFAULT_STACK = "meshplan"
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
-                "loss_transient_bytes_per_element")
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels",
+                "logits_bytes_per_element",
+                "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
+                "op_selective_recompute",
+                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 

@@ -30,9 +30,11 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
+from meshplan.cost.host import host_bound, host_launch_s
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
+from meshplan.cost.op_recompute import op_selective
 from meshplan.cost.packing import DocAttention, doc_attention
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
 from meshplan.spec.cluster import ClusterSpec
@@ -236,7 +238,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
     t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + mix.softmax_bytes / hbm
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
-    fwd_compute = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    # The host issues the layer's kernels while the device runs them: the slower sets the pace.
+    host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
+    fwd_compute = host_bound(fwd_device, host_fwd)
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ab  # (b, S/c, D) activation
@@ -267,12 +272,18 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
     # exactly 2 x fwd_compute at the default.
-    bwd_compute = 2.0 * fwd_compute + (mix.core_bwd_s - 2.0 * t_attn)
+    bwd_compute = host_bound(2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn), host_bwd)
     tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
     cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
-    rec_sel = t_attn + mix.softmax_bytes / hbm
+    op_sel = (op_selective(model, kind, tokens=T, tokens_replicated=T_rep, tp=t, sp=sp, ab=ab)
+              if calib.op_selective_recompute else None)
+    if op_sel is None:  # Megatron's selective: the attention core again (Korthikanti et al. 2022 Sec. 5)
+        rec_sel = t_attn + mix.softmax_bytes / hbm
+    else:  # op-level: the unsaved mms and every memory-bound op again, the attention kernel saved
+        rec_sel = (op_sel.mixer_recomputed_share * mix.gemm_s + op_sel.ffn_recomputed_share * t_mlp
+                   + t_mem + calib.layer_overhead_s)
     rec_full = fwd_compute + fwd_comm_exposed
 
     # ---- parameters and states ----------------------------------------------------------
@@ -295,7 +306,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
         parallel = parallel + T * ab * 2.0 * model.moe_latent_size
     act_none = replicated + parallel + mix.score_bytes
-    act_sel = (replicated + parallel) * calib.selective_keeps_fraction  # stack-dependent (Calibration)
+    # selective: Megatron's keeps all but the scores; an op-level policy far less (cost/op_recompute.py)
+    act_sel = replicated + parallel if op_sel is None else op_sel.kept_bytes
     act_full = T_rep * D * ab
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,

@@ -115,8 +115,9 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         ac["mode"] = "selective"
         ac["selective_ac_option"] = "op"
         warnings.append("selective recompute mapped to torchtitan's per-op policy, which saves "
-                        "matmul outputs and recomputes the rest (close to, not exactly, "
-                        "Korthikanti's attention-core recompute)")
+                        "every other matmul output and the attention kernel's, and recomputes the "
+                        "rest (less memory and more recompute than Korthikanti's attention-core "
+                        "recompute; `--target torchtitan` estimates it so)")
     else:
         every, _ = uniform_recompute(plan)
         if every:
