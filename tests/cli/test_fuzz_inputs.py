@@ -469,20 +469,26 @@ def test_fuzz_replan_numbers(gpus, memory, gpn, checkpoint):
 
 
 # ---- plans the runtime cannot run: refused on one line, before any process -------------------------
-@pytest.mark.parametrize("edit", [
-    {"dims": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 0}},
-    {"schedule": "zero-bubble"},
-    {"offload": ["activations"]},
-    {"head_splits": 3},
-    {"keep_gathered": ["mlp"]},
-    {"expert_placement": "balanced"},
-], ids=lambda e: next(iter(e)))
-@pytest.mark.parametrize("dry_run", [False, True])
-def test_train_refusals_are_one_line(edit, dry_run, tmp_path):
+TP2 = {"dp_replicate": 1, "dp_shard": 1, "tp": 2, "pp": 1, "cp": 1, "ep": 1, "etp": 0}
+PP2 = {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 2, "cp": 1, "ep": 1, "etp": 0}
+
+
+@pytest.mark.parametrize(("model", "plan", "expect"), [
+    ({"vocab_size": 255}, {"dims": TP2}, "not divisible by tp=2"),  # the runtime's own rule (targets.py)
+    ({}, {"dims": PP2, "micro_batch": 8}, "needs at least 2 micro-batches"),  # torch's Schedule1F1B
+    ({}, {"dims": PP2, "stage_layers": [1, 2]}, "stage_layers sum to 3"),
+    ({}, {"head_splits": 3}, "head_splits=3"),
+    ({}, {"keep_gathered": ["mlp"]}, "keep_gathered needs zero 3"),
+    ({}, {"expert_placement": "balanced"}, "need ep > 1"),
+], ids=["vocab-tp", "1f1b-microbatches", "stage-layers", "head-splits", "keep-gathered", "expert-placement"])
+@pytest.mark.parametrize("dry_run", [False, True], ids=["train", "dry-run"])
+def test_train_refusals_are_one_line(model, plan, expect, dry_run, tmp_path):
     d = _cpu_job().to_dict()
-    d["plan"].update(edit)
-    plan = write(tmp_path, "job.json", _dump_json(d))
-    assert_clean(["train", "--plan", str(plan)] + (["--dry-run"] if dry_run else []))
+    d["model"].update(model)
+    d["plan"].update(plan)
+    path = write(tmp_path, "job.json", _dump_json(d))
+    code, err = assert_clean(["train", "--plan", str(path)] + (["--dry-run"] if dry_run else []))
+    assert code == 2 and expect in err, err
 
 
 # ---- regressions: inputs that raised a traceback before this module's fixes --------------------------
