@@ -200,6 +200,7 @@ def test_the_fixtures_are_good(tmp_path, moe_job_dict):
     assert assert_clean(_moe_on_cluster(write(tmp_path, "c.yaml", _example_cluster())))[0] == 0
     profile = str(FIXTURES / "profiles" / "cpu_profile_2cores.json")
     assert assert_clean(["profile", "--show", profile])[0] == 0
+    assert assert_clean(_import_megatron(MEGATRON_ARGS))[0] == 0
     assert assert_clean(["estimate", "--model", "gpt2", "--cluster", "cpu", "--precision", "fp32", "--seq-len", "1024",
                          "--global-batch", "32", "--json", "--cluster-profile", profile])[0] == 0
 
@@ -207,12 +208,15 @@ def test_the_fixtures_are_good(tmp_path, moe_job_dict):
 # ---- Job (plan) files ---------------------------------------------------------------------------
 @FUZZ
 @given(pick=st.integers(min_value=0), value=ODD_JSON, delete=st.booleans(),
-       command=st.sampled_from(["explain", "estimate", "export-megatron", "export-torchtitan"]))
+       command=st.sampled_from(["explain", "estimate", "export-megatron", "export-torchtitan", "export-deepspeed",
+                                "plan-compare"]))
 def test_fuzz_job_file(pick, value, delete, command, moe_job_dict, tmp_path_factory):
     path = write(tmp_path_factory.mktemp("job"), "job.json", _dump_json(mutated(moe_job_dict, pick, value, delete=delete)))
     argv = {"explain": ["explain", str(path), "--json"], "estimate": ["estimate", "--plan", str(path), "--json"],
             "export-megatron": ["export", str(path), "--to", "megatron", "--json"],
-            "export-torchtitan": ["export", str(path), "--to", "torchtitan", "--json"]}[command]
+            "export-torchtitan": ["export", str(path), "--to", "torchtitan", "--json"],
+            "export-deepspeed": ["export", str(path), "--to", "deepspeed", "--json"],
+            "plan-compare": ["plan", "--compare", str(path), "--top", "1", "--json"]}[command]
     assert_clean(argv)
 
 
@@ -576,3 +580,23 @@ def test_regression_validate_fit_json(runs_rows, tmp_path):
     code, out, err = run_cli(argv)
     assert code == 0, err
     assert json.loads(out)["fit"], out
+
+
+# ---- import: a Megatron-LM command line with one value replaced ------------------------------------
+MEGATRON_ARGS = ["--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", "12", "--seq-length", "1024",
+                 "--global-batch-size", "32", "--vocab-size", "50257", "--micro-batch-size", "4",
+                 "--tensor-model-parallel-size", "2", "--num-experts", "8", "--moe-router-topk", "2",
+                 "--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
+
+
+@FUZZ
+@given(pick=st.integers(min_value=0), value=ODD_TEXT)
+def test_fuzz_import_megatron(pick, value):
+    args = list(MEGATRON_ARGS)
+    args[1 + 2 * (pick % (len(args) // 2))] = value
+    assert_clean(_import_megatron(args))
+
+
+def _import_megatron(args: list[str]) -> list[str]:
+    return ["import", "--from", "megatron", shlex.join(args + ["--use-distributed-optimizer"]), "--gpu", "a100-80gb",
+            "--gpus", "8", "--json"]
