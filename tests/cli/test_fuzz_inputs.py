@@ -511,7 +511,10 @@ def _job_with(d: dict, where: tuple, value) -> dict:
     (("plan",), [1], "'plan' section must be an object, got [1]"),
     (("cluster",), "dgx-h100", "'cluster' section must be an object"),
     (("training", "expert_load", "counts", 0, 0, 0), 10**30, "token counts must be non-negative integers, got 1000000000000000000000000000000 (at most"),  # OverflowError
-], ids=["model-null", "training-number", "plan-list", "cluster-text", "expert-count-huge"])
+    (("model", "attention_sinks"), {}, "attention_sinks must be true or false, got {}"),  # unhashable in a cache
+    (("model", "name"), [1], "name must be text, got [1]"),
+], ids=["model-null", "training-number", "plan-list", "cluster-text", "expert-count-huge", "model-bool-dict",
+        "model-name-list"])
 def test_regression_job_file(where, value, expect, moe_job_dict, tmp_path):
     path = write(tmp_path, "job.json", _dump_json(_job_with(moe_job_dict, where, value)))
     code, err = assert_clean(["explain", str(path), "--json"])
