@@ -196,10 +196,19 @@ class Calibration:
     all-to-all move the counts to the host to size the all-to-all: the launch queue drains,
     and the layer's remaining ~100 kernels (permute, grouped GEMMs, activation, unpermute,
     combine) start from the host at ~10 us of launch and dispatch each (5-20 us: PyTorch blog
-    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently, so
-    the MoE block takes max(its device time, this launch time) (cost/layer.py): a small,
-    fine-grained MoE at micro-batch 1 is host-bound, a large one hides the launches behind its
-    GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently up to
+    the next MoE layer's sync, the host launching this layer's experts and the next layer's norm,
+    attention and router: a MoE layer's forward takes max(its device time, this launch time)
+    (cost/layer.py): a small, fine-grained MoE at micro-batch 1 is host-bound, a large one hides
+    the launches behind its GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    moe_expert_gemm_s: float = 0.0
+    """Fixed device time of each local expert's GEMM beyond its FLOPs, forward, per GEMM (two per
+    expert: up and down; the backward 2x like all of the layer's work): Transformer Engine's
+    GroupedLinear (Megatron-Core --moe-grouped-gemm) runs one GEMM per local expert
+    (general_grouped_gemm over the m_splits, with each split's fp8 cast), each with its launch and
+    its last partial wave, so a layer with E/ep local experts pays 2 E/ep of them whatever the
+    tokens: many small local experts (ep 8 of 128) cost more than few large ones. 0: a single
+    grouped kernel; fitted per (generation, stack)."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75
