@@ -427,7 +427,8 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "logits_bytes_per_element",
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
-                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel")
+                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
+                "pp_preallocated_recv_buffers")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 
