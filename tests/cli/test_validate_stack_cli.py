@@ -43,9 +43,11 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     # a regression guard on the shipped fit (15.4% after the per-op mechanisms were fitted, on
     # TFLOP/s; 8.1% on tokens/s after the attention, grouped-GEMM, host-launch and SSD
     # mechanisms and the Blackwell Ultra records; 9.0% after cross-domain rings ran at the
-    # node's NICs, which took the worst rows from -83% / -68% to +11% / -2%; issue 14 aims at 8%)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.092
-    assert d["summary"]["throughput_p90_abs_error"] <= 0.36
+    # node's NICs, which took the worst rows from -83% / -68% to +11% / -2%; 7.8% / 32.4% once a
+    # MoE layer's whole forward, not its MoE block alone, waited for the host after the
+    # all-to-all's sync; 6.8% / 32.4% with a fixed time per local expert's GEMM; issue 14 aims at 8%)
+    assert d["summary"]["throughput_median_abs_error"] <= 0.070
+    assert d["summary"]["throughput_p90_abs_error"] <= 0.33
 
 
 def test_target_replaces_each_rows_stack():

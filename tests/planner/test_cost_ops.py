@@ -235,15 +235,18 @@ def _moe_block_device_s(model, arrays, training):
 
 
 def test_alltoall_host_launch_runs_beside_the_device():
-    """After the dropless all-to-all's host sync the host launches the block while the device
-    runs it: the block takes max(device time, launch time). A launch time longer than the
-    device's work adds exactly their difference; a shorter one adds nothing; none with the
-    all-gather dispatcher."""
+    """After the dropless all-to-all's host sync the host launches one layer's work (this layer's
+    experts, the next one's attention and router) while the device runs it: the layer's forward
+    takes max(its device time, launch time). A launch time longer than the layer's device work
+    adds exactly their difference; a shorter one adds nothing, even one longer than the MoE
+    block alone; none with the all-gather dispatcher."""
     model = model_preset("mixtral-8x7b")  # every layer MoE
     arrays = _arrays(model, Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=1))
-    device = float(_moe_block_device_s(model, arrays, _train())[0])
+    block = float(_moe_block_device_s(model, arrays, _train())[0])
     free = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=0.0))
-    for launch, extra in ((0.5 * device, 0.0), (device + 2e-3, 2e-3)):
+    device = float(free.fwd_compute_s[0])  # the whole layer's forward on the device
+    assert block < device
+    for launch, extra in ((0.5 * device, 0.0), (0.5 * (block + device), 0.0), (device + 2e-3, 2e-3)):
         synced = layer_cost(model, H100, _train(), arrays, CALIB.replace_fields(moe_alltoall_sync_s=launch))
         np.testing.assert_allclose(synced.fwd_compute_s - free.fwd_compute_s, extra, atol=1e-12)
     for mb in (1, 4):
@@ -314,3 +317,28 @@ def test_fsdp_with_pipelining_keeps_the_stage_unsharded():
     stage_layers = keep.stages[1].layers  # 8 layers; the prefetch policy holds 2 of them gathered
     extra = (stage_layers - 2) * layer_p * CALIB.weight_bytes_per_param * (1 - 1 / 4)
     assert keep.stages[1].memory.other_bytes - prefetch.stages[1].memory.other_bytes == pytest.approx(extra)
+
+
+@pytest.mark.parametrize("ep", [2, 8])
+def test_expert_gemm_fixed_time_per_local_expert(ep):
+    """Qwen3-30B-A3B (128 experts): each local expert's two GEMMs pay moe_expert_gemm_s each, so
+    the MoE block's forward grows by 2 x 128/ep x 10 us (ep 8: 16 experts, 320 us; ep 2: 1.28 ms)
+    and the layer's forward by the same when no host floor binds."""
+    model = model_preset("qwen3-30b-a3b")
+    plan = Plan(dims=ParallelDims(dp_shard=8, ep=ep), zero=1, micro_batch=1)
+    train = _train()
+    arrays = _arrays(model, plan)
+    base_calib = CALIB.replace_fields(moe_alltoall_sync_s=0.0)
+    fixed_calib = base_calib.replace_fields(moe_expert_gemm_s=10e-6)
+    expected = 2.0 * (128 / ep) * 10e-6
+    rates = op_rates(H100, train, CALIB)
+    hbm = H100.gpu.hbm_bandwidth_bytes_per_s * CALIB.hbm_efficiency
+    T = arrays.micro_batch * train.seq_len / arrays.cp
+
+    def block(calib):
+        return moe_cost(model, H100, train, arrays, calib, T=T, hbm=hbm, ab=2.0, bf16_flops=rates.bf16_flops,
+                        linear_flops=rates.linear_flops, gemm_time=gemm_time, linear_time=gemm_time).compute_s
+
+    np.testing.assert_allclose(block(fixed_calib) - block(base_calib), expected, rtol=1e-9)
+    np.testing.assert_allclose(layer_cost(model, H100, train, arrays, fixed_calib).fwd_compute_s
+                               - layer_cost(model, H100, train, arrays, base_calib).fwd_compute_s, expected, rtol=1e-9)

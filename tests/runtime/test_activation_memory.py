@@ -40,3 +40,46 @@ def test_gqa_attention_keeps_kv_heads() -> None:
     shapes = [s for s, _ in _saved(core, q, k, v)]
     assert (B, Nk, S, H) in shapes and (B, Nq, S, H) in shapes  # K/V kept at Nk heads
     assert shapes.count((B, Nq, S, H)) == 2  # q and the output, no expanded K/V
+
+
+def test_moe_combine_keeps_no_routed_copy() -> None:
+    """The combine sums each token's k slots like index_add, and its backward keeps only indices
+    (index_add would keep its (T*k, D) source)."""
+    from meshplan.runtime.models.moe import combine_slots
+
+    T, k, D = 6, 2, 4
+    order = torch.argsort(torch.tensor([3, 1, 0, 2, 1, 1, 3, 0, 2, 2, 0, 3]), stable=True)
+    src = torch.randn(T * k, D, dtype=torch.float64, requires_grad=True)
+    want = torch.zeros(T, D, dtype=torch.float64).index_add(0, order // k, src)
+    saved: list[tuple[int, ...]] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        got = combine_slots(src, order, k)
+    torch.testing.assert_close(got, want)
+    assert (T * k, D) not in saved and all(len(s) == 1 for s in saved)  # the slot order only
+
+
+def test_expert_weights_gradient_built_once() -> None:
+    """expert_mlp's backward builds the (E, D, F) weight gradient once (unbind), not one zero-filled
+    whole copy per expert (indexing): no backward op allocates more than one weight's worth."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.runtime.models.moe import expert_mlp
+
+    E, D, F = 4, 8, 16
+    w1, w3 = (torch.randn(E, D, F, requires_grad=True) for _ in range(2))
+    w2 = torch.randn(E, F, D, requires_grad=True)
+    y = expert_mlp(torch.randn(12, D), [3, 3, 3, 3], w1, w2, w3)
+
+    class WholeWeightOutputs(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            whole = isinstance(out, torch.Tensor) and out.shape in ((E, D, F), (E, F, D))
+            if whole and not func.is_view:  # a new (E, D, F) / (E, F, D) buffer
+                WholeWeightOutputs.count += 1
+            return out
+
+    with WholeWeightOutputs():
+        y.sum().backward()
+    assert WholeWeightOutputs.count == 3  # one stacked gradient per weight tensor

@@ -104,7 +104,7 @@ def test_moe_expert_parallel_uses_balanced_routing() -> None:
               cluster=resolve_cluster(gpu="h100-sxm", gpus=4),
               plan=Plan(dims=ParallelDims(dp_shard=4, ep=4), zero=3))
     (res,) = run_ranks(job, [3], steps=1, timeout_s=300)
-    assert res["reference_paths"] == ["moe-routing"]
+    assert res["reference_paths"] == ["moe-routing", "fused-norm-kernel"]
     a2a = {"ep" if "ep" in c["axis"].split("=") else c["axis"]: c
            for c in res["collectives"] if c["kind"] == "all_to_all"}
     # per MoE layer: counts + tokens out + tokens back, forward; tokens back and out again, backward

@@ -342,9 +342,9 @@ def _record(cls: type, data: Any, where: str) -> Any:
         elif f.type == "bool":
             if not isinstance(v, bool):
                 raise MeshplanError(f"profile: {here} must be true or false, got {v!r}")
-        elif f.type == "int":
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise MeshplanError(f"profile: {here} must be a non-negative integer, got {v!r}")
+        elif f.type == "int":  # every int is a shape, a size or a count: 0 would divide by zero
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise MeshplanError(f"profile: {here} must be a positive integer, got {v!r}")
         else:
             v = _number(v, here, positive=f.name.endswith(("time_s", "_per_s", "per_process")))
         values[f.name] = v

@@ -324,9 +324,12 @@ def build_run(row: dict[str, str]) -> Run:
             metric, measured = name, v
             break
     basis = (row.get("flops_basis") or "model").strip() or "model"
+    memory_gib = _num(row, "measured_peak_mem_gib", float)
+    if memory_gib is not None and memory_gib <= 0:  # the memory error divides by it
+        raise MalformedCell(f"column measured_peak_mem_gib: {memory_gib:g} is not a memory (> 0 GiB)")
     return Run(row_id=row.get("id", ""), source=row.get("source", ""), model=model, cluster=cluster,
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
-               measured_memory_gib=_num(row, "measured_peak_mem_gib", float),
+               measured_memory_gib=memory_gib,
                oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
                assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture),
                preset=preset.config if preset is not None and extra.applied else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import Annotated, Any, Optional
 
 import typer
@@ -104,6 +105,8 @@ def print_json(obj: Any) -> None:
 
 
 def _json_default(o: Any) -> Any:
+    if isinstance(o, Mapping):  # a read-only MappingProxyType (a fit's settings)
+        return dict(o)
     if hasattr(o, "value"):
         return o.value
     if hasattr(o, "tolist"):

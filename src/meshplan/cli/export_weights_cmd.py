@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -33,9 +34,12 @@ def export_weights(
     """Write a checkpoint's weights as a Hugging Face model directory that `transformers` loads."""
     if not max_shard_gb > 0:
         raise MeshplanError(f"--max-shard-gb must be positive, got {max_shard_gb}")
+    shard_bytes = max_shard_gb * BYTES_PER_GB
+    if not 1 <= shard_bytes < math.inf:  # 1e-12 GB rounds to 0 bytes, 1e300 GB overflows
+        raise MeshplanError(f"--max-shard-gb {max_shard_gb:g} is not a shard size (at least one byte, finite)")
     from meshplan.runtime.hf_export import export_hf
 
-    done = export_hf(ckpt_dir, out_dir, family=family, max_shard_bytes=int(max_shard_gb * BYTES_PER_GB))
+    done = export_hf(ckpt_dir, out_dir, family=family, max_shard_bytes=int(shard_bytes))
     if json_out:
         print_json(done)
         return

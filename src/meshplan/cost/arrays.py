@@ -77,7 +77,7 @@ class PlanArrays:
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
-            a = a.astype(bool) if f.name in ("sp", "vocab_parallel", "expert_balanced") else a.astype(np.int64)
+            a = a.astype(bool if f.name in _BOOL_FIELDS else np.int64, copy=False)
             a = np.atleast_1d(a)
             object.__setattr__(self, f.name, a)
             if n is None:
@@ -154,5 +154,15 @@ class PlanArrays:
         )
 
     def take(self, index) -> "PlanArrays":
-        """Rows selected by an index array or boolean mask."""
-        return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        """Rows selected by an index array, a boolean mask or a slice. The columns are already
+        checked and converted, so the rows are set directly (no second pass of
+        ``__post_init__``: the search takes rows thousands of times)."""
+        out = object.__new__(PlanArrays)
+        for name in _FIELD_NAMES:
+            a = getattr(self, name)[index]
+            object.__setattr__(out, name, a if a.ndim else a[None])
+        return out
+
+
+_BOOL_FIELDS = frozenset(("sp", "vocab_parallel", "expert_balanced"))
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(PlanArrays))

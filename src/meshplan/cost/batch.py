@@ -39,7 +39,8 @@ from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
-from meshplan.cost.pipeline import in_flight_chunks, pipeline_time, rank_layers_even
+from meshplan.cost.pipeline import (head_microbatches_held, in_flight_chunks, pipeline_time, rank_layers_even,
+                                    recv_buffers_held)
 from meshplan.cost.precision import (
     compute_dtype_peak_flops,
     op_rates,
@@ -95,11 +96,11 @@ class RankCost:
 
     @property
     def microbatch_s(self) -> np.ndarray:
-        return self.compute_s + self.recompute_s + self.comm_exposed_s + self.offload_exposed_s
+        return _plus(self.compute_s + self.recompute_s + self.comm_exposed_s, self.offload_exposed_s)
 
     @property
     def step_extra_s(self) -> np.ndarray:
-        return self.dp_exposed_s + self.optimizer_s + self.offload_step_s
+        return _plus(self.dp_exposed_s + self.optimizer_s, self.offload_step_s)
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -111,6 +112,11 @@ class RankCost:
     def allocated_bytes(self) -> np.ndarray:
         """Peak allocated (torch.cuda.max_memory_allocated plus what lies outside the allocator)."""
         return self.memory_bytes - self.reserve_bytes
+
+
+def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
+    """``x + extra``, without a pass over ``x`` when ``extra`` is the scalar 0 (no offload)."""
+    return x if isinstance(extra, float) and extra == 0.0 else x + extra
 
 
 def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
@@ -191,32 +197,38 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
                           np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
                                    layer.act_none_bytes))
-    n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
     z = plans.zero
+    dense_shards = (n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3))
+    if model.is_moe:
+        n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
+        expert_shards = (n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3))
+    else:  # etp = tp, ep = 1: edp = n1, the same shards
+        n1_e, expert_shards = n1, dense_shards
+    lvl1 = comms.group_link(cluster, calib, n1, plans.tp)  # (dense models: also the experts' group)
     m = num_microbatches(training, plans)
-    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link)
+    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link) if plans.vocab_parallel.any() else 0.0
     return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
-        dense_shards=(n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3)),
-        expert_shards=(n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3)),
+        dense_shards=dense_shards, expert_shards=expert_shards,
         hbm=hbm, head_flops=peak, linear_flops=op_rates(cluster, training, calib).linear_flops,
         t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
         embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
-        lvl1=comms.group_link(cluster, calib, n1, plans.tp),
-        lvl1_e=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp),
+        lvl1=lvl1, lvl1_e=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp) if model.is_moe else lvl1,
         lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
         act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))
 
 
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
-              has_embedding, has_head, terms: PlanTerms | None = None,
+              has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
               offloaded_layers=None) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
     ``offloaded_layers`` of them with their activations in host memory when the plan offloads
     activations (None: all, ``meshplan.cost.offload``).
-    ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it."""
+    ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it. ``totals``
+    False leaves ``comm_total_s`` NaN: a figure for breakdowns that :func:`compose` does not
+    read, skipped where the search scores millions of ranks."""
     if terms is None:
         terms = plan_terms(model, cluster, training, plans, calib, layer)
     hbm, v, T, Vt = terms.hbm, terms.v, terms.T, terms.Vt
@@ -225,27 +237,32 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
     # as Megatron places them: each is charged as one more average layer plus one more LM-head pass.
     mtp = float(model.mtp_num_layers)
-    layers = np.asarray(layers, dtype=float) + np.where(has_head, mtp, 0.0)
+    layers = np.asarray(layers, dtype=float)
+    if mtp:
+        layers = layers + np.where(has_head, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
     rec_one = terms.rec_one
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
-    comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s)
+    comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s) if totals else np.nan
     # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
     # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
     embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
-    compute = compute + (head_share + np.where(has_head, mtp, 0.0)) * terms.head_compute_s
+    head_passes = head_share + np.where(has_head, mtp, 0.0) if mtp else head_share
+    compute = compute + head_passes * terms.head_compute_s
     compute = compute + embed_share * terms.embed_compute_s
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)
     # the vocabulary-parallel sync runs blocking between the passes (cost.vocab): never overlapped
     comm_exp = comm_exp + terms.p2p_s * (1.0 - calib.pp_p2p_overlap) + terms.vocab_sync_s
-    comm_tot = comm_tot + terms.p2p_s + terms.vocab_sync_s
+    if totals:
+        comm_tot = comm_tot + terms.p2p_s + terms.vocab_sync_s
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
     # a tied head needs no copy of the embedding when both rows sit on the same rank
-    head_p = np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+    head_p = (np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
+              if plans.vocab_parallel.any() else terms.head_p)
     dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
@@ -253,7 +270,11 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z = plans.zero
     opt_pp = optimizer_state_bytes_per_param(calib, training)
 
+    experts_on = model.is_moe  # dense models hold no expert parameters: their expert terms are 0
+
     def shard(dense_bytes, expert_bytes, stage):
+        if not experts_on:
+            return dense_bytes / terms.dense_shards[stage]
         return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
 
     # OSDP (cost.osdp): groups kept gathered under zero 3, the MLP and the LM head in slices
@@ -289,6 +310,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     def dp_ring(op, dense_bytes, expert_bytes):
         """A data-parallel collective of dense parameters over the dp group and of expert
         parameters over the expert-dp group (its own ranks, its own link)."""
+        if not experts_on:  # no expert bytes: the expert group's term is 0 everywhere
+            return op(dense_bytes, n1, lvl1)
         return op(dense_bytes, n1, lvl1) + np.where(
             expert_bytes > 0, op(expert_bytes, terms.n1_e, terms.lvl1_e), 0.0)
 
@@ -330,30 +353,49 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if osdp.active:
         compute = compute + osdp.compute_s
 
-    def fsdp_time(params, gathered, experts=0.0):
-        """FSDP's two gathers and one reduce-scatter; ``experts`` of the params are expert ones
-        (always sharded: OSDP keeps dense groups only)."""
-        dense_gathered = np.maximum(gathered - experts, 0.0)
+    def fsdp_time(gathered, experts, reduce_scatter_s):
+        """FSDP's two gathers and one reduce-scatter (``reduce_scatter_s``); ``experts`` of the
+        gathered params are expert ones (always sharded: OSDP keeps dense groups only)."""
+        dense_gathered = np.maximum(gathered - experts, 0.0) if experts_on else gathered
         gather = dp_ring(comms.all_gather_time, dense_gathered * wb, experts * wb)
-        return 2 * gather + dp_ring(comms.reduce_scatter_time, (params - experts) * gb, experts * gb)
+        return 2 * gather + reduce_scatter_s
 
-    accumulate = (terms.m_float - 1.0) / terms.m_float
-    # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
-    z3_layer = fsdp_time(layer_p, osdp.sharded_layer_params, expert_layer_p)
     extra_latency = 0.0
-    if osdp.active:
-        extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
-        z3_layer = z3_layer + extra_latency
-    z3_rest = np.where(rest_p > 0, fsdp_time(rest_p, osdp.sharded_rest_params), 0.0)
-    z2_layer = dp_ring(comms.reduce_scatter_time, layer.dense_params_per_gpu * gb, expert_layer_p * gb) * accumulate
-    z2_rest = np.where(rest_p > 0, comms.reduce_scatter_time(rest_p * gb, n1, lvl1), 0.0) * accumulate
-    z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
-              + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
-    z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
-              + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
+    # Each stage's terms only where some plan runs it (np.where picks them nowhere else).
+    zero3, zero2 = bool(np.any(z >= 3)), bool(np.any(z == 2))
+    z3_exp = z3_tot = z2_exp = z2_tot = 0.0
+    if zero3 or zero2:
+        # The gradients' reduce-scatter of the embedding / LM head shares, and of a layer when it
+        # holds no experts: ZeRO-3's (with the two gathers) and ZeRO-2's (per micro-batch) are
+        # the same collective.
+        has_rest = rest_p > 0
+        rs_rest = comms.reduce_scatter_time(rest_p * gb, n1, lvl1)
+        if not experts_on:
+            rs_layer3 = rs_layer2 = comms.reduce_scatter_time(layer_p * gb, n1, lvl1)
+    if zero3:
+        if experts_on:
+            rs_layer3 = dp_ring(comms.reduce_scatter_time, (layer_p - expert_layer_p) * gb, expert_layer_p * gb)
+        # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
+        z3_layer = fsdp_time(osdp.sharded_layer_params, expert_layer_p, rs_layer3)
+        if osdp.active:
+            extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
+            z3_layer = z3_layer + extra_latency
+        z3_rest = np.where(has_rest, fsdp_time(osdp.sharded_rest_params, 0.0, rs_rest), 0.0)
+        z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
+                  + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
+        z3_tot = layers * z3_layer + z3_rest if totals else 0.0
+    if zero2:
+        if experts_on:
+            rs_layer2 = dp_ring(comms.reduce_scatter_time, layer.dense_params_per_gpu * gb, expert_layer_p * gb)
+        accumulate = (terms.m_float - 1.0) / terms.m_float
+        z2_layer = rs_layer2 * accumulate
+        z2_rest = np.where(has_rest, rs_rest, 0.0) * accumulate
+        z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
+                  + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
+        z2_tot = layers * z2_layer + z2_rest if totals else 0.0
     comm_exp = comm_exp + np.where(z >= 3, z3_exp, np.where(z == 2, z2_exp, 0.0))
-    comm_tot = comm_tot + np.where(z >= 3, layers * z3_layer + z3_rest,
-                                   np.where(z == 2, layers * z2_layer + z2_rest, 0.0))
+    if totals:
+        comm_tot = comm_tot + np.where(z >= 3, z3_tot, np.where(z == 2, z2_tot, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
     opt_bytes = shard(dense_p, expert_p, 1) * (2 * opt_pp + gb + wb)
@@ -367,21 +409,25 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     acts = held * per_mb / v
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    logits = head_share * T * Vt * osdp.logits_fraction * (calib.logits_bytes_per_element
+    # Kept logits for every micro-batch the head stage holds (GPipe: all m), the loss's transients once.
+    head_mbs = head_microbatches_held(terms.m_float, plans.schedule)
+    logits = head_share * T * Vt * osdp.logits_fraction * (calib.logits_bytes_per_element * head_mbs
                                                             + calib.loss_transient_bytes_per_element)
     acts = acts + logits
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
-    off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
-                       microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
-                       layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
-                       layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
-                       backward_s=mb_bwd, offloaded_layers=offloaded_layers,
-                       activation_overlap=calib.activation_offload_overlap)
     offloaded = plans.offload > 0
-    weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
-    optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
-    optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
+    off = None
+    if offloaded.any():  # else nothing leaves the GPU: every offload term is 0
+        off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
+                           microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
+                           layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
+                           layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
+                           backward_s=mb_bwd, offloaded_layers=offloaded_layers,
+                           activation_overlap=calib.activation_offload_overlap)
+        weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
+        optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
+        optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
@@ -398,15 +444,25 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
     reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
-    other = calib.comm_bucket_bytes + z3_buffers + calib.framework_overhead_gib * 1024**3 + reserve
+    # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
+    # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
+    hidden_bytes = T * model.hidden_size * activation_bytes(training.precision) / np.where(plans.sp, plans.tp, 1)
+    recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
+                            recv_buffers_held(rank, p, v, terms.m_float) * hidden_bytes, 0.0)
+    other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * 1024**3
+             + reserve)
+    recompute_s = recomputed * rec_one
+    if np.shape(recompute_s) != np.shape(layers):
+        recompute_s = layers * 0 + recompute_s  # the rank's shape
     return RankCost(
-        compute_s=compute, recompute_s=layers * 0 + recomputed * rec_one,
+        compute_s=compute, recompute_s=recompute_s,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,
         dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
         activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
-        offload_exposed_s=np.where(offloaded, off.microbatch_exposed_s, 0.0),
-        offload_total_s=off.microbatch_total_s, offload_step_s=off.step_exposed_s, host_bytes=off.host_bytes,
+        offload_exposed_s=0.0 if off is None else np.where(offloaded, off.microbatch_exposed_s, 0.0),
+        offload_total_s=0.0 if off is None else off.microbatch_total_s,
+        offload_step_s=0.0 if off is None else off.step_exposed_s, host_bytes=0.0 if off is None else off.host_bytes,
         osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * extra_latency,
         kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=z3_buffers, logits_bytes=logits,
     )
@@ -449,21 +505,59 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     return compose(model, cluster, training, plans, [first, final], calib, allocated=True)
 
 
+@dataclass(frozen=True)
+class StepPeak:
+    """Of :func:`compose`, what the search reads: arrays over plans."""
+
+    step_time_s: np.ndarray
+    bubble_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    """Peak reserved over the ranks."""
+    host_memory_bytes: np.ndarray
+    """Host memory of the rank whose offloaded tensors take the most."""
+
+
+def _most(values: list) -> np.ndarray:
+    """Elementwise max over the ranks (what ``np.max(values, axis=0)`` gives, without stacking)."""
+    out = np.asarray(values[0])
+    for x in values[1:]:
+        out = np.maximum(out, x)
+    return out
+
+
+def compose_step_peak(training: TrainingSpec, plans: PlanArrays, ranks: list[RankCost],
+                      calib: Calibration) -> StepPeak:
+    """Step time, bubble, peak memory and host memory from the ranks' costs (max over ranks):
+    the figures of :func:`compose` the search reads, without the throughput columns."""
+    return compose_maxima(training, plans, calib, microbatch_s=_most([r.microbatch_s for r in ranks]),
+                          step_extra_s=_most([r.step_extra_s for r in ranks]),
+                          memory_bytes=_most([r.memory_bytes for r in ranks]),
+                          host_bytes=_most([r.host_bytes for r in ranks]))
+
+
+def compose_maxima(training: TrainingSpec, plans: PlanArrays, calib: Calibration, *, microbatch_s,
+                   step_extra_s, memory_bytes, host_bytes) -> StepPeak:
+    """:func:`compose_step_peak` from the maxima over the ranks of their ``RankCost`` figures
+    (the slowest rank's micro-batch time, the largest step tail, the most loaded rank's memory
+    and host memory), for a caller that holds the ranks stacked in one array."""
+    m = num_microbatches(training, plans)
+    fb, bubble = pipeline_time(microbatch_s, m, plans.pp, plans.vpp, plans.schedule, calib)
+    step = fb + step_extra_s
+    host = np.broadcast_to(host_bytes, np.shape(memory_bytes))
+    return StepPeak(step_time_s=step, bubble_s=bubble, peak_memory_bytes=memory_bytes, host_memory_bytes=host)
+
+
 def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
             ranks: list[RankCost], calib: Calibration, *, allocated: bool = False) -> BatchEstimate:
     """Step time and peak memory from the ranks' costs (max over ranks); the peak allocated
     too with ``allocated``."""
-    m = num_microbatches(training, plans)
-    t_mb = np.max([r.microbatch_s for r in ranks], axis=0)
-    fb, bubble = pipeline_time(t_mb, m, plans.pp, plans.vpp, plans.schedule, calib)
-    step = fb + np.max([r.step_extra_s for r in ranks], axis=0)
-    peak = np.max([r.memory_bytes for r in ranks], axis=0)
-    peak_allocated = np.max([r.allocated_bytes for r in ranks], axis=0) if allocated else None
+    sp = compose_step_peak(training, plans, ranks, calib)
+    step, bubble, peak, host = sp.step_time_s, sp.bubble_s, sp.peak_memory_bytes, sp.host_memory_bytes
+    peak_allocated = _most([r.allocated_bytes for r in ranks]) if allocated else None
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
-    host = np.max([r.host_bytes * np.ones_like(peak) for r in ranks], axis=0)
     host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
                          peak_allocated_bytes=peak_allocated,

@@ -17,6 +17,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from meshplan.cost.attention_kernels import check_kernel, kernel_efficiency
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.training import Precision
@@ -78,8 +79,14 @@ class Calibration:
     elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
-    peak forward+backward, Dao 2023 Sec. 4.1). Fitted per (generation, stack): the fused kernel
-    differs (FlashAttention-2/3 on Hopper, cuDNN / FlashAttention-4 on Blackwell)."""
+    peak forward+backward, Dao 2023 Sec. 4.1). A (generation, stack) without a fitted record
+    starts from the table of its stack's attention_kernel (cost/attention_kernels.py:
+    FlashAttention-2 reaches 35% of H100, FA3 / cuDNN ~60%); a fitted record's value wins."""
+    attention_kernel: str = "fa2"
+    """The fused attention kernel the stack runs (a stack field): 'fa2' (flash-attn 2, torch
+    SDPA's flash backend), 'fa3', 'fa4' or 'cudnn' (Transformer Engine's cuDNN fused attention);
+    the names of spec/presets/attention_kernels.json, whose efficiency per GPU generation
+    calibration_for starts from."""
     attention_half_head_dim: float = 64.0
     """Head dim at which a fused attention kernel reaches half its large-head efficiency:
     efficiency x H / (H + attention_half_head_dim). Its own constant, not the GEMM's
@@ -189,10 +196,19 @@ class Calibration:
     all-to-all move the counts to the host to size the all-to-all: the launch queue drains,
     and the layer's remaining ~100 kernels (permute, grouped GEMMs, activation, unpermute,
     combine) start from the host at ~10 us of launch and dispatch each (5-20 us: PyTorch blog
-    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently, so
-    the MoE block takes max(its device time, this launch time) (cost/layer.py): a small,
-    fine-grained MoE at micro-batch 1 is host-bound, a large one hides the launches behind its
-    GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    'Accelerating PyTorch with CUDA Graphs', 2021). Host and device then run concurrently up to
+    the next MoE layer's sync, the host launching this layer's experts and the next layer's norm,
+    attention and router: a MoE layer's forward takes max(its device time, this launch time)
+    (cost/layer.py): a small, fine-grained MoE at micro-batch 1 is host-bound, a large one hides
+    the launches behind its GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
+    moe_expert_gemm_s: float = 0.0
+    """Fixed device time of each local expert's GEMM beyond its FLOPs, forward, per GEMM (two per
+    expert: up and down; the backward 2x like all of the layer's work): Transformer Engine's
+    GroupedLinear (Megatron-Core --moe-grouped-gemm) runs one GEMM per local expert
+    (general_grouped_gemm over the m_splits, with each split's fp8 cast), each with its launch and
+    its last partial wave, so a layer with E/ep local experts pays 2 E/ep of them whatever the
+    tokens: many small local experts (ep 8 of 128) cost more than few large ones. 0: a single
+    grouped kernel; fitted per (generation, stack)."""
 
     # ---- communication ------------------------------------------------------------------
     intra_node_comm_efficiency: float = 0.75
@@ -300,6 +316,17 @@ class Calibration:
     temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
     gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
     V = 250k. Counted on the LM-head rank on top of the kept activations."""
+    pp_preallocated_recv_buffers: bool = False
+    """Whether the stack's pipeline stages allocate a receive buffer per micro-batch up front and keep
+    them for the step: torch.distributed.pipelining does (meshplan's runtime and torchtitan; measured
+    by the dry run, docs/dryrun.md: 1.9 GiB on a llama3-70b interleaved rank); Megatron-Core receives
+    into a fresh tensor per transfer (p2p_communication.py), the default here."""
+    moe_routed_copies_kept: float = 2.0
+    """(T*k, D) tensors an MoE layer keeps for backward beyond the experts' F-wide ones, in 16-bit
+    elements: the permuted tokens the experts' first linear keeps (its input) and the experts'
+    output the combine's multiply by the routing probability keeps (for the probability's
+    gradient). meshplan's runtime keeps both (dry run's attribution, docs/dryrun.md, 2026-11-24),
+    as Megatron-Core's permute/unpermute do (moe_utils.py)."""
     framework_overhead_gib: float = 3.0
     """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
     allocator_fragmentation: float = 0.05
@@ -372,10 +399,11 @@ class Calibration:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("source",) or isinstance(v, bool):
+            if f.name in ("source", "attention_kernel") or isinstance(v, bool):
                 continue
             if not isinstance(v, (int, float)) or v < 0:
                 raise MeshplanError(f"calibration {f.name} must be a non-negative number, got {v!r}")
+        check_kernel(self.attention_kernel)
         if self.fp8_matmul_factor <= 0 or self.fp4_matmul_factor <= 0:
             raise MeshplanError("calibration fp8_matmul_factor and fp4_matmul_factor must be > 0")
         if self.moe_routing_imbalance < 1:
@@ -406,7 +434,8 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "logits_bytes_per_element",
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
-                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element")
+                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
+                "pp_preallocated_recv_buffers")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 
@@ -484,8 +513,10 @@ def gpu_generation(gpu: GPUSpec) -> str:
 
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
-    defaults, then the hardware fields of a record borrowed from another stack of the same
-    generation when this pair has none, then the stack's mechanisms, then the pair's own record."""
+    defaults, then, when this pair has no record, the hardware fields of a record borrowed from
+    another stack of the same generation and the attention efficiency of the stack's kernel on
+    this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
+    own record."""
     stack = (stack or DEFAULT_STACK).lower()
     stacks = stack_records()
     if stack not in stacks:
@@ -501,6 +532,11 @@ def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
             hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
             calib = calib.replace_fields(**hw)
             sources.append(f"{lender.source} (hardware fields of {lender.key})")
+        kernel = stacks[stack].values.get("attention_kernel", calib.attention_kernel)
+        entry = kernel_efficiency(gen, kernel)
+        if entry is not None:  # the kernel's efficiency, not another stack's kernel's (the lender's)
+            calib = calib.replace_fields(attention_efficiency=entry.attention_efficiency)
+            sources.append(f"attention_efficiency of {kernel} on {entry.generation} (attention kernel table)")
     calib = calib.replace_fields(**stacks[stack].values)
     sources.append(f"{stack} stack mechanisms")
     if own is not None:

@@ -17,6 +17,8 @@ its block and one more pass of the (shared) LM head, 6 * V * D.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from meshplan.spec.layers import (LayerKind, Mixer, layer_kind_counts, mamba_conv_channels, mtp_kind)
 from meshplan.spec.model import Arch, ModelSpec
 
@@ -51,6 +53,7 @@ def core_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return total + model.mtp_num_layers * mixer_core_flops_per_token(model, mtp_kind(model), seq_len)
 
 
+@lru_cache(maxsize=64)  # a pure function of frozen specs, asked for by every cost-model pass of a search
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """6N + 12 L S q (forward + backward, no recompute), generalised per layer (module doc)."""
     return 6.0 * matmul_params(model) + 3.0 * core_flops_per_token(model, seq_len)

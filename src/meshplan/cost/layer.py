@@ -220,10 +220,6 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                          bf16_flops=rates.bf16_flops, linear_flops=peak, gemm_time=gemm_time,
                          linear_time=linear_time)
         t_mlp, mlp_width = block.compute_s, block.kept_width
-        if calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
-            # after the host sync of the token counts the host launches the block while the
-            # device runs it: the slower of the two sets the pace (Calibration.moe_alltoall_sync_s)
-            t_mlp = np.maximum(t_mlp, calib.moe_alltoall_sync_s)
     elif kind.ffn == Ffn.DENSE:
         F = float(model.ffn_hidden_size)
         t_mlp = linear_time(calib, peak, T, (m_mlp - 1) * F / t, D) + linear_time(calib, peak, T, D, F / t)
@@ -241,6 +237,13 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
     host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
+    if moe and calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
+        # The dropless all-to-all's host sync of the token counts drains the launch queue once
+        # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
+        # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's
+        # norm, attention and router (cost/host.py): the whole layer waits for it, not the block.
+        host_fwd = host_fwd + calib.moe_alltoall_sync_s
+        host_bwd = host_bwd + 2.0 * calib.moe_alltoall_sync_s
     fwd_compute = host_bound(fwd_device, host_fwd)
 
     # ---- communication of the forward -------------------------------------------------
@@ -305,6 +308,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     parallel = mix.kept_bytes + T * mlp_kept / t
     if moe and model.moe_latent_size:  # latent input of the experts and latent output, per token
         parallel = parallel + T * ab * 2.0 * model.moe_latent_size
+    if moe:  # routed copies: k per token, each as wide as the experts' input (Calibration field)
+        routed_width = model.moe_latent_size or D
+        parallel = parallel + T * model.moe_top_k * routed_width * ab * calib.moe_routed_copies_kept
     act_none = replicated + parallel + mix.score_bytes
     # selective: Megatron's keeps all but the scores; an op-level policy far less (cost/op_recompute.py)
     act_sel = replicated + parallel if op_sel is None else op_sel.kept_bytes

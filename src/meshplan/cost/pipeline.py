@@ -51,6 +51,29 @@ def in_flight_chunks(rank, pp, vpp, num_microbatches, schedule, vocab_parallel=F
     return np.minimum(held, all_chunks)
 
 
+def head_microbatches_held(num_microbatches, schedule):
+    """Micro-batches whose logits (and the loss's kept fp32 log-softmax) the LM-head stage holds at
+    its peak. GPipe runs every forward, the loss included (torch.distributed.pipelining computes
+    the loss in the last stage's forward), before the first backward: all m (Huang et al. 2019,
+    Sec. 2.2). The 1F1B family runs each micro-batch's backward on the last stage right after its
+    forward (Narayanan et al. 2021, Sec. 2.2): one."""
+    m = np.asarray(num_microbatches, dtype=float)
+    return np.where(np.asarray(schedule) == GPIPE, m, 1.0)
+
+
+def recv_buffers_held(rank, pp, vpp, num_microbatches):
+    """Receive buffers a pipeline rank holds when its stages preallocate one per micro-batch
+    (torch.distributed.pipelining: each PipelineStage allocates, as its schedule starts, an input
+    activation buffer per micro-batch unless it is the first stage and an output-gradient buffer
+    per micro-batch unless it is the last, kept for the step; torch 2.13 stage.py
+    ``_prepare_forward_infra`` / ``_prepare_backward_infra``). Units: micro-batch activations."""
+    r = np.asarray(rank, dtype=float)
+    p = np.asarray(pp, dtype=float)
+    v = np.asarray(vpp, dtype=float)
+    ends = (r == 0).astype(float) + (r == p - 1).astype(float)  # the first stage's input, the last's gradient
+    return np.where(p > 1, np.asarray(num_microbatches, dtype=float) * (2.0 * v - ends), 0.0)
+
+
 def rank_layers_even(num_layers: int, rank, pp, vpp):
     """Layers on pipeline ``rank`` under ``plan.even_split`` (earlier stages take the remainder;
     virtual stage i lives on rank i % pp)."""

@@ -36,9 +36,11 @@ SOFTMAX_SUM_BYTES_PER_TOKEN = 2 * 4
 def vocab_shares(vocab_parallel: np.ndarray, pp: np.ndarray, has_embedding, has_head) -> tuple[np.ndarray, np.ndarray]:
     """Fractions of the embedding and of the LM head a rank holds: 1/pp on every rank with
     vocabulary parallelism, else all (first / last rank) or nothing."""
+    embedding, head = np.asarray(has_embedding, dtype=float), np.asarray(has_head, dtype=float)
+    if not np.any(vocab_parallel):
+        return embedding, head
     share = 1.0 / np.maximum(pp, 1)
-    return (np.where(vocab_parallel, share, np.asarray(has_embedding, dtype=float)),
-            np.where(vocab_parallel, share, np.asarray(has_head, dtype=float)))
+    return np.where(vocab_parallel, share, embedding), np.where(vocab_parallel, share, head)
 
 
 def vocab_sync_s(vocab_parallel: np.ndarray, pp: np.ndarray, tokens: np.ndarray, hidden_size: float,

@@ -61,6 +61,8 @@ class Job:
         for key in ("model", "training", "cluster", "plan"):
             if key not in data:
                 raise MeshplanError(f"plan file has no '{key}' section")
+            if not isinstance(data[key], dict):
+                raise MeshplanError(f"plan file's '{key}' section must be an object, got {data[key]!r}")
         return cls(
             model=ModelSpec.from_dict(data["model"]),
             training=TrainingSpec.from_dict(data["training"]),

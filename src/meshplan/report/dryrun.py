@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.table import Table
 
-from meshplan.cost import calibration_for, estimate
+from meshplan.cost import Calibration, calibration_for, estimate
 from meshplan.plan import Job
 from meshplan.report.dryrun_expected import expected_collectives, group_of
 
 GIB = 2**30
+PEAK_ORIGIN_ROWS = 10
+"""Rows of the largest origins (category, module, op, dtype) at a rank's peak in the rendered report."""
 DIFFERENCE_NOTES = (
     "parameters: the runtime keeps fp32 weights (4 B/param) as FSDP2's sharded master copy and computes "
     "with gathered 16-bit copies (MixedPrecisionPolicy); this row is the fp32 shards, the gathered copies "
@@ -31,9 +33,9 @@ DIFFERENCE_NOTES = (
     "collective counts: the runtime issues one collective per FSDP unit (each layer and the root) and per "
     "tensor-parallel region; the cost model charges one bucket per step or layer pass, so compare bytes. "
     "FSDP gathers 16-bit weights and reduce-scatters fp32 gradients, as the cost model charges.",
-    "activations: on this CPU, rms_norm's composite kernel saves two fp32 copies of its (s, D) input where "
-    "a fused GPU kernel saves the 16-bit input and one value per row; the cost model keeps 16-bit tensors "
-    "(Korthikanti et al. 2022, 4.2.2).",
+    "activations: RMSNorm runs as CUDA's fused kernel would (reference path fused-norm-kernel: the 16-bit "
+    "input and one fp32 value per row saved, where this CPU's composite keeps fp32 copies of the input); the "
+    "cost model keeps 16-bit tensors (Korthikanti et al. 2022, 4.2.2).",
     "pipeline + FSDP: each stage keeps what its ZeRO stage keeps (pipeline.ZeroStage): zero 3 frees the "
     "gathered weights and reduce-scatters after every micro-batch's backward, zero 1 keeps both until the "
     "end of the step. The first stage receives no gradient and the last sends no activation.",
@@ -77,9 +79,11 @@ def model_tensor_bytes(mem, framework_bytes: float) -> float:
     return mem.total_bytes - mem.reserve_bytes - framework_bytes
 
 
-def compare(job: Job, results: list[dict]) -> list[RankComparison]:
-    est = estimate(job.model, job.cluster, job.training, job.plan)
-    framework = calibration_for(job.cluster.gpu).framework_overhead_gib * GIB
+def compare(job: Job, results: list[dict], calib: Calibration | None = None) -> list[RankComparison]:
+    """Each rank's dry run next to ``estimate()`` (with ``calib``, else the GPU's default stack)."""
+    calib = calib or calibration_for(job.cluster.gpu)
+    est = estimate(job.model, job.cluster, job.training, job.plan, calib)
+    framework = calib.framework_overhead_gib * GIB
     out = []
     for res in results:
         pp_rank = res["coords"]["pp"]
@@ -87,7 +91,8 @@ def compare(job: Job, results: list[dict]) -> list[RankComparison]:
         model_memory = {"parameters_bytes": mem.parameters_bytes, "gradients_bytes": mem.gradients_bytes,
                         "optimizer_bytes": mem.optimizer_bytes, "activations_bytes": mem.activations_bytes,
                         "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes,
-                        "tensor_bytes": model_tensor_bytes(mem, framework)}
+                        "tensor_bytes": model_tensor_bytes(mem, framework),
+                        "logits_bytes": mem.logits_bytes, "gathered_weight_bytes": mem.gathered_weight_bytes}
         out.append(RankComparison(rank=res["rank"], pp_rank=pp_rank, measured=res,
                                   model_memory=model_memory,
                                   collectives=_collective_rows(job, pp_rank, res["collectives"])))
@@ -144,6 +149,16 @@ def render(job: Job, comparisons: list[RankComparison]) -> Group:
                  m.get("tensor_bytes", m["total_bytes"])))
         for name, ours, theirs in rows:
             mem.add_row(name, _gib(ours), _gib(theirs), _ratio(ours, theirs))
+        origins = r.get("peak_origins", [])[:PEAK_ORIGIN_ROWS]
+        held = []
+        if origins:
+            table = Table(title=f"rank {c.rank}: largest tensors at the peak ({r.get('peak_at', '')}), "
+                               "by what allocated them")
+            for col in ("GiB", "category", "module (layers as *)", "op", "dtype"):
+                table.add_column(col, justify="right" if col == "GiB" else "left")
+            for o in origins:
+                table.add_row(_gib(o["bytes"]), o["category"], o["module"], o["op"], o["dtype"])
+            held = [table]
         coll = Table(title=f"rank {c.rank}: collectives per step")
         for col in ("group", "kind", "count", "model count", "GiB", "model GiB", "diff"):
             coll.add_column(col, justify="left" if col in ("group", "kind") else "right")
@@ -151,7 +166,7 @@ def render(job: Job, comparisons: list[RankComparison]) -> Group:
             coll.add_row(row["group"], row["kind"], str(row["count"]), f"{row['model_count']:.0f}",
                          f"{row['bytes'] / GIB:.3f}", f"{row['model_bytes'] / GIB:.3f}",
                          _ratio(row["bytes"], row["model_bytes"]))
-        parts += [mem, coll]
+        parts += [mem, *held, coll]
     refs = sorted({p for c in comparisons for p in c.measured.get("reference_paths", [])})
     if refs:
         parts.append(f"[dim]reference paths (docs/dryrun.md): {', '.join(refs)}[/dim]")

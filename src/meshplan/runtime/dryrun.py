@@ -37,7 +37,13 @@ from meshplan.runtime.dryrun_comms import (
     CollectiveTally,
     axis_of_groups,
 )
+from meshplan.runtime.dryrun_kernels import use_fused_norm_kernels
 from meshplan.runtime.dryrun_moe import use_balanced_routing
+from meshplan.runtime.dryrun_tracker import (
+    ShardingPropagation,
+    marking_sharding_propagation,
+    step_tracker,
+)
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
@@ -70,6 +76,10 @@ class RankResult:
     peak_bytes: int
     """MemTracker's peak of all tracked tensors (allocated, not reserved) over the steps."""
     peak_by_category: dict[str, int]
+    peak_origins: list[dict]
+    """What was live at the peak by (category, module, op, dtype), largest first (dryrun_tracker.PeakOrigin)."""
+    peak_at: str
+    """Phase (forward, backward, optimizer) and innermost module when the peak was reached."""
     collectives: list[CollectiveTally]
     """Per (kind, axis), over the last step."""
     microbatches: int
@@ -92,65 +102,6 @@ class _StaticShapeStage(ZeroStage):
 
     def _warmup_backward_result(self, received_result=None):
         return torch.tensor([1], dtype=torch.int32)
-
-
-class _ShardingPropagation:
-    """Marks DTensor's sharding propagation. To find an op's output shape, DTensor runs the op on
-    fake tensors of the *global* shape (``ShardingPropagator._propagate_tensor_meta_non_cached``)
-    under the active fake mode, which in a dry run is the tracker's own: MemTracker would count
-    these global-shape shadows (a (B, S, V) fp32 copy of vocabulary-sharded logits, a whole
-    embedding's Adam temporaries) as if the rank allocated them. Installed as the propagator's
-    ``_fake_mode_lock``, the hook torch gives for serialising that block; re-entrant."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-
-    def __enter__(self) -> None:
-        self.depth += 1
-
-    def __exit__(self, *exc) -> None:
-        self.depth -= 1
-
-
-@contextlib.contextmanager
-def _marking_sharding_propagation(marker: _ShardingPropagation):
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
-    previous = ShardingPropagator._fake_mode_lock
-    ShardingPropagator._fake_mode_lock = marker
-    try:
-        yield
-    finally:
-        ShardingPropagator._fake_mode_lock = previous
-
-
-def _step_tracker(propagation: _ShardingPropagation):
-    """torch's MemTracker, accepting a module called again within a step (gradient accumulation,
-    pipeline micro-batches): only its global peak is read, not its per-module statistics. Ops run
-    by DTensor's sharding propagation (global-shape shadows, see _ShardingPropagation) are not
-    counted."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class StepMemTracker(MemTracker):
-        def _pre_fw_hook(self, module: nn.Module, inputs) -> None:
-            if module in self.memory_tracking and not self._mod_tracker.is_bw:
-                del self.memory_tracking[module]
-            super()._pre_fw_hook(module, inputs)
-
-        def _update_peak_stats(self, peak_state) -> None:
-            # Only the global peak (MemTracker also walks every module's local peak on every op:
-            # O(modules) per op, minutes on an 80-layer stage, for statistics not read here).
-            for dev, snap in self._curr_mem_snap.items():
-                if self._peak_mem.get(dev, 0) < snap["Total"]:
-                    self._peak_mem[dev] = snap["Total"]
-                    self._peak_mem_snap[dev] = dict(snap)
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if propagation.depth:
-                return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
-
-    return StepMemTracker()
 
 
 def _local_bytes(t: torch.Tensor | None) -> int:
@@ -223,6 +174,8 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
         parallelize(module, plan, mesh, ep_mesh=ep_mesh, param_dtype=mp_dtype)
         if use_balanced_routing(module) and "moe-routing" not in reference:
             reference.append("moe-routing")
+        if use_fused_norm_kernels(module) and "fused-norm-kernel" not in reference:
+            reference.append("fused-norm-kernel")
         return module
 
     model = build_model(job.model, "meta")
@@ -254,8 +207,8 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
         modules, stages, tied_group = [model], [0], None
     optimizers = [make_optimizer(job, list(m.parameters()), DRY_RUN_LR) for m in modules]
 
-    propagation = _ShardingPropagation()
-    tracker = _step_tracker(propagation)
+    propagation = ShardingPropagation()
+    tracker = step_tracker(propagation)
     tracker.track_external(*modules, *optimizers)
     dp_rank, cp_rank = mesh["dp"].get_local_rank(), mesh["cp"].get_local_rank()
     grads_bytes = 0
@@ -265,7 +218,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     if pipe is not None and pipe.vocab is not None:
         axes[pipe.vocab.group.group_name] = "pp_vocab"  # vocabulary parallelism's reduces and broadcasts
     counter = CollectiveCounter(axes)
-    with fake, _marking_sharding_propagation(propagation), tracker:
+    with fake, marking_sharding_propagation(propagation), tracker:
         for step in range(1, steps + 1):
             counting = counter if step == steps else contextlib.nullcontext()
             with counting:
@@ -289,6 +242,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
         parameters_bytes=sum(_local_bytes(p) for p in _unique_params(modules)),
         gradients_bytes=grads_bytes, optimizer_bytes=_optimizer_bytes(optimizers),
         peak_bytes=by_cat.pop("Total", sum(by_cat.values())), peak_by_category=by_cat,
+        peak_origins=[o.to_dict() for o in tracker.peak_origins()], peak_at=tracker.peak_at(),
         collectives=counter.tallies(), microbatches=plan.num_microbatches(training), steps=steps,
         wall_s=time.perf_counter() - start, reference_paths=reference)
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshplan.runtime.collectives import all_to_all, scale_grad
-from meshplan.runtime.models.moe import GroupedExperts, expert_mlp
+from meshplan.runtime.models.moe import GroupedExperts, combine_slots, expert_mlp
 
 
 def balanced_counts(rows: int, experts: int) -> list[int]:
@@ -40,7 +40,7 @@ def _moe_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     token_of_slot = order // self.top_k
     out_sorted = self.experts(flat[token_of_slot], balanced_counts(slots, E))  # (T*k, D)
     out_sorted = out_sorted * weights.reshape(-1)[order, None]
-    out = torch.zeros_like(flat).index_add(0, token_of_slot, out_sorted)
+    out = combine_slots(out_sorted, order, self.top_k)
     if self.shared is not None:
         out = out + self.shared(flat)
     return out.view(B, S, D)

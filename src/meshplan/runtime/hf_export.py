@@ -34,14 +34,19 @@ def read_model_tensors(ckpt: Path) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(ckpt)
-    meta = reader.read_metadata().state_dict_metadata
-    want = {k[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
-            for k, m in meta.items() if k.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
-    state = {"model": want}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=reader, no_dist=True)
+    try:
+        reader = dcp.FileSystemReader(ckpt)
+        meta = reader.read_metadata().state_dict_metadata
+        want = {k[len(MODEL_PREFIX):]: torch.empty(m.size, dtype=m.properties.dtype)
+                for k, m in meta.items() if k.startswith(MODEL_PREFIX) and isinstance(m, TensorStorageMetadata)}
+        state = {"model": want}
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except Exception as exc:  # noqa: BLE001 - DCP's unpickler and readers raise many types on a damaged file
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise MeshplanError(f"{ckpt}: cannot read the checkpoint's tensors (damaged or not a DCP checkpoint: "
+                            f"{type(exc).__name__}{': ' + detail if detail else ''})") from None
     return state["model"]
 
 

@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 from meshplan.plan import CPMethod, Offload, Plan, Recompute
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 from meshplan.runtime.osdp import apply_osdp_modules, osdp_units
+from meshplan.runtime.vocab_embedding import use_vocab_parallel_lookup
 
 
 def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh, *, ep_mesh: DeviceMesh | None = None,
@@ -93,6 +94,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sp: bool) -> None:
             and model.output.weight is model.tok_embeddings.weight)
     if top:
         parallelize_module(model, tp_mesh, top)
+    if model.tok_embeddings is not None:  # its backward on the local vocabulary shard only
+        use_vocab_parallel_lookup(model.tok_embeddings)
     if tied:  # both are vocab-sharded (Shard(0)) DTensors: make them one parameter again
         model.output.weight = model.tok_embeddings.weight
     for layer in model.layers.values():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import BatchEstimate, compose, plan_terms, rank_cost
+from meshplan.cost.batch import StepPeak, compose_step_peak, plan_terms, rank_cost
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
@@ -22,10 +22,12 @@ PRUNE_MIN_CONFIGS = 1 << 15
 ones the bound pass and its rounds cost about what they save (Llama-2-7B on 8 GPUs, 13,590
 configurations: 17.4 ms pruned, 15.0 ms scored whole)."""
 
-EVEN_CHUNK_ROWS = 1 << 15
+EVEN_CHUNK_ROWS = 1 << 16
 """Global configurations costed at once. Large spaces (millions of configurations for a few
 thousand GPUs) are costed in slices of this many rows: a slice's ~100 temporary arrays then
-stay in the CPU caches and are reused by the allocator instead of paging in gigabytes."""
+stay in the CPU caches and are reused by the allocator instead of paging in gigabytes. (GPT-3
+175B's first-rank bounds on the 2-core dev machine: 16k rows 254-306 ns a row, 32k 243-285, 64k
+217-263, 128k 454-494: past 64k the temporaries leave the caches.)"""
 
 
 @dataclass(frozen=True)
@@ -75,24 +77,25 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
                      for f in ("step_time_s", "peak_memory_bytes", "host_memory_bytes"))
 
     bound = EvenPoints(step, peak, host, exact=plans.pp == 1)  # one rank: the bound is exact
-    pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes)
+    pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes, overwrite=True)  # our scratch
     return (EvenCost(step_time_s=pts.step_time_s, peak_memory_bytes=pts.peak_memory_bytes,
                      host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
 
 
-def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> BatchEstimate:
+def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> StepPeak:
     """The even split's estimate; with ``first_only`` the first rank's alone (a lower bound,
     exact with one rank: :mod:`meshplan.search.prune`)."""
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
     kw["terms"] = plan_terms(**kw)  # shared by both ranks
+    kw["totals"] = False  # the search reads the step and the memory only
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     if first_only:
-        return compose(ctx.model, ctx.cluster, ctx.training, plans, [first], ctx.calib)
+        return compose_step_peak(ctx.training, plans, [first], ctx.calib)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(ctx.model, ctx.cluster, ctx.training, plans, [first, final], ctx.calib)
+    return compose_step_peak(ctx.training, plans, [first, final], ctx.calib)
 
 

@@ -38,7 +38,7 @@ from meshplan.search.offload import fastest, held_back_rows, most_offloaded, off
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
 from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
-                                    score_splits, shared_layer_cost, stage_table)
+                                    score_splits, shared_layer_cost, stage_probes, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -167,28 +167,28 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     evaluated = len(space)
     keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
     even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
+    candidate = even.candidates(even_front, shrink)  # the refinement test, read by three passes
     tick("stage splits", 0.4)
 
     fronts = [Front(even_front.time_s, even_front.memory_bytes, -1 - even_front.key)]
     splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (n, r, config) of keys 0, 1, ...
     refined = 0
     if options.nonuniform_stages:
-        refined, scored_splits = _refine(ctx, space, plans, layer, even, even_front, fronts, splits,
-                                         options=options, refine_slack=refine_slack, cap=cap,
+        refined, scored_splits = _refine(ctx, space, plans, layer, even, candidate, fronts, splits,
+                                         options=options, cap=cap,
                                          stage_points=stage_points, tick=tick,
                                          truncate=False if prune is False else None)
         evaluated += scored_splits
 
     vocab_space = None
     if options.vocab_parallel:
-        vocab_space, vocab_front, scored_vocab = _vocab_pass(ctx, space, layer, even, even_front, options,
-                                                             refine_slack)
+        vocab_space, vocab_front, scored_vocab = _vocab_pass(ctx, space, layer, candidate, options)
         fronts.append(vocab_front)
         evaluated += scored_vocab
     osdp_space = None
     if options.osdp:
-        osdp_space, osdp_front, scored_osdp = _osdp_pass(ctx, space, layer, even, even_front,
-                                                         merge_fronts(*fronts), budget, options, refine_slack)
+        osdp_space, osdp_front, scored_osdp = _osdp_pass(ctx, space, layer, even, candidate,
+                                                         merge_fronts(*fronts), budget, options)
         fronts.append(osdp_front)
         evaluated += scored_osdp
     expert_space = None
@@ -280,11 +280,10 @@ VOCAB_KEY_BASE = 1 << 41
 """Frontier keys at or above this index the vocabulary-parallel variants."""
 
 
-def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost,
-                even_front: Front, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
+def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, candidate: np.ndarray,
+                options: SearchOptions) -> tuple[PlanArrays, Front, int]:
     """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
-    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    rows = vocab_rows(even.candidates(even_front, shrink), space.pp)
+    rows = vocab_rows(candidate, space.pp)
     variants, src = _allowed(vocab_variants(space, rows), rows, options)
     if len(variants) == 0:
         return variants, Front.empty(), 0
@@ -297,12 +296,10 @@ OSDP_KEY_BASE = 1 << 43
 """Frontier keys at or above this index the OSDP variants."""
 
 
-def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost, even_front: Front,
-               known: Front, budget: float, options: SearchOptions, refine_slack: float) -> tuple[PlanArrays, Front, int]:
+def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost, candidate: np.ndarray,
+               known: Front, budget: float, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
     """OSDP variants of the configurations near the frontier or held back by memory
     (:mod:`meshplan.search.osdp`), even split."""
-    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    candidate = even.candidates(even_front, shrink)
     fitting = known.time_s[known.memory_bytes <= budget]
     rows = osdp_rows(space.zero, candidate, even.step_time_s, even.peak_memory_bytes, budget,
                      float(fitting.min()) if fitting.size else np.inf)
@@ -369,9 +366,9 @@ def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
 
 
 def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
-            even: EvenCost, even_front: Front, fronts: list[Front],
+            even: EvenCost, candidate: np.ndarray, fronts: list[Front],
             splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
-            refine_slack: float, cap: float, stage_points: int,
+            cap: float, stage_points: int,
             tick: Callable[[str, float], None], truncate: bool | None = None) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
@@ -381,15 +378,13 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     """
     model = ctx.model
     refined = evaluated = 0
-    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    candidate = even.candidates(even_front, shrink)
     # Policy 'none' is recompute policy 'selective' with zero recomputed layers: refine the
     # recomputing policies only (their frontier contains every no-recompute split).
     none_code = RECOMPUTES.index(Recompute.NONE)
     has_rec = np.isin(space.recompute, [RECOMPUTES.index(r) for r in options.recomputes
                                         if r != Recompute.NONE])
     if has_rec.any():
-        candidate &= space.recompute != none_code
+        candidate = candidate & (space.recompute != none_code)  # (a new array: the caller's is shared)
     # One group per pipeline degree and grid width class: configurations with different
     # virtual-stage counts share a table (StageTable.chunks per config) when their usable
     # layer-count ranges (L - p v + 1 values per rank) are within a factor of two, so that no
@@ -404,6 +399,8 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     order = np.argsort(best, kind="stable")
     by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
     starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
+    # The stage tables' probes of every candidate in one cost-model call (cand is ascending).
+    probes = stage_probes(ctx, plans.take(cand), layer.take(cand))
     next_key = 0
     for gi, g in enumerate(order):
         idx = cand[by_group[starts[g]:starts[g + 1]]]
@@ -414,7 +411,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
             sub = plans.take(chunk)
             sub_layer = layer.take(chunk)
-            tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer)
+            tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer, probes.take(np.searchsorted(cand, chunk)))
             alpha = pipeline_alpha(ctx, sub)
             known = merge_fronts(*fronts)
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from meshplan.search.frontier import Front, dominated_by
+from meshplan.search.frontier import Front, dominated_by, pareto_indices
 
 STRICT = 1.0 - 1e-9
 """A bound is pruned only when a known plan beats it by this factor in both objectives, so that
@@ -68,15 +68,18 @@ def prunable(known: Front, time_s: np.ndarray, memory_bytes: np.ndarray, *, shri
 
 
 def settle(bound: EvenPoints, evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
-           *, shrink: float, budget_bytes: float) -> tuple[EvenPoints, int]:
+           *, shrink: float, budget_bytes: float, overwrite: bool = False) -> tuple[EvenPoints, int]:
     """Exact points for every configuration whose bound is not :func:`prunable`.
 
     ``evaluate(rows)`` returns the exact (step, peak, host) of those rows. The first round scores
     the configurations on the frontier of the bounds (the likeliest frontier points); then the
     surviving bounds, fastest first, SETTLE_ROWS at a time, pruning again against the grown
     frontier after each round. Returns the points and how many configurations were scored.
+    ``overwrite`` writes the exact points into ``bound``'s time and memory arrays (a caller's
+    scratch: millions of rows are not copied) instead of into copies.
     """
-    t, m, h = bound.step_time_s.copy(), bound.peak_memory_bytes.copy(), bound.host_memory_bytes.copy()
+    arrays = (bound.step_time_s, bound.peak_memory_bytes, bound.host_memory_bytes)
+    t, m, h = arrays if overwrite else (a.copy() for a in arrays)
     exact = bound.exact.copy()
     scored = 0
 
@@ -86,28 +89,34 @@ def settle(bound: EvenPoints, evaluate: Callable[[np.ndarray], tuple[np.ndarray,
         exact[rows] = True
         scored += rows.size
 
+    # The open rows with their bounds, gathered once and compressed together as rows close.
     open_rows = np.flatnonzero(~exact)
+    open_t, open_m = t[open_rows], m[open_rows]
     if open_rows.size:
-        seeds = Front.of(t[open_rows], m[open_rows], open_rows).key
-        score(np.sort(seeds))
+        seeds = pareto_indices(open_t, open_m)  # positions in open_rows
+        score(np.sort(open_rows[seeds]))
+        still = np.ones(open_rows.size, dtype=bool)
+        still[seeds] = False
+        open_rows, open_t, open_m = open_rows[still], open_t[still], open_m[still]
     done = np.flatnonzero(exact)
     known = Front.of(t[done], m[done], done)
-    open_rows = open_rows[~exact[open_rows]]
     while True:
         # The known frontier only grows better, so a bound pruned once stays pruned: each round
         # tests only the survivors of the last.
         fits = known.memory_bytes <= budget_bytes
         fastest_fitting = float(known.time_s[fits].min()) if fits.any() else np.inf
-        open_rows = open_rows[~prunable(known, t[open_rows], m[open_rows], shrink=shrink,
-                                        fastest_fitting_s=fastest_fitting)]
+        still = ~prunable(known, open_t, open_m, shrink=shrink, fastest_fitting_s=fastest_fitting)
+        open_rows, open_t, open_m = open_rows[still], open_t[still], open_m[still]
         if open_rows.size == 0:
             break
-        batch = open_rows
         if open_rows.size > SETTLE_ROWS:
-            batch = open_rows[np.argpartition(t[open_rows], SETTLE_ROWS - 1)[:SETTLE_ROWS]]
-        batch = np.sort(batch)
+            pick = np.zeros(open_rows.size, dtype=bool)
+            pick[np.argpartition(open_t, SETTLE_ROWS - 1)[:SETTLE_ROWS]] = True
+        else:
+            pick = np.ones(open_rows.size, dtype=bool)
+        batch = open_rows[pick]  # ascending, as open_rows
         score(batch)
         known = Front.of(np.concatenate([known.time_s, t[batch]]), np.concatenate([known.memory_bytes, m[batch]]),
                          np.concatenate([known.key, batch]))
-        open_rows = open_rows[~exact[open_rows]]
+        open_rows, open_t, open_m = open_rows[~pick], open_t[~pick], open_m[~pick]
     return EvenPoints(t, m, h, exact), scored

@@ -15,6 +15,7 @@ it duplicates another row exactly (e.g. a schedule with ``pp == 1``, a ZeRO stag
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -51,15 +52,20 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+@lru_cache(maxsize=256)  # pure in (n, parts); the recursion meets each (n // d, parts - 1) many times
 def factorisations(n: int, parts: int) -> np.ndarray:
-    """Every ordered tuple of ``parts`` positive integers whose product is ``n``: shape (k, parts)."""
+    """Every ordered tuple of ``parts`` positive integers whose product is ``n``: shape (k, parts),
+    read-only (shared by every caller)."""
     if parts == 1:
-        return np.array([[n]], dtype=np.int64)
-    rows = []
-    for d in divisors(n):
-        rest = factorisations(n // d, parts - 1)
-        rows.append(np.column_stack([np.full(len(rest), d, dtype=np.int64), rest]))
-    return np.concatenate(rows)
+        out = np.array([[n]], dtype=np.int64)
+    else:
+        rows = []
+        for d in divisors(n):
+            rest = factorisations(n // d, parts - 1)
+            rows.append(np.column_stack([np.full(len(rest), d, dtype=np.int64), rest]))
+        out = np.concatenate(rows)
+    out.flags.writeable = False
+    return out
 
 
 @dataclass(frozen=True)

@@ -58,16 +58,33 @@ class StageTable:
 
     def chunk_array(self) -> np.ndarray:
         """v per config, (C,) int (read-only; built once per table)."""
-        return self._chunk_array
+        return self._chunk_array[0]
+
+    def min_chunks(self) -> int:
+        """The least v of the table (1 when it has no config)."""
+        return self._chunk_array[1]
+
+    def uniform_chunks(self) -> bool:
+        """Whether every config has the same v (then no grid needs :func:`_mask_grid`)."""
+        return self._chunk_array[2]
 
     @cached_property
-    def _chunk_array(self) -> np.ndarray:
-        return np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
+    def _chunk_array(self) -> tuple[np.ndarray, int, bool]:
+        # one cached entry: the walk asks for these at every point of every table it takes
+        v = np.broadcast_to(np.asarray(self.chunks, dtype=np.int64), (self.num_configs,))
+        if v.size == 0:
+            return v, 1, True
+        lo = int(v.min())
+        return v, lo, np.ndim(self.chunks) == 0 or lo == int(v.max())
 
     def jump(self) -> np.ndarray:
         if self.recompute_jump_bytes is None:
             return np.zeros(self.num_configs)
         return self.recompute_jump_bytes
+
+    @cached_property
+    def _whole_grid(self) -> _Grid:
+        return _Grid(self)
 
     @property
     def num_configs(self) -> int:
@@ -107,32 +124,78 @@ class StagePoints:
     recomputed: np.ndarray  # (P, p) r_s
 
 
-def _grid(tbl: StageTable, top: int | None = None) -> tuple[np.ndarray, ...]:
+class _Grid:
+    """The table over its layer-count grid (see :func:`_grid`): broadcast columns, and the grids
+    no limit changes (computed once each, when first read)."""
+
+    _LAZY = ("base", "na", "nae", "nc")
+
+    def __init__(self, tbl: StageTable, top: int | None = None) -> None:
+        v_min = tbl.min_chunks()
+        n_max = tbl.num_layers - (tbl.num_ranks - 1) * v_min if top is None else top
+        col = lambda x: x[:, None, None]  # noqa: E731
+        self.n = np.arange(v_min, n_max + 1, dtype=float)[None, None, :]  # (1, 1, G) layer counts
+        # (C, 1, 1) per config; e, f, k (C, p, 1) per rank
+        self.a, self.b, self.c = col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes)
+        self.d, self.g = col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes)
+        self.e, self.f, self.k = tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None]
+        self.allow, self.jump = col(tbl.allow_recompute), col(tbl.jump())
+        self.below = self.above = None  # (C, 1, G): n < v, n > L - (p-1) v (mixed v only, :func:`_mask_grid`)
+        if not tbl.uniform_chunks():
+            vc = tbl.chunk_array()[:, None, None]
+            self.below, self.above = self.n < vc, self.n > tbl.num_layers - (tbl.num_ranks - 1) * vc
+
+    @cached_property
+    def base(self) -> np.ndarray:
+        """(C, p, G) n (c + k d) + f: memory recomputing nothing."""
+        return self.n * (self.c + self.k * self.d) + self.f
+
+    @cached_property
+    def na(self) -> np.ndarray:
+        """(C, 1, G) n a."""
+        return self.n * self.a
+
+    @cached_property
+    def nae(self) -> np.ndarray:
+        """(C, p, G) n a + e: time recomputing nothing."""
+        return self.na + self.e
+
+    @cached_property
+    def nc(self) -> np.ndarray:
+        """(C, 1, G) n c."""
+        return self.n * self.c
+
+    def upto(self, columns: int) -> _Grid:
+        """The first ``columns`` layer counts (views of what this grid has computed)."""
+        out = object.__new__(_Grid)
+        out.__dict__.update(self.__dict__)
+        for name in ("n", "below", "above") + self._LAZY:
+            x = self.__dict__.get(name)
+            if x is not None:
+                out.__dict__[name] = x[:, :, :columns]
+        return out
+
+
+def _grid(tbl: StageTable, top: int | None = None) -> _Grid:
     """Broadcast helpers of shape (C, p, G) over the layer counts n = v_min .. L - (p-1) v_min,
     v_min the least v of the table (see :func:`_mask_grid` for configs with a larger v), or
     v_min .. ``top`` (:func:`_top`: the cells beyond count as +inf)."""
-    v_min = int(tbl.chunk_array().min()) if tbl.num_configs else 1
-    n_max = tbl.num_layers - (tbl.num_ranks - 1) * v_min if top is None else top
-    n = np.arange(v_min, n_max + 1, dtype=float)[None, None, :]
-    col = lambda x: x[:, None, None]  # noqa: E731
-    return (n, col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes),
-            col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes),
-            tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None],
-            col(tbl.allow_recompute), col(tbl.jump()))
+    if top is None:
+        return tbl._whole_grid  # one per table
+    if "_whole_grid" in tbl.__dict__:
+        return tbl._whole_grid.upto(top - tbl.min_chunks() + 1)
+    return _Grid(tbl, top)  # a grid cut short: only its own columns
 
 
-def _mask_grid(values: np.ndarray, tbl: StageTable) -> np.ndarray:
+def _mask_grid(values: np.ndarray, grid: _Grid) -> np.ndarray:
     """Per-config usable range of a (C, p, G) grid of levels: fewer than v layers is free
     (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf).
     Overwrites and returns ``values`` (callers pass a fresh array)."""
-    v = tbl.chunk_array()
-    if v.size == 0 or v.min() == v.max():
+    if grid.below is None:
         return values  # the grid is exactly v .. L - (p-1) v
-    n = np.arange(values.shape[2])[None, None, :] + int(v.min())
-    vc = v[:, None, None]
     # The masks are (C, 1, G): write through them in place (values is the caller's scratch).
-    np.copyto(values, -np.inf, where=n < vc)
-    np.copyto(values, np.inf, where=n > tbl.num_layers - (tbl.num_ranks - 1) * vc)
+    np.copyto(values, -np.inf, where=grid.below)
+    np.copyto(values, np.inf, where=grid.above)
     return values
 
 
@@ -162,14 +225,14 @@ def _top(tbl: StageTable, *, time_limit: np.ndarray | None = None,
     and ``mem_limit`` on a time grid are feasibility limits (dropped cells are +inf: exact for
     every answer, ``pure`` True); ``time_limit`` with ``mem_limit`` (a time grid) is an upper
     bound the caller checks the answer against (``pure`` False where it decided the count)."""
-    v_min = int(tbl.chunk_array().min())
+    v_min = tbl.min_chunks()
     n_full = tbl.num_layers - (tbl.num_ranks - 1) * v_min
 
     def count(limit, slope, intercept):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            lim = limit[:, None] * (1 + CAP_SLACK) + CAP_SLACK * np.abs(intercept)
-            cap = np.where(slope > 0, np.floor((lim - intercept) / slope) + CAP_EXTRA_LAYERS, np.inf)
-        return np.nan_to_num(cap, nan=np.inf, posinf=np.inf)
+        lim = limit[:, None] * (1 + CAP_SLACK) + CAP_SLACK * np.abs(intercept)
+        cap = np.where(slope > 0, np.floor((lim - intercept) / slope) + CAP_EXTRA_LAYERS, np.inf)
+        cap[np.isnan(cap)] = np.inf  # (np.nan_to_num's NaN rule; -inf stays below every count)
+        return cap
 
     def clip(cap):
         return int(np.clip(cap.max(initial=v_min), v_min, n_full))
@@ -198,17 +261,19 @@ def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool,
 def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
                         stricts: tuple[bool, ...], top: int | None = None) -> list[np.ndarray]:
     """:func:`_time_given_memory` for each of ``stricts`` at one limit (shared intermediates)."""
-    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl, top)
+    grid = _grid(tbl, top)
+    n, b, d, g, e, k, allow, jump = grid.n, grid.b, grid.d, grid.g, grid.e, grid.k, grid.allow, grid.jump
     lim = mem_limit[:, None, None]
-    base = n * (c + k * d) + f  # memory with no recompute
+    base = grid.base  # memory with no recompute
     saving = k * (d - g)  # memory saved per recomputed layer
     has_saving = saving > 0
     tol = np.maximum(np.abs(lim), 1.0) * _REL
     out = []
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
-    na = n * a  # (C, 1, G): the same for every rank and every strictness
-    no_saving = ~has_saving
+    x = (base + jump - lim) / np.where(has_saving, saving, 1.0)  # recomputed layers needed
+    na = grid.na  # (C, 1, G): the same for every rank and every strictness
+    # Recomputing cannot help a rank that saves nothing by it or a policy that recomputes
+    # nothing: (C, p, 1), so the grid pays one pass for both.
+    never = ~has_saving | ~allow
     for strict in stricts:
         # In-place passes over the (C, p, G) grid; each step computes what the plain
         # expression would (same operations, same order), without the temporaries.
@@ -221,53 +286,48 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
             fits_plain = base <= lim + tol
             np.ceil(r_min, out=r_min)
         np.maximum(r_min, 1.0, out=r_min)
-        np.copyto(r_min, np.inf, where=no_saving)
+        np.copyto(r_min, np.inf, where=never)
         np.copyto(r_min, 0.0, where=fits_plain)
-        blocked = r_min != 0
-        blocked &= ~allow
-        np.copyto(r_min, np.inf, where=blocked)
         bad = ~(r_min <= n)
-        np.copyto(r_min, 0.0, where=bad)
-        r_min *= b
+        r_min *= b  # inf * 0 (NaN) where bad: overwritten below
         t = np.add(na, r_min, out=r_min)
         t += e
         np.copyto(t, np.inf, where=bad)
-        out.append(_mask_grid(t, tbl))
+        out.append(_mask_grid(t, grid))
     return out
 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
                        top: int | None = None) -> np.ndarray:
     """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
-    n, a, b, c, d, g, e, f, k, allow, jump = _grid(tbl, top)
+    grid = _grid(tbl, top)
+    n, b, d, g, k, allow, jump = grid.n, grid.b, grid.d, grid.g, grid.k, grid.allow, grid.jump
     lim = time_limit[:, None, None]
     # In-place passes over the (C, p, G) grid, each the plain expression's operations in order.
-    slack = n * a + e
-    np.subtract(lim, slack, out=slack)
+    slack = np.subtract(lim, grid.nae)
     if strict:
         slack -= np.maximum(np.abs(lim), 1e-30) * _REL
     else:
         slack += np.maximum(np.abs(lim), 1e-30) * _REL
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r_max = slack / b
+    r_max = slack / b
     np.floor(r_max, out=r_max)
     np.copyto(r_max, np.inf, where=~(b > 0))
     np.minimum(r_max, n, out=r_max)
     np.copyto(r_max, 0.0, where=~allow)
     ok = slack >= 0
-    np.maximum(r_max, 0.0, out=r_max)
-    np.copyto(r_max, 0.0, where=~ok)
+    # (where slack < 0, r_max is negative and the cell's memory is set to inf below: its value,
+    # and whether it counts as recomputing, never show)
     # n c + k ((n - r) d + r g) + f + [r > 0] jump
     mem = n - r_max
     mem *= d
     mem += r_max * g
     mem *= k
-    np.add(n * c, mem, out=mem)
-    mem += f
+    np.add(grid.nc, mem, out=mem)
+    mem += grid.f
     np.add(mem, jump, out=mem, where=r_max > 0)
-    np.minimum(mem, n * (c + k * d) + f, out=mem)  # recomputing nothing may be leaner (jump)
+    np.minimum(mem, grid.base, out=mem)  # recomputing nothing may be leaner (jump)
     np.copyto(mem, np.inf, where=~ok)
-    return _mask_grid(mem, tbl)
+    return _mask_grid(mem, grid)
 
 
 def _n_high(tbl: StageTable) -> np.ndarray:
@@ -286,14 +346,15 @@ def _min_bottleneck(values: np.ndarray, tbl: StageTable) -> np.ndarray:
     C, p, G = values.shape
     if C == 0:
         return np.empty(0)
-    v = tbl.chunk_array()
-    v_min = int(v.min())
+    v_min = tbl.min_chunks()
     k = tbl.num_layers - p * (v_min - 1) - 1
     if k >= p * G:  # a grid cut short (:func:`_top`): the cells beyond are +inf
         return np.full(C, np.inf)
     kth = np.partition(values.reshape(C, p * G), k, axis=1)[:, k]
-    col = v - v_min
-    at_v = np.take_along_axis(values, np.minimum(col, G - 1)[:, None, None].repeat(p, axis=1), axis=2)[:, :, 0]
+    if tbl.uniform_chunks():  # every rank's level at n = v is the grid's first column
+        return np.maximum(kth, values[:, :, 0].max(axis=1))
+    col = tbl.chunk_array() - v_min
+    at_v = values[np.arange(C), :, np.minimum(col, G - 1)]  # (C, p): each config's own column
     at_v = np.where((col < G)[:, None], at_v, np.inf)
     return np.maximum(kth, at_v.max(axis=1))
 
@@ -305,7 +366,7 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
     if t_of_n is None:
         t_of_n = _time_given_memory(tbl, m_lim, strict=False)
     tol = np.maximum(np.abs(t_lim), 1e-30)[:, None, None] * 1e-9
-    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + int(tbl.chunk_array().min()) - 1
+    n_max = (t_of_n <= t_lim[:, None, None] + tol).sum(axis=2).astype(np.int64) + tbl.min_chunks() - 1
     n = np.minimum(n_max, _n_high(tbl)[:, None])
     excess = n.sum(axis=1) - tbl.num_layers
     # Give back surplus layers from the ranks holding the most (keeps both limits: downward closed).
@@ -315,15 +376,13 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
         n[rows, j] -= 1
         excess[rows] -= 1
     # Fewest recomputed layers that meet the memory limit (the fastest choice).
-    _, _, c, d, g = (x[:, None] for x in (tbl.layer_time_s, tbl.recompute_time_s, tbl.layer_static_bytes,
-                                          tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes))
+    c, d, g = tbl.layer_static_bytes[:, None], tbl.layer_act_bytes[:, None], tbl.layer_act_recomputed_bytes[:, None]
     base = n * (c + tbl.inflight * d) + tbl.rank_bytes
     saving = tbl.inflight * (d - g)
     tol = np.maximum(np.abs(m_lim), 1.0)[:, None] * _REL
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
+    need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
     r = np.where(base <= m_lim[:, None] + tol, 0.0, np.maximum(need, 1.0))
-    r = np.clip(r, 0, n).astype(np.int64)
+    r = np.minimum(np.maximum(r, 0), n).astype(np.int64)  # np.clip, without its wrapper
     r = np.where(tbl.allow_recompute[:, None], r, 0)
     return n, r
 
@@ -363,13 +422,26 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     (the same points: tests compare the two); None cuts them when they are large
     (TRUNCATE_MIN_LAYER_COUNTS).
     """
+    with _quiet():
+        return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+
+
+def _quiet() -> np.errstate:
+    """The grids divide by zero and multiply inf by 0 in cells they then overwrite: the walk
+    runs with those warnings off (one context per walk, not one per grid pass)."""
+    return np.errstate(divide="ignore", invalid="ignore", over="ignore")
+
+
+def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+          truncate: bool | None) -> StagePoints:
+    """:func:`stage_frontier` (the caller holds the floating-point warnings off)."""
     C = tbl.num_configs
     out: list[tuple[np.ndarray, ...]] = []
     if C == 0:
         return _empty_points(tbl.num_ranks)
     inf = np.full(C, np.inf)
     if truncate is None:
-        v_min = int(tbl.chunk_array().min())
+        v_min = tbl.min_chunks()
         truncate = tbl.num_layers - tbl.num_ranks * v_min + 1 >= TRUNCATE_MIN_LAYER_COUNTS
     mem_cap = np.full(C, float(memory_cap_bytes))
     top = _top(tbl, mem_limit=mem_cap)[0] if truncate else None
@@ -383,8 +455,9 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     for _ in range(max_points):
         if not active.any():
             break
-        sub = tbl.take(rows[active])
-        t_a = t_cur[active]
+        every = bool(active.all())
+        sub = tbl if every else tbl.take(rows[active])
+        t_a = t_cur if every else t_cur[active]
         top = _top(sub, time_limit=t_a)[0] if truncate else None
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=top), sub)
         # The split of this point, and the next point: the least time that lets memory go
@@ -427,8 +500,9 @@ def corner_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:
     """Per config the least max-rank time (no memory limit) and least peak memory (no time
     limit): no split of that config does better in either objective."""
     inf = np.full(tbl.num_configs, np.inf)
-    t_lb = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
-    m_lb = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
+    with _quiet():
+        t_lb = _min_bottleneck(_time_given_memory(tbl, inf, strict=False), tbl)
+        m_lb = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
     return t_lb, m_lb
 
 

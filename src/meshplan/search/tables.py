@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import BatchEstimate, RankCost, compose, num_microbatches, rank_cost
+from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
@@ -39,8 +39,11 @@ class CostContext:
     calib: Calibration
 
 
+_LAYER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LayerCost))
+
+
 def _take_layer(layer: LayerCost, idx: np.ndarray) -> LayerCost:
-    return LayerCost(**{f.name: np.asarray(getattr(layer, f.name))[idx] for f in fields(LayerCost)})
+    return LayerCost(**{name: np.asarray(getattr(layer, name))[idx] for name in _LAYER_FIELDS})
 
 
 def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
@@ -76,8 +79,11 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     """
     key = np.zeros(len(plans), dtype=np.int64)
     for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
-        col = getattr(plans, f).astype(np.int64)
-        key = key * (int(col.max(initial=0)) + 1) + col
+        col = getattr(plans, f)
+        if col.size == 0 or col.min() == col.max():
+            continue  # the same on every row: it splits no rows (the groups, and their order, stay)
+        np.multiply(key, int(col.max()) + 1, out=key)
+        np.add(key, col, out=key)
     # Rows that differ only in what the key leaves out (e.g. the recompute policy) are adjacent
     # in the enumerated space: sort only the first row of each run of equal keys.
     head = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if key.size else key
@@ -96,26 +102,50 @@ def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
     return pipeline_time(1.0, m, plans.pp, plans.vpp, plans.schedule, ctx.calib)[0] * np.ones(len(plans))
 
 
-def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
-                layer: LayerCost | None = None) -> StageTable:
-    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank
-    (one int, or the plans' own ``vpp`` column)."""
+@dataclass(frozen=True)
+class StageProbes:
+    """``rank_cost`` of plans at the eight probes :func:`stage_table` reads its coefficients off,
+    each (8, C): per-micro-batch time, per-step tail and memory."""
+
+    time_s: np.ndarray
+    extra_s: np.ndarray
+    memory_bytes: np.ndarray
+
+    def take(self, idx) -> StageProbes:
+        return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx])
+
+
+def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None) -> StageProbes:
+    """The probes of :func:`stage_table` for plans of any pipeline degrees, in one stacked
+    ``rank_cost`` call (a caller tabling many groups pays its fixed cost once); each plan's
+    columns are what ``stage_table`` computes for it alone."""
     C = len(plans)
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
-    last = pp - 1
+    last, one = plans.pp - 1, plans.pp == 1
     # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head).
     probes = [(0, 1, 0, False, False), (0, 2, 0, False, False), (0, 2, 1, False, False),
               (0, 2, 2, False, False), (last, 1, 0, False, False), (last, 2, 0, False, False),
-              (0, 1, 0, True, pp == 1), (last, 1, 0, pp == 1, True)]
+              (0, 1, 0, True, one), (last, 1, 0, one, True)]
     K = len(probes)
     sp, idx = _stack(plans, K)
-    col = lambda j: np.repeat([pr[j] for pr in probes], C)  # noqa: E731
+    col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
+                                           for pr in probes])
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
-                   rank=col(0), layers=col(1), recomputed=col(2), has_embedding=col(3).astype(bool),
-                   has_head=col(4).astype(bool))
-    t = np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)
-    x = np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)
-    mem = np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C)
+                   rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
+                   has_embedding=col(3, bool), has_head=col(4, bool), totals=False)
+    return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C),
+                       extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C),
+                       memory_bytes=np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C))
+
+
+def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
+                layer: LayerCost | None = None, probes: StageProbes | None = None) -> StageTable:
+    """Affine per-rank costs of plans that all have ``pp`` ranks and ``vpp`` chunks per rank
+    (one int, or the plans' own ``vpp`` column); ``probes`` is ``stage_probes`` of the same
+    plans when the caller has it."""
+    last = pp - 1
+    probes = probes if probes is not None else stage_probes(ctx, plans, layer)
+    t, x, mem = probes.time_s, probes.extra_s, probes.memory_bytes
     alpha = pipeline_alpha(ctx, plans)
     m = num_microbatches(ctx.training, plans)
     held = lambda r: np.asarray(in_flight_chunks(r, plans.pp, plans.vpp, m, plans.schedule,  # noqa: E731
@@ -153,21 +183,22 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
 
 
 def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
-                 layer: LayerCost | None = None) -> BatchEstimate:
-    """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp)."""
+                 layer: LayerCost | None = None) -> StepPeak:
+    """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp): what
+    ``compose`` gives for step time and peak memory."""
     P, pp = layers.shape
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     sp, idx = _stack(plans, pp)  # rank-major blocks: block j is rank j of every plan
     rank = np.repeat(np.arange(pp), P)
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
-                   has_embedding=rank == 0, has_head=rank == pp - 1)
-    full = {f.name: np.broadcast_to(getattr(rc, f.name), (pp * P,)) for f in fields(RankCost)}
-    per_rank = []
-    for j in range(pp):
-        sl = slice(j * P, (j + 1) * P)
-        per_rank.append(RankCost(**{name: x[sl] for name, x in full.items()}))
-    return compose(ctx.model, ctx.cluster, ctx.training, plans, per_rank, ctx.calib)
+                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False)
+    def most(x):  # rank-major (pp * P,) -> the max over the ranks, (P,)
+        return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
+
+    return compose_maxima(ctx.training, plans, ctx.calib, microbatch_s=most(rc.microbatch_s),
+                          step_extra_s=most(rc.step_extra_s), memory_bytes=most(rc.memory_bytes),
+                          host_bytes=most(rc.host_bytes))
 
 
 def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import MAX_COUNT
 from meshplan.textfile import read_text_file
 
 LOG_FORMAT = "meshplan-expert-load"
@@ -111,15 +112,22 @@ def _check_counts(c: np.ndarray, *, what: str) -> None:
         raise MeshplanError(f"{what}: expected [step][moe layer][expert] lists of the same lengths, "
                             f"got an array of shape {c.shape}")
     flat = c.reshape(-1)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in flat):
-        bad = next(v for v in flat if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0))
-        raise MeshplanError(f"{what}: token counts must be non-negative integers, got {bad!r}")
+    bad = [v for v in flat if not _is_count(v)]
+    if bad:
+        raise MeshplanError(f"{what}: token counts must be non-negative integers, got {bad[0]!r} "
+                            f"(at most {MAX_COUNT:,})")
     if c.shape[-1] < 2:
         raise MeshplanError(f"{what}: a MoE layer needs at least 2 experts, the log has {c.shape[-1]}")
     empty = np.argwhere(c.astype(np.int64).sum(axis=-1) == 0)
     if len(empty):
         step, layer = (int(v) for v in empty[0])
         raise MeshplanError(f"{what}: step {step + 1}, moe layer {layer} routed no token")
+
+
+def _is_count(v: Any) -> bool:
+    """A token count as the log holds it: an int (not a bool) in [0, MAX_COUNT], so that a step's
+    sum stays exact in the int64 array the shares are taken from."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
 
 
 def read_expert_load(path: str | Path) -> ExpertLoad:

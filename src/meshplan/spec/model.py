@@ -121,6 +121,11 @@ class ModelSpec:
             except ValueError:
                 raise MeshplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} is not one of "
                                     f"{', '.join(e.value for e in enum_cls)}") from None
+        for f in fields(self):  # a file's {} or [] here would reach the cost model's caches unhashable
+            kind = {"bool": bool, "str": str}.get(f.type)
+            if kind is not None and not isinstance(getattr(self, f.name), kind):
+                raise MeshplanError(f"model {self.name!r}: {f.name} must be {'true or false' if kind is bool else 'text'}, "
+                                    f"got {getattr(self, f.name)!r}")
         for f in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
             check_count(f"model {self.name!r}: {f}", getattr(self, f))
         for f in ("num_kv_heads", "head_dim", "ffn_hidden_size", "moe_num_experts", "moe_top_k",

@@ -28,13 +28,30 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Outside autocast: CUDA autocast runs rms_norm in fp32 (torch's autocast fp32 op list), i.e. an
+        # fp32 copy of x saved for backward and an fp32 output (sent at 4 B by sequence parallel's
+        # all-gather). Fused norms (Megatron/TE, torchtitan's FSDP2 without autocast) take the 16-bit
+        # input, compute in fp32 inside the kernel and return the input's dtype: what the cost model keeps
+        # (the norm's input, 2 B per element: Korthikanti et al. 2022, Sec. 4.1).
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm in its input's dtype, outside autocast (layer_norm is on CUDA autocast's fp32
+    list too: see RMSNorm.forward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            weight = self.weight.to(x.dtype) if self.weight is not None else None
+            bias = self.bias.to(x.dtype) if self.bias is not None else None
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == Norm.RMSNORM:
         return RMSNorm(spec.hidden_size)
-    return nn.LayerNorm(spec.hidden_size, eps=NORM_EPS)
+    return LayerNorm(spec.hidden_size, eps=NORM_EPS)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

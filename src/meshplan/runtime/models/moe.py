@@ -19,12 +19,19 @@ from meshplan.spec.model import ModelSpec
 
 def expert_mlp(x: torch.Tensor, counts: list[int], w1: torch.Tensor, w2: torch.Tensor,
                w3: torch.Tensor | None) -> torch.Tensor:
-    """Run expert e on its contiguous block of counts[e] rows. x: (T, D); w1/w3: (E, D, F); w2: (E, F, D)."""
+    """Run expert e on its contiguous block of counts[e] rows. x: (T, D); w1/w3: (E, D, F); w2: (E, F, D).
+
+    The weights are unbound once, not indexed per expert: the backward of ``w[e]`` builds a
+    zero-filled gradient of the whole (E, D, F) tensor for every expert and sums them (E whole
+    copies at once, found by the dry run, docs/dryrun.md); ``unbind``'s backward stacks the E
+    expert gradients into one."""
     outs = []
+    w1s, w2s = w1.unbind(0), w2.unbind(0)
+    w3s = w3.unbind(0) if w3 is not None else None
     for e, chunk in enumerate(torch.split(x, counts, dim=0)):
-        h = chunk @ w1[e]  # (T_e, F)
-        h = swiglu(h, chunk @ w3[e]) if w3 is not None else F.gelu(h, approximate="tanh")
-        outs.append(h @ w2[e])  # (T_e, D)
+        h = chunk @ w1s[e]  # (T_e, F)
+        h = swiglu(h, chunk @ w3s[e]) if w3s is not None else F.gelu(h, approximate="tanh")
+        outs.append(h @ w2s[e])  # (T_e, D)
     return torch.cat(outs, dim=0) if outs else x.new_zeros((0, x.shape[-1]))
 
 
@@ -47,6 +54,17 @@ def _in_backward() -> bool:
     """Whether autograd is running a backward pass (where activation checkpointing recomputes a
     forward): the routing counter skips those, so each token is counted once per step."""
     return torch._C._current_graph_task_id() != -1
+
+
+def combine_slots(out_sorted: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Each token's k weighted expert outputs summed: (T*k, D) in expert order -> (T, D).
+
+    Slots back in token order by a gather, then a sum over k: the backward needs the indices only.
+    (``index_add`` would keep its (T*k, D) source for backward: its gradient formula expands to the
+    source, torch's derivatives.yaml; one more routed-sized tensor per layer than the combine needs,
+    found by the dry run, docs/dryrun.md.)"""
+    slot_rows = torch.argsort(order)  # slot s (token s // k, choice s % k) is row slot_rows[s]
+    return out_sorted[slot_rows].view(-1, top_k, out_sorted.shape[-1]).sum(dim=1)
 
 
 class MoE(nn.Module):
@@ -87,7 +105,7 @@ class MoE(nn.Module):
             self.routed_tokens = counts if self.routed_tokens is None else self.routed_tokens + counts
         out_sorted = self.experts(flat[token_of_slot], counts)  # (T*k, D)
         out_sorted = out_sorted * weights.reshape(-1)[order, None]
-        out = torch.zeros_like(flat).index_add(0, token_of_slot, out_sorted)
+        out = combine_slots(out_sorted, order, self.top_k)
         if self.shared is not None:
             out = out + self.shared(flat)
         return out.view(B, S, D)

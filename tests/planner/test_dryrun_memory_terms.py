@@ -1,0 +1,72 @@
+"""Cost-model memory terms the dry run found missing (docs/dryrun.md): the LM-head stage keeps the
+logits of every micro-batch in flight there (GPipe: all m), an MoE layer keeps its routed copies."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.cost import calibration_for, estimate
+from meshplan.cost.arrays import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from meshplan.cost.pipeline import head_microbatches_held
+from meshplan.plan import ParallelDims, Plan, Schedule
+from meshplan.spec.cluster import resolve_cluster
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+
+def test_head_microbatches_held() -> None:
+    assert float(head_microbatches_held(8, GPIPE)) == 8.0
+    assert float(head_microbatches_held(8, ONE_F_ONE_B)) == 1.0
+    assert float(head_microbatches_held(8, INTERLEAVED)) == 1.0
+
+
+def test_gpipe_head_stage_keeps_every_microbatch_logits() -> None:
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 4})
+    training = TrainingSpec(seq_len=2048, global_batch=32)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    one_f_one_b = Plan(dims=ParallelDims(pp=2, dp_shard=4), zero=1)
+    calib = calibration_for(cluster.gpu)
+    # 32 sequences over dp 4: 8 micro-batches of one 2,048-token sequence; V = 128,256 (no tp).
+    m, elements = 8, 2048 * 128256
+    kept, transient = calib.logits_bytes_per_element, calib.loss_transient_bytes_per_element
+    for plan, held in ((one_f_one_b, 1), (replace(one_f_one_b, schedule=Schedule.GPIPE), m)):
+        last = estimate(model, cluster, training, plan).stages[-1].memory
+        assert last.logits_bytes == elements * (kept * held + transient)
+
+
+def test_moe_layer_keeps_its_routed_copies() -> None:
+    """Each MoE layer keeps k routed copies of D per token twice (the experts' permuted input, the
+    experts' output kept by the probability multiply): found by the dry run's attribution."""
+    model = model_preset("mixtral-8x7b").with_overrides({"num_layers": 2})
+    training = TrainingSpec(seq_len=1024, global_batch=16)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    plan = Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=3)
+    calib = calibration_for(cluster.gpu)
+    kept = estimate(model, cluster, training, plan, calib).stages[0].memory.activations_bytes
+    none = estimate(model, cluster, training, plan, replace(calib, moe_routed_copies_kept=0.0)
+                    ).stages[0].memory.activations_bytes
+    # 16 sequences over dp 8: micro-batches of 1 x 1,024 tokens, one in flight; k = 2, D = 4,096,
+    # 2 B elements; two layers.
+    assert kept - none == 2 * 1024 * 2 * 4096 * 2 * 2.0
+
+
+def test_pipeline_recv_buffers_when_preallocated() -> None:
+    """torch's pipelining allocates a receive buffer per micro-batch for each stage's input (not the
+    first stage) and output gradient (not the last), kept for the step."""
+    from meshplan.cost.pipeline import recv_buffers_held
+
+    # pp 4, 5 virtual stages per rank, 8 micro-batches: middle ranks 8 x 10, the ends 8 x 9; no pp: 0.
+    assert [float(recv_buffers_held(r, 4, 5, 8)) for r in range(4)] == [72.0, 80.0, 80.0, 72.0]
+    assert float(recv_buffers_held(0, 1, 1, 8)) == 0.0
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 4})
+    training = TrainingSpec(seq_len=2048, global_batch=32)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    plan = Plan(dims=ParallelDims(pp=2, tp=2, dp_shard=2), zero=1, sp=True)
+    calib = calibration_for(cluster.gpu)
+    off = estimate(model, cluster, training, plan, replace(calib, pp_preallocated_recv_buffers=False))
+    on = estimate(model, cluster, training, plan, replace(calib, pp_preallocated_recv_buffers=True))
+    # 32 sequences over dp 2: 16 micro-batches; each buffer (1, 2048 / tp 2, 2048) in bf16; 2 ranks:
+    # rank 0 receives gradients only, the last rank activations only.
+    buffer = 2048 // 2 * 2048 * 2
+    for rank in (0, 1):
+        assert on.stages[rank].memory.other_bytes - off.stages[rank].memory.other_bytes == 16 * buffer
