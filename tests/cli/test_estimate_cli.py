@@ -95,3 +95,16 @@ def test_malformed_config_json(tmp_path):
     bad.write_text("{ not json")
     r = run("estimate", "--model", str(bad), "--cluster", "dgx-h100", "--global-batch", "8")
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_takes_gpus_as_plan_does():
+    """`--gpus 512` sizes the cluster as `--nodes 64` of 8 does; a count that disagrees with
+    --nodes, or is not whole nodes, is one line and exit code 2."""
+    by_nodes = json.loads(run("estimate", *LLAMA70, "--json").stdout)
+    args = [a for a in LLAMA70 if a not in ("--nodes", "64")]
+    by_gpus = run("estimate", *args, "--gpus", "512", "--json")
+    assert by_gpus.returncode == 0, by_gpus.stderr
+    assert json.loads(by_gpus.stdout)["step_time_s"] == by_nodes["step_time_s"]
+    for bad in (["--gpus", "256", "--nodes", "64"], ["--gpus", "500"]):
+        r = run("estimate", *args, *bad)
+        assert r.returncode == 2 and r.stderr.count("error:") == 1 and "Traceback" not in r.stderr

@@ -42,8 +42,10 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     # the fitted hopper/blackwell megatron records are what makes this hold (61.7% before them)
     # a regression guard on the shipped fit (15.4% after the per-op mechanisms were fitted, on
     # TFLOP/s; 8.1% on tokens/s after the attention, grouped-GEMM, host-launch and SSD
-    # mechanisms and the Blackwell Ultra records; issue 14 aims at 8%)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.09
+    # mechanisms and the Blackwell Ultra records; 9.0% after cross-domain rings ran at the
+    # node's NICs, which took the worst rows from -83% / -68% to +11% / -2%; issue 14 aims at 8%)
+    assert d["summary"]["throughput_median_abs_error"] <= 0.092
+    assert d["summary"]["throughput_p90_abs_error"] <= 0.36
 
 
 def test_target_replaces_each_rows_stack():
@@ -70,7 +72,7 @@ def test_write_records_replaces_only_the_fitted_pairs(tmp_path):
     path = tmp_path / "fitted.json"
     path.write_text((SRC / "meshplan" / "spec" / FITTED_FILE).read_text())
     before = json.loads(path.read_text())
-    write_records(fits, "calibration", dict(v100[0].settings), path)
+    write_records(fits, "calibration", path)
     after = json.loads(path.read_text())
     assert {k: v for k, v in after["records"].items() if k != "volta/megatron"} == \
         {k: v for k, v in before["records"].items() if k != "volta/megatron"}
@@ -84,7 +86,7 @@ def test_leave_one_generation_out_scores_rows_with_a_fit_that_never_saw_them():
     """Hold out Volta: its 4 rows are scored by a fit made on Ampere rows only (pooled for the
     stack), and vice versa; each held-out row is predicted exactly once."""
     runs, _ = load_runs(runs_csv("calibration"))
-    a100 = [r for r in runs if r.cluster.gpu.name.startswith("a100") and r.metric][:12]
+    a100 = [r for r in runs if r.cluster.gpu.name.startswith("a100") and r.metric and r.stack == "megatron"][:12]
     v100 = [r for r in runs if r.cluster.gpu.name.startswith("v100")]
     held = leave_one_out(a100 + v100, "generation", dict(v100[0].settings))
     assert set(held.groups) == {"ampere", "volta"}
@@ -116,7 +118,7 @@ def test_estimate_takes_the_stack_through_target():
 def test_fit_settings_name_what_the_frameworks_disagree_on():
     from types import SimpleNamespace
 
-    from meshplan.cli.validate_cmd import fit_settings
+    from meshplan.calib.fit import shared_settings as fit_settings
     from meshplan.errors import MeshplanError
     from meshplan.spec.frameworks import framework_defaults
 

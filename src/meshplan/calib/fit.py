@@ -10,13 +10,14 @@ a GPU generation or a source and scores the held-out rows: how well the fit tran
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
 
 from meshplan.calib.validate import Run, predicted_metric
+from meshplan.errors import MeshplanError
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
 from meshplan.cost.calibration import (Calibration, calibration_for, gpu_generation, record_key,
@@ -83,6 +84,8 @@ class FitResult:
     throughput_error_after: float
     memory_error_before: float
     memory_error_after: float
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """The software settings the fit started from (its rows' frameworks', and those given)."""
 
 
 def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
@@ -192,25 +195,40 @@ def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any],
         throughput_rows=len(t_rows), memory_rows=sum(1 for r in m_rows if r.measured_memory_gib),
         throughput_error_before=median_abs(t_prep, start, 0), throughput_error_after=median_abs(t_prep, calib, 0),
         memory_error_before=median_abs(m_prep, start, 1), memory_error_after=median_abs(m_prep, calib, 1),
+        settings=MappingProxyType(dict(settings)),
     )
 
 
-def fit_all(runs: list[Run], settings: Mapping[str, Any], rounds: int = 2,
+def shared_settings(rows, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The software settings a fit of ``rows`` starts from: those given, over the one set the
+    rows' frameworks share; rows whose frameworks differ cannot be fitted together."""
+    kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
+    if len(kinds) > 1:
+        differ = sorted({k for kind in kinds for k, v in kind if any(dict(o).get(k) != v for o in kinds)})
+        raise MeshplanError(f"--fit: the rows' frameworks differ in {', '.join(differ)}; fit one "
+                            "framework's rows at a time (or give --fused-attention/--dropout where "
+                            "only those differ)")
+    return dict(kinds.pop()) if kinds else dict(given)
+
+
+def fit_all(runs: list[Run], given: Mapping[str, Any], rounds: int = 2,
             memory_grid: Mapping | None = None) -> dict[str, FitResult]:
-    """One fit per (generation, stack) present in ``runs``."""
+    """One fit per (generation, stack) present in ``runs``, each from the settings its rows'
+    frameworks share (``shared_settings``) under those ``given``."""
     out = {}
     for key in sorted({calibration_key(r) for r in runs}):
         rows = [r for r in runs if calibration_key(r) == key]
-        out[key] = fit_rows(rows, key, rows[0].stack, settings, rounds, memory_grid=memory_grid)
+        out[key] = fit_rows(rows, key, rows[0].stack, shared_settings(rows, given), rounds,
+                            memory_grid=memory_grid)
     return out
 
 
-def fitted_calibration(run: Run, fits: Mapping[str, FitResult], settings: Mapping[str, Any]) -> Calibration:
+def fitted_calibration(run: Run, fits: Mapping[str, FitResult]) -> Calibration:
     """The calibration of ``run`` under ``fits``: its (generation, stack) fit, else the shipped one."""
     res = fits.get(calibration_key(run))
     if res is None:
         return calibration_for(run.cluster.gpu, run.stack)
-    return fit_start(run.stack, settings).replace_fields(**res.values, source=f"fitted just now ({res.key})")
+    return fit_start(run.stack, res.settings).replace_fields(**res.values, source=f"fitted just now ({res.key})")
 
 
 def median_abs(prep: Prepared, calib: Calibration, which: int) -> float:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from meshplan.calib.fit import (FitResult, calibration_key, fit_all, fit_rows, fitted_calibration,
-                                predict_all, prepare, source_group)
+                                predict_all, prepare, shared_settings, source_group)
 from meshplan.calib.validate import Run
 from meshplan.cost.calibration import gpu_generation
 
@@ -47,12 +47,11 @@ class HeldOut:
                 "groups": self.groups}
 
 
-def _errors(rows: list[Run], fits: Mapping[str, FitResult], pooled: Mapping[str, FitResult],
-            settings: Mapping[str, Any]) -> list[float]:
+def _errors(rows: list[Run], fits: Mapping[str, FitResult], pooled: Mapping[str, FitResult]) -> list[float]:
     out = []
     for r in rows:
         own = fits if calibration_key(r) in fits else {calibration_key(r): pooled[r.stack]}
-        pred, _ = predict_all(prepare([r]), fitted_calibration(r, own, settings))
+        pred, _ = predict_all(prepare([r]), fitted_calibration(r, own))
         out.append(float(pred[0] / r.measured - 1.0))
     return out
 
@@ -72,9 +71,10 @@ def leave_one_out(runs: list[Run], by: str, settings: Mapping[str, Any], rounds:
         for stack in {r.stack for r in test if calibration_key(r) not in fits}:
             same = [r for r in train if r.stack == stack]
             if same:
-                pooled[stack] = fit_rows(same, f"pooled/{stack}", stack, settings, rounds, memory_grid={})
+                pooled[stack] = fit_rows(same, f"pooled/{stack}", stack, shared_settings(same, settings),
+                                         rounds, memory_grid={})
         test = [r for r in test if calibration_key(r) in fits or r.stack in pooled]
-        e = _errors(test, fits, pooled, settings)
+        e = _errors(test, fits, pooled)
         if e:
             groups[g] = {"rows": len(e), "median_abs_error": float(np.median(np.abs(e))),
                          "median_signed_error": float(np.median(e))}

@@ -21,8 +21,8 @@ def fitted_file() -> Path:
     return Path(str(resources.files("meshplan.spec").joinpath(FITTED_FILE)))
 
 
-def record(res: FitResult, runs_name: str, settings: Mapping[str, Any], today: str) -> dict[str, Any]:
-    fixed = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+def record(res: FitResult, runs_name: str, today: str) -> dict[str, Any]:
+    fixed = ", ".join(f"{k}={v}" for k, v in sorted(res.settings.items()))
     return {
         "source": f"fitted on {runs_name} ({res.key} rows) by meshplan validate --fit --write-calibration, {today}",
         "how": (f"coordinate descent over grids (calib/fit.py) minimising the mean absolute log error of "
@@ -36,13 +36,12 @@ def record(res: FitResult, runs_name: str, settings: Mapping[str, Any], today: s
     }
 
 
-def write_records(fits: Mapping[str, FitResult], runs_name: str, settings: Mapping[str, Any],
-                  path: Path | None = None) -> Path:
+def write_records(fits: Mapping[str, FitResult], runs_name: str, path: Path | None = None) -> Path:
     """Replace the records of ``fits``' keys in the data file, keep every other entry."""
     path = path or fitted_file()
     data = json.loads(path.read_text())
     today = _dt.date.today().isoformat()
     for key, res in sorted(fits.items()):
-        data["records"][key] = record(res, runs_name, settings, today)
+        data["records"][key] = record(res, runs_name, today)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path

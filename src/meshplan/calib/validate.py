@@ -36,6 +36,7 @@ from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.frameworks import framework_defaults
+from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
@@ -249,13 +250,15 @@ def build_run(row: dict[str, str]) -> Run:
     fw = framework_defaults(row.get("framework"))
     S = _need(row, "seq_len")
     model, assumed = row_model(row.get("model"), {k: _num(row, k, _int) for k in ROW_DIMENSIONS}, S, fw)
-    assumed = list(assumed)
+    assumed = [fw.read_as, *assumed] if fw.read_as else list(assumed)
     gpus = _need(row, "num_gpus")
     gpn = _num(row, "gpus_per_node", _int, 8)
     gpu = (row.get("gpu") or "").strip()
     if not gpu:
         raise MeshplanError("gpu is blank")
-    cluster = cluster_for_gpu(gpu, gpus_per_node=gpn).with_gpus(gpus)
+    gpu_name = resolve_gpu(gpu)  # 'H100-SXM5-80GB', 'NVIDIA A100 80GB', ... -> a preset
+    assumed.extend([gpu_name.note] if gpu_name.note else [])
+    cluster = cluster_for_gpu(gpu_name.preset, gpus_per_node=gpn).with_gpus(gpus)
 
     def default(key: str, value: Any, cast: Callable[[str], Any] = str) -> Any:
         if (row.get(key) or "").strip():

@@ -14,10 +14,11 @@ from meshplan.cli.cost_tables import data_aware_table, expert_load_table, osdp_m
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
+from meshplan.numbers import check_count
 from meshplan.plan import Job
 from meshplan.targets import Target
 
-PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus_per_node", "seq_len", "global_batch",
+PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus", "gpus_per_node", "seq_len", "global_batch",
                    "global_batch_tokens", "precision", "recipe", "optimizer", "dp", "dp_shard", "tp", "pp", "cp",
                    "ep", "zero", "micro_batch", "recompute", "schedule", "vpp", "sp", "cp_method", "stage_layers",
                    "recompute_layers", "expert_placement", "expert_replicas")
@@ -36,6 +37,7 @@ def estimate_cmd(
     training_flags: TrainingFlags,
     plan_flags: PlanFlags,
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above (which are then refused; --cluster-profile applies).")] = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes, as `plan --gpus`).")] = None,
     cluster_profile: ClusterProfileOpt = None,
     target: Annotated[Target, typer.Option("--target", help="The stack that runs the plan: its calibration (overlap, host costs, fitted efficiencies); given, a warning (stderr) when it cannot run the plan.")] = Target.MESHPLAN,
     json_out: JsonOpt = False,
@@ -54,7 +56,7 @@ def estimate_cmd(
         train = training_flags.with_data(train)  # the data flags apply to a Job's training
     else:
         spec = model_flags.spec(missing="name a model with --model (or give --plan plan.json)")
-        base = cluster_flags.spec()
+        base = cluster_flags.spec(gpus=None if gpus is None else check_count("--gpus", gpus))
         train = training_flags.spec()
         needs(ctx, "schedule", plan_flags.pp > 1, without="--pp > 1 (it orders the pipeline's micro-batches)")
         needs(ctx, "cp_method", plan_flags.cp > 1, without="--cp > 1 (it is how context-parallel attention is split)")

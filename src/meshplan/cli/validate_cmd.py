@@ -28,18 +28,6 @@ def _finite(obj):
     return obj
 
 
-def fit_settings(rows, given: dict) -> dict:
-    """The software settings a fit starts from: those given, else the one set the rows share
-    (their frameworks' defaults); rows of stacks that differ need them given."""
-    kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
-    if len(kinds) > 1:
-        differ = sorted({k for kind in kinds for k, v in kind if any(dict(o).get(k) != v for o in kinds)})
-        raise MeshplanError(f"--fit: the rows' frameworks differ in {', '.join(differ)}; fit one "
-                            "framework's rows at a time (or give --fused-attention/--dropout where "
-                            "only those differ)")
-    return dict(kinds.pop()) if kinds else dict(given)
-
-
 def _fmt(v: float | None, spec: str) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -70,8 +58,6 @@ def validate_cmd(
     fitted: dict[str, dict] = {}
     held: dict[str, dict] = {}
     calib_for = None
-    if fit or holdout or loso:
-        settings = fit_settings(rows, settings)
     if fit:
         from meshplan.calib.fit import fit_all, fitted_calibration
 
@@ -80,11 +66,11 @@ def validate_cmd(
         if write:
             from meshplan.calib.records import write_records
 
-            path = write_records(fits, runs, settings)
+            path = write_records(fits, runs)
             logging.getLogger(__name__).info("wrote %s to %s", ", ".join(fits), path)
 
         def calib_for(run):  # noqa: F811 - the fitted calibration of the run's (generation, stack)
-            return fitted_calibration(run, fits, settings)
+            return fitted_calibration(run, fits)
     if holdout or loso:
         from meshplan.calib.holdout import leave_one_out
 

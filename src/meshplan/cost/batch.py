@@ -141,6 +141,9 @@ class PlanTerms:
     n1: np.ndarray
     n1_e: np.ndarray
     lvl1: comms.Link
+    lvl1_e: comms.Link
+    """The experts' data-parallel group (n1_e ranks ep * etp apart: Megatron lays experts out
+    etp, ep, edp from the innermost), which reduces the expert gradients."""
     lvl2: comms.Link
     act_policy: np.ndarray
     m: np.ndarray
@@ -200,6 +203,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
         embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
         lvl1=comms.group_link(cluster, calib, n1, plans.tp),
+        lvl1_e=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp),
         lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
         act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))
 
@@ -270,12 +274,19 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
     lvl1, lvl2 = terms.lvl1, terms.lvl2
     g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
-    w_bytes = total_p * calib.weight_bytes_per_param
+
+    def dp_ring(op, dense_bytes, expert_bytes):
+        """A data-parallel collective of dense parameters over the dp group and of expert
+        parameters over the expert-dp group (its own ranks, its own link)."""
+        return op(dense_bytes, n1, lvl1) + np.where(
+            expert_bytes > 0, op(expert_bytes, terms.n1_e, terms.lvl1_e), 0.0)
+
     # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
     # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
-    rs_grads = comms.reduce_scatter_time(g_bytes, n1, lvl1)  # shared by ZeRO-1/2 and ZeRO-3
-    ag_weights = comms.all_gather_time(w_bytes, n1, lvl1)
-    step_lvl1 = np.where(z == 0, comms.all_reduce_time(g_bytes, n1, lvl1),
+    wb = calib.weight_bytes_per_param
+    rs_grads = dp_ring(comms.reduce_scatter_time, dense_p * gb, expert_p * gb)
+    ag_weights = dp_ring(comms.all_gather_time, dense_p * wb, expert_p * wb)
+    step_lvl1 = np.where(z == 0, dp_ring(comms.all_reduce_time, dense_p * gb, expert_p * gb),
                          np.where(z <= 2, rs_grads + ag_weights, 0.0))
     # OSDP's kept groups (zero 3): their updated weights all-gathered once per step, as ZeRO-2
     if osdp.active:
@@ -302,24 +313,28 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
     # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
     layer_p = layer.params_per_gpu
+    expert_layer_p = layer.params_per_gpu - layer.dense_params_per_gpu
     layer_compute = layer.fwd_compute_s + layer.bwd_compute_s
     rest_compute = np.maximum(compute - layers * layer_compute, 0.0)
     if osdp.active:
         compute = compute + osdp.compute_s
 
-    def fsdp_time(params, gathered):
-        gather = comms.all_gather_time(gathered * calib.weight_bytes_per_param, n1, lvl1)
-        return 2 * gather + comms.reduce_scatter_time(params * gb, n1, lvl1)
+    def fsdp_time(params, gathered, experts=0.0):
+        """FSDP's two gathers and one reduce-scatter; ``experts`` of the params are expert ones
+        (always sharded: OSDP keeps dense groups only)."""
+        dense_gathered = np.maximum(gathered - experts, 0.0)
+        gather = dp_ring(comms.all_gather_time, dense_gathered * wb, experts * wb)
+        return 2 * gather + dp_ring(comms.reduce_scatter_time, (params - experts) * gb, experts * gb)
 
     accumulate = (terms.m_float - 1.0) / terms.m_float
     # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
-    z3_layer = fsdp_time(layer_p, osdp.sharded_layer_params)
+    z3_layer = fsdp_time(layer_p, osdp.sharded_layer_params, expert_layer_p)
     extra_latency = 0.0
     if osdp.active:
         extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
         z3_layer = z3_layer + extra_latency
     z3_rest = np.where(rest_p > 0, fsdp_time(rest_p, osdp.sharded_rest_params), 0.0)
-    z2_layer = comms.reduce_scatter_time(layer_p * gb, n1, lvl1) * accumulate
+    z2_layer = dp_ring(comms.reduce_scatter_time, layer.dense_params_per_gpu * gb, expert_layer_p * gb) * accumulate
     z2_rest = np.where(rest_p > 0, comms.reduce_scatter_time(rest_p * gb, n1, lvl1), 0.0) * accumulate
     z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
               + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
@@ -330,8 +345,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                                    np.where(z == 2, layers * z2_layer + z2_rest, 0.0))
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
-    opt_bytes = total_p / terms.dense_shards[1] * (
-        2 * opt_pp + gb + calib.weight_bytes_per_param)
+    opt_bytes = shard(dense_p, expert_p, 1) * (2 * opt_pp + gb + wb)
     optimizer_s = opt_bytes / hbm
 
     # ---- activations ------------------------------------------------------------------------

@@ -60,6 +60,16 @@ class Calibration:
     pipeline sends/receives, the data iterator, hooks of the distributed optimizer) that a small
     model cannot hide behind device work (PyTorch CUDA semantics, 'Asynchronous execution').
     A stack field (STACK_FIELDS), fitted per (generation, stack)."""
+    host_s_per_kernel: float = 0.0
+    """Host time to issue one kernel from the training loop: Python, the PyTorch dispatcher and
+    cudaLaunchKernel, 5-20 us per op in eager PyTorch (PyTorch blog 'Accelerating PyTorch with
+    CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
+    under CUDA graphs (one graph launch per captured region). A layer
+    takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
+    host_fused_kernels: bool = False
+    """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
+    norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
+    per aten op of eager model code (cost/host.py counts both). A stack field."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -190,6 +200,13 @@ class Calibration:
     DGX A100/H100 is ~70-80% of the link rate)."""
     inter_node_comm_efficiency: float = 0.80
     """Fraction of the NIC line rate reached by NCCL across nodes (nccl-tests on InfiniBand)."""
+    ring_nic_spread: float = 1.0
+    """Share of the NICs of a ring group's members in one NVLink domain that a ring collective
+    crossing domains sends through: the ring runs at min(NVLink, max(1, spread x g) x NIC per
+    GPU) for g members per domain (cost/comms.py). 1: NCCL's rings, one per channel, each
+    crossing through a different member's NIC (nccl-tests doc/PERFORMANCE.md: across nodes the
+    bus bandwidth is the node's NICs); 0: one NIC share per rank, as a stack whose collectives
+    do not use NCCL's multi-channel rings gets. Fitted per (generation, stack)."""
     comm_half_message_bytes: float = 0.0
     """Message size at which a per-layer collective (TP, CP, EP) reaches half its bandwidth:
     effective bandwidth = W * M / (M + comm_half_message_bytes). NCCL's bus bandwidth ramps up
@@ -353,7 +370,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
-                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction"):
+                  "fp8_matmul_factor", "fp4_matmul_factor", "selective_keeps_fraction", "ring_nic_spread"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
@@ -366,7 +383,7 @@ DEFAULT_STACK = "meshplan"
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
-                "loss_transient_bytes_per_element")
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 

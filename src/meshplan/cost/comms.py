@@ -9,9 +9,18 @@ so the group of an axis has its members ``stride`` ranks apart, stride = product
 axes. The group fits in one NVLink (scale-up) domain iff ``stride * size <= scale_up_gpus`` (a
 DGX node of 8, or a whole GB200/GB300 NVL72 rack of 72 even though its hosts are 4-GPU trays;
 jobs place whole groups inside a rack, e.g. 64 of its 72 GPUs); then it runs at NVLink speed,
-else at the NICs'. A group spanning domains gets the node's NIC bandwidth per GPU
-(``ClusterSpec.inter_node_bandwidth_bytes_per_s``: NICs x line rate / GPUs per node) whether one
-or several of its members share a node.
+else at the NICs'. A group spanning domains sends over the NICs
+(``ClusterSpec.inter_node_bandwidth_bytes_per_s``: NICs x line rate / GPUs per node, per GPU):
+* a ring collective (all-reduce, all-gather, reduce-scatter) with g members in each domain runs
+  as NCCL builds it, one ring per channel, each channel leaving the domain through a different
+  member's NIC: only the ring's domain-crossing edges use NICs, and the channels spread those
+  edges over the g members' NICs, so the ring moves at min(NVLink, g x NIC per GPU) (NCCL
+  tests' PERFORMANCE.md: across nodes the bus bandwidth is the node's NICs; "How to Scale Your
+  Model", GPUs chapter: a collective across nodes runs at the node's egress bandwidth). A group
+  with one member per domain (tensor parallel inside, data parallel across) keeps one NIC share.
+  ``Calibration.ring_nic_spread`` is the share of the g NICs a stack's rings really use (1:
+  NCCL; fitted per generation and stack);
+* an all-to-all and a send/recv move each rank's own bytes through its own NIC share.
 
 All functions take and return NumPy arrays (or scalars) and broadcast: no Python branching on
 plan values, so one plan or a million plans evaluate with the same code.
@@ -33,27 +42,40 @@ class Link:
     the calibration whose per-op factors scale them for each collective."""
 
     bandwidth_bytes_per_s: np.ndarray
+    """Per GPU: NVLink inside a domain, its NIC share across domains (all-to-all, send/recv)."""
     latency_s: np.ndarray
     calib: Calibration = Calibration()
+    ring_bandwidth_bytes_per_s: np.ndarray | None = None
+    """Per GPU for ring collectives (module docstring); None: ``bandwidth_bytes_per_s``."""
 
     def rates(self, op: str) -> tuple[np.ndarray, np.ndarray]:
         """(alpha, W) of collective ``op`` on this link (Calibration.collective_factors)."""
         lat_f, bw_f = self.calib.collective_factors(op)
-        return self.latency_s * lat_f, self.bandwidth_bytes_per_s * bw_f
+        w = self.bandwidth_bytes_per_s
+        if op not in _POINT_TO_POINT and self.ring_bandwidth_bytes_per_s is not None:
+            w = self.ring_bandwidth_bytes_per_s
+        return self.latency_s * lat_f, w * bw_f
+
+
+# Collectives whose bytes each rank sends itself, to its peers, through its own NIC share.
+_POINT_TO_POINT = frozenset({"all_to_all", "send_recv"})
 
 
 def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
     """Link of a group of ``size`` ranks ``stride`` ranks apart (see module docstring)."""
     size = np.asarray(size, dtype=float)
     stride = np.asarray(stride, dtype=float)
-    inside = stride * size <= cluster.scale_up_gpus
-    bw = np.where(
-        inside,
-        cluster.intra_node_bandwidth_bytes_per_s * calib.intra_node_comm_efficiency,
-        cluster.inter_node_bandwidth_bytes_per_s * calib.inter_node_comm_efficiency,
-    )
+    domain = float(cluster.scale_up_gpus)
+    inside = stride * size <= domain
+    nvlink = cluster.intra_node_bandwidth_bytes_per_s * calib.intra_node_comm_efficiency
+    nic = cluster.inter_node_bandwidth_bytes_per_s * calib.inter_node_comm_efficiency
+    bw = np.where(inside, nvlink, nic)
+    # members of the group in one domain: ranks ``stride`` apart, at most the group
+    per_domain = np.clip(np.floor(domain / np.maximum(stride, 1.0)), 1.0, np.maximum(size, 1.0))
+    nics = np.maximum(calib.ring_nic_spread * per_domain, 1.0)  # Calibration.ring_nic_spread
+    ring = np.where(inside, nvlink, np.minimum(nvlink, nics * nic))
     lat = np.where(inside, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
-    return Link(bandwidth_bytes_per_s=bw, latency_s=lat, calib=calib)
+    return Link(bandwidth_bytes_per_s=bw, latency_s=lat, calib=calib, ring_bandwidth_bytes_per_s=ring)
 
 
 def all_reduce_time(nbytes, size, link: Link):

@@ -30,6 +30,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
+from meshplan.cost.host import host_bound, host_launch_s
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
@@ -236,7 +237,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
     t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + mix.softmax_bytes / hbm
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
-    fwd_compute = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    # The host issues the layer's kernels while the device runs them: the slower sets the pace.
+    host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
+    fwd_compute = host_bound(fwd_device, host_fwd)
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ab  # (b, S/c, D) activation
@@ -267,7 +271,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
     # exactly 2 x fwd_compute at the default.
-    bwd_compute = 2.0 * fwd_compute + (mix.core_bwd_s - 2.0 * t_attn)
+    bwd_compute = host_bound(2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn), host_bwd)
     tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
     cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)

@@ -1,4 +1,8 @@
-"""Model names as published runs write them -> preset names (data: presets/model_aliases.json)."""
+"""Model names as published runs write them -> preset names (data: presets/model_aliases.json).
+
+'LLAMA3_8B' (Megatron-Bridge), 'Llama-3-8B' (a paper), 'meta-llama/Meta-Llama-3-8B' (a Hugging
+Face id) and 'llama3 8b' are one key (``alias_key``); the table maps keys to presets.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
+
+from meshplan.errors import MeshplanError
 
 
 @dataclass(frozen=True)
@@ -23,11 +30,39 @@ def normalise(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    return json.loads(resources.files("meshplan.spec").joinpath("presets/model_aliases.json").read_text())
+
+
+_HF_ORG = re.compile(r"^[\w.\-]+/(?=[\w.\-]+$)")
+"""The organisation of a Hugging Face id ('meta-llama/' of 'meta-llama/Llama-3.1-8B'); a name with
+spaces is no id ('DeepSeekV3 (w/o MTP)' keeps its '/')."""
+
+
+def alias_key(name: str) -> str:
+    """The key a model name is matched on: the Hugging Face organisation ('meta-llama/') and the
+    table's ignored leading / trailing words dropped, then no separators at all:
+    'meta-llama/Meta-Llama-3-8B-Instruct' -> 'llama38b' == alias_key('LLAMA3_8B')."""
+    words = normalise(_HF_ORG.sub("", name.strip())).split(" ")
+    data = _data()
+    while len(words) > 1 and words[0] in data["ignored_prefix_words"]:
+        words = words[1:]
+    while len(words) > 1 and words[-1] in data["ignored_suffix_words"]:
+        words = words[:-1]
+    return "".join(words)
+
+
+@lru_cache(maxsize=1)
 def _table() -> dict[str, Alias]:
-    text = resources.files("meshplan.spec").joinpath("presets/model_aliases.json").read_text()
-    return {normalise(k): Alias(**v) for k, v in json.loads(text)["aliases"].items()}
+    table: dict[str, Alias] = {}
+    for k, v in _data()["aliases"].items():
+        key, alias = alias_key(k), Alias(**v)
+        if table.get(key, alias) != alias:  # two spellings of one key must agree (a data error)
+            raise MeshplanError(f"model_aliases.json: {k!r} and another name share the key {key!r}")
+        table[key] = alias
+    return table
 
 
 def resolve_alias(name: str) -> Alias | None:
     """The alias entry of a published model name, or None when the table does not have it."""
-    return _table().get(normalise(name))
+    return _table().get(alias_key(name))

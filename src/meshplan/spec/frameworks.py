@@ -8,6 +8,7 @@ them), so no row is silently a GPT-style fp16 model.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -48,6 +49,8 @@ class FrameworkDefaults:
     calibration: dict[str, Any]
     """Mechanisms of this version of the stack that differ from the stack's (Calibration fields)."""
     source: str
+    read_as: str = ""
+    """How the row's name was read when it is not the entry's own ('' otherwise), for ``assumed``."""
 
     def fp8_recipe(self, gpu: GPUSpec) -> Recipe:
         for r in self.fp8_recipes:
@@ -63,22 +66,52 @@ class FrameworkDefaults:
 
 
 @lru_cache(maxsize=1)
+def _file() -> dict[str, Any]:
+    return json.loads(resources.files("meshplan.spec").joinpath("presets/frameworks.json").read_text())
+
+
 def _data() -> dict[str, Any]:
-    text = resources.files("meshplan.spec").joinpath("presets/frameworks.json").read_text()
-    return json.loads(text)["frameworks"]
+    return _file()["frameworks"]
 
 
 def framework_names() -> list[str]:
     return sorted(_data())
 
 
+_VERSION = re.compile(r"-+v?\d+(\.\d+)*[a-z0-9.+]*$")
+"""A trailing release number: '-0.9', '-v0.14.4', '-2.0rc1', '-25.09'."""
+
+
+def framework_key(name: str) -> str:
+    """Lower case, runs of spaces, '_' and '-' folded into one '-': 'Megatron_LM 0.9' -> 'megatron-lm-0.9'."""
+    return re.sub(r"[\s_\-]+", "-", name.strip().lower())
+
+
+def resolve_framework(name: str | None) -> str:
+    """The frameworks.json entry a row's ``framework`` names: the entry or an alias of it, as
+    written or without a trailing version (blank: ``unstated``); MeshplanError for an unknown one."""
+    key = framework_key(name or "") or UNSTATED
+    entries, aliases = _data(), _file()["aliases"]
+    candidate = key
+    while True:  # as written, then without one trailing release number at a time ('torchtitan-2025-03')
+        if candidate in entries:
+            return candidate
+        if candidate in aliases:
+            return aliases[candidate]
+        shorter = _VERSION.sub("", candidate)
+        if shorter in ("", candidate):
+            break
+        candidate = shorter
+    raise MeshplanError(f"no defaults known for framework {name!r}; known: {', '.join(sorted(entries))} "
+                        "(or an alias of one: spec/presets/frameworks.json)")
+
+
 def framework_defaults(name: str | None) -> FrameworkDefaults:
     """Defaults of the stack ``name`` (blank: ``unstated``); MeshplanError for an unknown one."""
-    key = (name or "").strip().lower() or UNSTATED
-    data = _data()
-    if key not in data:
-        raise MeshplanError(f"no defaults known for framework {name!r}; known: {', '.join(sorted(data))}")
-    e = data[key]
+    key = resolve_framework(name)
+    e = _data()[key]
+    written = framework_key(name or "")
+    read_as = f"framework: {name.strip()!r} read as {key}" if written and written != key else ""
     return FrameworkDefaults(
         name=key, architecture=e["architecture"], precision=Precision(e["precision"]),
         fp8_recipes=tuple(Recipe(r) for r in e["fp8_recipes"]), zero=int(e["zero"]),
@@ -86,4 +119,4 @@ def framework_defaults(name: str | None) -> FrameworkDefaults:
         fused_attention=bool(e["fused_attention"]), dropout=bool(e["dropout"]),
         embedding_loss_stages=bool(e.get("embedding_loss_stages", False)),
         expert_tensor_parallel=e.get("expert_tensor_parallel"), stack=e["stack"],
-        calibration=dict(e.get("calibration", {})), source=e["source"])
+        calibration=dict(e.get("calibration", {})), source=e["source"], read_as=read_as)
