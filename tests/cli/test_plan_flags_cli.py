@@ -43,7 +43,9 @@ def test_printed_recommendation_gives_its_flags():
     r = run("plan", *README_CASE, "--top", "3")
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("as flags"))
-    assert "--dp " in line and "--tp " in line and "--pp " in line
+    assert "--dp " in line and "--tp " in line
+    rec_plan = next(x for x in r.stdout.splitlines() if x.startswith("recommended"))
+    assert (" pp1 " in rec_plan) != ("--pp " in line)  # pipeline flags exactly when it pipelines
     # a ragged split is printed as the flag that reproduces it (which split wins is the fitted
     # model's call; the preference for even splits within the band is tests/planner/test_robust_choice.py's)
     rec = next(x for x in r.stdout.splitlines() if x.startswith("recommended"))

@@ -83,7 +83,9 @@ def test_a_fitted_record_overrides_the_table(gpu, key):
     fitted = fitted_records()[key].values["attention_efficiency"]
     calib = calibration_for(gpu_preset(gpu), "megatron")
     assert calib.attention_efficiency == fitted
-    assert fitted != kernel_efficiency(key.split("/")[0], "cudnn").attention_efficiency
+    # the record's value is used whatever the table says (blackwell/megatron: 0.5 against the
+    # table's cuDNN 0.44; the Hopper refit happens to land on the table's 0.6)
+    assert calibration_for(gpu_preset(gpu), "megatron").source != "attention kernel table"
 
 
 def test_a_generation_without_an_entry_keeps_the_default():

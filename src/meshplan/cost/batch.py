@@ -502,7 +502,23 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose(model, cluster, training, plans, [first, final], calib, allocated=True)
+    return compose(model, cluster, training, plans, [first, final, *middle_rank(model, plans, calib, kw)],
+                   calib, allocated=True)
+
+
+def middle_rank(model: ModelSpec, plans: PlanArrays, calib: Calibration, kw: dict) -> list[RankCost]:
+    """Rank 1 as a third candidate for the most loaded rank where the stack preallocates a
+    receive buffer per micro-batch (Calibration.pp_preallocated_recv_buffers): a middle rank holds
+    both kinds (2v per micro-batch, the ends 2v - 1), which with many micro-batches outweighs the
+    first rank's extra in-flight chunk and embedding. Rank 1 holds the most of the middle ranks
+    (earlier ranks take the extra layers and hold more chunks in flight). None otherwise."""
+    if not calib.pp_preallocated_recv_buffers:
+        return []
+    last = plans.pp - 1
+    mid = np.minimum(1, last)
+    lm = rank_layers_even(model.num_layers, mid, plans.pp, plans.vpp)
+    return [rank_cost(**kw, rank=mid, layers=lm, recomputed=lm, has_embedding=plans.pp == 1,
+                      has_head=mid == last)]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import StepPeak, compose_step_peak, plan_terms, rank_cost
+from meshplan.cost.batch import StepPeak, compose_step_peak, middle_rank, plan_terms, rank_cost
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
@@ -96,6 +96,7 @@ def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only
         return compose_step_peak(ctx.training, plans, [first], ctx.calib)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
-    return compose_step_peak(ctx.training, plans, [first, final], ctx.calib)
+    return compose_step_peak(ctx.training, plans, [first, final, *middle_rank(ctx.model, plans, ctx.calib, kw)],
+                             ctx.calib)
 
 
