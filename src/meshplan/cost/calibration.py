@@ -5,7 +5,7 @@ tuning numbers appear inside a formula. A training stack is a named calibration 
 6): ``calibration_for(gpu, stack)`` layers the literature defaults, the stack's mechanisms (what
 it overlaps, its fixed host costs: ``STACK_FIELDS``, each stack's with its source) and the values
 fitted on published runs for the (GPU generation, stack) pair, all kept as data with their
-source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration`` rewrites the fitted part).
+source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration --out PATH`` writes a refit).
 Loading that file is :mod:`meshplan.cost.calib_records`'s, the order in which its parts apply
 :mod:`meshplan.cost.stack_resolution`'s; this module keeps the dataclass and ``calibration_for``.
 """
