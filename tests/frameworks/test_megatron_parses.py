@@ -29,8 +29,9 @@ from meshplan.search.planner import search  # noqa: E402
 from meshplan.spec.cluster import cluster_for_gpu  # noqa: E402
 from meshplan.spec.presets import model_preset  # noqa: E402
 from meshplan.spec.training import Precision, TrainingSpec  # noqa: E402
+from _framework_pins import pinned  # noqa: E402
 
-MEGATRON_CORE_VERSION = "0.16.1"
+MEGATRON_CORE_VERSION = pinned("megatron-core")  # pyproject's frameworks extra (tests/_framework_pins.py)
 VENDORED = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks" / "megatron-lm-arguments.txt"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "export"
 GOLDEN_CASES = ["gpt3_narayanan", "llama70b_hsdp", "llama8b_zero2"]
