@@ -89,14 +89,21 @@ class FitResult:
     """The software settings the fit started from (its rows' frameworks', and those given)."""
 
 
+def row_calibration(run: Run, calib: Calibration) -> Calibration:
+    """``calib`` with what the row's stack release sets (``Run.release_values``): fitted values
+    stay, the release's mechanisms (CUDA graphs, fused experts) are the row's own."""
+    return calib.replace_fields(**run.release_values) if run.release_values else calib
+
+
 def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
-    b = estimate_batch(run.model, run.cluster, run.training, PlanArrays.from_plans([run.plan]), calib)
+    b = estimate_batch(run.model, run.cluster, run.training, PlanArrays.from_plans([run.plan]),
+                       row_calibration(run, calib))
     return predicted_metric(run, float(b.step_time_s[0])), float(b.peak_memory_bytes[0]) / GIB
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """Runs grouped by (model, cluster, training): one batched estimate per group, and each
+    """Runs grouped by (model, cluster, training, stack release's values): one batched estimate per group, and each
     run's metric as ``scale / step_time`` (throughput) or the step time itself."""
 
     runs: tuple[Run, ...]
@@ -109,7 +116,8 @@ class Prepared:
 def prepare(runs: list[Run]) -> Prepared:
     by_key: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
-        by_key.setdefault((r.model, r.cluster, r.training), []).append(i)
+        by_key.setdefault((r.model, r.cluster, r.training, tuple(sorted(r.release_values.items()))),
+                          []).append(i)
     groups = tuple((runs[ix[0]], PlanArrays.from_plans([runs[i].plan for i in ix]), tuple(ix))
                    for ix in by_key.values())
     scale = np.array([(predicted_metric(r, 1.0) or 0.0) if r.metric != "step_time_s" else 1.0
@@ -123,7 +131,7 @@ def predict_all(prep: Prepared, calib: Calibration) -> tuple[np.ndarray, np.ndar
     step = np.empty(len(prep.runs))
     mem = np.empty(len(prep.runs))
     for run, arrays, ix in prep.groups:
-        b = estimate_batch(run.model, run.cluster, run.training, arrays, calib)
+        b = estimate_batch(run.model, run.cluster, run.training, arrays, row_calibration(run, calib))
         step[list(ix)] = b.step_time_s
         mem[list(ix)] = b.peak_memory_bytes / GIB
     return np.where(prep.is_step_time, step, prep.scale / step), mem
