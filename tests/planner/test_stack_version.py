@@ -18,8 +18,13 @@ from meshplan.plan import ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.layers import layer_kind_counts
 from meshplan.spec.presets import model_preset
-from meshplan.spec.stack_version import (current_release, known_release, release_notes, release_of,
-                                         release_values)
+from meshplan.spec.stack_version import (
+    current_release,
+    known_release,
+    release_notes,
+    release_of,
+    release_values,
+)
 from meshplan.spec.training import Precision, TrainingSpec
 
 GRAPHED = {"cuda_graph_full_iteration": True, "moe_fused_grouped_mlp": True}
@@ -122,7 +127,7 @@ def test_full_iteration_graph_removes_the_host_floor_of_a_moe_layer():
     arrays = _arrays()
     before = layer_cost(QWEN, GB200, TRAIN, arrays, OLD)
     after = layer_cost(QWEN, GB200, TRAIN, arrays, OLD.replace_fields(cuda_graph_full_iteration=True))
-    launch_fwd, launch_bwd = host_launch_s(QWEN, GB200, kind, arrays, OLD)
+    launch_fwd, _ = host_launch_s(QWEN, GB200, kind, arrays, OLD)
     assert float(launch_fwd[0]) > 0 and host_launch_s(
         QWEN, GB200, kind, arrays, OLD.replace_fields(cuda_graph_full_iteration=True)) == (0.0, 0.0)
     device = float(layer_cost(QWEN, GB200, TRAIN, arrays,

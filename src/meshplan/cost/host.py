@@ -144,8 +144,8 @@ def host_launch_s(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans
                   calib: Calibration) -> tuple[np.ndarray | float, np.ndarray | float]:
     """(forward, backward) host time to launch one layer's kernels for one micro-batch; 0 when
     the stack has no per-kernel host cost, under a full-iteration CUDA graph
-    (``Calibration.cuda_graph_full_iteration``: one graph launch per step), and on a CPU device, where host and device are one
-    and the dispatch time is already device time (``Calibration.layer_overhead_s``, measured)."""
+    (``Calibration.cuda_graph_full_iteration``: one graph launch per step), and on a CPU
+    device, where host and device are one and the dispatch time is already device time (``Calibration.layer_overhead_s``, measured)."""
     if (not calib.host_s_per_kernel or calib.cuda_graph_full_iteration
             or gpu_generation(cluster.gpu) == CPU_GENERATION):
         return 0.0, 0.0  # a replayed CUDA graph issues the layer's kernels without the host
