@@ -33,6 +33,7 @@ from meshplan.cost import comms
 from meshplan.cost.offload import host_budget_bytes, rank_offload
 from meshplan.cost.osdp import extra_gather_latency_s, rank_osdp, uses_osdp
 from meshplan.cost.expert_load import replica_factor
+from meshplan.cost.step_memory import step_excess_bytes
 from meshplan.cost.vocab import vocab_shares, vocab_sync_s
 from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, ZERO_BUBBLE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
@@ -93,6 +94,9 @@ class RankCost:
     """Of ``other_bytes``: ZeRO-3's gathered layers (OSDP: sharded groups, MLP a slice at a time)."""
     logits_bytes: np.ndarray | float = 0.0
     """Of ``activations_bytes``: the logits and loss transients at once (OSDP: one chunk's)."""
+    step_excess_bytes: np.ndarray | float = 0.0
+    """Of ``other_bytes``: what the optimizer step's gradient copies add over the backward's peak
+    (cost/step_memory.py)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
@@ -443,14 +447,17 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
     z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
-    reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
+    # the optimizer step's gradient copies, where its peak tops the backward's (cost/step_memory.py)
+    step_excess = step_excess_bytes(training, calib, z, rank_params=total_p, partition_params=shard(dense_p, expert_p, 1),
+                                    grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
+    reserve = calib.allocator_fragmentation * (weights + grads + optim + acts + step_excess)
     # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
     # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
     hidden_bytes = T * model.hidden_size * activation_bytes(training.precision) / np.where(plans.sp, plans.tp, 1)
     recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
                             recv_buffers_held(rank, p, v, terms.m_float) * hidden_bytes, 0.0)
     other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * 1024**3
-             + reserve)
+             + reserve + step_excess)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape
@@ -465,6 +472,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         offload_step_s=0.0 if off is None else off.step_exposed_s, host_bytes=0.0 if off is None else off.host_bytes,
         osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * extra_latency,
         kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=z3_buffers, logits_bytes=logits,
+        step_excess_bytes=step_excess,
     )
 
 
