@@ -91,7 +91,8 @@ class FitResult:
 
 
 MEMORY_SETTINGS = ("cuda_context_gib", "comm_bucket_bytes", "fp16_step_grad_copy_bytes_per_param",
-                   "fp16_zero_step_grad_copy_bytes_per_param")
+                   "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
+                   "loss_parallel_transient_bytes_per_element")
 """Framework settings that change a run's memory alone (what a stack holds beside the model's
 tensors, cost/device_memory.py, cost/step_memory.py): rows fitted together may differ in them,
 and each row is estimated under its own."""

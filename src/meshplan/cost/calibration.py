@@ -360,6 +360,19 @@ class Calibration:
     caching allocator notes)."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
+    sp_saves_gathered_inputs: bool = False
+    """Under sequence parallel, whether each column-parallel linear (q/k/v, the MLP's up
+    projections) keeps its all-gathered input (T x D, not T/t x D) for its backward: DTensor's
+    tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
+    redistribute the sequence shard to Replicate, and the linear saves what it received); Megatron
+    keeps the shard and gathers it again in the backward (Korthikanti et al. 2022, Sec. 4.2.2), the
+    default. A stack field (torchtitan: frameworks.json)."""
+    loss_parallel_transient_bytes_per_element: float = 0.0
+    """With tp > 1, bytes per logit element the vocabulary-parallel loss holds beyond
+    ``loss_transient_bytes_per_element``: torch's loss_parallel (torch.distributed.tensor.parallel
+    .loss ``_log_softmax``, the log_softmax decomposition with all-reduces inserted) keeps the fp32
+    shifted logits and their exp at once where the fused kernel writes only its output: 4 more.
+    A stack field (torchtitan, whose loss parallel is on by default: frameworks.json)."""
     fp16_step_grad_copy_bytes_per_param: float = 0.0
     """fp16 training without ZeRO: bytes per parameter the optimizer step allocates beside the
     kept states while it runs (the gradients' fp32 copy it steps on). DeepSpeed's FP16_Optimizer
@@ -467,7 +480,8 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "op_selective_recompute",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
                 "pp_preallocated_recv_buffers", "fp16_step_grad_copy_bytes_per_param",
-                "fp16_zero_step_grad_copy_bytes_per_param")
+                "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
+                "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 
