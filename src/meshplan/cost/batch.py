@@ -72,8 +72,9 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
-    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL), and the allocator's
-    reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays, not six)."""
+    """Buffers, ZeRO-3 gathered layers, framework overhead, the optimizer step's excess, and the
+    allocator's reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays,
+    not six)."""
     reserve_bytes: np.ndarray
     """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
     offload_exposed_s: np.ndarray | float = 0.0

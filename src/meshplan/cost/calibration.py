@@ -337,10 +337,12 @@ class Calibration:
     gradient). meshplan's runtime keeps both (dry run's attribution, docs/dryrun.md, 2026-11-24),
     as Megatron-Core's permute/unpermute do (moe_utils.py)."""
     framework_overhead_gib: float = 3.0
-    """What the stack holds through the caching allocator beyond the model's tensors and the
-    buckets counted here: cuBLAS / attention workspaces, the stack's own buffers (typical 1-3 GiB
-    per GPU, PyTorch CUDA notes); part of the peak allocated and reserved. The CUDA context and
-    NCCL's buffers lie outside the allocator: ``cuda_context_gib``, ``nccl_*`` (device total)."""
+    """What the stack holds beyond the model's tensors and the buffers counted here: cuBLAS and
+    attention workspaces, the stack's own buffers (typical 1-3 GiB per GPU, PyTorch CUDA notes;
+    fitted per (generation, stack) where rows measure memory). Part of the peak reserved, on which
+    ``fits`` is decided; the dry run and the runtime's GPU prediction leave it out as no tensor.
+    The CUDA context and NCCL's buffers, outside the caching allocator, are counted apart in the
+    device total only (``cuda_context_gib``, ``nccl_*``; cost/device_memory.py)."""
     cuda_context_gib: float = 0.27
     """CUDA context of a torch process and the kernel images it loads, outside the caching
     allocator (in nvidia-smi's figure, not in torch.cuda.max_memory_reserved): 287,047,680 bytes
