@@ -368,7 +368,8 @@ class Calibration:
     tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
     redistribute the sequence shard to Replicate, and the linear saves what it received); Megatron
     keeps the shard and gathers it again in the backward (Korthikanti et al. 2022, Sec. 4.2.2), the
-    default. A stack field (torchtitan: frameworks.json)."""
+    default, and so does meshplan's runtime (runtime/sp_regather.py: saved-tensor hooks). A stack
+    field (torchtitan: frameworks.json)."""
     loss_parallel_transient_bytes_per_element: float = 0.0
     """With tp > 1, bytes per logit element the vocabulary-parallel loss holds beyond
     ``loss_transient_bytes_per_element``: torch's loss_parallel (torch.distributed.tensor.parallel
