@@ -56,3 +56,15 @@ def test_unknown_basis_is_one_clear_line(tmp_path):
     assert r.returncode == 2
     assert "memory_basis" in r.stderr and "allocated, reserved, device" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_estimate_shows_the_three_memory_figures():
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"}
+    args = [sys.executable, "-m", "meshplan", "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+            "--tp", "2", "--seq-len", "4096", "--global-batch", "64"]
+    table = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert table.returncode == 0, table.stderr
+    for line in ("peak memory reserved", "peak memory allocated", "peak on the device (+ CUDA context, NCCL)"):
+        assert line in table.stdout
+    d = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, env=env, timeout=300).stdout)
+    assert d["peak_allocated_gib"] < d["peak_reserved_gib"] < d["peak_device_gib"]
