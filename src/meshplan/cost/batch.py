@@ -44,7 +44,7 @@ from meshplan.cost.offload import host_budget_bytes, rank_offload
 from meshplan.cost.osdp import rank_osdp
 from meshplan.cost.pipeline import pipeline_time, rank_layers_even
 from meshplan.cost.plan_terms import PlanTerms, num_microbatches, plan_terms
-from meshplan.cost.step_memory import step_excess_bytes
+from meshplan.cost.step_memory import copies_gradients, step_excess_bytes
 from meshplan.cost.vocab import vocab_shares
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 from meshplan.spec.cluster import ClusterSpec
@@ -229,9 +229,11 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
     # the optimizer step's gradient copies, where its peak tops the backward's (cost/step_memory.py)
-    step_excess = step_excess_bytes(training, calib, plans.zero, rank_params=total_p,
-                                    partition_params=sharded_bytes(terms, experts_on, dense_p, expert_p, 1),
-                                    grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
+    step_excess = 0.0
+    if copies_gradients(training, calib):
+        step_excess = step_excess_bytes(training, calib, plans.zero, rank_params=total_p,
+                                        partition_params=sharded_bytes(terms, experts_on, dense_p, expert_p, 1),
+                                        grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
     rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
                       allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess)

@@ -150,7 +150,10 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
     z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / terms.n1), 0.0)
-    reserve = calib.allocator_fragmentation * (allocated_bytes + step_excess_bytes)
+    step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
+    if step_peak:
+        allocated_bytes = allocated_bytes + step_excess_bytes
+    reserve = calib.allocator_fragmentation * allocated_bytes
     # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
     # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
     hidden_bytes = (terms.T * model.hidden_size * activation_bytes(training.precision)
@@ -158,5 +161,7 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
     recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
                             recv_buffers_held(rank, plans.pp, terms.v, terms.m_float) * hidden_bytes, 0.0)
     other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * GIB
-             + reserve + step_excess_bytes)
+             + reserve)
+    if step_peak:
+        other = other + step_excess_bytes
     return RankOther(other_bytes=other, reserve_bytes=reserve, gathered_weight_bytes=z3_buffers)
