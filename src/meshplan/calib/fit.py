@@ -114,8 +114,8 @@ def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """Runs grouped by (model, cluster, training, memory settings): one batched estimate per group, and each
-    run's metric as ``scale / step_time`` (throughput) or the step time itself."""
+    """Runs grouped by (model, cluster, training, memory settings): one batched estimate per
+    group, and each run's metric as ``scale / step_time`` (throughput) or the step time itself."""
 
     runs: tuple[Run, ...]
     groups: tuple[tuple[Run, PlanArrays, tuple[int, ...]], ...]

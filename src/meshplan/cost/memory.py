@@ -113,7 +113,8 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
     head_mbs = head_microbatches_held(terms.m_float, plans.schedule)
     loss_transient = calib.loss_transient_bytes_per_element
     if calib.loss_parallel_transient_bytes_per_element:  # vocabulary-parallel loss, tp > 1 only
-        loss_transient = loss_transient + np.where(terms.t > 1, calib.loss_parallel_transient_bytes_per_element, 0.0)
+        loss_transient = loss_transient + np.where(terms.t > 1, calib.loss_parallel_transient_bytes_per_element,
+                                                   0.0)
     logits = head_share * terms.T * terms.Vt * logits_fraction * (calib.logits_bytes_per_element * head_mbs
                                                                   + loss_transient)
     return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
