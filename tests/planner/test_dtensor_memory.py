@@ -64,3 +64,11 @@ def test_torchtitan_rows_hold_memory_as_dtensor_does():
     assert settings["loss_parallel_transient_bytes_per_element"] == 4.0
     for f in ("sp_saves_gathered_inputs", "loss_parallel_transient_bytes_per_element"):
         assert f in STACK_FIELDS
+
+
+def test_lm_head_keeps_its_gathered_input_under_sequence_parallel():
+    """The output projection (ColwiseParallel from the sequence shard) saves the gathered T x D
+    input: 8192 x (1 - 1/4) x 4096 x 2 bytes more on the head's rank than Megatron's shard."""
+    base, dt = estimate(MODEL, H100, TRAIN, TP_SP, MEGATRON), estimate(MODEL, H100, TRAIN, TP_SP, DTENSOR)
+    assert dt.memory.logits_bytes - base.memory.logits_bytes == pytest.approx(8192 * 0.75 * D * 2)
+    assert 8192 * 0.75 * D * 2 == 50_331_648

@@ -94,7 +94,8 @@ class RankCost:
     gathered_weight_bytes: np.ndarray | float = 0.0
     """Of ``other_bytes``: ZeRO-3's gathered layers (OSDP: sharded groups, MLP a slice at a time)."""
     logits_bytes: np.ndarray | float = 0.0
-    """Of ``activations_bytes``: the logits and loss transients at once (OSDP: one chunk's)."""
+    """Of ``activations_bytes``: the logits and loss transients at once (OSDP: one chunk's), and
+    the LM head's gathered input where the stack keeps it (Calibration.sp_saves_gathered_inputs)."""
     step_excess_bytes: np.ndarray | float = 0.0
     """Of ``other_bytes``: what the optimizer step's gradient copies add over the backward's peak
     (cost/step_memory.py)."""
@@ -210,7 +211,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- activations (cost.memory) ------------------------------------------------------------
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
-                            head_share=head_share, logits_fraction=osdp.logits_fraction)
+                            head_share=head_share, logits_fraction=osdp.logits_fraction,
+                            hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision))
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --

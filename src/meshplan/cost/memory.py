@@ -98,10 +98,13 @@ class RankActivations:
 
 
 def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, terms: PlanTerms, *,
-                     rank, layers, recomputed, head_share, logits_fraction) -> RankActivations:
+                     rank, layers, recomputed, head_share, logits_fraction,
+                     hidden_bytes_per_token: float = 0.0) -> RankActivations:
     """Activations held on pipeline rank ``rank`` at its peak (Korthikanti et al. 2022, Sec. 4 per
     layer; in-flight chunks per schedule from cost.pipeline), ``head_share`` of the LM head's
-    logits (``logits_fraction`` of them at once: OSDP's chunked head)."""
+    logits (``logits_fraction`` of them at once: OSDP's chunked head). ``hidden_bytes_per_token``
+    (D x element bytes) is read where the stack keeps the LM head's gathered input
+    (Calibration.sp_saves_gathered_inputs)."""
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, terms.pp_float, terms.v, terms.m_float, plans.schedule,  # floats: no re-conversion
@@ -117,6 +120,9 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
                                                    0.0)
     logits = head_share * terms.T * terms.Vt * logits_fraction * (calib.logits_bytes_per_element * head_mbs
                                                                   + loss_transient)
+    if calib.sp_saves_gathered_inputs:  # the head's input gathered under SP: T x D, not T/t x D
+        gathered = np.where(plans.sp, terms.T * (1.0 - 1.0 / terms.t), 0.0) * hidden_bytes_per_token
+        logits = logits + head_share * head_mbs * gathered
     return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
                            logits_bytes=logits)
 
