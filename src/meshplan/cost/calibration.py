@@ -364,8 +364,8 @@ class Calibration:
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
     """Under sequence parallel, whether each column-parallel linear (q/k/v, the MLP's up
-    projections) keeps its all-gathered input (T x D, not T/t x D) for its backward: DTensor's
-    tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
+    projections, the LM head) keeps its all-gathered input (T x D, not T/t x D) for its backward:
+    DTensor's tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
     redistribute the sequence shard to Replicate, and the linear saves what it received); Megatron
     keeps the shard and gathers it again in the backward (Korthikanti et al. 2022, Sec. 4.2.2), the
     default, and so does meshplan's runtime (runtime/sp_regather.py: saved-tensor hooks). A stack
