@@ -33,6 +33,14 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
                             f"{model.name} has no experts")
 
 
+def missing_module(model: "ModelSpec", modules: "tuple[RecomputeModule, ...]") -> RecomputeModule | None:
+    """The first of ``modules`` that ``model`` has nothing for (experts, shared experts, MLA), or None."""
+    has = {RecomputeModule.MOE: model.is_moe, RecomputeModule.MOE_ACT: model.is_moe,
+           RecomputeModule.SHARED_EXPERTS: model.is_moe and model.moe_shared_experts > 0,
+           RecomputeModule.MLA_UP_PROJ: model.is_mla}
+    return next((m for m in modules if not has.get(RecomputeModule(m), True)), None)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """How to parallelise one training job. Frozen; validated on construction."""
@@ -253,10 +261,7 @@ class Plan:
             )
         if self.sp and training.seq_len % d.tp:
             raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
-        needs = {RecomputeModule.MOE: model.is_moe, RecomputeModule.MOE_ACT: model.is_moe,
-                 RecomputeModule.SHARED_EXPERTS: model.is_moe and model.moe_shared_experts > 0,
-                 RecomputeModule.MLA_UP_PROJ: model.is_mla}
-        missing = next((m for m in self.recompute_modules if not needs.get(m, True)), None)
+        missing = missing_module(model, self.recompute_modules)
         if missing is not None:
             what = {RecomputeModule.MLA_UP_PROJ: "multi-head latent attention",
                     RecomputeModule.SHARED_EXPERTS: "shared experts"}.get(missing, "experts")
