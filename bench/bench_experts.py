@@ -293,7 +293,7 @@ def peak_without_recompute_gib(row: Row) -> float:
     """Peak memory of the row's published layout with no recompute (the stack's other features
     unchanged): what the published run would have needed had it not recomputed."""
     run = _runs_by_id(row.csv)[row.row_id]
-    plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=())
+    plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=())
     return estimate(run.model, run.cluster, run.training, plan, setting_calibration(run, None, run.settings)).peak_memory_gib
 
 
@@ -381,7 +381,7 @@ def without_preset_settings(run: Run):
     from_preset = any(a.startswith("recompute: ") and PRESET_NOTE in a and "kept" not in a for a in run.assumed)
     plan = replace(run.plan, offload=(), offload_layers=0)
     if from_preset:
-        plan = replace(plan, recompute=Recompute.NONE, recompute_layers=())
+        plan = replace(plan, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=())
     return plan
 
 
