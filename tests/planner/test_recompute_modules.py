@@ -218,3 +218,13 @@ def test_cli_estimate_takes_the_modules():
 def test_cli_bad_modules_one_line(extra, message):
     out = _cli(*BASE, *extra)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_estimate_target_megatron_overlaps_activation_offload_as_megatron_core_does():
+    """frameworks.json megatron-core: activation_offload_overlap 1 (megatron/core/cpu_offload.py copies on
+    streams of their own); ``--target megatron`` exports for Megatron-Core, so its estimate takes it."""
+    args = ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "64", "--zero", "1", "--tp", "8", "--offload", "activations", "--json", "--target")
+    mine, meg = (json.loads(_cli(*args, t).stdout) for t in ("meshplan", "megatron"))
+    assert mine["time_s"]["offload"] > 0.0 and meg["time_s"]["offload"] == 0.0
+    assert meg["time_s"]["offload_total"] > 0.0
