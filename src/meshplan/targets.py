@@ -24,7 +24,7 @@ import numpy as np
 from meshplan.errors import MeshplanError
 from meshplan.plan import (
     OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OpGroup, Recompute, RecomputeModule,
-    Schedule, recompute_module_choices,
+    Schedule,
 )
 
 if TYPE_CHECKING:
