@@ -20,13 +20,15 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.errors import MeshplanError
 from meshplan.export.common import export_job, search_options_for
-from meshplan.plan import Job, Offload, ParallelDims, Plan, Recompute, recompute_module_code
+from meshplan.plan import Job, Offload, ParallelDims, Plan, Recompute, missing_module, recompute_module_code
 from meshplan.plan import RecomputeModule as M
 from meshplan.search.space import enumerate_space, in_space, why_outside
 from meshplan.spec.cluster import system_preset
@@ -228,3 +230,20 @@ def test_estimate_target_megatron_overlaps_activation_offload_as_megatron_core_d
     mine, meg = (json.loads(_cli(*args, t).stdout) for t in ("meshplan", "megatron"))
     assert mine["time_s"]["offload"] > 0.0 and meg["time_s"]["offload"] == 0.0
     assert meg["time_s"]["offload_total"] > 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["llama3-8b", "qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"]),
+       st.sets(st.sampled_from(list(M))), st.sampled_from(list(M)), st.sampled_from([1, 2]), st.booleans())
+def test_one_more_module_keeps_no_more_and_reruns_no_less(model_name, modules, extra, tp, sp):
+    """Monotone in the set: recomputing one more module never keeps more activations nor reruns less."""
+    model = model_preset(model_name)
+    chosen = tuple(m for m in modules if missing_module(model, (m,)) is None) or (M.CORE_ATTN,)  # () means it
+    if missing_module(model, (extra,)) is not None:
+        extra = M.CORE_ATTN
+    plans = [Plan(dims=ParallelDims(tp=tp), sp=sp and tp > 1, recompute=SEL, recompute_modules=s)
+             for s in (chosen, chosen + (extra,))]
+    lc = layer_cost(model, H100, TRAIN, PlanArrays.from_plans(plans), CALIB)
+    assert lc.act_selective_bytes[1] <= lc.act_selective_bytes[0] * (1 + 1e-12)
+    assert lc.recompute_selective_s[1] >= lc.recompute_selective_s[0] * (1 - 1e-12)
+    assert 0 < lc.act_selective_bytes[1] <= lc.act_none_bytes[1] * (1 + 1e-12)
