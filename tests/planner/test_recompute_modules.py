@@ -247,3 +247,27 @@ def test_one_more_module_keeps_no_more_and_reruns_no_less(model_name, modules, e
     assert lc.act_selective_bytes[1] <= lc.act_selective_bytes[0] * (1 + 1e-12)
     assert lc.recompute_selective_s[1] >= lc.recompute_selective_s[0] * (1 - 1e-12)
     assert 0 < lc.act_selective_bytes[1] <= lc.act_none_bytes[1] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("fields", [dict(recompute=SEL, recompute_modules=(M.MOE_ACT, M.LAYERNORM)),
+                                    dict(offload=(Offload.ACTIVATIONS,), offload_layers=20),
+                                    dict(offload=(Offload.ACTIVATIONS,))])
+def test_megatron_import_reads_the_modules_and_activation_offload_back(fields):
+    from meshplan.export.import_megatron import import_megatron
+
+    job = _job(**fields)
+    back = import_megatron(export_job(job, "megatron").text, num_gpus=8).plan
+    assert back.recompute_modules == job.plan.recompute_modules
+    assert (back.offload, back.offload_layers) == (job.plan.offload, job.plan.offload_layers)
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--recompute-granularity selective --recompute-modules moe_act attn", "--recompute-modules 'attn' is not one of"),
+    ("--cpu-offloading", "--cpu-offloading with --cpu-offloading-num-layers None"),
+])
+def test_megatron_import_bad_modules_and_offload(args, message):
+    from meshplan.export.import_megatron import import_megatron
+
+    with pytest.raises(MeshplanError, match=message):
+        import_megatron(f"--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 256 --seq-length 128 "
+                        f"--global-batch-size 8 --micro-batch-size 1 {args}", num_gpus=1)
