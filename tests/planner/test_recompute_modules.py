@@ -142,6 +142,7 @@ def test_megatron_writes_the_modules_and_bridge_its_list():
     job = _job(recompute=SEL, recompute_modules=(M.CORE_ATTN, M.MOE_ACT, M.LAYERNORM))
     text = export_job(job, "megatron").text
     assert "--recompute-granularity selective \\\n--recompute-modules core_attn moe_act layernorm" in text
+    assert "--moe-grouped-gemm" in text  # Megatron-Core takes moe_act with grouped GEMMs only
     bridge = export_job(job, "megatron-bridge").text
     assert "model.recompute_modules=[core_attn,moe_act,layernorm]" in bridge
     assert "model.recompute_modules=[core_attn]" in export_job(_job(recompute=SEL), "megatron-bridge").text

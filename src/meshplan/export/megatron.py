@@ -11,7 +11,7 @@ from __future__ import annotations
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
-from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
+from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
@@ -154,8 +154,13 @@ def _recompute_args(job: Job) -> list[list[str]]:
                 f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
             )
         if plan.recompute_modules:  # Megatron-Core's default is core_attn alone, the plan's empty set
-            return [["--recompute-granularity", "selective"],
-                    ["--recompute-modules", *(m.value for m in plan.recompute_modules)]]
+            out = [["--recompute-granularity", "selective"],
+                   ["--recompute-modules", *(m.value for m in plan.recompute_modules)]]
+            if RecomputeModule.MOE_ACT in plan.recompute_modules:
+                # TransformerConfig: "moe_act in recompute_modules is only supported with
+                # moe_grouped_gemm" (the experts as grouped GEMMs, as the cost model has them)
+                out.append(["--moe-grouped-gemm"])
+            return out
         return [["--recompute-granularity", "selective"]]
     if every:
         # uniform with 1 layer per group: every layer's input kept, every layer recomputed
