@@ -11,7 +11,6 @@ from meshplan.cost.calibration import STACK_FIELDS, Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.plan import ParallelDims, Plan, Recompute
 from meshplan.spec.cluster import gpu_preset, system_preset
-from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
 
