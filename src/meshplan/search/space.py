@@ -262,13 +262,17 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
                      lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
     c = _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
                          module_codes(model, options))
-    c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
-    c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
-    c["keep"], c["mlp_splits"], c["head_splits"] = (np.full(c["tp"].shape, v, dtype=np.int64)
-                                                    for v in (0, 1, 1))  # variants: meshplan.search.osdp
-    c["expert_balanced"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.expert_load
-    c["expert_replicas"] = np.zeros_like(c["tp"])
-    space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
+    # Columns that only the variant passes vary are one value on every row: read-only
+    # broadcasts (stride 0), not millions of copies (PlanArrays.take keeps them so).
+    n = c["tp"].size
+    const = {"offload": 0,  # offload variants: meshplan.search.offload
+             "vocab_parallel": False,  # variants: meshplan.search.vocab
+             "keep": 0, "mlp_splits": 1, "head_splits": 1,  # variants: meshplan.search.osdp
+             "expert_balanced": False, "expert_replicas": 0}  # variants: meshplan.search.expert_load
+    for name, value in const.items():
+        c[name] = np.broadcast_to(np.array(value, dtype=bool if isinstance(value, bool) else np.int64), (n,))
+    space = PlanArrays(**{f.name: c[f.name] if f.name in const else np.ascontiguousarray(c[f.name])
+                          for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
