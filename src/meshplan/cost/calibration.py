@@ -145,6 +145,14 @@ class Calibration:
     column-wise data the same way)."""
     fp4_weight_copy_bytes_per_param: float = 1.125
     """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
+    fp8_param_gather: bool = False
+    """fp8 primary weights: the layers' linear weights live only as their fp8 copies (no bf16
+    working copy beside them; the fp32 master stays in the optimizer), Megatron-Core
+    ``--fp8-param-gather`` (TE ``fp8_model_init``). Megatron-Bridge's fp8 mixed-precision
+    recipes set it for delayed, tensorwise (current scaling) and mxfp8, not for blockwise
+    (subchannel) scaling (src/megatron/bridge/training/mixed_precision.py@0509780:
+    bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed ``fp8_param_gather = True``,
+    bf16_with_fp8_subchannel_scaling_mixed False). A stack field (frameworks.json)."""
 
     # ---- long-context attention (cost/mixers.py) -----------------------------------------
     attention_half_seq: float = 128.0
@@ -496,7 +504,8 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "logits_bytes_per_element",
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
-                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
+                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
+                "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
                 "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
