@@ -316,7 +316,14 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         moe_routed = moe_routed + T * ab * 2.0 * model.moe_latent_size
     if moe:  # routed copies: k per token, each as wide as the experts' input (Calibration field)
         routed_width = model.moe_latent_size or D
-        moe_routed = moe_routed + T * model.moe_top_k * routed_width * ab * calib.moe_routed_copies_kept
+        # Tokens this rank routes: under SP its T/t shard, gathered over the expert-TP group
+        # (Megatron-Core MoE parallel folding: etp 1 dispatches each rank's own shard).
+        routed_tokens = np.minimum(T_rep * e_t, T)
+        # The experts' first linear keeps its input as any linear does (fp8: the fp8 copy TE saves,
+        # saved_input_bytes); the combine keeps the experts' output in 16 bits.
+        copies = calib.moe_routed_copies_kept
+        routed_bytes = min(copies, 1.0) * sib + max(copies - 1.0, 0.0) * ab
+        moe_routed = moe_routed + routed_tokens * model.moe_top_k * routed_width * routed_bytes
     parallel = mix.kept_bytes + T * mlp_kept / t + moe_routed
     act_none = replicated + parallel + mix.score_bytes
     # selective: Megatron's keeps all but the scores; an op-level policy far less (cost/op_recompute.py)
