@@ -88,7 +88,7 @@ def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
     ring = np.where(inside, nvlink, np.minimum(nvlink, nics * nic))
     lat = np.where(inside, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
     return Link(bandwidth_bytes_per_s=bw, latency_s=lat, calib=calib, ring_bandwidth_bytes_per_s=ring,
-                domain_members=np.where(inside, np.maximum(size, 1.0), per_domain),
+                domain_members=per_domain,  # = size inside one domain
                 intra_bandwidth_bytes_per_s=nvlink, intra_latency_s=cluster.intra_node_latency_s)
 
 
@@ -121,8 +121,15 @@ def all_to_all_time(nbytes, size, link: Link):
     """All-to-all of ``nbytes`` held per rank, g of the n ranks in this rank's domain:
     max((g-1)/n * B / W_nvlink, (n-g)/n * B / W_nic) + (g-1) alpha_nvlink + (n-g) alpha_nic
     (module docstring); (n-1)/n * B / W + (n-1) alpha on one link."""
-    local, remote = peer_shares(size, link)
-    return split_send_time(nbytes * local, nbytes * remote, size, link)
+    n = np.asarray(size, dtype=float)
+    alpha, w = link.rates("all_to_all")
+    if link.domain_members is None:  # one link for the whole group
+        return (n - 1.0) / n * nbytes / w + (n - 1.0) * alpha
+    lat_f, bw_f = link.calib.collective_factors("all_to_all")
+    intra = link.domain_members - 1.0  # domain peers (g <= n: group_link)
+    inter = n - link.domain_members  # peers in other domains
+    s_per_share = np.maximum(intra * (1.0 / (link.intra_bandwidth_bytes_per_s * bw_f)), inter / w)
+    return s_per_share * (nbytes / n) + intra * (link.intra_latency_s * lat_f) + inter * alpha
 
 
 def domain_members(size, link: Link):
@@ -135,7 +142,7 @@ def peer_shares(size, link: Link):
     """((g-1)/n, (n-g)/n): the shares of a rank's all-to-all bytes bound for its own domain's
     peers and for the other domains' (a uniform spread over the n ranks)."""
     n = np.maximum(np.asarray(size, dtype=float), 1.0)
-    g = domain_members(size, link)
+    g = domain_members(n, link)
     return (g - 1.0) / n, (n - g) / n
 
 
@@ -148,10 +155,9 @@ def split_send_time(intra_bytes, inter_bytes, size, link: Link):
     if link.domain_members is None:  # one link for the whole group
         return (intra_bytes + inter_bytes) / w + (n - 1.0) * alpha
     lat_f, bw_f = link.calib.collective_factors("all_to_all")
-    g = domain_members(size, link)
-    w_intra = link.intra_bandwidth_bytes_per_s * bw_f
-    return (np.maximum(intra_bytes / w_intra, inter_bytes / w)
-            + (g - 1.0) * link.intra_latency_s * lat_f + (n - g) * alpha)
+    g = domain_members(n, link)
+    return (np.maximum(intra_bytes / (link.intra_bandwidth_bytes_per_s * bw_f), inter_bytes / w)
+            + (g - 1.0) * (link.intra_latency_s * lat_f) + (n - g) * alpha)
 
 
 def p2p_time(nbytes, active, link: Link):
