@@ -18,8 +18,6 @@ are checked to be predicted as not fitting.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,21 +27,24 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import re
+from collections import Counter
 
 from meshplan.calib.recipes import Overlay, find_recipe, overlay
 from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
+from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
 from meshplan.cost.flops import reported_flops_per_token
-from meshplan.cost.step import estimate
+from meshplan.cost.step import Estimate, estimate
 from meshplan.errors import MeshplanError
 from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.frameworks import framework_defaults
+from meshplan.spec.stack_version import release_notes, release_of, release_values
 from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
-from meshplan.textfile import read_text_file
+from meshplan.textfile import csv_records, read_text_file
 
 REQUIRED_COLUMNS = (
     "id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -82,6 +83,13 @@ class Run:
     preset: str = ""
     """The Megatron-Bridge preset whose memory settings the row took (``calib/recipes.py``); empty:
     none taken."""
+    memory_basis: MemoryBasis = DEFAULT_MEMORY_BASIS
+    """What ``measured_memory_gib`` counts (allocated, reserved, device total: the ``memory_basis``
+    column, cost/device_memory.py); its error is taken against the prediction of the same figure."""
+    release_values: Mapping[str, Any] = field(default_factory=dict)
+    """Calibration fields the presets of the stack release the row ran set for it
+    (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs);
+    applied over the row's calibration, per row (rows of one fit may run different releases)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class RowResult:
     """predicted / measured - 1 on the row's metric."""
     measured_memory_gib: float | None
     predicted_memory_gib: float
+    """The prediction on the row's ``memory_basis``."""
     memory_error: float | None
     fits: bool
     oom: bool
@@ -115,7 +124,12 @@ class RowResult:
     precision: str = ""
     moe: bool = False
     preset: str = ""
+    memory_basis: str = DEFAULT_MEMORY_BASIS.value
 
+
+OPTIMISTIC_MEMORY_ERROR = 0.05
+"""A memory prediction this far below the measurement is optimistic: issue 14's target ("never
+more than 5% optimistic for a run that fit")."""
 
 GROUPINGS: Mapping[str, Callable[[RowResult], str]] = MappingProxyType({
     "precision": lambda r: r.precision,
@@ -152,6 +166,12 @@ class ValidationReport:
         return _pct(self._abs("memory_error"), 90)
 
     @property
+    def memory_optimistic_rows(self) -> int:
+        """Rows whose predicted peak memory is more than ``OPTIMISTIC_MEMORY_ERROR`` below the
+        measured one (issue 14: never, for a run that fit)."""
+        return sum(r.memory_error is not None and r.memory_error < -OPTIMISTIC_MEMORY_ERROR for r in self.rows)
+
+    @property
     def oom_rows(self) -> int:
         return sum(r.oom for r in self.rows)
 
@@ -181,6 +201,9 @@ class ValidationReport:
             "memory_rows": int(self._abs("memory_error").size),
             "memory_median_abs_error": self.memory_median_abs_error,
             "memory_p90_abs_error": self.memory_p90_abs_error,
+            "memory_optimistic_rows": self.memory_optimistic_rows,
+            "memory_rows_by_basis": dict(sorted(Counter(r.memory_basis for r in self.rows
+                                                        if r.memory_error is not None).items())),
             "oom_rows": self.oom_rows, "oom_predicted_not_fitting": self.oom_predicted,
             "preset_rows": sum(bool(r.preset) for r in self.rows),
         }
@@ -202,15 +225,7 @@ def _pct(a: np.ndarray, q: float) -> float:
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     p = Path(path)
     text = read_text_file(p, what="runs CSV", missing="no such runs file")
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
-        return [dict(r) for r in reader]
-    except csv.Error as exc:
-        raise MeshplanError(f"{p}: cannot read CSV: {exc}") from None
+    return [dict(r) for r in csv_records(text, str(p), required=REQUIRED_COLUMNS, what="runs CSV")]
 
 
 class MalformedCell(MeshplanError):
@@ -313,6 +328,12 @@ def build_run(row: dict[str, str]) -> Run:
     )
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
     plan.validate_for(model, training, cluster.num_gpus)
+    release = release_of(fw.stack, row.get("framework"), row.get("source"))
+    family = model_family(model.name, fw.architecture)
+    release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset,
+                                  precision=precision.value, moe=model.is_moe)
+    note = release_notes(fw.stack, release, release_vals)
+    assumed += [note] if note else []
     metric, measured = None, None
     # tokens/s first where a row gives it: it needs no FLOP count, whose formula differs by
     # source (Megatron-Bridge's halves causal attention, Narayanan et al. 2021's does not)
@@ -327,12 +348,19 @@ def build_run(row: dict[str, str]) -> Run:
     memory_gib = _num(row, "measured_peak_mem_gib", float)
     if memory_gib is not None and memory_gib <= 0:  # the memory error divides by it
         raise MalformedCell(f"column measured_peak_mem_gib: {memory_gib:g} is not a memory (> 0 GiB)")
+    try:
+        mem_basis = memory_basis(row.get("memory_basis"))
+    except MeshplanError as exc:
+        raise MalformedCell(f"column memory_basis: {exc}") from None
+    if memory_gib is not None and not (row.get("memory_basis") or "").strip():
+        assumed.append(f"memory_basis: {mem_basis.value} (blank)")
     return Run(row_id=row.get("id", ""), source=row.get("source", ""), model=model, cluster=cluster,
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
-               measured_memory_gib=memory_gib,
+               measured_memory_gib=memory_gib, memory_basis=mem_basis,
                oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
-               assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture),
-               preset=preset.config if preset is not None and extra.applied else "")
+               assumed=tuple(assumed), stack=fw.stack, family=family,
+               preset=preset.config if preset is not None and extra.applied else "",
+               release_values=MappingProxyType(release_vals))
 
 
 def model_family(name: str, architecture: str | None) -> str:
@@ -380,6 +408,12 @@ def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[st
     return calib.replace_fields(**settings) if settings else calib
 
 
+def memory_on_basis(est: Estimate, basis: MemoryBasis) -> float:
+    """The estimate's peak memory (GiB) on a measurement's basis (cost/device_memory.py)."""
+    return {MemoryBasis.ALLOCATED: est.peak_allocated_gib, MemoryBasis.RESERVED: est.peak_memory_gib,
+            MemoryBasis.DEVICE: est.peak_device_gib}[basis]
+
+
 def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, Any] | None = None,
              calib_for: Callable[[Run], Calibration] | None = None,
              stack: str | None = None) -> ValidationReport:
@@ -390,20 +424,20 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
     out = []
     for run in runs:
         base = calib_for(run) if calib_for else None
-        calib = setting_calibration(run, base, {**run.settings, **settings}, stack)
+        calib = setting_calibration(run, base, {**run.settings, **run.release_values, **settings}, stack)
         est = estimate(run.model, run.cluster, run.training, run.plan, calib)
         pred = predicted_metric(run, est.step_time_s)
         err = None if pred is None or run.measured is None else pred / run.measured - 1.0
-        mem_err = (None if run.measured_memory_gib is None
-                   else est.peak_memory_gib / run.measured_memory_gib - 1.0)
+        pred_mem = memory_on_basis(est, run.memory_basis)
+        mem_err = None if run.measured_memory_gib is None else pred_mem / run.measured_memory_gib - 1.0
         out.append(RowResult(
             row_id=run.row_id, source=run.source, model=run.model.name, plan=run.plan.notation(),
             gpu=run.cluster.gpu.name, metric=run.metric, measured=run.measured, predicted=pred,
             error=err, measured_memory_gib=run.measured_memory_gib,
-            predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom,
+            predicted_memory_gib=pred_mem, memory_error=mem_err, fits=est.fits, oom=run.oom,
             assumed=run.assumed, stack=stack or run.stack, family=run.family,
             generation=gpu_generation(run.cluster.gpu), precision=run.training.precision.value,
-            moe=run.model.is_moe, preset=run.preset))
+            moe=run.model.is_moe, preset=run.preset, memory_basis=run.memory_basis.value))
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 

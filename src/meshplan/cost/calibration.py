@@ -5,22 +5,31 @@ tuning numbers appear inside a formula. A training stack is a named calibration 
 6): ``calibration_for(gpu, stack)`` layers the literature defaults, the stack's mechanisms (what
 it overlaps, its fixed host costs: ``STACK_FIELDS``, each stack's with its source) and the values
 fitted on published runs for the (GPU generation, stack) pair, all kept as data with their
-source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration`` rewrites the fitted part).
+source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration --out PATH`` writes a refit).
+Loading that file is :mod:`meshplan.cost.calib_records`'s, the order in which its parts apply
+:mod:`meshplan.cost.stack_resolution`'s; this module keeps the dataclass and ``calibration_for``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from meshplan.cost.attention_kernels import check_kernel, kernel_efficiency
+from meshplan.cost.attention_kernels import check_kernel
+from meshplan.cost.calib_records import (DEFAULT_STACK, FITTED_FILE, FittedRecord, StackRecord, gpu_family,
+                                         gpu_generation, lender_keys, read_fitted_records, read_stack_records,
+                                         record_key)
+from meshplan.cost.stack_resolution import resolve_calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.training import Precision
+
+__all__ = [  # the data file's names stay importable from here (cost/calib_records.py)
+    "DEFAULT_STACK", "FITTED_FILE", "STACK_FIELDS", "Calibration", "FittedRecord", "StackRecord", "calibration_for",
+    "fitted_records", "gpu_family", "gpu_generation", "record_key", "stack_names", "stack_records",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,12 +337,56 @@ class Calibration:
     gradient). meshplan's runtime keeps both (dry run's attribution, docs/dryrun.md, 2026-11-24),
     as Megatron-Core's permute/unpermute do (moe_utils.py)."""
     framework_overhead_gib: float = 3.0
-    """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
+    """What the stack holds beyond the model's tensors and the buffers counted here: cuBLAS and
+    attention workspaces, the stack's own buffers (typical 1-3 GiB per GPU, PyTorch CUDA notes;
+    fitted per (generation, stack) where rows measure memory). Part of the peak reserved, on which
+    ``fits`` is decided; the dry run and the runtime's GPU prediction leave it out as no tensor.
+    The CUDA context and NCCL's buffers, outside the caching allocator, are counted apart in the
+    device total only (``cuda_context_gib``, ``nccl_*``; cost/device_memory.py)."""
+    cuda_context_gib: float = 0.27
+    """CUDA context of a torch process and the kernel images it loads, outside the caching
+    allocator (in nvidia-smi's figure, not in torch.cuda.max_memory_reserved): 287,047,680 bytes
+    with lazy module loading (CUDA >= 11.7; torch sets CUDA_MODULE_LOADING=LAZY since 1.13),
+    666,632,192 bytes with eager loading (pytorch/pytorch#86509). Libraries built before CUDA
+    11.7 load eagerly: the stacks of that time set the eager figure (frameworks.json)."""
+    nccl_buffer_bytes: float = 4 * 1024**2
+    """NCCL's buffer per connection for its Simple protocol: NCCL_BUFFSIZE, 4 MiB by default
+    (NCCL user guide, Environment Variables); allocated by NCCL, outside the caching allocator."""
+    nccl_channels: float = 16.0
+    """Channels per NCCL communicator (NCCL_MIN/MAX_NCHANNELS bound it, at most 32; NCCL picks the
+    count from the topology and logs it under NCCL_DEBUG=INFO): an assumption within that range."""
+    nccl_peers_per_channel: float = 2.0
+    """Connections per channel whose buffers a rank holds: the ring's previous and next rank."""
     allocator_fragmentation: float = 0.05
     """Fraction of allocated memory lost to caching-allocator fragmentation (PyTorch CUDA
     caching allocator notes)."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
+    sp_saves_gathered_inputs: bool = False
+    """Under sequence parallel, whether each column-parallel linear (q/k/v, the MLP's up
+    projections, the LM head) keeps its all-gathered input (T x D, not T/t x D) for its backward:
+    DTensor's tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
+    redistribute the sequence shard to Replicate, and the linear saves what it received); Megatron
+    keeps the shard and gathers it again in the backward (Korthikanti et al. 2022, Sec. 4.2.2), the
+    default, and so does meshplan's runtime (runtime/sp_regather.py: saved-tensor hooks). A stack
+    field (torchtitan: frameworks.json)."""
+    loss_parallel_transient_bytes_per_element: float = 0.0
+    """With tp > 1, bytes per logit element the vocabulary-parallel loss holds beyond
+    ``loss_transient_bytes_per_element``: torch's loss_parallel (torch.distributed.tensor.parallel
+    .loss ``_log_softmax``, the log_softmax decomposition with all-reduces inserted) keeps the fp32
+    shifted logits and their exp at once where the fused kernel writes only its output: 4 more.
+    A stack field (torchtitan, whose loss parallel is on by default: frameworks.json)."""
+    fp16_step_grad_copy_bytes_per_param: float = 0.0
+    """fp16 training without ZeRO: bytes per parameter the optimizer step allocates beside the
+    kept states while it runs (the gradients' fp32 copy it steps on). DeepSpeed's FP16_Optimizer
+    (runtime/fp16/fused_optimizer.py, step) casts every fp16 gradient to fp32 (4) and flattens
+    them into one fp32 buffer (4) while the fp16 gradients are still held: 8. The optimizer step
+    runs after the last backward, with no activations alive: the peak is the larger of the two.
+    0: the stack keeps no such copy (a stack field)."""
+    fp16_zero_step_grad_copy_bytes_per_param: float = 0.0
+    """The same under ZeRO 1/2, per parameter of the rank's optimizer partition: DeepSpeed's
+    stage_1_and_2.py step frees the gradients outside the partition, flattens the partition's in
+    fp16 (2) and casts that to fp32 (4): 6. 0: no such copy, nothing freed (a stack field)."""
     fsdp_pp_keeps_unsharded: bool = True
     """With pipeline parallelism, FSDP does not reshard a stage's parameters after the forward
     (torchtitan's default reshard_after_forward policy under PP: the backward of in-flight
@@ -362,6 +415,21 @@ class Calibration:
     streams of its own, double-buffered, while the next layers compute (megatron/core/cpu_offload.py;
     Megatron-Bridge's CPU-offloading guide: "overlap computation with data transfer"), 1 for the
     megatron-core framework (spec/presets/frameworks.json). A stack-dependent field."""
+    cuda_graph_full_iteration: bool = False
+    """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
+    ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
+    charges none) and nothing in the step may wait for the host, so a dropless MoE layer runs
+    sync-free (HybridEP and grouped GEMMs sized from a static per-rank capacity, with paged
+    stashing of the variable-size activations: Megatron-LM docs 'MoE Paged Stash'; Yan et al.
+    2026, Megatron-Core MoE, arXiv 2603.07685, Sec. 4.3.6-4.3.7) and ``moe_alltoall_sync_s`` is
+    not charged. A stack field, set by a release's presets (spec/presets/stack_releases.json)."""
+    moe_fused_grouped_mlp: bool = False
+    """The experts' FC1, activation and FC2 run as one fused grouped kernel over all local experts
+    (Megatron-Bridge ``cutedsl_fused_grouped_mlp``; TE op fuser's GroupedMLP): no launch and tail
+    per local expert (``moe_expert_gemm_s`` not charged) and no grouped-GEMM falloff beyond a
+    single GEMM's (``moe_grouped_gemm_half_dim`` not applied: one persistent kernel schedules
+    all experts' tiles together; Yan et al. 2026, Sec. 4.3.2). A stack field, set by a release's
+    presets (spec/presets/stack_releases.json)."""
 
     # ---- behaviour ------------------------------------------------------------------------
     def grad_bytes_per_param(self, precision: Precision) -> float:
@@ -422,12 +490,6 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
 
-FITTED_FILE = "presets/calibration_fitted.json"
-"""The calibration per (GPU generation, stack) as data with its sources (under meshplan.spec)."""
-
-DEFAULT_STACK = "meshplan"
-"""The stack an estimate is for when none is named: meshplan's own runtime (`meshplan train`)."""
-
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
                 "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels",
@@ -435,63 +497,32 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
-                "pp_preallocated_recv_buffers")
+                "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
+                "fp16_step_grad_copy_bytes_per_param",
+                "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
+                "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class FittedRecord:
-    """The fitted Calibration fields of one (generation, stack) and where they come from."""
-
-    key: str
-    """'generation/stack', e.g. 'hopper/megatron'."""
-    source: str
-    how: str
-    values: Mapping[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackRecord:
-    """How one training stack runs a plan: its overlap and host-cost fields, with the source."""
-
-    stack: str
-    source: str
-    values: Mapping[str, Any]
-
-
-def record_key(generation: str, stack: str) -> str:
-    return f"{generation}/{stack}"
-
-
-@lru_cache(maxsize=1)
-def _raw() -> Mapping[str, Any]:
-    return MappingProxyType(json.loads(resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()))
 
 
 @lru_cache(maxsize=1)
 def fitted_records() -> Mapping[str, FittedRecord]:
     """The fitted records by 'generation/stack' (``FITTED_FILE``), each checked against Calibration."""
-    out = {}
-    for key, rec in _raw()["records"].items():
-        record = FittedRecord(key=key, source=rec["source"], how=rec["how"],
-                              values=MappingProxyType(dict(rec["values"])))
+    out = read_fitted_records()
+    for record in out.values():
         Calibration().replace_fields(**record.values)  # an unknown field or a bad value fails here
-        out[key] = record
     return MappingProxyType(out)
 
 
 @lru_cache(maxsize=1)
 def stack_records() -> Mapping[str, StackRecord]:
     """Each stack's mechanisms (``FITTED_FILE`` 'stacks'), checked against Calibration."""
-    out = {}
-    for stack, rec in _raw()["stacks"].items():
-        bad = set(rec["values"]) - set(STACK_FIELDS)
+    out = read_stack_records()
+    for stack, record in out.items():
+        bad = set(record.values) - set(STACK_FIELDS)
         if bad:
             raise MeshplanError(f"{FITTED_FILE}: stack {stack}: not stack fields: {', '.join(sorted(bad))}")
-        record = StackRecord(stack=stack, source=rec["source"], values=MappingProxyType(dict(rec["values"])))
         Calibration().replace_fields(**record.values)
-        out[stack] = record
     return MappingProxyType(out)
 
 
@@ -499,48 +530,13 @@ def stack_names() -> tuple[str, ...]:
     return tuple(stack_records())
 
 
-def gpu_family(gpu: GPUSpec) -> str:
-    """'a100', 'v100', 'h100', ... : the part of the name before the first '-'."""
-    return gpu.name.split("-")[0].lower()
-
-
-def gpu_generation(gpu: GPUSpec) -> str:
-    """'volta', 'ampere', 'hopper', 'blackwell', 'cpu', ...: the family's generation (data);
-    a family the file does not list is its own generation."""
-    family = gpu_family(gpu)
-    return _raw()["generations"].get(family, family)
-
-
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
     defaults, then, when this pair has no record, the hardware fields of a record borrowed from
     another stack of the same generation and the attention efficiency of the stack's kernel on
     this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
-    own record."""
-    stack = (stack or DEFAULT_STACK).lower()
-    stacks = stack_records()
-    if stack not in stacks:
-        raise MeshplanError(f"unknown stack {stack!r}; known: {', '.join(stacks)}")
-    gen = gpu_generation(gpu)
-    records = fitted_records()
-    calib, sources = Calibration(), []
-    own = records.get(record_key(gen, stack))
-    if own is None:
-        lender = next((records[k] for k in _raw()["lenders"]
-                       if k.split("/")[0] == gen and k in records), None)
-        if lender is not None:
-            hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
-            calib = calib.replace_fields(**hw)
-            sources.append(f"{lender.source} (hardware fields of {lender.key})")
-        kernel = stacks[stack].values.get("attention_kernel", calib.attention_kernel)
-        entry = kernel_efficiency(gen, kernel)
-        if entry is not None:  # the kernel's efficiency, not another stack's kernel's (the lender's)
-            calib = calib.replace_fields(attention_efficiency=entry.attention_efficiency)
-            sources.append(f"attention_efficiency of {kernel} on {entry.generation} (attention kernel table)")
-    calib = calib.replace_fields(**stacks[stack].values)
-    sources.append(f"{stack} stack mechanisms")
-    if own is not None:
-        calib = calib.replace_fields(**own.values)
-        sources.insert(0, own.source)
-    return calib.replace_fields(source="; ".join(sources) if own or len(sources) > 1 else
-                                f"defaults; {stack} stack mechanisms")
+    own record (cost/stack_resolution.py)."""
+    resolved = resolve_calibration(gpu_generation(gpu), (stack or DEFAULT_STACK).lower(), fitted=fitted_records(),
+                                   stacks=stack_records(), lenders=lender_keys(), stack_fields=STACK_FIELDS,
+                                   default_kernel=Calibration().attention_kernel)
+    return Calibration().replace_fields(**{**resolved.values, "source": resolved.source})

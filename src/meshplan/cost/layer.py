@@ -237,7 +237,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
     host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
-    if moe and calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL:
+    if (moe and calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL
+            and not calib.cuda_graph_full_iteration):  # a graphed step is sync-free (Calibration)
         # The dropless all-to-all's host sync of the token counts drains the launch queue once
         # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
         # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's
@@ -303,6 +304,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     drop_masks = 1.0 if calib.dropout else 0.0  # per sub-block output dropout mask (1 B)
     sib = saved_input_bytes(training, calib, ab)  # a linear's saved input (fp8: its fp8 copy)
     replicated = T_rep * D * parts * (ab + sib + drop_masks)  # per sub-block: norm input, linear input
+    if calib.sp_saves_gathered_inputs:  # DTensor's SP keeps each linear's gathered input (T, not T/t)
+        replicated = replicated + (T - T_rep) * D * parts * sib
     # GELU in + out, or gate, up, product; the last is fc2's input
     mlp_kept = ((2.0 if model.gated_mlp else 1.0) * ab + sib) * mlp_width
     parallel = mix.kept_bytes + T * mlp_kept / t
