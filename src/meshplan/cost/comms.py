@@ -21,12 +21,12 @@ else at the NICs'. A group spanning domains sends over the NICs
   ``Calibration.ring_nic_spread`` is the share of the g NICs a stack's rings really use (1:
   NCCL; fitted per generation and stack);
 * a send/recv moves each rank's own bytes through its own NIC share;
-* an all-to-all over n ranks, g of them in the rank's own domain, is one send/recv per peer
-  (NCCL's ncclAllToAll is grouped ncclSend/ncclRecv, all peers at once): (g-1)/n of the rank's
-  bytes go to domain peers over NVLink and (n-g)/n to the other domains through its own NIC
-  share, concurrently, so it takes max(intra bytes / NVLink, inter bytes / NIC) plus each
-  peer's alpha ("How to Scale Your Model", networking chapter: a collective is bound by its
-  slowest link). Inside one domain (g = n) this is the ring formula's (n-1)/n * B / W.
+* an all-to-all over n ranks, g of them in the rank's own domain, is one send/recv per peer,
+  all issued at once (NCCL user guide, 'Point-to-point communication': all-to-all as a group of
+  ncclSend/ncclRecv): (g-1)/n of the rank's bytes go to domain peers over NVLink and (n-g)/n to
+  the other domains through its own NIC share, on separate links at the same time, so it takes
+  max(intra bytes / NVLink, inter bytes / NIC) plus each peer's alpha. Inside one domain
+  (g = n) this is the ring formula's (n-1)/n * B / W.
 
 All functions take and return NumPy arrays (or scalars) and broadcast: no Python branching on
 plan values, so one plan or a million plans evaluate with the same code.
