@@ -6,7 +6,8 @@ mechanism, then bench/bench_validate.py to see the scores.
     PYTHONPATH=src python bench/fit_calibration.py                   # both shipped sets
     PYTHONPATH=src python bench/fit_calibration.py megatron-bridge   # one
 
-It is the CLI command, run once per set: meshplan validate --runs SET --fit --write-calibration.
+It is the CLI command, run once per set: meshplan validate --runs SET --fit --write-calibration
+--out src/meshplan/spec/presets/calibration_fitted.json --force (the shipped file, named and forced).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from meshplan.calib.records import fitted_file
+
 SETS = ("calibration", "megatron-bridge")
 
 
 def main(argv: list[str]) -> int:
     for name in argv or SETS:
-        cmd = [sys.executable, "-m", "meshplan", "validate", "--runs", name, "--fit", "--write-calibration"]
+        cmd = [sys.executable, "-m", "meshplan", "validate", "--runs", name, "--fit", "--write-calibration",
+               "--out", str(fitted_file()), "--force"]
         rc = subprocess.run(cmd, check=False).returncode
         if rc:
             return rc

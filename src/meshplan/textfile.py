@@ -7,7 +7,9 @@ get their own sentence; callers only say what the file was meant to be.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import csv
+import io
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,6 +55,22 @@ def read_text_file(path: str | Path, *, what: str, missing: str | None = None, a
     if not allow_empty and not text.strip():
         raise MeshplanError(f"{p}: is empty, expected a {what}")
     return text
+
+
+def csv_records(text: str, name: str, *, required: Sequence[str], what: str) -> Iterator[dict[str, str]]:
+    """The rows of CSV ``text`` (from ``name``) as dicts by header, lazily: a caller's error on an
+    early row comes before a CSV syntax error further down. A header without every ``required``
+    column, or a malformed CSV, is ``MeshplanError("{name}: ...")``; ``what`` names the file
+    ("runs CSV")."""
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise MeshplanError(f"{name}: not a {what}, missing column(s): {', '.join(missing)}")
+        yield from reader
+    except csv.Error as exc:
+        raise MeshplanError(f"{name}: cannot read CSV: {exc}") from None
 
 
 def check_text_file(path: str | Path, *, what: str) -> Path:

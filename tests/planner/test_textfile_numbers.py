@@ -3,6 +3,7 @@ whose message starts with the file or names the value."""
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import MAX_COUNT, check_count, check_finite
-from meshplan.textfile import check_text_file, check_writable, read_text_file
+from meshplan.textfile import check_text_file, check_writable, csv_records, read_text_file
 
 
 def test_reads_utf8_text_and_drops_a_bom(tmp_path):
@@ -80,6 +81,26 @@ def test_check_writable_leaves_no_file_behind(tmp_path):
                      (out / "x.json", "is not a folder")):
         with pytest.raises(MeshplanError, match=msg):
             check_writable(bad, what="plan")
+
+
+def test_csv_records_checks_the_header_once_for_every_reader():
+    rows = list(csv_records("a,b,c\n1,2,3\n", "r.csv", required=("a", "c"), what="runs CSV"))
+    assert rows == [{"a": "1", "b": "2", "c": "3"}]
+    with pytest.raises(MeshplanError, match=r"^r.csv: not a runs CSV, missing column\(s\): c, d$"):
+        list(csv_records("a,b\n1,2\n", "r.csv", required=("a", "c", "d"), what="runs CSV"))
+    with pytest.raises(MeshplanError, match=r"^x.csv: cannot read CSV: "):
+        list(csv_records("a,b\n" + "1" * (csv.field_size_limit() + 1) + ",2\n", "x.csv", required=("a",),
+                         what="recipes CSV"))
+
+
+def test_csv_records_is_lazy_so_an_early_bad_row_is_named_first():
+    """A caller's check of row 1 fires before the CSV syntax error of a later row (what
+    parse_recipes reported when it walked the reader itself)."""
+    records = csv_records("a\n1\n" + "2" * (csv.field_size_limit() + 1) + "\n", "r.csv", required=("a",),
+                          what="runs CSV")
+    assert next(records) == {"a": "1"}
+    with pytest.raises(MeshplanError, match=r"^r.csv: cannot read CSV: field larger"):
+        next(records)
 
 
 @given(st.integers(min_value=1, max_value=MAX_COUNT))

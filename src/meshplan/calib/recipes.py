@@ -28,8 +28,6 @@ out is a line of ``Run.assumed``.
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -39,7 +37,7 @@ from typing import Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, Recompute, even_split
-from meshplan.textfile import read_text_file
+from meshplan.textfile import csv_records, read_text_file
 
 KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
                "tp", "pp", "cp", "vpp", "ep")
@@ -127,48 +125,40 @@ def _optional_int(raw: str, column: str, where: str, *, minimum: int) -> int | N
 
 def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
     """The presets of a bridge_recipes.csv text by key; MeshplanError names the first bad cell."""
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        header = reader.fieldnames or []
-        missing = [c for c in RECIPE_COLUMNS if c not in header]
-        if missing:
-            raise MeshplanError(f"{name}: not a recipes CSV, missing column(s): {', '.join(missing)}")
-        out: dict[RecipeKey, BridgeRecipe] = {}
-        first_line: dict[RecipeKey, int] = {}
-        for n, row in enumerate(reader, start=2):
-            where = f"{name} line {n}"
-            cells = {c: (row.get(c) or "").strip() for c in RECIPE_COLUMNS}
-            for c in ("model", "gpu", "config", "source"):
-                if not cells[c]:
-                    raise MeshplanError(f"{where}: column {c} is blank")
-            if cells["precision"] not in PRECISIONS:
-                raise MeshplanError(f"{where}: column precision: {cells['precision']!r} is not one of "
-                                    f"{', '.join(PRECISIONS)}")
-            key: RecipeKey = (cells["model"], cells["gpu"], cells["precision"], *(
-                _cell_int(cells[c], c, where, minimum=1) for c in KEY_COLUMNS[3:]))
-            if cells["megatron_fsdp"] not in ("", "0", "1"):
-                raise MeshplanError(f"{where}: column megatron_fsdp: {cells['megatron_fsdp']!r} is not 0, 1 "
-                                    "or blank")
-            modules = tuple(m.strip() for m in cells["recompute_modules"].split("+") if m.strip())
-            unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
-            if unknown:
-                raise MeshplanError(f"{where}: column recompute_modules: {unknown[0]!r} is not one of "
-                                    f"{', '.join(sorted(RECOMPUTE_MODULES))}")
-            if key in out:
-                raise MeshplanError(f"{where}: repeats the key of line {first_line[key]} "
-                                    f"({', '.join(map(str, key))}): one preset per layout")
-            out[key] = BridgeRecipe(
-                key=key, megatron_fsdp=cells["megatron_fsdp"] == "1",
-                recompute_num_layers=_optional_int(cells["recompute_num_layers"], "recompute_num_layers",
-                                                   where, minimum=1),
-                recompute_modules=modules,
-                cpu_offloading_num_layers=_optional_int(cells["cpu_offloading_num_layers"],
-                                                        "cpu_offloading_num_layers", where, minimum=1),
-                config=cells["config"], source=cells["source"])
-            first_line[key] = n
-        return MappingProxyType(out)
-    except csv.Error as exc:
-        raise MeshplanError(f"{name}: cannot read CSV: {exc}") from None
+    out: dict[RecipeKey, BridgeRecipe] = {}
+    first_line: dict[RecipeKey, int] = {}
+    for n, row in enumerate(csv_records(text, name, required=RECIPE_COLUMNS, what="recipes CSV"), start=2):
+        where = f"{name} line {n}"
+        cells = {c: (row.get(c) or "").strip() for c in RECIPE_COLUMNS}
+        for c in ("model", "gpu", "config", "source"):
+            if not cells[c]:
+                raise MeshplanError(f"{where}: column {c} is blank")
+        if cells["precision"] not in PRECISIONS:
+            raise MeshplanError(f"{where}: column precision: {cells['precision']!r} is not one of "
+                                f"{', '.join(PRECISIONS)}")
+        key: RecipeKey = (cells["model"], cells["gpu"], cells["precision"], *(
+            _cell_int(cells[c], c, where, minimum=1) for c in KEY_COLUMNS[3:]))
+        if cells["megatron_fsdp"] not in ("", "0", "1"):
+            raise MeshplanError(f"{where}: column megatron_fsdp: {cells['megatron_fsdp']!r} is not 0, 1 "
+                                "or blank")
+        modules = tuple(m.strip() for m in cells["recompute_modules"].split("+") if m.strip())
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise MeshplanError(f"{where}: column recompute_modules: {unknown[0]!r} is not one of "
+                                f"{', '.join(sorted(RECOMPUTE_MODULES))}")
+        if key in out:
+            raise MeshplanError(f"{where}: repeats the key of line {first_line[key]} "
+                                f"({', '.join(map(str, key))}): one preset per layout")
+        out[key] = BridgeRecipe(
+            key=key, megatron_fsdp=cells["megatron_fsdp"] == "1",
+            recompute_num_layers=_optional_int(cells["recompute_num_layers"], "recompute_num_layers",
+                                               where, minimum=1),
+            recompute_modules=modules,
+            cpu_offloading_num_layers=_optional_int(cells["cpu_offloading_num_layers"],
+                                                    "cpu_offloading_num_layers", where, minimum=1),
+            config=cells["config"], source=cells["source"])
+        first_line[key] = n
+    return MappingProxyType(out)
 
 
 def load_recipes(path: str | Path) -> Mapping[RecipeKey, BridgeRecipe]:

@@ -18,8 +18,6 @@ are checked to be predicted as not fitting.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +42,7 @@ from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
-from meshplan.textfile import read_text_file
+from meshplan.textfile import csv_records, read_text_file
 
 REQUIRED_COLUMNS = (
     "id", "source", "model", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -203,15 +201,7 @@ def _pct(a: np.ndarray, q: float) -> float:
 def read_rows(path: str | Path) -> list[dict[str, str]]:
     p = Path(path)
     text = read_text_file(p, what="runs CSV", missing="no such runs file")
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise MeshplanError(f"{p}: not a runs CSV, missing column(s): {', '.join(missing)}")
-        return [dict(r) for r in reader]
-    except csv.Error as exc:
-        raise MeshplanError(f"{p}: cannot read CSV: {exc}") from None
+    return [dict(r) for r in csv_records(text, str(p), required=REQUIRED_COLUMNS, what="runs CSV")]
 
 
 class MalformedCell(MeshplanError):

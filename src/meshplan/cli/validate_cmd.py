@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -37,7 +38,9 @@ def validate_cmd(
     runs: Annotated[str, typer.Option("--runs", help="A shipped set of published runs (calibration, megatron-bridge) or a CSV of that format.")] = DEFAULT_RUNS,
     target: Annotated[Optional[Target], typer.Option("--target", help="Estimate every row with this stack's calibration (default: each row's framework's stack).")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per (GPU generation, stack) on these runs first and print it.")] = False,
-    write: Annotated[bool, typer.Option("--write-calibration", help="With --fit: write the fitted records into the calibration data file (spec/presets/calibration_fitted.json).")] = False,
+    write: Annotated[bool, typer.Option("--write-calibration", help="With --fit: write the fitted records to the calibration data file --out names (a new file: the shipped calibration with the refit records).")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="With --write-calibration: the file to write. An existing file, the shipped src/meshplan/spec/presets/calibration_fitted.json included, is replaced only with --force.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="With --out: replace the refit records of an existing calibration data file.")] = False,
     holdout: Annotated[bool, typer.Option("--holdout", help="Also refit without each model family and each GPU generation and score the held-out rows (minutes).")] = False,
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="Refit without each source and score it.")] = False,
     fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
@@ -51,6 +54,15 @@ def validate_cmd(
         raise MeshplanError("--leave-one-source-out scores a refit: give it with --fit")
     if write and not fit:
         raise MeshplanError("--write-calibration needs --fit")
+    if write and out is None:
+        raise MeshplanError("--write-calibration needs --out PATH: the calibration data file to write (the shipped "
+                            "one is replaced only when --out names it and --force is given)")
+    if (out is not None or force) and not write:
+        raise MeshplanError(f"{'--out' if out is not None else '--force'} goes with --fit --write-calibration")
+    if write:
+        from meshplan.calib.records import check_target
+
+        check_target(out, force=force)  # before the fit: minutes of work not lost to a bad path
     settings = {k: v for k, v in (("fused_attention", fused_attention), ("dropout", dropout)) if v is not None}
     rows, skipped = load_runs(runs_csv(runs))
     if target is not None:
@@ -66,7 +78,7 @@ def validate_cmd(
         if write:
             from meshplan.calib.records import write_records
 
-            path = write_records(fits, runs)
+            path = write_records(fits, runs, out)
             logging.getLogger(__name__).info("wrote %s to %s", ", ".join(fits), path)
 
         def calib_for(run):  # noqa: F811 - the fitted calibration of the run's (generation, stack)

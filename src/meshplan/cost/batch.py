@@ -13,6 +13,11 @@ Public API (stable; the search helper codes against it):
   with its own per-rank layer counts; ``rank_cost(..., layers=0, has_head=True)`` is the extra of
   the LM-head stage alone (and ``has_embedding=True`` of the embedding stage), fixed per-GPU
   overheads (framework, buffers) included.
+* :func:`~meshplan.cost.plan_terms.plan_terms` -- what ``rank_cost`` computes from the plans
+  alone (links, ZeRO shards, head and embedding time), computed once per plan for all its ranks.
+  ``rank_cost`` composes the time per micro-batch itself and calls :mod:`meshplan.cost.memory`
+  (states after ZeRO, activations held, buffers and reserve) and :mod:`meshplan.cost.dp_comm`
+  (the step's data-parallel reduction, ZeRO-3/2's per-micro-batch collectives).
 * :func:`~meshplan.cost.pipeline.pipeline_time` and :func:`~meshplan.cost.pipeline.in_flight_chunks`
   -- schedule composition (bubble, activations in flight per rank).
 * :func:`estimate_batch` -- even layer split, all-layer recompute policy: step time, peak memory,
@@ -29,23 +34,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.cost import comms
-from meshplan.cost.offload import host_budget_bytes, rank_offload
-from meshplan.cost.osdp import extra_gather_latency_s, rank_osdp, uses_osdp
-from meshplan.cost.expert_load import replica_factor
-from meshplan.cost.vocab import vocab_shares, vocab_sync_s
-from meshplan.cost.arrays import RC_FULL, RC_NONE, RC_SELECTIVE, ZERO_BUBBLE, PlanArrays
+from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
-from meshplan.cost.layer import LayerCost, activation_bytes, gemm_time, layer_cost, optimizer_state_bytes_per_param
+from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, optimizer_state_bytes_per_param
+from meshplan.cost.memory import rank_activations, rank_other, rank_states, sharded_bytes, unsharded_stage
+from meshplan.cost.offload import host_budget_bytes, rank_offload
+from meshplan.cost.osdp import rank_osdp
+from meshplan.cost.pipeline import pipeline_time, rank_layers_even
+from meshplan.cost.plan_terms import PlanTerms, num_microbatches, plan_terms
+from meshplan.cost.vocab import vocab_shares
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
-from meshplan.cost.pipeline import (head_microbatches_held, in_flight_chunks, pipeline_time, rank_layers_even,
-                                    recv_buffers_held)
-from meshplan.cost.precision import (
-    compute_dtype_peak_flops,
-    op_rates,
-    weight_copy_bytes_per_param,
-)
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -119,105 +119,6 @@ def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
     return x if isinstance(extra, float) and extra == 0.0 else x + extra
 
 
-def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
-    return np.maximum(training.global_batch // np.maximum(plans.dp * plans.micro_batch, 1), 1)
-
-
-@dataclass(frozen=True)
-class PlanTerms:
-    """What :func:`rank_cost` computes from the plans alone (not the rank, its layers or its
-    embedding / head): the same for every rank of a plan, so a caller scoring several ranks of the
-    same plans computes it once (:func:`plan_terms`) and passes it to each call."""
-
-    hbm: float
-    head_flops: float
-    """Peak rate of the LM head's GEMM (the compute dtype's: it stays bf16)."""
-    linear_flops: float
-    """Peak rate of the layers' linear GEMMs (fp8/fp4 where the recipe runs them so)."""
-    t: np.ndarray
-    v: np.ndarray
-    T: np.ndarray
-    rec_one: np.ndarray
-    Vt: np.ndarray
-    head_compute_s: np.ndarray
-    embed_compute_s: np.ndarray
-    p2p_s: np.ndarray
-    embed_p: float
-    head_p: np.ndarray
-    n1: np.ndarray
-    n1_e: np.ndarray
-    lvl1: comms.Link
-    lvl1_e: comms.Link
-    """The experts' data-parallel group (n1_e ranks ep * etp apart: Megatron lays experts out
-    etp, ep, edp from the innermost), which reduces the expert gradients."""
-    lvl2: comms.Link
-    act_policy: np.ndarray
-    m: np.ndarray
-    m_float: np.ndarray
-    pp_float: np.ndarray
-    dense_shards: tuple[np.ndarray, ...]
-    """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
-    the plan's ZeRO stage reaches it, else 1)."""
-    expert_shards: tuple[np.ndarray, ...]
-    """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
-    least 1; n1 / ep when etp = tp)."""
-    vocab_sync_s: np.ndarray | float = 0.0
-    """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
-    osdp: bool = False
-    """Whether any plan keeps a group gathered or splits an operator (cost.osdp.uses_osdp)."""
-
-
-def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
-               calib: Calibration, layer: LayerCost) -> PlanTerms:
-    """The rank-independent part of :func:`rank_cost` (see :class:`PlanTerms`)."""
-    peak = compute_dtype_peak_flops(cluster, training)  # the LM head stays bf16 (cost/precision.py)
-    hbm = cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency
-    t = plans.tp.astype(float)
-    c = plans.cp.astype(float)
-    p = plans.pp
-    v = plans.vpp.astype(float)
-    T = plans.micro_batch * training.seq_len / c
-    D, V = float(model.hidden_size), float(model.vocab_size)
-    ab = activation_bytes(training.precision)  # bytes per activation element
-    rec_one = np.where(plans.recompute == RC_FULL, layer.recompute_full_s,
-                       np.where(plans.recompute == RC_SELECTIVE, layer.recompute_selective_s, 0.0))
-    # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
-    # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
-    pad = max(calib.vocab_pad_multiple, 1.0)
-    Vt = np.ceil(V / (t * pad)) * pad
-    head_fwd = gemm_time(calib, peak, T, Vt, D) + 3.0 * T * Vt * ab / hbm
-    # Pipeline p2p: (b, S/c, D)/t activation out, its gradient back, per chunk (Narayanan 2021
-    # Sec. 4.1 scatter/gather splits the message over the TP ranks).
-    pp_link = comms.group_link(cluster, calib, p, plans.tp * plans.cp * plans.dp_shard * plans.dp_replicate)
-    p2p = 2.0 * v * comms.p2p_time(T * D * ab / t, p > 1, pp_link)
-    embed_p = model.embedding_params() / t
-    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
-    head_p = (model.head_params() + np.where(p > 1, tied_copy, 0)) / t
-    n1 = (plans.dp_shard * plans.cp).astype(float)  # ZeRO shards over dp_shard x cp (torchtitan)
-    act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
-                          np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
-                                   layer.act_none_bytes))
-    z = plans.zero
-    dense_shards = (n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3))
-    if model.is_moe:
-        n1_e = np.maximum(n1 * plans.tp / (plans.etp * plans.ep), 1.0)  # edp = dp_shard*cp*tp/(etp*ep)
-        expert_shards = (n1_e,) + tuple(np.where(z >= stage, n1_e, 1.0) for stage in (1, 2, 3))
-    else:  # etp = tp, ep = 1: edp = n1, the same shards
-        n1_e, expert_shards = n1, dense_shards
-    lvl1 = comms.group_link(cluster, calib, n1, plans.tp)  # (dense models: also the experts' group)
-    m = num_microbatches(training, plans)
-    vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link) if plans.vocab_parallel.any() else 0.0
-    return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
-        dense_shards=dense_shards, expert_shards=expert_shards,
-        hbm=hbm, head_flops=peak, linear_flops=op_rates(cluster, training, calib).linear_flops,
-        t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
-        embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
-        embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
-        lvl1=lvl1, lvl1_e=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp) if model.is_moe else lvl1,
-        lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
-        act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))
-
-
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
               has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
@@ -231,9 +132,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     read, skipped where the search scores millions of ranks."""
     if terms is None:
         terms = plan_terms(model, cluster, training, plans, calib, layer)
-    hbm, v, T, Vt = terms.hbm, terms.v, terms.T, terms.Vt
+    hbm, T, Vt = terms.hbm, terms.T, terms.Vt
     p = plans.pp
-    m = terms.m
     # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
     # as Megatron places them by default, or where the plan's layout puts them (``has_mtp``, None:
     # with the head): each is charged as one more average layer plus one more LM-head pass.
@@ -268,16 +168,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
-    n1 = terms.n1
-    z = plans.zero
-    opt_pp = optimizer_state_bytes_per_param(calib, training)
-
     experts_on = model.is_moe  # dense models hold no expert parameters: their expert terms are 0
-
-    def shard(dense_bytes, expert_bytes, stage):
-        if not experts_on:
-            return dense_bytes / terms.dense_shards[stage]
-        return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
+    gb = calib.grad_bytes_per_param(training.precision)
 
     # OSDP (cost.osdp): groups kept gathered under zero 3, the MLP and the LM head in slices
     rest_p = np.maximum(total_p - layers * layer.params_per_gpu, 0.0)  # embedding / LM head shares
@@ -287,143 +179,45 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                      head_share=head_share, tokens=T, vocab_per_gpu=Vt, linear_flops=terms.linear_flops,
                      head_flops=terms.head_flops, hbm_bytes_per_s=hbm,
                      activation_bytes=activation_bytes(training.precision), active=terms.osdp)
-    weights = shard(dense_p * calib.weight_bytes_per_param, expert_p * calib.weight_bytes_per_param, 3)
-    weights = weights + osdp.kept_weight_bytes
-    # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
-    copy_b = weight_copy_bytes_per_param(training, calib)
-    if copy_b:
-        weights = weights + shard(layers * layer.dense_params_per_gpu * copy_b, expert_p * copy_b, 3)
-    gb = calib.grad_bytes_per_param(training.precision)
-    grads = shard(dense_p * gb, expert_p * gb, 2)
-    # FSDP + PP as torch's PipelineStage runs it (torchtitan; meshplan's runtime under the
-    # zero-bubble split backward): gradients accumulate unsharded in the reduce dtype over the
-    # micro-batches and are reduce-scattered once, the stage's weights stay gathered.
-    fsdp_pp = (z >= 3) & (p > 1)
-    torch_stage = fsdp_pp & (plans.schedule == ZERO_BUBBLE) & calib.zero_bubble_keeps_unsharded
-    if calib.fsdp_pp_accumulates_unsharded_grads or calib.zero_bubble_keeps_unsharded:
-        grads = np.where((fsdp_pp & calib.fsdp_pp_accumulates_unsharded_grads) | torch_stage,
-                         total_p * gb, grads)
-    optim = shard(dense_p * opt_pp, expert_p * opt_pp, 1)
+    stage = unsharded_stage(plans, calib)
+    states = rank_states(training, calib, layer, terms, stage, layers=layers, dense_params=dense_p,
+                         expert_params=expert_p, total_params=total_p, kept_weight_bytes=osdp.kept_weight_bytes,
+                         experts_on=experts_on)
+    weights, grads, optim = states.weights_bytes, states.grads_bytes, states.optim_bytes
 
-    # ---- data-parallel communication (Rajbhandari et al. 2020; Zhao et al. 2023) -------------
-    lvl1, lvl2 = terms.lvl1, terms.lvl2
-    g_bytes = total_p * gb  # gradients are reduced in their buffer's dtype
-
-    def dp_ring(op, dense_bytes, expert_bytes):
-        """A data-parallel collective of dense parameters over the dp group and of expert
-        parameters over the expert-dp group (its own ranks, its own link)."""
-        if not experts_on:  # no expert bytes: the expert group's term is 0 everywhere
-            return op(dense_bytes, n1, lvl1)
-        return op(dense_bytes, n1, lvl1) + np.where(
-            expert_bytes > 0, op(expert_bytes, terms.n1_e, terms.lvl1_e), 0.0)
-
-    # ZeRO-0: all-reduce grads; ZeRO-1/2: reduce-scatter grads, all-gather updated weights;
-    # ZeRO-3: per micro-batch all-gather weights (fwd and bwd) and reduce-scatter grads.
-    wb = calib.weight_bytes_per_param
-    rs_grads = dp_ring(comms.reduce_scatter_time, dense_p * gb, expert_p * gb)
-    ag_weights = dp_ring(comms.all_gather_time, dense_p * wb, expert_p * wb)
-    step_lvl1 = np.where(z == 0, dp_ring(comms.all_reduce_time, dense_p * gb, expert_p * gb),
-                         np.where(z <= 2, rs_grads + ag_weights, 0.0))
-    # OSDP's kept groups (zero 3): their updated weights all-gathered once per step, as ZeRO-2
-    if osdp.active:
-        step_lvl1 = step_lvl1 + comms.all_gather_time(osdp.kept_params * calib.weight_bytes_per_param, n1, lvl1)
-    step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, lvl2)
-    dp_total = step_lvl1 + step_lvl2
-    if model.is_moe:  # hot-expert replicas: gradients all-reduced among the copies (cost/expert_load.py)
-        replica_share = 1.0 - 1.0 / replica_factor(model.moe_num_experts, plans.ep, plans.expert_replicas)
-        ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)
-        dp_total = dp_total + np.where(plans.expert_replicas > 0, comms.all_reduce_time(
-            expert_p * replica_share * gb, plans.ep, ep_link), 0.0)
+    # ---- data-parallel communication (cost.dp_comm) -----------------------------------------
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
-    dp_exposed = comms.exposed(dp_total, calib.dp_overlap, mb_bwd)
-    if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step
-        dp_ranks = plans.dp_replicate * n1
-        dp_exposed = dp_exposed + np.where(z <= 1, layers * (dp_ranks - 1) * calib.dp_layer_overhead_s, 0.0)
-    # ZeRO-3 (FSDP) all-gathers each layer's parameters (forward and backward) and
-    # reduce-scatters its gradients every micro-batch, each collective behind that layer's own
-    # compute (prefetch, Zhao et al. 2023 Sec. 3.3); the embedding / LM head's behind theirs.
-    # Per layer, so that a rank's time stays affine in its layer count (search/stages.py).
-    # ZeRO-2 keeps only a shard of the gradients, so gradient accumulation cannot sum them
-    # locally: every micro-batch's backward reduce-scatters its gradients (Rajbhandari et al.
-    # 2020, Sec. 5.2; DeepSpeed stage 2, FSDP2 with reshard_after_forward=False). The last of
-    # the m is the step's own (in dp_total); the other m - 1 are per micro-batch, hidden behind
-    # the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one.
-    layer_p = layer.params_per_gpu
-    expert_layer_p = layer.params_per_gpu - layer.dense_params_per_gpu
-    layer_compute = layer.fwd_compute_s + layer.bwd_compute_s
-    rest_compute = np.maximum(compute - layers * layer_compute, 0.0)
+    dp = step_dp_comm(model, cluster, plans, calib, terms, osdp, layers=layers, dense_params=dense_p,
+                      expert_params=expert_p, total_params=total_p, grad_bytes_per_param=gb,
+                      backward_s=mb_bwd, experts_on=experts_on)
+    rest_compute = np.maximum(compute - layers * (layer.fwd_compute_s + layer.bwd_compute_s), 0.0)
     if osdp.active:
         compute = compute + osdp.compute_s
-
-    def fsdp_time(gathered, experts, reduce_scatter_s):
-        """FSDP's two gathers and one reduce-scatter (``reduce_scatter_s``); ``experts`` of the
-        gathered params are expert ones (always sharded: OSDP keeps dense groups only)."""
-        dense_gathered = np.maximum(gathered - experts, 0.0) if experts_on else gathered
-        gather = dp_ring(comms.all_gather_time, dense_gathered * wb, experts * wb)
-        return 2 * gather + reduce_scatter_s
-
-    extra_latency = 0.0
-    # Each stage's terms only where some plan runs it (np.where picks them nowhere else).
-    zero3, zero2 = bool(np.any(z >= 3)), bool(np.any(z == 2))
-    z3_exp = z3_tot = z2_exp = z2_tot = 0.0
-    if zero3 or zero2:
-        # The gradients' reduce-scatter of the embedding / LM head shares, and of a layer when it
-        # holds no experts: ZeRO-3's (with the two gathers) and ZeRO-2's (per micro-batch) are
-        # the same collective.
-        has_rest = rest_p > 0
-        rs_rest = comms.reduce_scatter_time(rest_p * gb, n1, lvl1)
-        if not experts_on:
-            rs_layer3 = rs_layer2 = comms.reduce_scatter_time(layer_p * gb, n1, lvl1)
-    if zero3:
-        if experts_on:
-            rs_layer3 = dp_ring(comms.reduce_scatter_time, (layer_p - expert_layer_p) * gb, expert_layer_p * gb)
-        # OSDP: only the sharded groups are re-gathered; each extra unit (MLP slice) one more latency
-        z3_layer = fsdp_time(osdp.sharded_layer_params, expert_layer_p, rs_layer3)
-        if osdp.active:
-            extra_latency = np.where(z >= 3, 2 * extra_gather_latency_s(osdp.extra_gathers, n1, lvl1), 0.0)
-            z3_layer = z3_layer + extra_latency
-        z3_rest = np.where(has_rest, fsdp_time(osdp.sharded_rest_params, 0.0, rs_rest), 0.0)
-        z3_exp = (layers * comms.exposed(z3_layer, calib.fsdp_overlap, layer_compute)
-                  + comms.exposed(z3_rest, calib.fsdp_overlap, rest_compute))
-        z3_tot = layers * z3_layer + z3_rest if totals else 0.0
-    if zero2:
-        if experts_on:
-            rs_layer2 = dp_ring(comms.reduce_scatter_time, layer.dense_params_per_gpu * gb, expert_layer_p * gb)
-        accumulate = (terms.m_float - 1.0) / terms.m_float
-        z2_layer = rs_layer2 * accumulate
-        z2_rest = np.where(has_rest, rs_rest, 0.0) * accumulate
-        z2_exp = (layers * comms.exposed(z2_layer, calib.fsdp_overlap, layer.bwd_compute_s)
-                  + comms.exposed(z2_rest, calib.fsdp_overlap, rest_compute))
-        z2_tot = layers * z2_layer + z2_rest if totals else 0.0
-    comm_exp = comm_exp + np.where(z >= 3, z3_exp, np.where(z == 2, z2_exp, 0.0))
+    zero = zero_microbatch_comm(plans, calib, layer, terms, osdp, layers=layers, rest_params=rest_p,
+                                rest_compute_s=rest_compute, grad_bytes_per_param=gb,
+                                experts_on=experts_on, totals=totals)
+    comm_exp = comm_exp + zero.exposed_s
     if totals:
-        comm_tot = comm_tot + np.where(z >= 3, z3_tot, np.where(z == 2, z2_tot, 0.0))
+        comm_tot = comm_tot + zero.total_s
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
-    opt_bytes = shard(dense_p, expert_p, 1) * (2 * opt_pp + gb + wb)
+    opt_bytes = sharded_bytes(terms, experts_on, dense_p, expert_p, 1) * (
+        2 * optimizer_state_bytes_per_param(calib, training) + gb + calib.weight_bytes_per_param)
     optimizer_s = opt_bytes / hbm
 
-    # ---- activations ------------------------------------------------------------------------
-    act_policy = terms.act_policy
-    per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
-    held = in_flight_chunks(rank, terms.pp_float, v, terms.m_float, plans.schedule,  # floats: no re-conversion
-                            plans.vocab_parallel)
-    acts = held * per_mb / v
-    # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
-    acts = acts + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
-    # Kept logits for every micro-batch the head stage holds (GPipe: all m), the loss's transients once.
-    head_mbs = head_microbatches_held(terms.m_float, plans.schedule)
-    logits = head_share * T * Vt * osdp.logits_fraction * (calib.logits_bytes_per_element * head_mbs
-                                                            + calib.loss_transient_bytes_per_element)
-    acts = acts + logits
+    # ---- activations (cost.memory) ------------------------------------------------------------
+    held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
+                            head_share=head_share, logits_fraction=osdp.logits_fraction)
+    acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
     offloaded = plans.offload > 0
     off = None
     if offloaded.any():  # else nothing leaves the GPU: every offload term is 0
         off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
-                           microbatch_activations_bytes=per_mb, stored_activations_bytes=held * per_mb / v,
-                           layer_activation_bytes=np.where(recomputed > 0, act_policy, layer.act_none_bytes),
+                           microbatch_activations_bytes=held.microbatch_bytes,
+                           stored_activations_bytes=held.stored_bytes,
+                           layer_activation_bytes=np.where(recomputed > 0, terms.act_policy, layer.act_none_bytes),
                            layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
                            backward_s=mb_bwd, offloaded_layers=offloaded_layers,
                            activation_overlap=calib.activation_offload_overlap)
@@ -431,42 +225,24 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
         optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
-    # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation ------------------
-    # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
-    # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
-    # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
-    # OSDP: the sharded groups only, the MLP a slice at a time (all of them when the stage stays
-    # unsharded).
-    gathered, gathered_p = np.minimum(2.0, layers), osdp.gathered_layer_params
-    if (calib.fsdp_pp_keeps_unsharded or calib.zero_bubble_keeps_unsharded) and np.any(z >= 3):
-        keep = (fsdp_pp & calib.fsdp_pp_keeps_unsharded) | torch_stage
-        gathered = np.where(keep, layers, gathered)
-        if osdp.active:
-            gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
-    z3_buffers = np.where(z >= 3, gathered * gathered_p
-                          * calib.weight_bytes_per_param * (1.0 - 1.0 / n1), 0.0)
-    reserve = calib.allocator_fragmentation * (weights + grads + optim + acts)
-    # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
-    # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
-    hidden_bytes = T * model.hidden_size * activation_bytes(training.precision) / np.where(plans.sp, plans.tp, 1)
-    recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
-                            recv_buffers_held(rank, p, v, terms.m_float) * hidden_bytes, 0.0)
-    other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * 1024**3
-             + reserve)
+    # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
+    rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
+                      allocated_bytes=weights + grads + optim + acts)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape
     return RankCost(
         compute_s=compute, recompute_s=recompute_s,
         comm_exposed_s=comm_exp, comm_total_s=comm_tot,
-        dp_exposed_s=dp_exposed, dp_total_s=dp_total, optimizer_s=optimizer_s,
+        dp_exposed_s=dp.exposed_s, dp_total_s=dp.total_s, optimizer_s=optimizer_s,
         parameters_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim,
-        activations_bytes=acts, other_bytes=other, reserve_bytes=reserve,
+        activations_bytes=acts, other_bytes=rest.other_bytes, reserve_bytes=rest.reserve_bytes,
         offload_exposed_s=0.0 if off is None else np.where(offloaded, off.microbatch_exposed_s, 0.0),
         offload_total_s=0.0 if off is None else off.microbatch_total_s,
         offload_step_s=0.0 if off is None else off.step_exposed_s, host_bytes=0.0 if off is None else off.host_bytes,
-        osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * extra_latency,
-        kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=z3_buffers, logits_bytes=logits,
+        osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * zero.extra_latency_s,
+        kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=rest.gathered_weight_bytes,
+        logits_bytes=held.logits_bytes,
     )
 
 

@@ -5,22 +5,31 @@ tuning numbers appear inside a formula. A training stack is a named calibration 
 6): ``calibration_for(gpu, stack)`` layers the literature defaults, the stack's mechanisms (what
 it overlaps, its fixed host costs: ``STACK_FIELDS``, each stack's with its source) and the values
 fitted on published runs for the (GPU generation, stack) pair, all kept as data with their
-source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration`` rewrites the fitted part).
+source (``FITTED_FILE``; ``meshplan validate --fit --write-calibration --out PATH`` writes a refit).
+Loading that file is :mod:`meshplan.cost.calib_records`'s, the order in which its parts apply
+:mod:`meshplan.cost.stack_resolution`'s; this module keeps the dataclass and ``calibration_for``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from meshplan.cost.attention_kernels import check_kernel, kernel_efficiency
+from meshplan.cost.attention_kernels import check_kernel
+from meshplan.cost.calib_records import (DEFAULT_STACK, FITTED_FILE, FittedRecord, StackRecord, gpu_family,
+                                         gpu_generation, lender_keys, read_fitted_records, read_stack_records,
+                                         record_key)
+from meshplan.cost.stack_resolution import resolve_calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.training import Precision
+
+__all__ = [  # the data file's names stay importable from here (cost/calib_records.py)
+    "DEFAULT_STACK", "FITTED_FILE", "STACK_FIELDS", "Calibration", "FittedRecord", "StackRecord", "calibration_for",
+    "fitted_records", "gpu_family", "gpu_generation", "record_key", "stack_names", "stack_records",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,12 +431,6 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
 
-FITTED_FILE = "presets/calibration_fitted.json"
-"""The calibration per (GPU generation, stack) as data with its sources (under meshplan.spec)."""
-
-DEFAULT_STACK = "meshplan"
-"""The stack an estimate is for when none is named: meshplan's own runtime (`meshplan train`)."""
-
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
                 "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels",
@@ -440,58 +443,24 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
 hardware: never borrowed from another stack's record."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class FittedRecord:
-    """The fitted Calibration fields of one (generation, stack) and where they come from."""
-
-    key: str
-    """'generation/stack', e.g. 'hopper/megatron'."""
-    source: str
-    how: str
-    values: Mapping[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StackRecord:
-    """How one training stack runs a plan: its overlap and host-cost fields, with the source."""
-
-    stack: str
-    source: str
-    values: Mapping[str, Any]
-
-
-def record_key(generation: str, stack: str) -> str:
-    return f"{generation}/{stack}"
-
-
-@lru_cache(maxsize=1)
-def _raw() -> Mapping[str, Any]:
-    return MappingProxyType(json.loads(resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()))
-
-
 @lru_cache(maxsize=1)
 def fitted_records() -> Mapping[str, FittedRecord]:
     """The fitted records by 'generation/stack' (``FITTED_FILE``), each checked against Calibration."""
-    out = {}
-    for key, rec in _raw()["records"].items():
-        record = FittedRecord(key=key, source=rec["source"], how=rec["how"],
-                              values=MappingProxyType(dict(rec["values"])))
+    out = read_fitted_records()
+    for record in out.values():
         Calibration().replace_fields(**record.values)  # an unknown field or a bad value fails here
-        out[key] = record
     return MappingProxyType(out)
 
 
 @lru_cache(maxsize=1)
 def stack_records() -> Mapping[str, StackRecord]:
     """Each stack's mechanisms (``FITTED_FILE`` 'stacks'), checked against Calibration."""
-    out = {}
-    for stack, rec in _raw()["stacks"].items():
-        bad = set(rec["values"]) - set(STACK_FIELDS)
+    out = read_stack_records()
+    for stack, record in out.items():
+        bad = set(record.values) - set(STACK_FIELDS)
         if bad:
             raise MeshplanError(f"{FITTED_FILE}: stack {stack}: not stack fields: {', '.join(sorted(bad))}")
-        record = StackRecord(stack=stack, source=rec["source"], values=MappingProxyType(dict(rec["values"])))
         Calibration().replace_fields(**record.values)
-        out[stack] = record
     return MappingProxyType(out)
 
 
@@ -499,48 +468,13 @@ def stack_names() -> tuple[str, ...]:
     return tuple(stack_records())
 
 
-def gpu_family(gpu: GPUSpec) -> str:
-    """'a100', 'v100', 'h100', ... : the part of the name before the first '-'."""
-    return gpu.name.split("-")[0].lower()
-
-
-def gpu_generation(gpu: GPUSpec) -> str:
-    """'volta', 'ampere', 'hopper', 'blackwell', 'cpu', ...: the family's generation (data);
-    a family the file does not list is its own generation."""
-    family = gpu_family(gpu)
-    return _raw()["generations"].get(family, family)
-
-
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
     defaults, then, when this pair has no record, the hardware fields of a record borrowed from
     another stack of the same generation and the attention efficiency of the stack's kernel on
     this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
-    own record."""
-    stack = (stack or DEFAULT_STACK).lower()
-    stacks = stack_records()
-    if stack not in stacks:
-        raise MeshplanError(f"unknown stack {stack!r}; known: {', '.join(stacks)}")
-    gen = gpu_generation(gpu)
-    records = fitted_records()
-    calib, sources = Calibration(), []
-    own = records.get(record_key(gen, stack))
-    if own is None:
-        lender = next((records[k] for k in _raw()["lenders"]
-                       if k.split("/")[0] == gen and k in records), None)
-        if lender is not None:
-            hw = {k: v for k, v in lender.values.items() if k not in STACK_FIELDS}
-            calib = calib.replace_fields(**hw)
-            sources.append(f"{lender.source} (hardware fields of {lender.key})")
-        kernel = stacks[stack].values.get("attention_kernel", calib.attention_kernel)
-        entry = kernel_efficiency(gen, kernel)
-        if entry is not None:  # the kernel's efficiency, not another stack's kernel's (the lender's)
-            calib = calib.replace_fields(attention_efficiency=entry.attention_efficiency)
-            sources.append(f"attention_efficiency of {kernel} on {entry.generation} (attention kernel table)")
-    calib = calib.replace_fields(**stacks[stack].values)
-    sources.append(f"{stack} stack mechanisms")
-    if own is not None:
-        calib = calib.replace_fields(**own.values)
-        sources.insert(0, own.source)
-    return calib.replace_fields(source="; ".join(sources) if own or len(sources) > 1 else
-                                f"defaults; {stack} stack mechanisms")
+    own record (cost/stack_resolution.py)."""
+    resolved = resolve_calibration(gpu_generation(gpu), (stack or DEFAULT_STACK).lower(), fitted=fitted_records(),
+                                   stacks=stack_records(), lenders=lender_keys(), stack_fields=STACK_FIELDS,
+                                   default_kernel=Calibration().attention_kernel)
+    return Calibration().replace_fields(**{**resolved.values, "source": resolved.source})

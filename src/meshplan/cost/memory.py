@@ -1,0 +1,157 @@
+"""Memory of one pipeline rank, arrays over plans: parameters, gradients and optimizer states
+after ZeRO sharding, activations held (with the logits), and the rest (communication buckets,
+ZeRO-3's gathered layers, pipeline receive buffers, framework, the allocator's reserve).
+
+Pure functions called from :func:`meshplan.cost.batch.rank_cost`; no Python branching on plan
+values (``np.where`` only), as everywhere in the vectorised cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.cost.arrays import ZERO_BUBBLE, PlanArrays
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.layer import LayerCost, activation_bytes, optimizer_state_bytes_per_param
+from meshplan.cost.osdp import OsdpCost
+from meshplan.cost.pipeline import head_microbatches_held, in_flight_chunks, recv_buffers_held
+from meshplan.cost.plan_terms import PlanTerms
+from meshplan.cost.precision import weight_copy_bytes_per_param
+from meshplan.spec.cluster import GIB
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+def sharded_bytes(terms: PlanTerms, experts_on: bool, dense_bytes, expert_bytes, stage: int):
+    """Bytes per GPU of a state whose dense part is sharded as ZeRO stage ``stage`` shards it over
+    the data-parallel group, and whose expert part over the experts' data-parallel group
+    (Rajbhandari et al. 2020, Sec. 5). ``experts_on`` False: a dense model, no expert term."""
+    if not experts_on:
+        return dense_bytes / terms.dense_shards[stage]
+    return dense_bytes / terms.dense_shards[stage] + expert_bytes / terms.expert_shards[stage]
+
+
+@dataclass(frozen=True)
+class UnshardedStage:
+    """Where FSDP runs under pipelining as torch's PipelineStage does, masks over plans."""
+
+    fsdp_pp: np.ndarray
+    """ZeRO-3 with pp > 1."""
+    torch_stage: np.ndarray
+    """Of those, the zero-bubble schedule where the stack keeps the stage unsharded
+    (Calibration.zero_bubble_keeps_unsharded)."""
+
+
+def unsharded_stage(plans: PlanArrays, calib: Calibration) -> UnshardedStage:
+    fsdp_pp = (plans.zero >= 3) & (plans.pp > 1)
+    return UnshardedStage(fsdp_pp=fsdp_pp, torch_stage=fsdp_pp & (plans.schedule == ZERO_BUBBLE)
+                          & calib.zero_bubble_keeps_unsharded)
+
+
+@dataclass(frozen=True)
+class RankStates:
+    """Per GPU, after ZeRO sharding."""
+
+    weights_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optim_bytes: np.ndarray
+
+
+def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, terms: PlanTerms,
+                stage: UnshardedStage, *, layers, dense_params, expert_params, total_params,
+                kept_weight_bytes, experts_on: bool) -> RankStates:
+    """Weights (ZeRO-3 shards them, OSDP keeps ``kept_weight_bytes`` beyond the shards),
+    gradients (ZeRO-2) and optimizer states (ZeRO-1) of a rank holding ``dense_params`` +
+    ``expert_params`` parameters before sharding (``total_params`` their sum)."""
+    wb = calib.weight_bytes_per_param
+    weights = sharded_bytes(terms, experts_on, dense_params * wb, expert_params * wb, 3)
+    weights = weights + kept_weight_bytes
+    # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
+    copy_b = weight_copy_bytes_per_param(training, calib)
+    if copy_b:
+        weights = weights + sharded_bytes(terms, experts_on, layers * layer.dense_params_per_gpu * copy_b,
+                                          expert_params * copy_b, 3)
+    gb = calib.grad_bytes_per_param(training.precision)
+    grads = sharded_bytes(terms, experts_on, dense_params * gb, expert_params * gb, 2)
+    # FSDP + PP as torch's PipelineStage runs it (torchtitan; meshplan's runtime under the
+    # zero-bubble split backward): gradients accumulate unsharded in the reduce dtype over the
+    # micro-batches and are reduce-scattered once, the stage's weights stay gathered.
+    if calib.fsdp_pp_accumulates_unsharded_grads or calib.zero_bubble_keeps_unsharded:
+        grads = np.where((stage.fsdp_pp & calib.fsdp_pp_accumulates_unsharded_grads) | stage.torch_stage,
+                         total_params * gb, grads)
+    opt_pp = optimizer_state_bytes_per_param(calib, training)
+    optim = sharded_bytes(terms, experts_on, dense_params * opt_pp, expert_params * opt_pp, 1)
+    return RankStates(weights_bytes=weights, grads_bytes=grads, optim_bytes=optim)
+
+
+@dataclass(frozen=True)
+class RankActivations:
+    microbatch_bytes: np.ndarray
+    """One micro-batch's activations over the rank's layers (recomputed ones under the policy)."""
+    stored_bytes: np.ndarray
+    """Those of every chunk in flight (what activation offload can move to the host)."""
+    activations_bytes: np.ndarray
+    """Peak: stored + one recomputed layer rematerialised + the logits."""
+    logits_bytes: np.ndarray
+
+
+def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, terms: PlanTerms, *,
+                     rank, layers, recomputed, head_share, logits_fraction) -> RankActivations:
+    """Activations held on pipeline rank ``rank`` at its peak (Korthikanti et al. 2022, Sec. 4 per
+    layer; in-flight chunks per schedule from cost.pipeline), ``head_share`` of the LM head's
+    logits (``logits_fraction`` of them at once: OSDP's chunked head)."""
+    act_policy = terms.act_policy
+    per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
+    held = in_flight_chunks(rank, terms.pp_float, terms.v, terms.m_float, plans.schedule,  # floats: no re-conversion
+                            plans.vocab_parallel)
+    stored = held * per_mb / terms.v
+    # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
+    acts = stored + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
+    # Kept logits for every micro-batch the head stage holds (GPipe: all m), the loss's transients once.
+    head_mbs = head_microbatches_held(terms.m_float, plans.schedule)
+    logits = head_share * terms.T * terms.Vt * logits_fraction * (calib.logits_bytes_per_element * head_mbs
+                                                                  + calib.loss_transient_bytes_per_element)
+    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
+                           logits_bytes=logits)
+
+
+@dataclass(frozen=True)
+class RankOther:
+    other_bytes: np.ndarray
+    """Buffers, ZeRO-3's gathered layers, receive buffers, framework and the allocator's reserve."""
+    reserve_bytes: np.ndarray
+    gathered_weight_bytes: np.ndarray
+    """ZeRO-3's gathered layers (of ``other_bytes``)."""
+
+
+def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, calib: Calibration,
+               terms: PlanTerms, stage: UnshardedStage, osdp: OsdpCost, *, rank, layers,
+               allocated_bytes) -> RankOther:
+    """What a rank holds beyond its states and activations; ``allocated_bytes`` (weights + grads +
+    optimizer + activations left on the GPU) sets the allocator's reserve."""
+    z = plans.zero
+    # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
+    # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
+    # unsharded between its micro-batches (Calibration.fsdp_pp_keeps_unsharded).
+    # OSDP: the sharded groups only, the MLP a slice at a time (all of them when the stage stays
+    # unsharded).
+    gathered, gathered_p = np.minimum(2.0, layers), osdp.gathered_layer_params
+    if (calib.fsdp_pp_keeps_unsharded or calib.zero_bubble_keeps_unsharded) and np.any(z >= 3):
+        keep = (stage.fsdp_pp & calib.fsdp_pp_keeps_unsharded) | stage.torch_stage
+        gathered = np.where(keep, layers, gathered)
+        if osdp.active:
+            gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
+    z3_buffers = np.where(z >= 3, gathered * gathered_p
+                          * calib.weight_bytes_per_param * (1.0 - 1.0 / terms.n1), 0.0)
+    reserve = calib.allocator_fragmentation * allocated_bytes
+    # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
+    # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
+    hidden_bytes = (terms.T * model.hidden_size * activation_bytes(training.precision)
+                    / np.where(plans.sp, plans.tp, 1))
+    recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
+                            recv_buffers_held(rank, plans.pp, terms.v, terms.m_float) * hidden_bytes, 0.0)
+    other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * GIB
+             + reserve)
+    return RankOther(other_bytes=other, reserve_bytes=reserve, gathered_weight_bytes=z3_buffers)
