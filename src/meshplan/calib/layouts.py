@@ -17,8 +17,6 @@ by :func:`meshplan.plan.parse_layout`.
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -29,7 +27,7 @@ from typing import Mapping
 from meshplan.calib.recipes import is_bridge_row
 from meshplan.errors import MeshplanError
 from meshplan.plan import PipelineLayout, parse_layout
-from meshplan.textfile import read_text_file
+from meshplan.textfile import csv_records, read_text_file
 
 LAYOUT_COLUMNS = ("model", "pp", "vpp", "pp_layout", "config", "source")
 SHIPPED = "bridge_layouts.csv"
@@ -68,33 +66,26 @@ def _count(raw: str, column: str, where: str) -> int:
 
 def parse_layouts(text: str, name: str) -> Mapping[LayoutKey, BridgeLayout]:
     """The layouts of a bridge_layouts.csv text by key; MeshplanError names the first bad cell."""
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        missing = [c for c in LAYOUT_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise MeshplanError(f"{name}: not a layouts CSV, missing column(s): {', '.join(missing)}")
-        out: dict[LayoutKey, BridgeLayout] = {}
-        for n, row in enumerate(reader, start=2):
-            where = f"{name} line {n}"
-            cells = {c: (row.get(c) or "").strip() for c in LAYOUT_COLUMNS}
-            blank = [c for c in ("model", "pp_layout", "config", "source") if not cells[c]]
-            if blank:
-                raise MeshplanError(f"{where}: column {blank[0]} is blank")
-            key = (cells["model"], _count(cells["pp"], "pp", where), _count(cells["vpp"], "vpp", where))
-            try:
-                layout = parse_layout(cells["pp_layout"])
-            except MeshplanError as exc:
-                raise MeshplanError(f"{where}: {exc}") from None
-            if len(layout.stage_layers) != key[1] * key[2]:
-                raise MeshplanError(f"{where}: the layout has {len(layout.stage_layers)} stages, pp*vpp = "
-                                    f"{key[1] * key[2]}")
-            if key in out:
-                raise MeshplanError(f"{where}: repeats ({', '.join(map(str, key))}): one layout per model and layout")
-            out[key] = BridgeLayout(key=key, text=cells["pp_layout"], layout=layout, config=cells["config"],
-                                    source=cells["source"])
-        return MappingProxyType(out)
-    except csv.Error as exc:
-        raise MeshplanError(f"{name}: cannot read CSV: {exc}") from None
+    out: dict[LayoutKey, BridgeLayout] = {}
+    for n, row in enumerate(csv_records(text, name, required=LAYOUT_COLUMNS, what="layouts CSV"), start=2):
+        where = f"{name} line {n}"
+        cells = {c: (row.get(c) or "").strip() for c in LAYOUT_COLUMNS}
+        blank = [c for c in ("model", "pp_layout", "config", "source") if not cells[c]]
+        if blank:
+            raise MeshplanError(f"{where}: column {blank[0]} is blank")
+        key = (cells["model"], _count(cells["pp"], "pp", where), _count(cells["vpp"], "vpp", where))
+        try:
+            layout = parse_layout(cells["pp_layout"])
+        except MeshplanError as exc:
+            raise MeshplanError(f"{where}: {exc}") from None
+        if len(layout.stage_layers) != key[1] * key[2]:
+            raise MeshplanError(f"{where}: the layout has {len(layout.stage_layers)} stages, pp*vpp = "
+                                f"{key[1] * key[2]}")
+        if key in out:
+            raise MeshplanError(f"{where}: repeats ({', '.join(map(str, key))}): one layout per model and layout")
+        out[key] = BridgeLayout(key=key, text=cells["pp_layout"], layout=layout, config=cells["config"],
+                                source=cells["source"])
+    return MappingProxyType(out)
 
 
 def load_layouts(path: str | Path) -> Mapping[LayoutKey, BridgeLayout]:
