@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import shlex
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
@@ -158,5 +159,6 @@ def flags_for(plan: Plan) -> PlanFlags:
 
 
 def plan_argv(plan: Plan) -> str:
-    """``flags_for(plan)`` as one command-line string, e.g. ``--dp 32 --dp-shard 2 --zero 2 --tp 2``."""
-    return " ".join(flags_for(plan).argv())
+    """``flags_for(plan)`` as one command-line string, e.g. ``--dp 32 --dp-shard 2 --zero 2 --tp 2``
+    (shell-quoted: a Megatron layout's ``|`` and ``*`` reach the flag, not the shell)."""
+    return shlex.join(flags_for(plan).argv())
