@@ -244,3 +244,10 @@ def test_a_row_of_another_source_keeps_the_even_split():
     assert not any(a.startswith("pipeline layout") for a in run.assumed)
     assert run.plan.stage_layers in ((), tuple(run.plan.with_defaults(run.model).stage_layers))
     assert build_run({**row, "source": "Megatron-Bridge 26.04"}).plan.stage_layers == PP16
+
+
+def test_the_estimate_says_where_the_mtp_module_runs():
+    moved = estimate(**_kw(_ds_plan(stage_layers=(4,) * 14 + (5, 0), mtp_stage=14)))
+    assert [s.mtp_modules for s in moved.stages] == [0] * 14 + [1, 0]
+    assert moved.to_dict()["stages"][14]["mtp_modules"] == 1
+    assert [s.mtp_modules for s in estimate(**_kw(_ds_plan())).stages][-1] == 1

@@ -142,6 +142,8 @@ class StageCost:
     in_flight_microbatches: float
     microbatch_time_s: float
     memory: MemoryBreakdown
+    mtp_modules: int = 0
+    """Multi-token-prediction modules this rank runs besides its ``layers`` (``Plan.mtp_stage``)."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ class Estimate:
             "num_microbatches": t.num_microbatches,
             "expert_load": asdict(self.expert_load) if self.expert_load else None,
             "stages": [
-                {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
+                {"rank": s.rank, "layers": s.layers, "mtp_modules": s.mtp_modules,
+                 "recomputed_layers": s.recomputed_layers,
                  "in_flight_microbatches": s.in_flight_microbatches,
                  "microbatch_time_s": s.microbatch_time_s,
                  "memory_gib": s.memory.gib(), "total_memory_gib": s.memory.total_bytes / GIB}
@@ -243,7 +246,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
             in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule, arrays.vocab_parallel)) / plan.vpp,
-            microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
+            microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc),
+            mtp_modules=model.mtp_num_layers if r == plan.mtp_rank else 0))
     batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
     tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
