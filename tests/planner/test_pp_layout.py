@@ -26,6 +26,7 @@ from meshplan.data.published import runs_csv
 from meshplan.errors import MeshplanError
 from meshplan.export import export_job
 from meshplan.export.import_megatron import import_megatron
+from meshplan.export.megatron_bridge import import_megatron_bridge
 from meshplan.plan import Job, ParallelDims, Plan, format_layout, parse_layout
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.presets import model_preset
@@ -186,6 +187,13 @@ def test_megatron_export_writes_the_split_and_imports_back():
     text = export_job(_ds_job(interleaved), "megatron").text
     assert "Et*4|" + "t*4|" * 14 + "tmL" in text
     assert import_megatron(text, num_gpus=256).plan.stage_layers == PP16
+
+
+def test_megatron_bridge_export_round_trip():
+    for plan in (_ds_plan(), _ds_plan(stage_layers=(4,) * 14 + (5, 0), mtp_stage=14)):
+        job = _ds_job(plan)
+        back = import_megatron_bridge(export_job(job, "megatron-bridge").text, num_gpus=256, model=job.model)
+        assert back.plan.stage_layers == plan.stage_layers and back.plan.mtp_stage == plan.mtp_stage
 
 
 def test_megatron_import_checks_the_mtp_count():
