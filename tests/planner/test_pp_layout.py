@@ -93,6 +93,8 @@ def _ds_plan(**kw) -> Plan:
 def test_mtp_stage_checks():
     with pytest.raises(MeshplanError, match="is not a virtual stage"):
         _ds_plan(mtp_stage=16)
+    with pytest.raises(MeshplanError, match="needs the layer split it sits in"):
+        _ds_plan(stage_layers=(), mtp_stage=14)
     with pytest.raises(MeshplanError, match="stages after it hold layers"):
         _ds_plan(mtp_stage=14)
     with pytest.raises(MeshplanError, match="every stage needs at least one layer"):

@@ -160,16 +160,20 @@ class Plan:
                 raise MeshplanError(
                     f"stage_layers has {len(self.stage_layers)} entries; pp*vpp={n_stages} stages"
                 )
-            inner = [n for i, n in enumerate(self.stage_layers) if 0 < i < n_stages - 1 and i != self.mtp_stage]
-            if n_stages == 1:
-                inner = list(self.stage_layers)
+            # the first and last stage may hold no layer (embedding / loss only), and so may the MTP's
+            inner = ([n for i, n in enumerate(self.stage_layers) if 0 < i < n_stages - 1 and i != self.mtp_stage]
+                     if n_stages > 1 else list(self.stage_layers))
             if any(n < 1 for n in inner) or any(n < 0 for n in self.stage_layers):
                 raise MeshplanError(f"every stage needs at least one layer (the first and last may hold "
                                     f"only the embedding / the loss, a stage the MTP modules only): "
                                     f"{self.stage_layers}")
         if self.mtp_stage is not None:
-            if isinstance(self.mtp_stage, bool) or not isinstance(self.mtp_stage, int) or not 0 <= self.mtp_stage < n_stages:
-                raise MeshplanError(f"mtp_stage={self.mtp_stage!r} is not a virtual stage (0 to pp*vpp-1 = {n_stages - 1})")
+            m = self.mtp_stage
+            if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < n_stages:
+                raise MeshplanError(f"mtp_stage={m!r} is not a virtual stage (0 to pp*vpp-1 = {n_stages - 1})")
+            if not self.stage_layers and m != n_stages - 1:
+                raise MeshplanError(f"mtp_stage={m} needs the layer split it sits in (stage_layers, or a "
+                                    f"Megatron layout): the even split fills every stage")
             if self.stage_layers and any(self.stage_layers[self.mtp_stage + 1:]):
                 raise MeshplanError(f"mtp_stage={self.mtp_stage}: the MTP modules run after the whole stack, "
                                     f"but stages after it hold layers ({self.stage_layers})")
@@ -319,9 +323,10 @@ class Plan:
         ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
         parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
-        not the even one; ``mtp=S`` the virtual stage of the MTP modules when not the last; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all; ``offload=optimizer+params+activations`` what lives in host memory, ``:N`` the
-        layers per rank whose activations do when not all;
+        not the even one; ``mtp=S`` the virtual stage of the MTP modules when not the last;
+        ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when not all;
+        ``offload=optimizer+params+activations`` what lives in host memory, ``:N`` the layers per
+        rank whose activations do when not all;
         ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
         the operator splits when not 1 (OSDP).
         Lists are comma separated, a run of K equal counts N written ``NxK``.
