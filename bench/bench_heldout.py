@@ -77,10 +77,12 @@ def summarise(report: dict[str, Any], csv_rows: dict[str, dict[str, str]]) -> di
         "gpu": lambda r: r["gpu"],
         "precision": lambda r: r["precision"],
         "source": lambda r: csv_rows[r["row_id"]]["source"].split()[0],
+        "memory_basis": lambda r: r.get("memory_basis", "reserved"),
     }
     return {
         "throughput": _stats([r["error"] for r in rows if r["error"] is not None]),
         "memory": _stats([r["memory_error"] for r in rows if r["memory_error"] is not None]),
+        "memory_optimistic_rows": report["summary"].get("memory_optimistic_rows"),
         "throughput_by": {k: grouped(rows, f, "error") for k, f in keys.items()},
         "memory_by": {k: grouped(rows, f, "memory_error") for k, f in keys.items()},
         "rows": len(rows), "skipped": len(report["skipped"]),
@@ -123,6 +125,7 @@ def main(argv: list[str]) -> int:
             t.add_row(q, str(s["rows"]), f"{s['median_abs_error']:.1%}", f"{s['p90_abs_error']:.1%}",
                       f"{s['median_signed_error']:+.1%}")
     con.print(t)
+    con.print(f"memory rows predicted > 5% below the measurement: {out['memory_optimistic_rows']}")
     _show(con, "Throughput error (predicted / measured - 1)", out["throughput_by"])
     _show(con, "Peak memory error (predicted / measured - 1)", out["memory_by"])
     for reason, n in out["skipped_reasons"].items():

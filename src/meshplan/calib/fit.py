@@ -20,6 +20,7 @@ from meshplan.calib.validate import Run, predicted_metric
 from meshplan.errors import MeshplanError
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
+from meshplan.cost.device_memory import predicted_bytes
 from meshplan.cost.calibration import (Calibration, calibration_for, gpu_generation, record_key,
                                        stack_records)
 from meshplan.spec.cluster import GIB
@@ -89,15 +90,32 @@ class FitResult:
     """The software settings the fit started from (its rows' frameworks', and those given)."""
 
 
+MEMORY_SETTINGS = ("cuda_context_gib", "comm_bucket_bytes", "fp16_step_grad_copy_bytes_per_param",
+                   "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
+                   "loss_parallel_transient_bytes_per_element")
+"""Framework settings that change a run's memory alone (what a stack holds beside the model's
+tensors, cost/device_memory.py, cost/step_memory.py): rows fitted together may differ in them,
+and each row is estimated under its own."""
+
+
+def memory_settings(run: Run) -> tuple[tuple[str, Any], ...]:
+    """The row's framework settings among ``MEMORY_SETTINGS``."""
+    return tuple(sorted((k, v) for k, v in run.settings.items() if k in MEMORY_SETTINGS))
+
+
 def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
-    b = estimate_batch(run.model, run.cluster, run.training, PlanArrays.from_plans([run.plan]), calib)
-    return predicted_metric(run, float(b.step_time_s[0])), float(b.peak_memory_bytes[0]) / GIB
+    calib = calib.replace_fields(**dict(memory_settings(run)))
+    arrays = PlanArrays.from_plans([run.plan])
+    b = estimate_batch(run.model, run.cluster, run.training, arrays, calib)
+    mem = predicted_bytes(run.memory_basis, allocated_bytes=b.peak_allocated_bytes,
+                          reserved_bytes=b.peak_memory_bytes, plans=arrays, calib=calib)
+    return predicted_metric(run, float(b.step_time_s[0])), float(mem[0]) / GIB
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """Runs grouped by (model, cluster, training): one batched estimate per group, and each
-    run's metric as ``scale / step_time`` (throughput) or the step time itself."""
+    """Runs grouped by (model, cluster, training, memory settings): one batched estimate per
+    group, and each run's metric as ``scale / step_time`` (throughput) or the step time itself."""
 
     runs: tuple[Run, ...]
     groups: tuple[tuple[Run, PlanArrays, tuple[int, ...]], ...]
@@ -109,7 +127,7 @@ class Prepared:
 def prepare(runs: list[Run]) -> Prepared:
     by_key: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
-        by_key.setdefault((r.model, r.cluster, r.training), []).append(i)
+        by_key.setdefault((r.model, r.cluster, r.training, memory_settings(r)), []).append(i)
     groups = tuple((runs[ix[0]], PlanArrays.from_plans([runs[i].plan for i in ix]), tuple(ix))
                    for ix in by_key.values())
     scale = np.array([(predicted_metric(r, 1.0) or 0.0) if r.metric != "step_time_s" else 1.0
@@ -123,9 +141,13 @@ def predict_all(prep: Prepared, calib: Calibration) -> tuple[np.ndarray, np.ndar
     step = np.empty(len(prep.runs))
     mem = np.empty(len(prep.runs))
     for run, arrays, ix in prep.groups:
-        b = estimate_batch(run.model, run.cluster, run.training, arrays, calib)
+        group_calib = calib.replace_fields(**dict(memory_settings(run)))
+        b = estimate_batch(run.model, run.cluster, run.training, arrays, group_calib)
         step[list(ix)] = b.step_time_s
-        mem[list(ix)] = b.peak_memory_bytes / GIB
+        # each row's memory on the basis it was measured on (cost/device_memory.py)
+        for j, i in enumerate(ix):
+            mem[i] = predicted_bytes(prep.runs[i].memory_basis, allocated_bytes=b.peak_allocated_bytes,
+                                     reserved_bytes=b.peak_memory_bytes, plans=arrays, calib=group_calib)[j] / GIB
     return np.where(prep.is_step_time, step, prep.scale / step), mem
 
 
@@ -202,8 +224,10 @@ def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any],
 
 def shared_settings(rows, given: Mapping[str, Any]) -> dict[str, Any]:
     """The software settings a fit of ``rows`` starts from: those given, over the one set the
-    rows' frameworks share; rows whose frameworks differ cannot be fitted together."""
-    kinds = {tuple(sorted({**r.settings, **given}.items())) for r in rows}
+    rows' frameworks share; rows whose frameworks differ cannot be fitted together, unless only in
+    ``MEMORY_SETTINGS`` (each row keeps its own: ``predict_all``)."""
+    kinds = {tuple(sorted((k, v) for k, v in {**r.settings, **given}.items() if k not in MEMORY_SETTINGS))
+             for r in rows}
     if len(kinds) > 1:
         differ = sorted({k for kind in kinds for k, v in kind if any(dict(o).get(k) != v for o in kinds)})
         raise MeshplanError(f"--fit: the rows' frameworks differ in {', '.join(differ)}; fit one "

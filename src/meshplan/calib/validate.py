@@ -27,12 +27,14 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 import re
+from collections import Counter
 
 from meshplan.calib.layouts import find_layout
 from meshplan.calib.recipes import Overlay, find_recipe, overlay
 from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
+from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
 from meshplan.cost.flops import reported_flops_per_token
-from meshplan.cost.step import estimate
+from meshplan.cost.step import Estimate, estimate
 from meshplan.errors import MeshplanError
 from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
@@ -81,6 +83,9 @@ class Run:
     preset: str = ""
     """The Megatron-Bridge preset whose memory settings the row took (``calib/recipes.py``); empty:
     none taken."""
+    memory_basis: MemoryBasis = DEFAULT_MEMORY_BASIS
+    """What ``measured_memory_gib`` counts (allocated, reserved, device total: the ``memory_basis``
+    column, cost/device_memory.py); its error is taken against the prediction of the same figure."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class RowResult:
     """predicted / measured - 1 on the row's metric."""
     measured_memory_gib: float | None
     predicted_memory_gib: float
+    """The prediction on the row's ``memory_basis``."""
     memory_error: float | None
     fits: bool
     oom: bool
@@ -114,7 +120,12 @@ class RowResult:
     precision: str = ""
     moe: bool = False
     preset: str = ""
+    memory_basis: str = DEFAULT_MEMORY_BASIS.value
 
+
+OPTIMISTIC_MEMORY_ERROR = 0.05
+"""A memory prediction this far below the measurement is optimistic: issue 14's target ("never
+more than 5% optimistic for a run that fit")."""
 
 GROUPINGS: Mapping[str, Callable[[RowResult], str]] = MappingProxyType({
     "precision": lambda r: r.precision,
@@ -151,6 +162,12 @@ class ValidationReport:
         return _pct(self._abs("memory_error"), 90)
 
     @property
+    def memory_optimistic_rows(self) -> int:
+        """Rows whose predicted peak memory is more than ``OPTIMISTIC_MEMORY_ERROR`` below the
+        measured one (issue 14: never, for a run that fit)."""
+        return sum(r.memory_error is not None and r.memory_error < -OPTIMISTIC_MEMORY_ERROR for r in self.rows)
+
+    @property
     def oom_rows(self) -> int:
         return sum(r.oom for r in self.rows)
 
@@ -180,6 +197,9 @@ class ValidationReport:
             "memory_rows": int(self._abs("memory_error").size),
             "memory_median_abs_error": self.memory_median_abs_error,
             "memory_p90_abs_error": self.memory_p90_abs_error,
+            "memory_optimistic_rows": self.memory_optimistic_rows,
+            "memory_rows_by_basis": dict(sorted(Counter(r.memory_basis for r in self.rows
+                                                        if r.memory_error is not None).items())),
             "oom_rows": self.oom_rows, "oom_predicted_not_fitting": self.oom_predicted,
             "preset_rows": sum(bool(r.preset) for r in self.rows),
         }
@@ -324,9 +344,15 @@ def build_run(row: dict[str, str]) -> Run:
     memory_gib = _num(row, "measured_peak_mem_gib", float)
     if memory_gib is not None and memory_gib <= 0:  # the memory error divides by it
         raise MalformedCell(f"column measured_peak_mem_gib: {memory_gib:g} is not a memory (> 0 GiB)")
+    try:
+        mem_basis = memory_basis(row.get("memory_basis"))
+    except MeshplanError as exc:
+        raise MalformedCell(f"column memory_basis: {exc}") from None
+    if memory_gib is not None and not (row.get("memory_basis") or "").strip():
+        assumed.append(f"memory_basis: {mem_basis.value} (blank)")
     return Run(row_id=row.get("id", ""), source=row.get("source", ""), model=model, cluster=cluster,
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
-               measured_memory_gib=memory_gib,
+               measured_memory_gib=memory_gib, memory_basis=mem_basis,
                oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
                assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture),
                preset=preset.config if preset is not None and extra.applied else "")
@@ -377,6 +403,12 @@ def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[st
     return calib.replace_fields(**settings) if settings else calib
 
 
+def memory_on_basis(est: Estimate, basis: MemoryBasis) -> float:
+    """The estimate's peak memory (GiB) on a measurement's basis (cost/device_memory.py)."""
+    return {MemoryBasis.ALLOCATED: est.peak_allocated_gib, MemoryBasis.RESERVED: est.peak_memory_gib,
+            MemoryBasis.DEVICE: est.peak_device_gib}[basis]
+
+
 def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, Any] | None = None,
              calib_for: Callable[[Run], Calibration] | None = None,
              stack: str | None = None) -> ValidationReport:
@@ -391,16 +423,16 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
         est = estimate(run.model, run.cluster, run.training, run.plan, calib)
         pred = predicted_metric(run, est.step_time_s)
         err = None if pred is None or run.measured is None else pred / run.measured - 1.0
-        mem_err = (None if run.measured_memory_gib is None
-                   else est.peak_memory_gib / run.measured_memory_gib - 1.0)
+        pred_mem = memory_on_basis(est, run.memory_basis)
+        mem_err = None if run.measured_memory_gib is None else pred_mem / run.measured_memory_gib - 1.0
         out.append(RowResult(
             row_id=run.row_id, source=run.source, model=run.model.name, plan=run.plan.notation(),
             gpu=run.cluster.gpu.name, metric=run.metric, measured=run.measured, predicted=pred,
             error=err, measured_memory_gib=run.measured_memory_gib,
-            predicted_memory_gib=est.peak_memory_gib, memory_error=mem_err, fits=est.fits, oom=run.oom,
+            predicted_memory_gib=pred_mem, memory_error=mem_err, fits=est.fits, oom=run.oom,
             assumed=run.assumed, stack=stack or run.stack, family=run.family,
             generation=gpu_generation(run.cluster.gpu), precision=run.training.precision.value,
-            moe=run.model.is_moe, preset=run.preset))
+            moe=run.model.is_moe, preset=run.preset, memory_basis=run.memory_basis.value))
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 

@@ -115,6 +115,7 @@ def _render(est, model_name: str, clus) -> None:
                  ("model TFLOP/s per GPU", f"{est.tflops_per_gpu:.1f}"), ("MFU", f"{est.mfu:.1%}"),
                  ("peak memory reserved", f"{est.peak_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
                  ("peak memory allocated", f"{est.peak_allocated_gib:.1f} GiB"),
+                 ("peak on the device (+ CUDA context, NCCL)", f"{est.peak_device_gib:.1f} GiB"),
                  ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
     if est.plan.offload:

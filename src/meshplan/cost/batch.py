@@ -44,6 +44,7 @@ from meshplan.cost.offload import host_budget_bytes, rank_offload
 from meshplan.cost.osdp import rank_osdp
 from meshplan.cost.pipeline import pipeline_time, rank_layers_even
 from meshplan.cost.plan_terms import PlanTerms, num_microbatches, plan_terms
+from meshplan.cost.step_memory import copies_gradients, step_excess_bytes
 from meshplan.cost.vocab import vocab_shares
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 from meshplan.spec.cluster import ClusterSpec
@@ -71,8 +72,9 @@ class RankCost:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     other_bytes: np.ndarray
-    """Buffers, ZeRO-3 gathered layers, framework (CUDA context, NCCL), and the allocator's
-    reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays, not six)."""
+    """Buffers, ZeRO-3 gathered layers, framework overhead, the optimizer step's excess, and the
+    allocator's reserve (``reserve_bytes`` of it: kept in one sum so the search adds five arrays,
+    not six)."""
     reserve_bytes: np.ndarray
     """What the caching allocator reserves beyond the peak allocated (fragmentation)."""
     offload_exposed_s: np.ndarray | float = 0.0
@@ -92,7 +94,11 @@ class RankCost:
     gathered_weight_bytes: np.ndarray | float = 0.0
     """Of ``other_bytes``: ZeRO-3's gathered layers (OSDP: sharded groups, MLP a slice at a time)."""
     logits_bytes: np.ndarray | float = 0.0
-    """Of ``activations_bytes``: the logits and loss transients at once (OSDP: one chunk's)."""
+    """Of ``activations_bytes``: the logits and loss transients at once (OSDP: one chunk's), and
+    the LM head's gathered input where the stack keeps it (Calibration.sp_saves_gathered_inputs)."""
+    step_excess_bytes: np.ndarray | float = 0.0
+    """Of ``other_bytes``: what the optimizer step's gradient copies add over the backward's peak
+    (cost/step_memory.py)."""
 
     @property
     def microbatch_s(self) -> np.ndarray:
@@ -207,7 +213,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- activations (cost.memory) ------------------------------------------------------------
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
-                            head_share=head_share, logits_fraction=osdp.logits_fraction)
+                            head_share=head_share, logits_fraction=osdp.logits_fraction,
+                            hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision))
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
@@ -225,9 +232,15 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
         optimizer_s = np.where(plans.offload & OFFLOAD_OPTIMIZER_BIT, 0.0, optimizer_s)  # the host's now
 
+    # the optimizer step's gradient copies, where its peak tops the backward's (cost/step_memory.py)
+    step_excess = 0.0
+    if copies_gradients(training, calib):
+        step_excess = step_excess_bytes(training, calib, plans.zero, rank_params=total_p,
+                                        partition_params=sharded_bytes(terms, experts_on, dense_p, expert_p, 1),
+                                        grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
     rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
-                      allocated_bytes=weights + grads + optim + acts)
+                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape
@@ -242,7 +255,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         offload_step_s=0.0 if off is None else off.step_exposed_s, host_bytes=0.0 if off is None else off.host_bytes,
         osdp_compute_s=osdp.compute_s, osdp_gather_latency_s=layers * zero.extra_latency_s,
         kept_weight_bytes=osdp.kept_weight_bytes, gathered_weight_bytes=rest.gathered_weight_bytes,
-        logits_bytes=held.logits_bytes,
+        logits_bytes=held.logits_bytes, step_excess_bytes=step_excess,
     )
 
 

@@ -337,12 +337,56 @@ class Calibration:
     gradient). meshplan's runtime keeps both (dry run's attribution, docs/dryrun.md, 2026-11-24),
     as Megatron-Core's permute/unpermute do (moe_utils.py)."""
     framework_overhead_gib: float = 3.0
-    """CUDA context, NCCL buffers, workspace (typical 1-3 GiB per GPU, PyTorch CUDA notes)."""
+    """What the stack holds beyond the model's tensors and the buffers counted here: cuBLAS and
+    attention workspaces, the stack's own buffers (typical 1-3 GiB per GPU, PyTorch CUDA notes;
+    fitted per (generation, stack) where rows measure memory). Part of the peak reserved, on which
+    ``fits`` is decided; the dry run and the runtime's GPU prediction leave it out as no tensor.
+    The CUDA context and NCCL's buffers, outside the caching allocator, are counted apart in the
+    device total only (``cuda_context_gib``, ``nccl_*``; cost/device_memory.py)."""
+    cuda_context_gib: float = 0.27
+    """CUDA context of a torch process and the kernel images it loads, outside the caching
+    allocator (in nvidia-smi's figure, not in torch.cuda.max_memory_reserved): 287,047,680 bytes
+    with lazy module loading (CUDA >= 11.7; torch sets CUDA_MODULE_LOADING=LAZY since 1.13),
+    666,632,192 bytes with eager loading (pytorch/pytorch#86509). Libraries built before CUDA
+    11.7 load eagerly: the stacks of that time set the eager figure (frameworks.json)."""
+    nccl_buffer_bytes: float = 4 * 1024**2
+    """NCCL's buffer per connection for its Simple protocol: NCCL_BUFFSIZE, 4 MiB by default
+    (NCCL user guide, Environment Variables); allocated by NCCL, outside the caching allocator."""
+    nccl_channels: float = 16.0
+    """Channels per NCCL communicator (NCCL_MIN/MAX_NCHANNELS bound it, at most 32; NCCL picks the
+    count from the topology and logs it under NCCL_DEBUG=INFO): an assumption within that range."""
+    nccl_peers_per_channel: float = 2.0
+    """Connections per channel whose buffers a rank holds: the ring's previous and next rank."""
     allocator_fragmentation: float = 0.05
     """Fraction of allocated memory lost to caching-allocator fragmentation (PyTorch CUDA
     caching allocator notes)."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
+    sp_saves_gathered_inputs: bool = False
+    """Under sequence parallel, whether each column-parallel linear (q/k/v, the MLP's up
+    projections, the LM head) keeps its all-gathered input (T x D, not T/t x D) for its backward:
+    DTensor's tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
+    redistribute the sequence shard to Replicate, and the linear saves what it received); Megatron
+    keeps the shard and gathers it again in the backward (Korthikanti et al. 2022, Sec. 4.2.2), the
+    default, and so does meshplan's runtime (runtime/sp_regather.py: saved-tensor hooks). A stack
+    field (torchtitan: frameworks.json)."""
+    loss_parallel_transient_bytes_per_element: float = 0.0
+    """With tp > 1, bytes per logit element the vocabulary-parallel loss holds beyond
+    ``loss_transient_bytes_per_element``: torch's loss_parallel (torch.distributed.tensor.parallel
+    .loss ``_log_softmax``, the log_softmax decomposition with all-reduces inserted) keeps the fp32
+    shifted logits and their exp at once where the fused kernel writes only its output: 4 more.
+    A stack field (torchtitan, whose loss parallel is on by default: frameworks.json)."""
+    fp16_step_grad_copy_bytes_per_param: float = 0.0
+    """fp16 training without ZeRO: bytes per parameter the optimizer step allocates beside the
+    kept states while it runs (the gradients' fp32 copy it steps on). DeepSpeed's FP16_Optimizer
+    (runtime/fp16/fused_optimizer.py, step) casts every fp16 gradient to fp32 (4) and flattens
+    them into one fp32 buffer (4) while the fp16 gradients are still held: 8. The optimizer step
+    runs after the last backward, with no activations alive: the peak is the larger of the two.
+    0: the stack keeps no such copy (a stack field)."""
+    fp16_zero_step_grad_copy_bytes_per_param: float = 0.0
+    """The same under ZeRO 1/2, per parameter of the rank's optimizer partition: DeepSpeed's
+    stage_1_and_2.py step frees the gradients outside the partition, flattens the partition's in
+    fp16 (2) and casts that to fp32 (4): 6. 0: no such copy, nothing freed (a stack field)."""
     fsdp_pp_keeps_unsharded: bool = True
     """With pipeline parallelism, FSDP does not reshard a stage's parameters after the forward
     (torchtitan's default reshard_after_forward policy under PP: the backward of in-flight
@@ -438,7 +482,9 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
-                "pp_preallocated_recv_buffers")
+                "pp_preallocated_recv_buffers", "fp16_step_grad_copy_bytes_per_param",
+                "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
+                "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 

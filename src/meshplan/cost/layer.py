@@ -303,6 +303,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     drop_masks = 1.0 if calib.dropout else 0.0  # per sub-block output dropout mask (1 B)
     sib = saved_input_bytes(training, calib, ab)  # a linear's saved input (fp8: its fp8 copy)
     replicated = T_rep * D * parts * (ab + sib + drop_masks)  # per sub-block: norm input, linear input
+    if calib.sp_saves_gathered_inputs:  # DTensor's SP keeps each linear's gathered input (T, not T/t)
+        replicated = replicated + (T - T_rep) * D * parts * sib
     # GELU in + out, or gate, up, product; the last is fc2's input
     mlp_kept = ((2.0 if model.gated_mlp else 1.0) * ab + sib) * mlp_width
     parallel = mix.kept_bytes + T * mlp_kept / t

@@ -98,10 +98,13 @@ class RankActivations:
 
 
 def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, terms: PlanTerms, *,
-                     rank, layers, recomputed, head_share, logits_fraction) -> RankActivations:
+                     rank, layers, recomputed, head_share, logits_fraction,
+                     hidden_bytes_per_token: float = 0.0) -> RankActivations:
     """Activations held on pipeline rank ``rank`` at its peak (Korthikanti et al. 2022, Sec. 4 per
     layer; in-flight chunks per schedule from cost.pipeline), ``head_share`` of the LM head's
-    logits (``logits_fraction`` of them at once: OSDP's chunked head)."""
+    logits (``logits_fraction`` of them at once: OSDP's chunked head). ``hidden_bytes_per_token``
+    (D x element bytes) is read where the stack keeps the LM head's gathered input
+    (Calibration.sp_saves_gathered_inputs)."""
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, terms.pp_float, terms.v, terms.m_float, plans.schedule,  # floats: no re-conversion
@@ -111,8 +114,15 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
     acts = stored + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
     # Kept logits for every micro-batch the head stage holds (GPipe: all m), the loss's transients once.
     head_mbs = head_microbatches_held(terms.m_float, plans.schedule)
+    loss_transient = calib.loss_transient_bytes_per_element
+    if calib.loss_parallel_transient_bytes_per_element:  # vocabulary-parallel loss, tp > 1 only
+        loss_transient = loss_transient + np.where(terms.t > 1, calib.loss_parallel_transient_bytes_per_element,
+                                                   0.0)
     logits = head_share * terms.T * terms.Vt * logits_fraction * (calib.logits_bytes_per_element * head_mbs
-                                                                  + calib.loss_transient_bytes_per_element)
+                                                                  + loss_transient)
+    if calib.sp_saves_gathered_inputs:  # the head's input gathered under SP: T x D, not T/t x D
+        gathered = np.where(plans.sp, terms.T * (1.0 - 1.0 / terms.t), 0.0) * hidden_bytes_per_token
+        logits = logits + head_share * head_mbs * gathered
     return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
                            logits_bytes=logits)
 
@@ -120,7 +130,8 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
 @dataclass(frozen=True)
 class RankOther:
     other_bytes: np.ndarray
-    """Buffers, ZeRO-3's gathered layers, receive buffers, framework and the allocator's reserve."""
+    """Buffers, ZeRO-3's gathered layers, receive buffers, framework, the optimizer step's excess
+    (cost/step_memory.py) and the allocator's reserve."""
     reserve_bytes: np.ndarray
     gathered_weight_bytes: np.ndarray
     """ZeRO-3's gathered layers (of ``other_bytes``)."""
@@ -128,9 +139,10 @@ class RankOther:
 
 def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, calib: Calibration,
                terms: PlanTerms, stage: UnshardedStage, osdp: OsdpCost, *, rank, layers,
-               allocated_bytes) -> RankOther:
+               allocated_bytes, step_excess_bytes=0.0) -> RankOther:
     """What a rank holds beyond its states and activations; ``allocated_bytes`` (weights + grads +
-    optimizer + activations left on the GPU) sets the allocator's reserve."""
+    optimizer + activations left on the GPU) and ``step_excess_bytes`` (what the optimizer step's
+    peak adds over the backward's, cost/step_memory.py) set the allocator's reserve."""
     z = plans.zero
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
     # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
@@ -145,6 +157,9 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
     z3_buffers = np.where(z >= 3, gathered * gathered_p
                           * calib.weight_bytes_per_param * (1.0 - 1.0 / terms.n1), 0.0)
+    step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
+    if step_peak:
+        allocated_bytes = allocated_bytes + step_excess_bytes
     reserve = calib.allocator_fragmentation * allocated_bytes
     # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
     # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
@@ -154,4 +169,6 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
                             recv_buffers_held(rank, plans.pp, terms.v, terms.m_float) * hidden_bytes, 0.0)
     other = (calib.comm_bucket_bytes + z3_buffers + recv_buffers + calib.framework_overhead_gib * GIB
              + reserve)
+    if step_peak:
+        other = other + step_excess_bytes
     return RankOther(other_bytes=other, reserve_bytes=reserve, gathered_weight_bytes=z3_buffers)

@@ -15,6 +15,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.device_memory import outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
@@ -110,6 +111,9 @@ class MemoryBreakdown:
     """Of other_bytes: ZeRO-3's gathered layers (OSDP: the sharded groups, the MLP a slice at a time)."""
     logits_bytes: float = 0.0
     """Of activations_bytes: the logits and loss transients at once (OSDP: one chunk's)."""
+    step_excess_bytes: float = 0.0
+    """Of other_bytes: what the optimizer step's gradient copies add over the backward's peak
+    (cost/step_memory.py)."""
 
     def osdp_gib(self) -> dict[str, float]:
         """The OSDP-relevant parts of the categories above (each already counted in one)."""
@@ -164,7 +168,10 @@ class Estimate:
     memory: MemoryBreakdown
     stages: tuple[StageCost, ...]
     peak_allocated_gib: float = 0.0
-    """Peak allocated (torch.cuda.max_memory_allocated + CUDA context / NCCL): no reserve."""
+    """Peak allocated (torch.cuda.max_memory_allocated): no reserve."""
+    peak_device_gib: float = 0.0
+    """What the GPU has in use at the peak (nvidia-smi): the peak reserved plus the CUDA context
+    and NCCL's buffers, outside the caching allocator (cost/device_memory.py)."""
     host_memory_gib: float = 0.0
     """Host memory of the GPU whose offloaded tensors take the most."""
     host_memory_budget_gib: float = 0.0
@@ -184,6 +191,7 @@ class Estimate:
             "peak_memory_gib": self.peak_memory_gib,
             "peak_reserved_gib": self.peak_memory_gib,
             "peak_allocated_gib": self.peak_allocated_gib,
+            "peak_device_gib": self.peak_device_gib,
             "gpu_memory_gib": self.gpu_memory_gib,
             "fits": self.fits,
             "memory_shortfall_gib": self.memory_shortfall_gib,
@@ -276,6 +284,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
         peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
+        peak_device_gib=peak_gib + _f(outside_allocator_bytes(arrays, calib)) / GIB,
         host_memory_gib=_f(batch.host_memory_bytes) / GIB,
         host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0,
         expert_load=_expert_load(model, training, plan))
@@ -312,4 +321,5 @@ def _memory(rc: RankCost) -> MemoryBreakdown:
         optimizer_bytes=_f(rc.optimizer_bytes), activations_bytes=_f(rc.activations_bytes),
         other_bytes=_f(rc.other_bytes - rc.reserve_bytes), reserve_bytes=_f(rc.reserve_bytes),
         host_bytes=_f(rc.host_bytes * np.ones(1)), kept_weight_bytes=_f(rc.kept_weight_bytes * np.ones(1)),
-        gathered_weight_bytes=_f(rc.gathered_weight_bytes * np.ones(1)), logits_bytes=_f(rc.logits_bytes * np.ones(1)))
+        gathered_weight_bytes=_f(rc.gathered_weight_bytes * np.ones(1)), logits_bytes=_f(rc.logits_bytes * np.ones(1)),
+        step_excess_bytes=_f(rc.step_excess_bytes * np.ones(1)))
