@@ -261,3 +261,16 @@ def test_the_estimate_says_where_the_mtp_module_runs():
     assert [s.mtp_modules for s in moved.stages] == [0] * 14 + [1, 0]
     assert moved.to_dict()["stages"][14]["mtp_modules"] == 1
     assert [s.mtp_modules for s in estimate(**_kw(_ds_plan())).stages][-1] == 1
+
+
+def test_megatron_guide_layout_imports_with_its_own_mtp_stage():
+    """Megatron-Core's guide example (DeepSeek-V3, pp16 vpp2): the MTP module alone on virtual
+    stage 30 (rank 14), the loss alone on stage 31 (rank 15)."""
+    text = export_job(_ds_job(_ds_plan()), "megatron").text
+    text = text.replace("--decoder-first-pipeline-num-layers 4", "--pipeline-model-parallel-layout 'Et*3|(tt|)*29,m|L'")
+    text = text.replace("--decoder-last-pipeline-num-layers 1", "")
+    plan = import_megatron(text, num_gpus=256).plan
+    assert plan.vpp == 2 and plan.stage_layers == (3,) + (2,) * 29 + (0, 0)
+    assert plan.mtp_stage == 30 and plan.mtp_rank == 14
+    est = estimate(**_kw(plan))
+    assert est.stages[14].mtp_modules == 1 and est.stages[15].mtp_modules == 0
