@@ -274,3 +274,28 @@ def test_megatron_guide_layout_imports_with_its_own_mtp_stage():
     assert plan.mtp_stage == 30 and plan.mtp_rank == 14
     est = estimate(**_kw(plan))
     assert est.stages[14].mtp_modules == 1 and est.stages[15].mtp_modules == 0
+
+
+def test_the_fit_scores_layout_rows_as_estimate_does():
+    """calib/fit.py scores rows that ran a recipe's layout rank by rank (cost/split_batch.py), as
+    validate's estimate() does; the even-split batch estimate would charge DeepSeek-V3's last rank
+    3 layers + MTP + two head passes instead."""
+    from meshplan.calib.fit import own_split, predict_all, prepare
+    from meshplan.calib.validate import predicted_metric
+    from meshplan.cost.split_batch import estimate_split_batch
+
+    runs, _ = load_runs(runs_csv("megatron-bridge"))
+    rows = [r for r in runs if own_split(r)]
+    assert {r.model.name for r in rows} >= {"deepseek-v3", "kimi-k2", "qwen3-235b-a22b"}
+    sample = [r for r in rows if r.model.name == "deepseek-v3"][:6] + [r for r in rows if r.plan.vpp > 1][:4]
+    calib = calibration_for(sample[0].cluster.gpu, sample[0].stack)
+    fitted, _ = predict_all(prepare(sample), calib)
+    for run, got in zip(sample, fitted):
+        exact = estimate(run.model, run.cluster, run.training, run.plan, calib)
+        assert got == pytest.approx(predicted_metric(run, exact.step_time_s), rel=1e-9)
+        batch = estimate_split_batch(run.model, run.cluster, run.training, [run.plan], calib)
+        assert float(batch.peak_memory_bytes[0]) == pytest.approx(exact.peak_memory_gib * 2**30, rel=1e-9)
+    with pytest.raises(MeshplanError, match="one pp at a time"):
+        estimate_split_batch(sample[0].model, sample[0].cluster, sample[0].training,
+                             [_ds_plan(), _ds_plan(dims=ParallelDims(dp_shard=32, pp=8, ep=8), stage_layers=())],
+                             calib)
