@@ -45,9 +45,11 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     # mechanisms and the Blackwell Ultra records; 9.0% after cross-domain rings ran at the
     # node's NICs, which took the worst rows from -83% / -68% to +11% / -2%; 7.8% / 32.4% once a
     # MoE layer's whole forward, not its MoE block alone, waited for the host after the
-    # all-to-all's sync; 6.8% / 32.4% with a fixed time per local expert's GEMM; issue 14 aims at 8%)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.070
-    assert d["summary"]["throughput_p90_abs_error"] <= 0.33
+    # all-to-all's sync; 6.8% / 32.4% with a fixed time per local expert's GEMM; 6.5% / 28.2% once
+    # a row's stack release selects what its presets run (spec/stack_version.py: full-iteration
+    # CUDA graphs and fused grouped MLPs in the 26.06 Qwen3 / DeepSeek-V3 presets); issue 14 aims at 8%)
+    assert d["summary"]["throughput_median_abs_error"] <= 0.067
+    assert d["summary"]["throughput_p90_abs_error"] <= 0.29
 
 
 def test_target_replaces_each_rows_stack():

@@ -117,13 +117,13 @@ def _ds_job(plan: Plan, gpu: str = "b200") -> Job:
 def test_plan_file_round_trip_and_version_1_still_loads():
     job = _ds_job(_ds_plan(stage_layers=(4,) * 14 + (5, 0), mtp_stage=14))
     data = json.loads(job.to_json())
-    assert data["meshplan_plan_version"] == 2 and data["plan"]["mtp_stage"] == 14
+    assert data["meshplan_plan_version"] == 3 and data["plan"]["mtp_stage"] == 14
     assert Job.from_dict(data).plan == job.plan
     old = json.loads(_ds_job(_ds_plan()).to_json())
     old["meshplan_plan_version"] = 1
     del old["plan"]["mtp_stage"]  # a version-1 file has no such field
     assert Job.from_dict(old).plan == _ds_plan()
-    for bad in (3, True, "2"):
+    for bad in (4, True, "2"):
         with pytest.raises(MeshplanError, match="is not supported"):
             Job.from_dict({**old, "meshplan_plan_version": bad})
 
@@ -280,7 +280,7 @@ def test_the_fit_scores_layout_rows_as_estimate_does():
     """calib/fit.py scores rows that ran a recipe's layout rank by rank (cost/split_batch.py), as
     validate's estimate() does; the even-split batch estimate would charge DeepSeek-V3's last rank
     3 layers + MTP + two head passes instead."""
-    from meshplan.calib.fit import own_split, predict_all, prepare
+    from meshplan.calib.fit import own_split, predict_all, prepare, row_calibration
     from meshplan.calib.validate import predicted_metric
     from meshplan.cost.split_batch import estimate_split_batch
 
@@ -291,9 +291,10 @@ def test_the_fit_scores_layout_rows_as_estimate_does():
     calib = calibration_for(sample[0].cluster.gpu, sample[0].stack)
     fitted, _ = predict_all(prepare(sample), calib)
     for run, got in zip(sample, fitted):
-        exact = estimate(run.model, run.cluster, run.training, run.plan, calib)
+        own = row_calibration(run, calib)  # the row's memory settings and release, as the fit uses
+        exact = estimate(run.model, run.cluster, run.training, run.plan, own)
         assert got == pytest.approx(predicted_metric(run, exact.step_time_s), rel=1e-9)
-        batch = estimate_split_batch(run.model, run.cluster, run.training, [run.plan], calib)
+        batch = estimate_split_batch(run.model, run.cluster, run.training, [run.plan], own)
         assert float(batch.peak_memory_bytes[0]) == pytest.approx(exact.peak_memory_gib * 2**30, rel=1e-9)
     with pytest.raises(MeshplanError, match="one pp at a time"):
         estimate_split_batch(sample[0].model, sample[0].cluster, sample[0].training,

@@ -117,8 +117,15 @@ def _batch(run: Run, plans: list, arrays: PlanArrays, calib: Calibration):
     return estimate_batch(run.model, run.cluster, run.training, arrays, calib)
 
 
+def row_calibration(run: Run, calib: Calibration) -> Calibration:
+    """``calib`` with what is the row's own over the fit: its memory settings and what its stack
+    release sets (``Run.release_values``: CUDA graphs, fused experts); fitted values stay."""
+    changes = {**dict(memory_settings(run)), **run.release_values}
+    return calib.replace_fields(**changes) if changes else calib
+
+
 def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
-    calib = calib.replace_fields(**dict(memory_settings(run)))
+    calib = row_calibration(run, calib)
     arrays = PlanArrays.from_plans([run.plan])
     b = _batch(run, [run.plan], arrays, calib)
     mem = predicted_bytes(run.memory_basis, allocated_bytes=b.peak_allocated_bytes,
@@ -128,8 +135,9 @@ def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """Runs grouped by (model, cluster, training, memory settings): one batched estimate per
-    group, and each run's metric as ``scale / step_time`` (throughput) or the step time itself."""
+    """Runs grouped by (model, cluster, training, memory settings, the stack release's values):
+    one batched estimate per group, and each run's metric as ``scale / step_time`` (throughput)
+    or the step time itself."""
 
     runs: tuple[Run, ...]
     groups: tuple[tuple[Run, PlanArrays, tuple[int, ...]], ...]
@@ -144,7 +152,8 @@ def prepare(runs: list[Run]) -> Prepared:
     by_key: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
         split = r.plan.dims.pp if own_split(r) else 0
-        by_key.setdefault((r.model, r.cluster, r.training, memory_settings(r), split), []).append(i)
+        by_key.setdefault((r.model, r.cluster, r.training, memory_settings(r),
+                           tuple(sorted(r.release_values.items())), split), []).append(i)
     groups = tuple((runs[ix[0]], PlanArrays.from_plans([runs[i].plan for i in ix]), tuple(ix))
                    for ix in by_key.values())
     scale = np.array([(predicted_metric(r, 1.0) or 0.0) if r.metric != "step_time_s" else 1.0
@@ -158,7 +167,7 @@ def predict_all(prep: Prepared, calib: Calibration) -> tuple[np.ndarray, np.ndar
     step = np.empty(len(prep.runs))
     mem = np.empty(len(prep.runs))
     for run, arrays, ix in prep.groups:
-        group_calib = calib.replace_fields(**dict(memory_settings(run)))
+        group_calib = row_calibration(run, calib)
         b = _batch(run, [prep.runs[i].plan for i in ix], arrays, group_calib)
         step[list(ix)] = b.step_time_s
         # each row's memory on the basis it was measured on (cost/device_memory.py)

@@ -40,6 +40,7 @@ from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
 from meshplan.spec.frameworks import framework_defaults
+from meshplan.spec.stack_version import release_notes, release_of, release_values
 from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
@@ -86,6 +87,10 @@ class Run:
     memory_basis: MemoryBasis = DEFAULT_MEMORY_BASIS
     """What ``measured_memory_gib`` counts (allocated, reserved, device total: the ``memory_basis``
     column, cost/device_memory.py); its error is taken against the prediction of the same figure."""
+    release_values: Mapping[str, Any] = field(default_factory=dict)
+    """Calibration fields the presets of the stack release the row ran set for it
+    (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs);
+    applied over the row's calibration, per row (rows of one fit may run different releases)."""
 
 
 @dataclass(frozen=True)
@@ -326,10 +331,17 @@ def build_run(row: dict[str, str]) -> Run:
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
         stage_layers=stage_layers, mtp_stage=mtp_stage, micro_batch=mb, recompute=recompute,
         recompute_layers=extra.recompute_layers(model.num_layers, pp * vpp, stage_layers),
+        recompute_modules=extra.recompute_modules if recompute == Recompute.SELECTIVE else (),
         offload=extra.offload, offload_layers=extra.offload_layers or 0,
     )
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
     plan.validate_for(model, training, cluster.num_gpus)
+    release = release_of(fw.stack, row.get("framework"), row.get("source"))
+    family = model_family(model.name, fw.architecture)
+    release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset,
+                                  precision=precision.value, moe=model.is_moe)
+    note = release_notes(fw.stack, release, release_vals)
+    assumed += [note] if note else []
     metric, measured = None, None
     # tokens/s first where a row gives it: it needs no FLOP count, whose formula differs by
     # source (Megatron-Bridge's halves causal attention, Narayanan et al. 2021's does not)
@@ -354,8 +366,9 @@ def build_run(row: dict[str, str]) -> Run:
                training=training, plan=plan, metric=metric, measured=measured, flops_basis=basis,
                measured_memory_gib=memory_gib, memory_basis=mem_basis,
                oom="OOM" in (row.get("notes") or ""), settings=MappingProxyType(fw.settings),
-               assumed=tuple(assumed), stack=fw.stack, family=model_family(model.name, fw.architecture),
-               preset=preset.config if preset is not None and extra.applied else "")
+               assumed=tuple(assumed), stack=fw.stack, family=family,
+               preset=preset.config if preset is not None and extra.applied else "",
+               release_values=MappingProxyType(release_vals))
 
 
 def model_family(name: str, architecture: str | None) -> str:
@@ -419,7 +432,7 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
     out = []
     for run in runs:
         base = calib_for(run) if calib_for else None
-        calib = setting_calibration(run, base, {**run.settings, **settings}, stack)
+        calib = setting_calibration(run, base, {**run.settings, **run.release_values, **settings}, stack)
         est = estimate(run.model, run.cluster, run.training, run.plan, calib)
         pred = predicted_metric(run, est.step_time_s)
         err = None if pred is None or run.measured is None else pred / run.measured - 1.0

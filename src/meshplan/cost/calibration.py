@@ -415,6 +415,21 @@ class Calibration:
     streams of its own, double-buffered, while the next layers compute (megatron/core/cpu_offload.py;
     Megatron-Bridge's CPU-offloading guide: "overlap computation with data transfer"), 1 for the
     megatron-core framework (spec/presets/frameworks.json). A stack-dependent field."""
+    cuda_graph_full_iteration: bool = False
+    """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
+    ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
+    charges none) and nothing in the step may wait for the host, so a dropless MoE layer runs
+    sync-free (HybridEP and grouped GEMMs sized from a static per-rank capacity, with paged
+    stashing of the variable-size activations: Megatron-LM docs 'MoE Paged Stash'; Yan et al.
+    2026, Megatron-Core MoE, arXiv 2603.07685, Sec. 4.3.6-4.3.7) and ``moe_alltoall_sync_s`` is
+    not charged. A stack field, set by a release's presets (spec/presets/stack_releases.json)."""
+    moe_fused_grouped_mlp: bool = False
+    """The experts' FC1, activation and FC2 run as one fused grouped kernel over all local experts
+    (Megatron-Bridge ``cutedsl_fused_grouped_mlp``; TE op fuser's GroupedMLP): no launch and tail
+    per local expert (``moe_expert_gemm_s`` not charged) and no grouped-GEMM falloff beyond a
+    single GEMM's (``moe_grouped_gemm_half_dim`` not applied: one persistent kernel schedules
+    all experts' tiles together; Yan et al. 2026, Sec. 4.3.2). A stack field, set by a release's
+    presets (spec/presets/stack_releases.json)."""
 
     # ---- behaviour ------------------------------------------------------------------------
     def grad_bytes_per_param(self, precision: Precision) -> float:
@@ -482,7 +497,8 @@ STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_ov
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
-                "pp_preallocated_recv_buffers", "fp16_step_grad_copy_bytes_per_param",
+                "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
+                "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the

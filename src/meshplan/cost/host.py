@@ -19,8 +19,9 @@ the model code: torchtitan's llama3 model, meshplan's runtime models) or as a fu
 (Megatron-Core with Transformer Engine, torch.compile: norm, rotary, activation and residual as
 one kernel each, Q/K/V and gate/up as one GEMM), plus the per-layer launches of the stack's
 parallelism (FSDP2's all-gather and reduce-scatter with their copy-in/copy-out, TP collectives).
-The host time per kernel is a stack field (``Calibration.host_s_per_kernel``, 0: not modelled,
-or CUDA graphs, where one graph launch replaces the layer's launches).
+The host time per kernel is a stack field (``Calibration.host_s_per_kernel``, 0: not modelled);
+under a full-iteration CUDA graph (``Calibration.cuda_graph_full_iteration``, set by a stack
+release's presets: spec/stack_version.py) one graph launch replaces every layer's launches.
 """
 
 from __future__ import annotations
@@ -142,9 +143,11 @@ def host_bound(device_s, host_s):
 def host_launch_s(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
                   calib: Calibration) -> tuple[np.ndarray | float, np.ndarray | float]:
     """(forward, backward) host time to launch one layer's kernels for one micro-batch; 0 when
-    the stack has no per-kernel host cost, and on a CPU device, where host and device are one
-    and the dispatch time is already device time (``Calibration.layer_overhead_s``, measured)."""
-    if not calib.host_s_per_kernel or gpu_generation(cluster.gpu) == CPU_GENERATION:
-        return 0.0, 0.0
+    the stack has no per-kernel host cost, under a full-iteration CUDA graph
+    (``Calibration.cuda_graph_full_iteration``: one graph launch per step), and on a CPU
+    device, where host and device are one and the dispatch time is already device time (``Calibration.layer_overhead_s``, measured)."""
+    if (not calib.host_s_per_kernel or calib.cuda_graph_full_iteration
+            or gpu_generation(cluster.gpu) == CPU_GENERATION):
+        return 0.0, 0.0  # a replayed CUDA graph issues the layer's kernels without the host
     k = layer_kernels(model, kind, plans, calib)
     return k.fwd * calib.host_s_per_kernel, k.bwd * calib.host_s_per_kernel

@@ -12,7 +12,9 @@ W the width tokens travel at (hidden, or the latent width of a LatentMoE).
   efficiency curve (cost/gemm.py, with the grouped GEMM's own half dimension,
   ``Calibration.moe_grouped_gemm_half_dim``) sees tokens per expert: small per-expert batches
   run at a lower fraction of peak; each expert's GEMM also pays a fixed time
-  (``Calibration.moe_expert_gemm_s``: one launch and tail per local expert's GEMM). The busiest rank sets the pace: tokens x ``Calibration.moe_routing_imbalance``
+  (``Calibration.moe_expert_gemm_s``: one launch and tail per local expert's GEMM); a fused
+  grouped MLP (``Calibration.moe_fused_grouped_mlp``) runs at the single GEMM's curve with no
+  per-expert time. The busiest rank sets the pace: tokens x ``Calibration.moe_routing_imbalance``
   (1 = force-balanced), capped at the capacity factor when tokens are dropped.
 * Dispatch + combine (forward; the backward repeats them), ``TrainingSpec.moe_dispatcher``:
   alltoall: each token copy leaves for its expert's rank, (ep-1)/ep of T*k*W*b bytes each way;
@@ -105,10 +107,14 @@ def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     tok_in = T * (e_t / t)
     tok_per_expert = tok_in * k * ep / E * load
     Dx = float(model.moe_latent_size or model.hidden_size)  # width the routed experts see
-    grouped = replace(calib, matmul_half_dim=calib.moe_grouped_gemm_half_dim)  # grouped GEMM curve
+    # grouped GEMM curve and fixed time per local expert GEMM; one fused kernel over all local
+    # experts has neither (Calibration.moe_fused_grouped_mlp)
+    fused = calib.moe_fused_grouped_mlp
+    grouped = calib if fused else replace(calib, matmul_half_dim=calib.moe_grouped_gemm_half_dim)
+    per_gemm_s = 0.0 if fused else calib.moe_expert_gemm_s
     up = linear_time(grouped, linear_flops, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
     down = linear_time(grouped, linear_flops, tok_per_expert, Dx, F / e_t)
-    t_experts = (E / ep) * (up + down + 2.0 * calib.moe_expert_gemm_s)  # one GEMM per local expert
+    t_experts = (E / ep) * (up + down + 2.0 * per_gemm_s)  # one GEMM per local expert
     t_router = gemm_time(calib, bf16_flops, T, E, D) + 2.0 * T * E * ROUTER_LOGIT_BYTES / hbm
     copies = tok_per_expert * E / ep  # routed token copies on this GPU (busiest rank)
     t_permute = calib.moe_permute_passes * 2.0 * 2.0 * (tok_in + copies) * Dx * ab / hbm

@@ -54,7 +54,7 @@ class Job:
         if not isinstance(data, dict) or "meshplan_plan_version" not in data:
             raise MeshplanError("not a meshplan plan file (no 'meshplan_plan_version' field)")
         version = data["meshplan_plan_version"]
-        if version not in READABLE_PLAN_VERSIONS or isinstance(version, bool):
+        if isinstance(version, bool) or version not in READABLE_PLAN_VERSIONS:
             raise MeshplanError(
                 f"plan file version {version!r} is not supported (this meshplan reads "
                 f"{', '.join(map(str, READABLE_PLAN_VERSIONS))})"
