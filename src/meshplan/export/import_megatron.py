@@ -8,12 +8,12 @@ with ``--nnodes`` and ``--nproc-per-node`` gives the GPU count when present.
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
+from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
+                           data_parallel_degree, parse_layout)
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                  "--moe-shared-expert-intermediate-size", "--model-parallel-size",
                  "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
                  "--mtp-num-layers", "--moe-latent-size", "--mamba-num-heads", "--mamba-head-dim",
-                 "--mamba-state-dim", "--mamba-num-groups",
+                 "--mamba-state-dim", "--mamba-num-groups", "--cpu-offloading-num-layers",
                  # launcher (torchrun) options
                  "--nnodes", "--nproc-per-node", "--nproc_per_node"):
         add(name, type=int, default=None)
@@ -60,11 +60,12 @@ def _parser() -> argparse.ArgumentParser:
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                  "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
-                 "--optimizer-cpu-offload"):
+                 "--optimizer-cpu-offload", "--cpu-offloading"):
         add(name, action="store_true")
     add("--optimizer-offload-fraction", type=float, default=None)
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
+    add("--recompute-modules", nargs="*", default=None)
     add("--cp-comm-type", nargs="+", default=None)
     add("--position-embedding-type", default=None)
     add("--normalization", default=None)
@@ -184,42 +185,6 @@ def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
     return out
 
 
-def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
-    """Transformer layers per chunk of a ``--pipeline-model-parallel-layout`` string.
-
-    Grammar read: chunks separated by ``|``; in a chunk ``E`` (embedding, first chunk only),
-    ``t`` or ``t*N`` (transformer layers), ``L`` (loss and head, last chunk only); ``(...)*N``
-    repeats a group, separators included. Other layer kinds (``m`` for MTP) are refused.
-    """
-    text = layout.replace("\\", "").replace(" ", "")
-    group = re.compile(r"\(([^()]*)\)\*(\d+)")
-    while group.search(text):
-        text = group.sub(lambda g: g.group(1) * int(g.group(2)), text)
-    chunks = text.split("|")
-    if chunks and chunks[-1] == "" and len(chunks) > 1:
-        raise MeshplanError(f"pipeline layout {layout!r} ends with an empty chunk")
-    counts = []
-    for i, chunk in enumerate(chunks):
-        body = chunk
-        if body.startswith("E"):
-            if i:
-                raise MeshplanError(f"pipeline layout {layout!r}: the embedding E is not in the first chunk")
-            body = body[1:]
-        if body.endswith("L"):
-            if i != len(chunks) - 1:
-                raise MeshplanError(f"pipeline layout {layout!r}: the loss L is not in the last chunk")
-            body = body[:-1]
-        n = 0
-        for item in re.findall(r"t(?:\*\d+)?|.", body):
-            if not item.startswith("t"):
-                raise MeshplanError(f"pipeline layout {layout!r}: layer kind {item!r} is not supported")
-            n += int(item[2:]) if "*" in item else 1
-        if n == 0 and body == chunk:  # only a chunk holding E or L may have no transformer layer
-            raise MeshplanError(f"pipeline layout {layout!r}: chunk {i} has no transformer layer")
-        counts.append(n)
-    return tuple(counts)
-
-
 def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
@@ -283,11 +248,17 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     dp = data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
 
     vpp = 1
-    layout = parse_pipeline_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else ()
+    # --pipeline-model-parallel-layout: layers per virtual stage and the MTP modules' stage
+    parsed = parse_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else None
+    layout = parsed.stage_layers if parsed is not None else ()
     if layout:
         if len(layout) % pp:
             raise MeshplanError(f"the pipeline layout has {len(layout)} chunks, not a multiple of pp={pp}")
         vpp = len(layout) // pp
+        mtp_modules = spec.mtp_num_layers if spec is not None else None
+        if mtp_modules is not None and parsed.mtp_layers not in (0, mtp_modules):
+            raise MeshplanError(f"the pipeline layout holds {parsed.mtp_layers} MTP module(s) (m), the model "
+                                f"{mtp_modules}")
     elif a.num_virtual_stages_per_pipeline_rank:
         vpp = a.num_virtual_stages_per_pipeline_rank
     elif a.num_layers_per_virtual_pipeline_stage:
@@ -362,15 +333,41 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,
         vpp=vpp,
         stage_layers=stage_layers,
+        mtp_stage=parsed.mtp_stage if parsed is not None and spec is not None and spec.mtp_num_layers else None,
         cp_method=cp_method,
         micro_batch=_positive("--micro-batch-size", a.micro_batch_size, 1),
         recompute=recompute,
         recompute_layers=rec_layers,
-        offload=_offload(a),
+        recompute_modules=_modules(a) if recompute == Recompute.SELECTIVE else (),
+        offload=_offload(a) + _activation_offload(a)[0],
+        offload_layers=_activation_offload(a, spec)[1],
     )
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+
+
+def _modules(a) -> tuple[RecomputeModule, ...]:
+    """``--recompute-modules``: Megatron-Core's names (export/megatron.py writes them)."""
+    names = a.recompute_modules or ()
+    known = {m.value for m in RecomputeModule}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise MeshplanError(f"--recompute-modules {bad[0]!r} is not one of {', '.join(sorted(known))}")
+    return tuple(RecomputeModule(n) for n in names)
+
+
+def _activation_offload(a, spec=None) -> tuple[tuple[Offload, ...], int]:
+    """``--cpu-offloading --cpu-offloading-num-layers N``: activations of N layers on the host; N =
+    num_layers - 1 (Megatron-Core's most, what the export writes for every layer) reads as 0, all."""
+    if not a.cpu_offloading:
+        return (), 0
+    n = a.cpu_offloading_num_layers
+    if n is None or n < 1:
+        raise MeshplanError(f"--cpu-offloading with --cpu-offloading-num-layers {n}: meshplan reads the layers "
+                            "whose activations are offloaded from it (>= 1)")
+    every = spec is not None and n == spec.num_layers - 1
+    return (Offload.ACTIVATIONS,), 0 if every else n
 
 
 def _offload(a) -> tuple[Offload, ...]:

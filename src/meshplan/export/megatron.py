@@ -11,7 +11,7 @@ from __future__ import annotations
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
-from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
+from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule, format_layout
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
@@ -116,30 +116,23 @@ def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
     return args
 
 
-def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
-    """Megatron-Core's ``--pipeline-model-parallel-layout``: one ``|``-separated chunk per virtual
-    stage in model order (chunk i on pipeline rank i % pp, as in meshplan), ``E`` the embedding
-    (first chunk), ``t*N`` N transformer layers, ``L`` the final norm, LM head and loss (last)."""
-    chunks = [f"t*{n}" if n > 1 else "t" * n for n in stage_layers]  # n = 0: embedding / loss only
-    chunks[0] = "E" + chunks[0]
-    chunks[-1] += "L"
-    return "|".join(chunks)
-
-
 def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
-    """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout."""
+    """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout
+    (``meshplan.plan.layout``), which also places MTP modules on a stage other than the last."""
     plan = job.plan.with_defaults(job.model)
     layers, pp, vpp = plan.stage_layers, plan.dims.pp, plan.vpp
     if pp == 1:
         return []
-    if len(set(layers)) == 1:
-        return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
-    if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
-        return [["--decoder-first-pipeline-num-layers", str(layers[0])],
-                ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
+    if plan.mtp_stage is None:
+        if len(set(layers)) == 1:
+            return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
+        if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
+            return [["--decoder-first-pipeline-num-layers", str(layers[0])],
+                    ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
     warnings.append(f"layer split {list(layers)} written as --pipeline-model-parallel-layout, which "
                     "Megatron-Core marks experimental (recent versions only)")
-    return [["--pipeline-model-parallel-layout", pipeline_layout(layers)]]
+    text = format_layout(layers, mtp_layers=job.model.mtp_num_layers, mtp_stage=plan.mtp_stage)
+    return [["--pipeline-model-parallel-layout", text]]
 
 
 def _recompute_args(job: Job) -> list[list[str]]:
@@ -153,6 +146,14 @@ def _recompute_args(job: Job) -> list[list[str]]:
                 "Megatron-LM's selective recompute covers every layer; the plan recomputes "
                 f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
             )
+        if plan.recompute_modules:  # Megatron-Core's default is core_attn alone, the plan's empty set
+            out = [["--recompute-granularity", "selective"],
+                   ["--recompute-modules", *(m.value for m in plan.recompute_modules)]]
+            if RecomputeModule.MOE_ACT in plan.recompute_modules:
+                # TransformerConfig: "moe_act in recompute_modules is only supported with
+                # moe_grouped_gemm" (the experts as grouped GEMMs, as the cost model has them)
+                out.append(["--moe-grouped-gemm"])
+            return out
         return [["--recompute-granularity", "selective"]]
     if every:
         # uniform with 1 layer per group: every layer's input kept, every layer recomputed
@@ -220,7 +221,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
         raise MeshplanError("Megatron-LM shards every parameter alike (distributed optimizer or FSDP); "
                             f"per operator-group keeps and operator splits ({osdp_notation(plan)}) are not "
                             "expressible: plan without them")
-    args += _offload_args(plan)
+    args += _offload_args(job)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)
     if prec:
@@ -228,19 +229,40 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
     return args, warnings
 
 
-def _offload_args(plan) -> list[list[str]]:
+def _offload_args(job: Job) -> list[list[str]]:
     """Megatron-LM offloads the distributed optimizer's states and step to the host
-    (``--optimizer-cpu-offload``, HybridDeviceOptimizer; fraction 1: all of it); nothing else."""
+    (``--optimizer-cpu-offload``, HybridDeviceOptimizer; fraction 1: all of it) and the
+    activations of the first N layers (``--cpu-offloading --cpu-offloading-num-layers N``,
+    TransformerConfig.cpu_offloading*, megatron/core/transformer/transformer_config.py: N below
+    the layer count, no pipeline parallel, no recompute); not the parameters."""
+    plan = job.plan
     if not plan.offload:
         return []
-    if set(plan.offload) != {Offload.OPTIMIZER}:
-        raise MeshplanError("Megatron-LM offloads only the optimizer (--optimizer-cpu-offload); the plan also "
-                            f"offloads {'+'.join(o.value for o in plan.offload if o != Offload.OPTIMIZER)}")
-    if plan.zero not in (1, 2) or plan.dims.dp_shard == 1:
-        raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
-                            f"(zero 1 or 2 over dp_shard > 1); the plan has zero {plan.zero}, "
-                            f"dp_shard {plan.dims.dp_shard}")
-    return [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if Offload.PARAMS in plan.offload:
+        raise MeshplanError("Megatron-LM offloads the optimizer (--optimizer-cpu-offload) and activations "
+                            "(--cpu-offloading), not the parameters; plan without offload 'params'")
+    out: list[list[str]] = []
+    if Offload.OPTIMIZER in plan.offload:
+        if plan.zero not in (1, 2) or plan.dims.dp_shard == 1:
+            raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
+                                f"(zero 1 or 2 over dp_shard > 1); the plan has zero {plan.zero}, "
+                                f"dp_shard {plan.dims.dp_shard}")
+        out += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if Offload.ACTIVATIONS in plan.offload:
+        layers = job.model.num_layers
+        if plan.dims.pp > 1:
+            raise MeshplanError(f"Megatron-Core's activation offload (--cpu-offloading) runs without pipeline "
+                                f"parallel; the plan has pp={plan.dims.pp}")
+        if plan.recompute != Recompute.NONE:
+            raise MeshplanError("Megatron-Core's activation offload (--cpu-offloading) does not work with "
+                                f"activation recompute; the plan recomputes ({plan.recompute.value})")
+        # offload_layers 0 means every layer but the ones in flight: Megatron's most, num_layers - 1
+        count = plan.offload_layers or layers - 1
+        if not 0 < count < layers:
+            raise MeshplanError(f"Megatron-Core offloads the activations of fewer layers than the model's "
+                                f"{layers}; the plan offloads {plan.offload_layers}")
+        out += [["--cpu-offloading"], ["--cpu-offloading-num-layers", str(count)]]
+    return out
 
 
 def export_megatron(job: Job) -> Export:

@@ -10,7 +10,8 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.base import (Export, ExportTarget, refuse_expert_placement, refuse_recompute_modules,
+                                  uniform_recompute)
 from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
@@ -59,6 +60,9 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         training["local_batch_size"] = plan.micro_batch
     training["mixed_precision_param"] = "float32" if t.precision == Precision.FP32 else "bfloat16"
     refuse_expert_placement(plan, "torchtitan")
+    if plan.mtp_stage is not None:
+        raise MeshplanError(f"torchtitan's split points place transformer layers only, not multi-token-prediction "
+                            f"modules: mtp_stage={plan.mtp_stage} is not expressible; plan with them on the last stage")
     if plan.vocab_parallel:
         raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     if uses_osdp(plan):
@@ -108,6 +112,7 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
     if plan.recompute == Recompute.NONE:
         ac["mode"] = "none"
     elif plan.recompute == Recompute.SELECTIVE:
+        refuse_recompute_modules(plan, "torchtitan")
         every, _ = uniform_recompute(plan)
         if not every:
             raise MeshplanError("torchtitan's per-op selective checkpointing covers every layer; "
