@@ -268,7 +268,12 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Host time of the runtime's collectives beyond alpha-beta (Calibration.*_layer_overhead_s),
     # never overlapped; a third in the forward, two thirds in the backward, like the math.
     framework = framework_overhead_s(calib, plans)
-    tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_compute)
+    # TP collectives overlap the layer's own GEMMs (chunked userbuffers, async TP): device math,
+    # not the host's launch time (cost/host.py). Hidden behind a host-bound layer's wait as well,
+    # they and FSDP's traffic (dp_comm.py) would both shrink with it, and a larger host cost could
+    # make the step faster. EP's all-to-all overlaps another micro-batch's whole layer, its wait
+    # for the host included (1F1B A2A overlap, Calibration.ep_overlap).
+    tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_device)
     cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
     fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
@@ -276,8 +281,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
     # exactly 2 x fwd_compute at the default.
-    bwd_compute = host_bound(2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn), host_bwd)
-    tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
+    bwd_device = 2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn)
+    bwd_compute = host_bound(bwd_device, host_bwd)
+    tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_device)
     cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
