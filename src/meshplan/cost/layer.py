@@ -30,6 +30,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
+from meshplan.cost.eager_passes import eager_extra_bytes, runs_eager
 from meshplan.cost.host import host_bound, host_launch_s
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
@@ -233,6 +234,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     rep_elems = T_rep * D * parts * (2.0 + 3.0 + drop)  # per sub-block: norm (r+w), residual (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
     t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + mix.softmax_bytes / hbm
+    if runs_eager(cluster, calib):  # eager model code: more passes than one per op (cost/eager_passes.py)
+        t_mem = t_mem + eager_extra_bytes(model, kind, tokens=T, tokens_replicated=T_rep, tp=t,
+                                          ab=ab) / hbm * calib.elementwise_time_factor
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
     fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
