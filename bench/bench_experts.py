@@ -293,7 +293,7 @@ def peak_without_recompute_gib(row: Row) -> float:
     """Peak memory of the row's published layout with no recompute (the stack's other features
     unchanged): what the published run would have needed had it not recomputed."""
     run = _runs_by_id(row.csv)[row.row_id]
-    plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=())
+    plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=())
     return estimate(run.model, run.cluster, run.training, plan, setting_calibration(run, None, run.settings)).peak_memory_gib
 
 
@@ -381,7 +381,7 @@ def without_preset_settings(run: Run):
     from_preset = any(a.startswith("recompute: ") and PRESET_NOTE in a and "kept" not in a for a in run.assumed)
     plan = replace(run.plan, offload=(), offload_layers=0)
     if from_preset:
-        plan = replace(plan, recompute=Recompute.NONE, recompute_layers=())
+        plan = replace(plan, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=())
     return plan
 
 
@@ -404,9 +404,9 @@ def _over_budget_section(rows: list[Row]) -> list[str]:
     before = [r for r in bridge if (not r.published_fits) if not runs[r.row_id].preset] + [
         r for r in took if not fits_without(r)]
     now_fit = [r for r in took if r.published_fits and not fits_without(r)]
-    inexpressible = [r for r in over if any("not applied" in a for a in runs[r.row_id].assumed)]
-    took_still_over = [r for r in over if runs[r.row_id].preset and r not in inexpressible]
-    no_preset = [r for r in over if r not in inexpressible and r not in took_still_over]
+    modular = [r for r in took if runs[r.row_id].plan.recompute_modules]
+    took_still_over = [r for r in over if runs[r.row_id].preset]
+    no_preset = [r for r in over if r not in took_still_over]
     fams: dict[str, int] = {}
     for r in over:
         fams[r.model] = fams.get(r.model, 0) + 1
@@ -428,10 +428,10 @@ def _over_budget_section(rows: list[Row]) -> list[str]:
             f"- {len(took_still_over)} took all of them and are still over"
             + (f" (e.g. row {ex.row_id}, {ex.model} on {ex.gpu}: `{ex.published}`): in the model the activations of "
                "the layers the preset leaves on the GPU still exceed the budget" if ex else "") + ".",
-            f"- {len(inexpressible)} ran a preset that also recomputes modules meshplan has no counterpart for "
-            "(`mla_up_proj`, `moe_act`, `layernorm`, `moe`, `mlp`: DeepSeek-V3, GPT-OSS and Nemotron 3 presets; "
-            "meshplan's selective recompute is the attention core only): listed in `assumed`, not applied, so the "
-            "model keeps those activations.",
+            f"- {len(modular)} of the rows that took settings recompute named modules (`mla_up_proj`, `moe_act`, "
+            "`layernorm`, `moe`, `mlp`: DeepSeek-V3, Kimi-K2, GPT-OSS and Nemotron 3 presets), each costed by the "
+            "activations it drops and the forward it reruns (`cost/recompute_modules.py`); "
+            f"{sum(not r.published_fits for r in modular)} of them are still over.",
             f"- {len(no_preset)} match no preset of the recorded commits that sets memory options: either their "
             "container ran another version of the preset (the tables span containers 25.09 to 26.08; the presets "
             "change between them), or the preset sets none and the model over-counts memory (MoE dispatch "

@@ -16,8 +16,9 @@ import subprocess
 import sys
 
 from meshplan.calib.records import fitted_file
+from meshplan.data.published import PUBLISHED_RUNS
 
-SETS = ("calibration", "megatron-bridge")
+SETS = tuple(PUBLISHED_RUNS)
 
 
 def main(argv: list[str]) -> int:

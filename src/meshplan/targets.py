@@ -23,7 +23,8 @@ import numpy as np
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import (
-    OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OpGroup, Recompute, Schedule,
+    OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, OpGroup, Recompute, RecomputeModule,
+    Schedule,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +102,25 @@ def _rounds_reason(plan, model, training) -> str:
             f"multiple of the number of rounds max(1, n_microbatches // pp) = {max(1, m // pp)}")
 
 
+RUNTIME_RECOMPUTE_MODULES = frozenset({RecomputeModule.CORE_ATTN, RecomputeModule.MLP, RecomputeModule.MOE})
+"""The recompute modules the runtime checkpoints (runtime/parallelize.py ``selective_modules``):
+the ones Megatron-Core checkpoints whole. Its output-discarding ones (moe_act, layernorm,
+mla_up_proj) and shared_experts have no counterpart there."""
+_RUNTIME_MODULES_MASK = sum(m.bit for m in RUNTIME_RECOMPUTE_MODULES)
+
+
+def _modules_refuse(c, model, training) -> np.ndarray:
+    modules = np.asarray(c.recompute_modules)
+    return (c.recompute == _code(_RECOMPUTES, Recompute.SELECTIVE)) & ((modules & ~_RUNTIME_MODULES_MASK) > 0)
+
+
+def _modules_reason(plan, model, training) -> str:
+    other = next(m for m in plan.recompute_modules if m not in RUNTIME_RECOMPUTE_MODULES)
+    return (f"recompute module {other.value!r} is not supported by this runtime (it checkpoints "
+            f"{', '.join(sorted(m.value for m in RUNTIME_RECOMPUTE_MODULES))} whole, and has no "
+            "output-discarding checkpoint); plan without it, or with --target megatron")
+
+
 PLANNER_ONLY: tuple[tuple[Callable[["ModelSpec"], bool], str], ...] = (
     (lambda m: m.arch.value != "decoder", "an encoder (the runtime trains decoder models only)"),
     (lambda m: m.is_hybrid, "hybrid Mamba-2 layers (hybrid_pattern)"),
@@ -143,6 +163,7 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.recompute != _code(_RECOMPUTES, Recompute.NONE)),
          lambda p, model, tr: ZERO_BUBBLE_RECOMPUTE),
     Rule(_pp_rounds_refuse, _rounds_reason),
+    Rule(_modules_refuse, _modules_reason),
     # vocabulary parallelism (runtime/vocab_parallel.py): GPipe or 1F1B, shards over pp (not tp)
     Rule(lambda c, model, tr: _vocab(c) & ((c.vpp > 1) | ~np.isin(c.schedule, [
              _code(_SCHEDULES, Schedule.GPIPE), _code(_SCHEDULES, Schedule.ONE_F_ONE_B)])),

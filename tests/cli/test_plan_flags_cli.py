@@ -5,14 +5,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-README_CASE = ["--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "128", "--seq-len", "8192",
-               "--global-batch", "1024"]
+README = ROOT / "README.md"
+
+
+def readme_plan_case() -> list[str]:
+    """The job flags of the README's `meshplan plan --model llama3-70b ...` command (its output
+    flags, --plot and --out, left out): the README is where the case is written."""
+    lines = README.read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("meshplan plan --model llama3-70b "))
+    command = lines[start]
+    while command.endswith("\\"):
+        start += 1
+        command = command[:-1] + lines[start]
+    argv = shlex.split(command)[2:]
+    for flag in ("--plot", "--out"):
+        if flag in argv:
+            i = argv.index(flag)
+            del argv[i:i + 2]
+    return argv
+
+
+README_CASE = readme_plan_case()
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -37,6 +59,20 @@ def test_readme_frontier_rows_are_distinct_and_typed_back():
         assert est["plan"] == row["plan"]
         assert abs(est["step_time_s"] - row["step_time_s"]) <= 1e-9 * row["step_time_s"]
         assert abs(est["peak_memory_gib"] - row["peak_memory_gib"]) <= 1e-9 * row["peak_memory_gib"]
+
+
+@pytest.mark.parametrize("target, said", [((), r"For the job below it recommends `([^`]+)`"),
+                                          (("--target", "megatron"),
+                                           r"with `--target megatron` it recommends `([^`]+)`")])
+def test_readme_states_the_plan_that_plan_recommends(target, said):
+    """The README's recommendations are what `meshplan plan` prints for its command, not a copy
+    that drifts when the cost model moves."""
+    r = run("plan", *README_CASE, *target, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    written = re.search(said, " ".join(README.read_text().split()))
+    assert written, said
+    assert written.group(1) == out["frontier"][out["recommended"]]["plan"]
 
 
 def test_printed_recommendation_gives_its_flags():

@@ -28,8 +28,9 @@ from meshplan.search.planner import search  # noqa: E402
 from meshplan.spec.cluster import cluster_for_gpu  # noqa: E402
 from meshplan.spec.presets import model_preset  # noqa: E402
 from meshplan.spec.training import Precision, TrainingSpec  # noqa: E402
+from _framework_pins import pinned  # noqa: E402
 
-DEEPSPEED_VERSION = "0.19.8"
+DEEPSPEED_VERSION = pinned("deepspeed")  # pyproject's frameworks extra (tests/_framework_pins.py)
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "export"
 VENDORED = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks" / f"deepspeed-{DEEPSPEED_VERSION}.txt"
 

@@ -24,13 +24,14 @@ import export_cases as cases  # noqa: E402
 from meshplan.errors import MeshplanError  # noqa: E402
 from meshplan.export import export_job  # noqa: E402
 from meshplan.export.import_megatron import import_megatron  # noqa: E402
-from meshplan.plan import Job, Recompute, Schedule  # noqa: E402
+from meshplan.plan import Job, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule  # noqa: E402
 from meshplan.search.planner import search  # noqa: E402
 from meshplan.spec.cluster import cluster_for_gpu  # noqa: E402
 from meshplan.spec.presets import model_preset  # noqa: E402
 from meshplan.spec.training import Precision, TrainingSpec  # noqa: E402
+from _framework_pins import pinned  # noqa: E402
 
-MEGATRON_CORE_VERSION = "0.16.1"
+MEGATRON_CORE_VERSION = pinned("megatron-core")  # pyproject's frameworks extra (tests/_framework_pins.py)
 VENDORED = Path(__file__).resolve().parents[1] / "fixtures" / "frameworks" / "megatron-lm-arguments.txt"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "export"
 GOLDEN_CASES = ["gpt3_narayanan", "llama70b_hsdp", "llama8b_zero2"]
@@ -53,8 +54,13 @@ def megatron_args(text: str) -> dict[str, object]:
     for i, w in enumerate(words):
         if not w.startswith("--"):
             continue
-        value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else True
-        args[w[2:].replace("-", "_")] = int(value) if isinstance(value, str) and value.isdigit() else value
+        values = []
+        for v in words[i + 1:]:
+            if v.startswith("--"):
+                break
+            values.append(int(v) if v.isdigit() else v)
+        # a list argument (nargs='*': --recompute-modules core_attn moe_act) keeps its list
+        args[w[2:].replace("-", "_")] = True if not values else values[0] if len(values) == 1 else values
     return args
 
 
@@ -88,6 +94,14 @@ def frontier_jobs() -> list[Job]:
         res = search(model_preset(model), cluster, training)
         out += [Job(model=model_preset(model), training=training, cluster=cluster, plan=p.plan)
                 for p in res.frontier]
+    # Megatron-Core's recompute modules and activation offload (--recompute-modules, --cpu-offloading)
+    cluster = cluster_for_gpu("h100-sxm", num_nodes=1, gpus_per_node=8)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    moe = Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, recompute=Recompute.SELECTIVE,
+               recompute_modules=(RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM))
+    offload = Plan(dims=ParallelDims(dp_shard=8), zero=1, offload=(Offload.ACTIVATIONS,), offload_layers=8)
+    out += [Job(model=model_preset("mixtral-8x7b"), training=training, cluster=cluster, plan=moe),
+            Job(model=model_preset("llama3-8b"), training=training, cluster=cluster, plan=offload)]
     return out
 
 

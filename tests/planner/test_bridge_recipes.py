@@ -17,6 +17,7 @@ from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, ParallelDims, Plan, Recompute, embedding_loss_split
+from meshplan.plan import RecomputeModule as M
 from meshplan.spec.cluster import GIB, system_preset
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
@@ -85,18 +86,31 @@ def test_block_recompute_per_virtual_stage_with_embedding_and_loss_stages():
     assert run.plan.recompute_layers[0] == 0 and sum(run.plan.recompute_layers) == 126
 
 
-def test_modules_meshplan_cannot_express_are_listed_not_applied():
+def test_every_recompute_module_of_the_preset_is_applied():
     """NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1: 16 GPUs, GBS 1024, MBS 1, ep8,
-    recompute_modules=["moe", "layernorm", "core_attn", "moe_act"]: core_attn is meshplan's
-    selective recompute, the rest are named as not applied."""
+    recompute_modules=["moe", "layernorm", "core_attn", "moe_act"]: selective recompute of all four
+    (kept in the enum's order); the BF16 preset's ["moe", "layernorm"] recomputes no attention core."""
     row = {**ROW_400, "model": "Nemotron_3_Nano", "gpu": "h100-sxm", "num_gpus": "16", "global_batch_size": "1024",
            "micro_batch_size": "1", "dp": "16", "ep": "8", "zero": ""}
     run = build_run(row)
     assert run.plan.recompute == Recompute.SELECTIVE
-    assert "recompute of moe+layernorm+moe_act not applied" in _notes(run)
-    bf16 = build_run({**row, "precision": "bf16"})  # the BF16 preset: ["moe", "layernorm"], no core_attn
-    assert bf16.plan.recompute == Recompute.NONE and bf16.preset == ""
-    assert "recompute of moe+layernorm not applied" in _notes(bf16)
+    assert run.plan.recompute_modules == (M.CORE_ATTN, M.MOE, M.MOE_ACT, M.LAYERNORM)
+    assert "not applied" not in _notes(run)
+    assert "ckpt=sel(core_attn+moe+moe_act+layernorm):all" in run.plan.notation()
+    bf16 = build_run({**row, "precision": "bf16"})
+    assert bf16.plan.recompute == Recompute.SELECTIVE and bf16.preset != ""
+    assert bf16.plan.recompute_modules == (M.MOE, M.LAYERNORM)
+    said = build_run({**row, "precision": "bf16", "recompute": "selective"})  # the row names no modules
+    assert said.plan.recompute_modules == (M.MOE, M.LAYERNORM)
+    assert "recompute modules: moe+layernorm" in _notes(said)
+    # the preset's modules drop activations: less memory than the attention core alone, more time
+    core = build_run({**row, "precision": "bf16", "recompute": "selective", "source": "elsewhere"})
+    assert core.plan.recompute_modules == ()
+    calib = calibration_for(bf16.cluster.gpu, "megatron")
+    est_mod = estimate(bf16.model, bf16.cluster, bf16.training, bf16.plan, calib)
+    est_core = estimate(core.model, core.cluster, core.training, core.plan, calib)
+    assert est_mod.memory.activations_bytes < est_core.memory.activations_bytes
+    assert est_mod.step_time_s > est_core.step_time_s
 
 
 @pytest.mark.parametrize("change", [dict(micro_batch_size="1", dp="64"),  # another layout: another preset

@@ -5,11 +5,12 @@ from dataclasses import replace
 import pytest
 
 import export_cases as cases
+from _framework_pins import pinned
 from meshplan.errors import MeshplanError
 from meshplan.export import export_job
 from meshplan.export.import_torchtitan import import_torchtitan
 from meshplan.export.import_torchtitan_cli import parse_command_line, preset_for
-from meshplan.export.torchtitan_cli import parse_version, stage_modules, uses_command_line
+from meshplan.export.torchtitan_cli import CURRENT_VERSION, parse_version, stage_modules, uses_command_line
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute
 from meshplan.spec.training import Precision, Recipe
 
@@ -82,3 +83,9 @@ def test_refusals_and_warnings():
 def test_bad_command_lines(text, msg):
     with pytest.raises(MeshplanError, match=msg):
         parse_command_line(text)
+
+
+def test_the_exporter_targets_the_pinned_torchtitan():
+    """One version: the command line ``export --to torchtitan`` writes by default is for the
+    torchtitan pyproject pins (and tests/frameworks/ parses it with)."""
+    assert CURRENT_VERSION == pinned("torchtitan")

@@ -16,7 +16,8 @@ from meshplan.plan import CPMethod, OpGroup, ParallelDims, Plan, Recompute, Sche
 
 
 def test_readme_plan_by_hand():
-    """The README's recommended llama3-70b plan: dp 32 = 16 replicas x 2 ZeRO-2 shards."""
+    """A hybrid-sharded interleaved plan with a ragged split (an earlier README recommendation):
+    dp 32 = 16 replicas x 2 ZeRO-2 shards. The README's current one: tests/cli/test_plan_flags_cli.py."""
     split = (2,) * 8 + (1,) + (2,) * 6 + (1,) * 6 + (2,) * 2 + (1,) * 41
     p = Plan(dims=ParallelDims(dp_replicate=16, dp_shard=2, tp=2, pp=8, cp=2), zero=2, sp=True,
              schedule=Schedule.INTERLEAVED_1F1B, vpp=8, stage_layers=split)

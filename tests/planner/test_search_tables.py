@@ -8,6 +8,7 @@ import pytest
 
 from meshplan.cost import calibration_for, estimate
 from meshplan.cost.layer import LayerCost, layer_cost
+from meshplan.export.common import search_options_for
 from meshplan.search.space import enumerate_space
 from meshplan.search.tables import CostContext, chunk_split, score_splits, shared_layer_cost
 from meshplan.spec.cluster import system_preset
@@ -15,13 +16,14 @@ from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
 
 
-@pytest.mark.parametrize("name,gpus", [("llama2-7b", 16), ("mixtral-8x7b", 16)])
-def test_shared_layer_cost_equals_layer_cost(name, gpus):
+@pytest.mark.parametrize("name,gpus,target", [("llama2-7b", 16, None), ("mixtral-8x7b", 16, None),
+                                              ("mixtral-8x7b", 16, "megatron")])  # + recompute modules
+def test_shared_layer_cost_equals_layer_cost(name, gpus, target):
     model = model_preset(name)
     cluster = system_preset("dgx-h100", num_nodes=gpus // 8)
     training = TrainingSpec(seq_len=4096, global_batch=64)
-    plans = enumerate_space(model, training, gpus)
-    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    plans = enumerate_space(model, training, gpus, *([search_options_for(target)] if target else []))
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu, target))
     idx = np.random.default_rng(1).choice(len(plans), 3000, replace=False)
     sub = plans.take(idx)
     shared, direct = shared_layer_cost(ctx, sub).take(slice(None)), layer_cost(model, cluster, training, sub, ctx.calib)

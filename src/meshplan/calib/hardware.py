@@ -24,9 +24,16 @@ from meshplan.calib.hwcalib import calibration_from_profile_data, host_time_scal
 from meshplan.calib.hwprofile import HardwareProfile, apply_profile_data, load_profile, profile_source
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.training import Precision
 
 FP32_BYTES = 4.0
+TARGET_FRAMEWORKS: dict[str, str] = {"megatron": "megatron-core"}
+"""The framework a ``--target`` stack stands for where the stack also covers older ones: the
+megatron stack's published rows include Megatron-LM of 2020-22, but ``--target megatron`` exports
+for today's Megatron-Core (export/megatron.py: ``--cpu-offloading``, ``--recompute-modules``),
+whose settings (spec/presets/frameworks.json, e.g. activation offload copies overlapped with the
+next layers' compute) apply on top of the stack's calibration, as they do for its published rows."""
 CPU_DEVICE = "cpu"
 """The GPU name of the ``cpu`` cluster preset: local CPU processes of meshplan's runtime."""
 
@@ -50,7 +57,7 @@ def resolve_hardware(cluster: ClusterSpec, precision: Precision,
     the rates and factors of ``profile`` when one is given, for matmuls in ``precision``, as
     the training ``stack`` runs them (default: meshplan's runtime; ``calibration_for``)."""
     if profile is None:
-        calib = runtime_storage(calibration_for(cluster.gpu, stack), precision, device_type(cluster))
+        calib = runtime_storage(target_calibration(cluster, stack), precision, device_type(cluster))
         return Hardware(cluster=cluster, calib=calib)
     data = load_profile(profile)
     return resolve_hardware_data(cluster, precision, data, profile_source(data, profile), stack)
@@ -60,9 +67,20 @@ def resolve_hardware_data(cluster: ClusterSpec, precision: Precision, profile: H
                           source: str, stack: str | None = None) -> Hardware:
     """``resolve_hardware`` for a profile already in memory (``source``: its file and date)."""
     cluster = apply_profile_data(cluster, profile)
-    calib = calibration_from_profile_data(profile, source, precision, calibration_for(cluster.gpu, stack))[0]
+    calib = calibration_from_profile_data(profile, source, precision, target_calibration(cluster, stack))[0]
     calib = host_time_scaled(calib, profile, cluster.num_gpus)
     return Hardware(cluster=cluster, calib=runtime_storage(calib, precision, device_type(cluster)))
+
+
+def target_calibration(cluster: ClusterSpec, stack: str | None) -> Calibration:
+    """``calibration_for(gpu, stack)`` with the settings of the framework ``stack`` stands for as a
+    target (``TARGET_FRAMEWORKS``; none for the others)."""
+    calib = calibration_for(cluster.gpu, stack)
+    framework = TARGET_FRAMEWORKS.get((stack or "").lower())
+    settings = framework_defaults(framework).calibration if framework else {}
+    if not settings:
+        return calib
+    return calib.replace_fields(source=f"{calib.source}; {framework} settings", **settings)
 
 
 def runtime_storage(calib: Calibration, precision: Precision, device: str) -> Calibration:

@@ -16,9 +16,9 @@ the row leaves the field blank (:func:`overlay`):
 * ``use_megatron_fsdp`` -> ZeRO stage 3 (Megatron FSDP's ``optim_grads_params`` sharding);
 * ``recompute_num_layers=N`` -> full recompute of the first N layers of each (virtual) stage
   (Megatron-Core's ``block`` method, as ``export.import_megatron`` reads it);
-* ``recompute_modules`` containing ``core_attn`` -> selective recompute (meshplan's is the
-  attention core of Korthikanti et al. 2022, Sec. 5); the other modules (``mla_up_proj``,
-  ``moe_act``, ``layernorm``, ``mlp``, ``moe``, ...) have no counterpart and are listed, not applied;
+* ``recompute_modules`` -> selective recompute of those modules (``Plan.recompute_modules``,
+  costed per module in ``cost/recompute_modules.py``); a name Megatron-Core does not know is an
+  error of the file;
 * ``cpu_offloading_num_layers=N`` -> activations of N layers in host memory
   (``Plan.offload_layers``).
 
@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import Offload, Recompute, even_split
+from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
 from meshplan.textfile import csv_records, read_text_file
 
 KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
@@ -48,11 +48,8 @@ SETTING_COLUMNS = ("megatron_fsdp", "recompute_num_layers", "recompute_modules",
                    "cpu_offloading_num_layers")
 RECIPE_COLUMNS = KEY_COLUMNS + SETTING_COLUMNS + ("config", "source")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
-RECOMPUTE_MODULES = frozenset({"core_attn", "mla_up_proj", "moe_act", "layernorm", "mlp", "moe",
-                               "shared_experts"})
+RECOMPUTE_MODULES = frozenset(m.value for m in RecomputeModule)
 """Megatron-Core's ``recompute_modules`` names (TransformerConfig, megatron/core 0.14+)."""
-SELECTIVE_MODULE = "core_attn"
-"""The one module meshplan's selective recompute stands for."""
 SOURCE_FRAMEWORK = "Megatron-Bridge"
 """Rows whose ``source`` starts with this ran Megatron-Bridge's presets."""
 SHIPPED = "bridge_recipes.csv"
@@ -87,6 +84,8 @@ class Overlay:
     recompute: Recompute | None = None
     recompute_block_layers: int | None = None
     """Full recompute of this many layers per (virtual) stage (``block``); None: all."""
+    recompute_modules: tuple[RecomputeModule, ...] = ()
+    """Under selective recompute, the preset's modules (empty: the attention core alone)."""
     offload_layers: int | None = None
     """Activations of this many layers per pipeline rank in host memory; None: no offload."""
     notes: tuple[str, ...] = ()
@@ -197,11 +196,8 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
         want, block, said = Recompute.FULL, recipe.recompute_num_layers, f"recompute_num_layers={recipe.recompute_num_layers}"
     if recipe.recompute_modules:
         said = f"recompute_modules={'+'.join(recipe.recompute_modules)}"
-        want, block = (Recompute.SELECTIVE, None) if SELECTIVE_MODULE in recipe.recompute_modules else (None, None)
-        others = [m for m in recipe.recompute_modules if m != SELECTIVE_MODULE]
-        if others:
-            notes.append(f"recompute of {'+'.join(others)} not applied ({label}; meshplan's selective "
-                         "recompute is the attention core only)")
+        want, block = Recompute.SELECTIVE, None
+    modules = tuple(RecomputeModule(m) for m in recipe.recompute_modules) if want == Recompute.SELECTIVE else ()
     recompute = None
     if want is not None:
         if row_recompute is None:
@@ -209,16 +205,20 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
             layers = f", the first {block} layers of each stage" if block is not None else ""
             notes.append(f"recompute: {want.value}{layers} ({label}: {said})")
         elif row_recompute != want.value:
-            block = None
+            block, modules = None, ()
             notes.append(f"recompute: the row's {row_recompute} kept ({label} says {said})")
         else:
             block = None  # the row says so itself: every layer, as its recompute column reads
+            if modules:  # a row's recompute column names no modules: they come from the preset
+                recompute = want
+                notes.append(f"recompute modules: {'+'.join(m.value for m in modules)} ({label}: {said})")
 
     offload_layers = recipe.cpu_offloading_num_layers
     if offload_layers is not None:
         notes.append(f"offload: activations of {offload_layers} layers per rank ({label}: "
                      f"cpu_offloading_num_layers={offload_layers})")
     return Overlay(zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
+                   recompute_modules=modules if recompute else (),
                    offload_layers=offload_layers, notes=tuple(notes))
 
 

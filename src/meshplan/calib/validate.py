@@ -324,6 +324,7 @@ def build_run(row: dict[str, str]) -> Run:
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
         stage_layers=stage_layers, micro_batch=mb, recompute=recompute,
         recompute_layers=extra.recompute_layers(model.num_layers, pp * vpp, stage_layers),
+        recompute_modules=extra.recompute_modules if recompute == Recompute.SELECTIVE else (),
         offload=extra.offload, offload_layers=extra.offload_layers or 0,
     )
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)

@@ -1,5 +1,5 @@
 """The plan flags (``--dp --dp-shard --tp --pp --cp --ep --zero --micro-batch --recompute
---schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --offload
+--schedule --vpp --sp/--no-sp --cp-method --stage-layers --recompute-layers --recompute-modules --offload
 --offload-layers --keep-gathered --mlp-splits --head-splits --expert-placement --expert-replicas``): declared once,
 turned into a Plan in one place (:func:`build_plan`), and back (:func:`flags_for`): the flags that
 reproduce a plan, in the same terms as its notation (``Plan.notation``)."""
@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 import typer
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import (CPMethod, ExpertPlacement, Offload, OpGroup, ParallelDims, Plan, Recompute, Schedule,
+from meshplan.plan import (CPMethod, ExpertPlacement, Offload, OpGroup, ParallelDims, Plan, Recompute,
+                           RecomputeModule, Schedule,
                            data_parallel_degree,
                            format_counts, parse_counts)
 
@@ -40,6 +41,7 @@ class PlanFlags:
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING
     stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
+    recompute_modules: Annotated[Optional[str], typer.Option("--recompute-modules", help="With --recompute selective, the modules recomputed (Megatron-Core's --recompute-modules): core_attn, mlp, moe, moe_act, layernorm, mla_up_proj, shared_experts; '+'-separated, default core_attn.")] = None
     vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
     expert_placement: Annotated[ExpertPlacement, typer.Option("--expert-placement", help="Which ep rank holds which expert: contiguous ids, or balanced by the expert load (--expert-skew / --expert-load).")] = ExpertPlacement.CONTIGUOUS
     expert_replicas: Annotated[int, typer.Option("--expert-replicas", help="Extra slots per ep rank for copies of the hottest experts (FlexMoE).")] = 0
@@ -99,6 +101,7 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
         stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
+        recompute_modules=_parse_names(f.recompute_modules, RecomputeModule, "--recompute-modules"),
         offload=_parse_names(f.offload, Offload, "--offload"), offload_layers=f.offload_layers,
         vocab_parallel=f.vocab_parallel,
         keep_gathered=_parse_names(f.keep_gathered, OpGroup, "--keep-gathered"),
@@ -133,6 +136,7 @@ def flags_for(plan: Plan) -> PlanFlags:
         stage_layers=format_counts(plan.stage_layers) if plan.uneven_split else None,
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
+        recompute_modules="+".join(m.value for m in plan.recompute_modules) or None,
         offload="+".join(o.value for o in plan.offload) or None, offload_layers=plan.offload_layers,
         vocab_parallel=plan.vocab_parallel,
         keep_gathered="+".join(g.value for g in plan.keep_gathered) or None,

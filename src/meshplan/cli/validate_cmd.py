@@ -13,7 +13,7 @@ from rich.table import Table
 
 from meshplan.cli.common import JsonOpt, console, print_json
 from meshplan.cli.main import app
-from meshplan.data.published import DEFAULT_RUNS, runs_csv
+from meshplan.data.published import DEFAULT_RUNS, PUBLISHED_RUNS, runs_csv
 from meshplan.errors import MeshplanError
 from meshplan.targets import Target
 
@@ -35,7 +35,7 @@ def _fmt(v: float | None, spec: str) -> str:
 
 @app.command("validate")
 def validate_cmd(
-    runs: Annotated[str, typer.Option("--runs", help="A shipped set of published runs (calibration, megatron-bridge) or a CSV of that format.")] = DEFAULT_RUNS,
+    runs: Annotated[str, typer.Option("--runs", help=f"A shipped set of published runs ({', '.join(PUBLISHED_RUNS)}) or a CSV of that format.")] = DEFAULT_RUNS,
     target: Annotated[Optional[Target], typer.Option("--target", help="Estimate every row with this stack's calibration (default: each row's framework's stack).")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per (GPU generation, stack) on these runs first and print it.")] = False,
     write: Annotated[bool, typer.Option("--write-calibration", help="With --fit: write the fitted records to the calibration data file --out names (a new file: the shipped calibration with the refit records).")] = False,

@@ -9,7 +9,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from meshplan.plan import (CPMethod, ExpertPlacement, ParallelDims, Plan, Recompute, Schedule, group_choices,
-                           group_code, offload_choices, offload_code)
+                           group_code, offload_choices, offload_code, recompute_module_choices,
+                           recompute_module_code)
 
 SCHEDULE_CODES: tuple[Schedule, ...] = tuple(Schedule)
 """Integer code of a schedule = its index here (gpipe 0, 1f1b 1, interleaved 2, zero-bubble 3)."""
@@ -59,6 +60,9 @@ class PlanArrays:
     """Experts placed by their load (``ExpertPlacement.BALANCED``, bool); None: contiguous."""
     expert_replicas: np.ndarray | None = None
     """Replica slots per ep rank for hot experts (``Plan.expert_replicas``); None: 0."""
+    recompute_modules: np.ndarray | None = None
+    """Under selective recompute, the modules recomputed, as the bit mask of
+    ``meshplan.plan.recompute_module_code`` (0: the attention core alone); None: 0."""
 
     def __post_init__(self) -> None:
         if self.etp is None:
@@ -74,6 +78,8 @@ class PlanArrays:
             object.__setattr__(self, "expert_balanced", np.zeros(np.shape(self.tp), dtype=bool))
         if self.expert_replicas is None:
             object.__setattr__(self, "expert_replicas", np.zeros_like(np.asarray(self.tp)))
+        if self.recompute_modules is None:
+            object.__setattr__(self, "recompute_modules", np.zeros_like(np.asarray(self.tp)))
         n = None
         for f in fields(self):
             a = np.asarray(getattr(self, f.name))
@@ -123,6 +129,7 @@ class PlanArrays:
             head_splits=col(lambda p: p.head_splits),
             expert_balanced=col(lambda p: p.expert_placement == ExpertPlacement.BALANCED),
             expert_replicas=col(lambda p: p.expert_replicas),
+            recompute_modules=col(lambda p: recompute_module_code(p.recompute_modules)),
         )
 
     def plan(self, i: int, stage_layers: tuple[int, ...] = (),
@@ -151,6 +158,8 @@ class PlanArrays:
             head_splits=int(self.head_splits[i]),
             expert_placement=ExpertPlacement.BALANCED if self.expert_balanced[i] else ExpertPlacement.CONTIGUOUS,
             expert_replicas=int(self.expert_replicas[i]),
+            recompute_modules=(recompute_module_choices(int(self.recompute_modules[i]))
+                               if recompute == Recompute.SELECTIVE else ()),
         )
 
     def take(self, index) -> "PlanArrays":

@@ -47,3 +47,12 @@ def refuse_expert_placement(plan, stack: str) -> None:
     if plan.expert_placement != ExpertPlacement.CONTIGUOUS or plan.expert_replicas:
         raise MeshplanError(f"{stack} places experts contiguously (ids r*E/ep.. on ep rank r) and has no expert "
                             "replicas; plan with --expert-placement contiguous --expert-replicas 0")
+
+
+def refuse_recompute_modules(plan, stack: str) -> None:
+    """One line naming the first of Megatron-Core's recompute modules (``Plan.recompute_modules``)
+    that ``stack`` has no counterpart for (it checkpoints whole blocks or ops, not named modules)."""
+    if plan.recompute_modules:
+        raise MeshplanError(f"{stack} cannot recompute module {plan.recompute_modules[0].value!r} (Megatron-Core's "
+                            "--recompute-modules): plan selective recompute without --recompute-modules, "
+                            "or full, or export to megatron")

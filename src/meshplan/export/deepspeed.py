@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.base import (Export, ExportTarget, refuse_expert_placement, refuse_recompute_modules,
+                                  uniform_recompute)
 from meshplan.export.osdp import persistence_config
 from meshplan.plan import Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision
@@ -75,6 +76,7 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
         raise MeshplanError("DeepSpeed-MoE has no expert tensor parallel of its own (etp must equal tp)")
     if d.ep > 1:
         warnings.append(f"expert parallel is set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep})")
+    refuse_recompute_modules(plan, "DeepSpeed")
     if plan.recompute == Recompute.SELECTIVE:
         raise MeshplanError("DeepSpeed checkpoints whole layers; selective (attention-core) "
                             "recompute is not expressible: use full")

@@ -13,7 +13,8 @@ import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, Offload, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree
+from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
+                           data_parallel_degree)
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -52,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
                  "--moe-shared-expert-intermediate-size", "--model-parallel-size",
                  "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
                  "--mtp-num-layers", "--moe-latent-size", "--mamba-num-heads", "--mamba-head-dim",
-                 "--mamba-state-dim", "--mamba-num-groups",
+                 "--mamba-state-dim", "--mamba-num-groups", "--cpu-offloading-num-layers",
                  # launcher (torchrun) options
                  "--nnodes", "--nproc-per-node", "--nproc_per_node"):
         add(name, type=int, default=None)
@@ -60,11 +61,12 @@ def _parser() -> argparse.ArgumentParser:
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                  "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
-                 "--optimizer-cpu-offload"):
+                 "--optimizer-cpu-offload", "--cpu-offloading"):
         add(name, action="store_true")
     add("--optimizer-offload-fraction", type=float, default=None)
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
+    add("--recompute-modules", nargs="*", default=None)
     add("--cp-comm-type", nargs="+", default=None)
     add("--position-embedding-type", default=None)
     add("--normalization", default=None)
@@ -366,11 +368,36 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         micro_batch=_positive("--micro-batch-size", a.micro_batch_size, 1),
         recompute=recompute,
         recompute_layers=rec_layers,
-        offload=_offload(a),
+        recompute_modules=_modules(a) if recompute == Recompute.SELECTIVE else (),
+        offload=_offload(a) + _activation_offload(a)[0],
+        offload_layers=_activation_offload(a, spec)[1],
     )
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+
+
+def _modules(a) -> tuple[RecomputeModule, ...]:
+    """``--recompute-modules``: Megatron-Core's names (export/megatron.py writes them)."""
+    names = a.recompute_modules or ()
+    known = {m.value for m in RecomputeModule}
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise MeshplanError(f"--recompute-modules {bad[0]!r} is not one of {', '.join(sorted(known))}")
+    return tuple(RecomputeModule(n) for n in names)
+
+
+def _activation_offload(a, spec=None) -> tuple[tuple[Offload, ...], int]:
+    """``--cpu-offloading --cpu-offloading-num-layers N``: activations of N layers on the host; N =
+    num_layers - 1 (Megatron-Core's most, what the export writes for every layer) reads as 0, all."""
+    if not a.cpu_offloading:
+        return (), 0
+    n = a.cpu_offloading_num_layers
+    if n is None or n < 1:
+        raise MeshplanError(f"--cpu-offloading with --cpu-offloading-num-layers {n}: meshplan reads the layers "
+                            "whose activations are offloaded from it (>= 1)")
+    every = spec is not None and n == spec.num_layers - 1
+    return (Offload.ACTIVATIONS,), 0 if every else n
 
 
 def _offload(a) -> tuple[Offload, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
-from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
+from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
@@ -153,6 +153,14 @@ def _recompute_args(job: Job) -> list[list[str]]:
                 "Megatron-LM's selective recompute covers every layer; the plan recomputes "
                 f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
             )
+        if plan.recompute_modules:  # Megatron-Core's default is core_attn alone, the plan's empty set
+            out = [["--recompute-granularity", "selective"],
+                   ["--recompute-modules", *(m.value for m in plan.recompute_modules)]]
+            if RecomputeModule.MOE_ACT in plan.recompute_modules:
+                # TransformerConfig: "moe_act in recompute_modules is only supported with
+                # moe_grouped_gemm" (the experts as grouped GEMMs, as the cost model has them)
+                out.append(["--moe-grouped-gemm"])
+            return out
         return [["--recompute-granularity", "selective"]]
     if every:
         # uniform with 1 layer per group: every layer's input kept, every layer recomputed
@@ -220,7 +228,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
         raise MeshplanError("Megatron-LM shards every parameter alike (distributed optimizer or FSDP); "
                             f"per operator-group keeps and operator splits ({osdp_notation(plan)}) are not "
                             "expressible: plan without them")
-    args += _offload_args(plan)
+    args += _offload_args(job)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)
     if prec:
@@ -228,19 +236,40 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
     return args, warnings
 
 
-def _offload_args(plan) -> list[list[str]]:
+def _offload_args(job: Job) -> list[list[str]]:
     """Megatron-LM offloads the distributed optimizer's states and step to the host
-    (``--optimizer-cpu-offload``, HybridDeviceOptimizer; fraction 1: all of it); nothing else."""
+    (``--optimizer-cpu-offload``, HybridDeviceOptimizer; fraction 1: all of it) and the
+    activations of the first N layers (``--cpu-offloading --cpu-offloading-num-layers N``,
+    TransformerConfig.cpu_offloading*, megatron/core/transformer/transformer_config.py: N below
+    the layer count, no pipeline parallel, no recompute); not the parameters."""
+    plan = job.plan
     if not plan.offload:
         return []
-    if set(plan.offload) != {Offload.OPTIMIZER}:
-        raise MeshplanError("Megatron-LM offloads only the optimizer (--optimizer-cpu-offload); the plan also "
-                            f"offloads {'+'.join(o.value for o in plan.offload if o != Offload.OPTIMIZER)}")
-    if plan.zero not in (1, 2) or plan.dims.dp_shard == 1:
-        raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
-                            f"(zero 1 or 2 over dp_shard > 1); the plan has zero {plan.zero}, "
-                            f"dp_shard {plan.dims.dp_shard}")
-    return [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if Offload.PARAMS in plan.offload:
+        raise MeshplanError("Megatron-LM offloads the optimizer (--optimizer-cpu-offload) and activations "
+                            "(--cpu-offloading), not the parameters; plan without offload 'params'")
+    out: list[list[str]] = []
+    if Offload.OPTIMIZER in plan.offload:
+        if plan.zero not in (1, 2) or plan.dims.dp_shard == 1:
+            raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
+                                f"(zero 1 or 2 over dp_shard > 1); the plan has zero {plan.zero}, "
+                                f"dp_shard {plan.dims.dp_shard}")
+        out += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
+    if Offload.ACTIVATIONS in plan.offload:
+        layers = job.model.num_layers
+        if plan.dims.pp > 1:
+            raise MeshplanError(f"Megatron-Core's activation offload (--cpu-offloading) runs without pipeline "
+                                f"parallel; the plan has pp={plan.dims.pp}")
+        if plan.recompute != Recompute.NONE:
+            raise MeshplanError("Megatron-Core's activation offload (--cpu-offloading) does not work with "
+                                f"activation recompute; the plan recomputes ({plan.recompute.value})")
+        # offload_layers 0 means every layer but the ones in flight: Megatron's most, num_layers - 1
+        count = plan.offload_layers or layers - 1
+        if not 0 < count < layers:
+            raise MeshplanError(f"Megatron-Core offloads the activations of fewer layers than the model's "
+                                f"{layers}; the plan offloads {plan.offload_layers}")
+        out += [["--cpu-offloading"], ["--cpu-offloading-num-layers", str(count)]]
+    return out
 
 
 def export_megatron(job: Job) -> Export:

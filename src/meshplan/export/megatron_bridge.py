@@ -52,7 +52,12 @@ FIELDS = {
     "--use-torch-fsdp2": "dist.use_torch_fsdp2",
     "--optimizer-cpu-offload": "optimizer.optimizer_cpu_offload",  # megatron.core OptimizerConfig
     "--optimizer-offload-fraction": "optimizer.optimizer_offload_fraction",
+    "--cpu-offloading": "model.cpu_offloading",  # TransformerConfig.cpu_offloading(_num_layers)
+    "--cpu-offloading-num-layers": "model.cpu_offloading_num_layers",
 }
+MODULES_FLAG, MODULES_FIELD = "--recompute-modules", "model.recompute_modules"
+"""A list flag (nargs='*'): written as a Hydra list; under selective recompute without it,
+Megatron-Core's default [core_attn] (a recipe's own list would apply otherwise)."""
 # written when the Megatron-LM export leaves the flag out, since a recipe sets its own (e.g. the
 # Llama-3-8B recipe: context_parallel_size 2 and the distributed optimizer on)
 ABSENT = {
@@ -68,6 +73,7 @@ ABSENT = {
     "--use-distributed-optimizer": "false",
     "--num-distributed-optimizer-instances": "1",
     "--use-torch-fsdp2": "false",
+    "--cpu-offloading": "false",
 }
 VPP_FLAG, VPP_FIELD = "--num-layers-per-virtual-pipeline-stage", "model.virtual_pipeline_model_parallel_size"
 DATASET_SEQ_FIELD = "dataset.sequence_length"
@@ -90,6 +96,9 @@ def bridge_overrides(job: Job) -> tuple[list[tuple[str, str]], list[str]]:
         value = flags.get(flag, ABSENT.get(flag))
         if value is not None:
             out.append((field, value))
+    if flags.get("--recompute-granularity") == "selective":
+        modules = next((a[1:] for a in args if a[0] == MODULES_FLAG), ["core_attn"])
+        out.append((MODULES_FIELD, "[" + ",".join(modules) + "]"))
     pp = int(flags.get("--pipeline-model-parallel-size", "1"))
     if VPP_FLAG in flags:
         vpp = job.model.num_layers // pp // int(flags[VPP_FLAG])

@@ -10,7 +10,8 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.base import (Export, ExportTarget, refuse_expert_placement, refuse_recompute_modules,
+                                  uniform_recompute)
 from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
@@ -108,6 +109,7 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
     if plan.recompute == Recompute.NONE:
         ac["mode"] = "none"
     elif plan.recompute == Recompute.SELECTIVE:
+        refuse_recompute_modules(plan, "torchtitan")
         every, _ = uniform_recompute(plan)
         if not every:
             raise MeshplanError("torchtitan's per-op selective checkpointing covers every layer; "

@@ -21,10 +21,10 @@ placement of Narayanan et al. 2021, Sec. 2.2.2).
 # The package's one public face: callers import every name below from ``meshplan.plan``.
 from meshplan.plan.choices import (  # noqa: F401
     MESH_AXIS_ORDER, OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT, OFFLOAD_PARAMS_BIT, CPMethod,
-    ExpertPlacement, MeshAxis, Offload, OpGroup, Recompute, Schedule, group_choices, group_code,
-    offload_choices, offload_code,
+    ExpertPlacement, MeshAxis, Offload, OpGroup, Recompute, RecomputeModule, Schedule, group_choices, group_code,
+    offload_choices, offload_code, recompute_module_choices, recompute_module_code,
 )
-from meshplan.plan.core import PLAN_FORMAT_VERSION, Plan, check_model_takes  # noqa: F401
+from meshplan.plan.core import PLAN_FORMAT_VERSION, READABLE_PLAN_VERSIONS, Plan, check_model_takes, missing_module  # noqa: F401
 from meshplan.plan.dims import ParallelDims, data_parallel_degree  # noqa: F401
 from meshplan.plan.job import Job  # noqa: F401
 from meshplan.plan.split import embedding_loss_split, even_split, format_counts, parse_counts  # noqa: F401

@@ -47,6 +47,40 @@ class Recompute(str, enum.Enum):
     FULL = "full"  # keep only each layer's input; recompute the whole layer in backward
 
 
+class RecomputeModule(str, enum.Enum):
+    """The submodules Megatron-Core's selective recompute can recompute (``--recompute-modules``;
+    ``TransformerConfig.recompute_modules``, megatron/core/transformer/transformer_config.py,
+    NVIDIA/Megatron-LM@d30c3ae5469fe3f6a64d4fd2e63b6e7f7844ea81). A plan's empty set means
+    Megatron's default, ``core_attn`` alone. ``core_attn``, ``mlp``, ``moe`` and
+    ``shared_experts`` are checkpointed as a whole (their input kept); ``moe_act``, ``layernorm``
+    and ``mla_up_proj`` discard their output after use and rerun to get it back."""
+
+    CORE_ATTN = "core_attn"  # the attention core: QK^T, softmax, dropout, AV (Korthikanti et al. 2022 Sec. 5)
+    MLP = "mlp"  # the dense MLP of a dense layer
+    MOE = "moe"  # the whole MoE block: router, dispatch, experts, combine, shared experts
+    MOE_ACT = "moe_act"  # the routed experts' activation function (its output: fc2's input)
+    LAYERNORM = "layernorm"  # input_layernorm and pre_mlp_layernorm (their outputs)
+    MLA_UP_PROJ = "mla_up_proj"  # MLA's q and kv up projections and RoPE (their outputs)
+    SHARED_EXPERTS = "shared_experts"  # the MoE block's shared experts
+
+    @property
+    def bit(self) -> int:
+        """Bit of this module in the search's integer column (``PlanArrays.recompute_modules``)."""
+        return 1 << tuple(RecomputeModule).index(self)
+
+
+def recompute_module_code(modules: "tuple[RecomputeModule, ...]") -> int:
+    """The bit mask of a set of recomputed modules; 0 for Megatron's default (``core_attn`` alone,
+    also written as the empty set), so that one set has one code."""
+    chosen = {RecomputeModule(m) for m in modules}
+    return 0 if chosen <= {RecomputeModule.CORE_ATTN} else sum(m.bit for m in chosen)
+
+
+def recompute_module_choices(code: int) -> "tuple[RecomputeModule, ...]":
+    """The inverse of :func:`recompute_module_code` (0: the empty set, Megatron's default)."""
+    return tuple(m for m in RecomputeModule if code & m.bit)
+
+
 class Offload(str, enum.Enum):
     """What lives in host memory instead of the GPU's (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
     Rajbhandari et al. 2021). ``PARAMS`` moves the parameter and gradient shards (and needs

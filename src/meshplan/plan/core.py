@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
-from meshplan.plan.choices import CPMethod, ExpertPlacement, Offload, OpGroup, Recompute, Schedule
+from meshplan.plan.choices import (CPMethod, ExpertPlacement, Offload, OpGroup, Recompute, RecomputeModule,
+                                   Schedule)
 from meshplan.plan.dims import ParallelDims
 from meshplan.plan.split import even_split, format_counts
 
@@ -15,7 +16,10 @@ if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+"""Version 2 added ``recompute_modules``; a version-1 file reads as the same plan (its selective
+recompute is the default module set, the attention core)."""
+READABLE_PLAN_VERSIONS: tuple[int, ...] = (1, 2)
 
 
 def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
@@ -27,6 +31,14 @@ def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
     if training.expert_load is not None and not model.is_moe:
         raise MeshplanError(f"an expert load (--expert-skew / --expert-load) describes MoE routing; "
                             f"{model.name} has no experts")
+
+
+def missing_module(model: "ModelSpec", modules: "tuple[RecomputeModule, ...]") -> RecomputeModule | None:
+    """The first of ``modules`` that ``model`` has nothing for (experts, shared experts, MLA), or None."""
+    has = {RecomputeModule.MOE: model.is_moe, RecomputeModule.MOE_ACT: model.is_moe,
+           RecomputeModule.SHARED_EXPERTS: model.is_moe and model.moe_shared_experts > 0,
+           RecomputeModule.MLA_UP_PROJ: model.is_mla}
+    return next((m for m in modules if not has.get(RecomputeModule(m), True)), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +63,10 @@ class Plan:
     recompute_layers: tuple[int, ...] = ()
     """Layers recomputed per (virtual) stage under ``recompute``; empty means every layer
     (or none when ``recompute`` is NONE)."""
+    recompute_modules: tuple[RecomputeModule, ...] = ()
+    """Under selective recompute, the submodules recomputed (Megatron-Core's ``--recompute-modules``,
+    :class:`RecomputeModule`); empty: the default, the attention core alone (``core_attn``), and
+    ``(core_attn,)`` is stored as empty so that one set has one form. Kept in the enum's order."""
     offload: tuple[Offload, ...] = ()
     """What is kept in host memory (:class:`Offload`); empty: nothing. Kept in the enum's order."""
     offload_layers: int = 0
@@ -89,6 +105,17 @@ class Plan:
                                     f"{', '.join(e.value for e in enum_cls)}") from None
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
         object.__setattr__(self, "recompute_layers", tuple(self.recompute_layers))
+        try:
+            modules = {RecomputeModule(m) for m in self.recompute_modules}
+        except ValueError:
+            raise MeshplanError(f"recompute_modules={list(self.recompute_modules)!r}: each must be one of "
+                                f"{', '.join(m.value for m in RecomputeModule)}") from None
+        if modules and self.recompute != Recompute.SELECTIVE:
+            raise MeshplanError(f"recompute_modules {'+'.join(m.value for m in RecomputeModule if m in modules)} "
+                                f"name what selective recompute recomputes: they need recompute 'selective', "
+                                f"got {self.recompute.value!r}")
+        object.__setattr__(self, "recompute_modules", () if modules == {RecomputeModule.CORE_ATTN}
+                           else tuple(m for m in RecomputeModule if m in modules))
         try:
             chosen = {Offload(o) for o in self.offload}
         except ValueError:
@@ -234,6 +261,11 @@ class Plan:
             )
         if self.sp and training.seq_len % d.tp:
             raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
+        missing = missing_module(model, self.recompute_modules)
+        if missing is not None:
+            what = {RecomputeModule.MLA_UP_PROJ: "multi-head latent attention",
+                    RecomputeModule.SHARED_EXPERTS: "shared experts"}.get(missing, "experts")
+            raise MeshplanError(f"recompute module {missing.value}: {model.name} has no {what}")
         if self.mlp_splits > 1 and model.is_moe:
             raise MeshplanError(f"mlp_splits={self.mlp_splits}: {model.name}'s experts are separate operators "
                                 "already (split them with ep); operator splitting applies to dense MLPs")
@@ -275,7 +307,7 @@ class Plan:
             # recomputing zero layers is no recompute: one canonical form, so that exports and
             # their imports agree (Megatron has no "full recompute of 0 layers")
             return replace(self, stage_layers=tuple(layers), recompute=Recompute.NONE,
-                           recompute_layers=tuple(rec))
+                           recompute_layers=tuple(rec), recompute_modules=())
         return replace(self, stage_layers=tuple(layers), recompute_layers=tuple(rec))
 
     def stage_rank(self, stage: int) -> int:
@@ -293,7 +325,8 @@ class Plan:
         parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
         not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all; ``offload=optimizer+params+activations`` what lives in host memory, ``:N`` the
+        not all, ``sel(core_attn+moe_act)`` the modules selective recompute reruns when not the default
+        attention core (``--recompute-modules``); ``offload=optimizer+params+activations`` what lives in host memory, ``:N`` the
         layers per rank whose activations do when not all;
         ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
         the operator splits when not 1 (OSDP).
@@ -321,6 +354,8 @@ class Plan:
             parts.append(f"layers={format_counts(self.stage_layers)}")
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
+            if self.recompute_modules:
+                short += "(" + "+".join(m.value for m in self.recompute_modules) + ")"
             parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
         if self.offload:
             parts.append("offload=" + "+".join(o.value for o in self.offload)
@@ -353,6 +388,7 @@ class Plan:
         out["cp_method"] = self.cp_method.value
         out["stage_layers"] = list(self.stage_layers)
         out["recompute_layers"] = list(self.recompute_layers)
+        out["recompute_modules"] = [m.value for m in self.recompute_modules]
         out["offload"] = [o.value for o in self.offload]
         out["keep_gathered"] = [g.value for g in self.keep_gathered]
         out["expert_placement"] = self.expert_placement.value
@@ -377,6 +413,7 @@ class Plan:
                 micro_batch=_json_int("micro_batch", data.pop("micro_batch", 1)),
                 recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
                 recompute_layers=tuple(_json_int("recompute_layers", x) for x in data.pop("recompute_layers", ())),
+                recompute_modules=tuple(data.pop("recompute_modules", ())),
                 offload=tuple(data.pop("offload", ())),
                 offload_layers=_json_int("offload_layers", data.pop("offload_layers", 0)),
                 vocab_parallel=_json_bool("vocab_parallel", data.pop("vocab_parallel", False)),

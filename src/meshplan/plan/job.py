@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplan.errors import MeshplanError
-from meshplan.plan.core import PLAN_FORMAT_VERSION, Plan
+from meshplan.plan.core import PLAN_FORMAT_VERSION, READABLE_PLAN_VERSIONS, Plan
 
 if TYPE_CHECKING:
     from meshplan.spec.cluster import ClusterSpec
@@ -54,9 +54,10 @@ class Job:
         if not isinstance(data, dict) or "meshplan_plan_version" not in data:
             raise MeshplanError("not a meshplan plan file (no 'meshplan_plan_version' field)")
         version = data["meshplan_plan_version"]
-        if version != PLAN_FORMAT_VERSION:
+        if isinstance(version, bool) or version not in READABLE_PLAN_VERSIONS:
             raise MeshplanError(
-                f"plan file version {version!r} is not supported (this meshplan reads {PLAN_FORMAT_VERSION})"
+                f"plan file version {version!r} is not supported (this meshplan reads "
+                f"{', '.join(map(str, READABLE_PLAN_VERSIONS))})"
             )
         for key in ("model", "training", "cluster", "plan"):
             if key not in data:

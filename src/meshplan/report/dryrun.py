@@ -17,8 +17,7 @@ from rich.table import Table
 from meshplan.cost import Calibration, calibration_for, estimate
 from meshplan.plan import Job
 from meshplan.report.dryrun_expected import expected_collectives, group_of
-
-GIB = 2**30
+from meshplan.spec.cluster import GIB
 PEAK_ORIGIN_ROWS = 10
 """Rows of the largest origins (category, module, op, dtype) at a rank's peak in the rendered report."""
 DIFFERENCE_NOTES = (

@@ -33,7 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshplan.plan import CPMethod, Offload, Plan, Recompute
+from meshplan.plan import CPMethod, Offload, Plan, Recompute, RecomputeModule
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 from meshplan.runtime.osdp import apply_osdp_modules, osdp_units
 from meshplan.runtime.vocab_embedding import use_vocab_parallel_lookup
@@ -222,8 +222,12 @@ def apply_ac(model: nn.Module, plan: Plan) -> None:
     """Recompute the first ``recompute_layers[stage]`` layers of this stage (Megatron's 'block' method).
 
     full: keep only each layer's input and recompute the whole layer in backward;
-    selective: recompute only the attention core, which holds the O(S^2) activations
-    (Korthikanti et al. 2022, Sec. 5).
+    selective: recompute the plan's modules (``Plan.recompute_modules``, Megatron-Core's
+    ``--recompute-modules``), by default only the attention core, which holds the O(S^2)
+    activations (Korthikanti et al. 2022, Sec. 5); ``mlp`` the dense MLP and ``moe`` the MoE
+    block, each checkpointed whole. The modules Megatron recomputes by discarding an output
+    (moe_act, layernorm, mla_up_proj) and shared_experts are not built here (meshplan.targets
+    refuses them before a launch).
     """
     if plan.recompute == Recompute.NONE or not len(model.layers):
         return
@@ -234,9 +238,23 @@ def apply_ac(model: nn.Module, plan: Plan) -> None:
         layer = model.layers[key]
         if plan.recompute == Recompute.FULL:
             checkpoint(layer)
-        else:
-            core = layer.attention.core
-            checkpoint(getattr(core, "inner", core))
+            continue
+        for module in selective_modules(layer, plan):
+            checkpoint(module)
+
+
+def selective_modules(layer: nn.Module, plan: Plan) -> list[nn.Module]:
+    """The submodules of ``layer`` that selective recompute checkpoints (``apply_ac``)."""
+    chosen = set(plan.recompute_modules) or {RecomputeModule.CORE_ATTN}
+    out = []
+    if RecomputeModule.CORE_ATTN in chosen:
+        core = layer.attention.core
+        out.append(getattr(core, "inner", core))
+    if RecomputeModule.MLP in chosen and layer.feed_forward is not None:
+        out.append(layer.feed_forward)
+    if RecomputeModule.MOE in chosen and layer.moe is not None:
+        out.append(layer.moe)
+    return out
 
 
 def apply_sp_saving(model: nn.Module) -> None:
@@ -251,7 +269,7 @@ def apply_sp_saving(model: nn.Module) -> None:
         if checkpoint.state(layer) is not None:
             continue
         keep_shards_for_backward(layer.attention)
-        if layer.feed_forward is not None:
+        if layer.feed_forward is not None and checkpoint.state(layer.feed_forward) is None:
             keep_shards_for_backward(layer.feed_forward)
 
 

@@ -349,7 +349,8 @@ class _SharedRows:
 def _without_recompute(plan: Plan) -> Plan:
     from dataclasses import replace
 
-    return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers))
+    return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers),
+                   recompute_modules=())
 
 
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:

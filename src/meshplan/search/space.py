@@ -22,7 +22,8 @@ import numpy as np
 
 from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
 from meshplan.errors import MeshplanError
-from meshplan.plan import CPMethod, Offload, Plan, Recompute, Schedule
+from meshplan.plan import (CPMethod, Offload, Plan, Recompute, RecomputeModule, Schedule, missing_module,
+                           recompute_module_code)
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -93,6 +94,10 @@ class SearchOptions:
     expert_placement: bool = True
     """Try balanced expert placement and hot-expert replicas when the training describes its
     expert load (``meshplan.search.expert_load``)."""
+    recompute_module_sets: tuple[tuple[RecomputeModule, ...], ...] = ()
+    """Beyond the default (the attention core), the module sets selective recompute is also
+    tried with on MoE models (Megatron-Core's ``--recompute-modules``); sets naming a module the
+    model lacks are skipped. Empty: the default only."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -256,6 +261,11 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
                      lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
     c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
+    c["recompute_modules"] = np.zeros_like(c["tp"])
+    codes = module_codes(model, options)
+    if codes.size:  # selective rows again, once per module set
+        variants = _cross(_keep(c, c["recompute"] == RECOMPUTES.index(Recompute.SELECTIVE)), "recompute_modules", codes)
+        c = {k: np.concatenate([c[k], variants[k]]) for k in c}
     c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
     c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
     c["keep"], c["mlp_splits"], c["head_splits"] = (np.full(c["tp"].shape, v, dtype=np.int64)
@@ -266,6 +276,14 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
+
+
+def module_codes(model: ModelSpec, options: SearchOptions) -> np.ndarray:
+    """Codes (``recompute_module_code``) of the non-default module sets searched for ``model``."""
+    if not model.is_moe or Recompute.SELECTIVE not in options.recomputes:
+        return np.zeros(0, dtype=np.int64)
+    codes = {recompute_module_code(s) for s in options.recompute_module_sets if missing_module(model, s) is None}
+    return np.array(sorted(codes - {0}), dtype=np.int64)
 
 
 def canonical(plan: Plan) -> Plan:
@@ -295,6 +313,9 @@ def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan
     d = plan.dims
     if d.world_size != num_gpus or plan.recompute not in options.recomputes:
         return False
+    code = recompute_module_code(plan.recompute_modules)
+    if code and code not in module_codes(model, options):
+        return False
     ok = (_rule_degrees(c, model, training) & _rule_max_cp(c, options) & _rule_zero(c) & _rule_sp(c, training)
           & _rule_cp_method(c, model, options) & _rule_ep(c, model)
           & _rule_schedule(c, model, options) & _rule_micro_batch(c, training))
@@ -313,6 +334,10 @@ def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: P
         return f"the plan uses {plan.dims.world_size} GPUs, the job {num_gpus}"
     if plan.recompute not in options.recomputes:
         return f"recompute {plan.recompute.value} is not searched for this target"
+    code = recompute_module_code(plan.recompute_modules)
+    if code and code not in module_codes(model, options):
+        return (f"recompute modules {'+'.join(m.value for m in plan.recompute_modules)} are not searched "
+                "for this target and model")
     if training.global_batch % plan.micro_batch:
         return f"micro-batch {plan.micro_batch} does not divide the global batch {training.global_batch}"
     rules = (

@@ -52,7 +52,7 @@ def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
 
 
 LAYER_KEY_FIELDS = ("tp", "cp", "ep", "etp", "sp", "micro_batch", "cp_method", "dp_shard", "zero",
-                    "expert_balanced", "expert_replicas")
+                    "expert_balanced", "expert_replicas", "recompute_modules")
 """The plan fields ``layer_cost`` reads (tests/planner/test_search_tables.py checks that rows
 equal on these get equal layer costs, so a change in the cost model cannot go unnoticed)."""
 

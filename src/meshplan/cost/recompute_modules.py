@@ -1,0 +1,81 @@
+"""Megatron-Core's selective recompute by module: what each module drops and what it reruns.
+
+``--recompute-granularity selective --recompute-modules ...`` (``TransformerConfig.recompute_modules``,
+megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM@d30c3ae5469fe3f6a64d4fd2e63b6e7f7844ea81)
+names submodules of each layer whose activations are not kept for the backward but computed again
+there. ``core_attn``, ``mlp``, ``moe`` and ``shared_experts`` are checkpointed whole: their input is
+kept (it is also the previous op's output, kept anyway), everything inside dropped. ``moe_act``,
+``layernorm`` and ``mla_up_proj`` discard their output after its consumers saved what they need
+(output-discarding checkpoint) and rerun to restore it.
+
+Per layer and micro-batch on one GPU, in the symbols of ``cost/layer.py`` (T = b*S/c tokens, T_r
+the tokens the replicated ops see, T/t with SP, t = tp, D hidden, F the MLP width, k top-k, Fs the
+shared experts' summed width, N heads, a the activation bytes, a_l a linear's saved-input bytes,
+g = 2 for a gated MLP else 1), the activations each drops (Korthikanti et al. 2022 Table 2 style,
+the terms of ``layer.py``'s kept activations):
+
+* core_attn: the attention scores, softmax and dropout, 5as^2b/t (0 with a fused kernel);
+* mlp (dense layers): T*F*(g*a + a_l)/t, the MLP's inner tensors (its input stays as the checkpoint's);
+* moe (MoE layers): the whole block's inner tensors: T*(k*F + Fs)*(g*a + a_l)/t, the routed token
+  copies and the latent projections (the block's input stays);
+* moe_act: the routed experts' activation output (fc2's input), T*k*F*a_l/t;
+* shared_experts: the shared experts' inner tensors, T*Fs*(g*a + a_l)/t;
+* layernorm: both norms' outputs (the next linear's input), 2*T_r*D*a_l;
+* mla_up_proj: MLA's query, key and value after the up projections and RoPE, T*N*(2*d_qk + d_v)*a/t
+  (the compressed latents stay).
+
+``moe`` covers ``moe_act`` and ``shared_experts`` (nothing is dropped twice). What each reruns in
+the backward is its forward: the same GEMMs, memory-bound ops and, for ``mlp`` and ``moe``, the
+exposed TP / EP communication of that sub-block again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.plan import RecomputeModule
+
+
+@dataclass(frozen=True)
+class ModuleTerm:
+    """One module of one layer kind (arrays over plans, or 0 where the kind has no such module)."""
+
+    dropped_bytes: np.ndarray | float
+    """Activations per micro-batch no longer kept for the backward."""
+    rerun_s: np.ndarray | float
+    """Forward time run again in the backward."""
+
+
+NOTHING = ModuleTerm(dropped_bytes=0.0, rerun_s=0.0)
+
+SUBSUMED: dict[RecomputeModule, RecomputeModule] = {
+    RecomputeModule.MOE_ACT: RecomputeModule.MOE,
+    RecomputeModule.SHARED_EXPERTS: RecomputeModule.MOE,
+}
+"""A module inside another: when both are chosen only the outer one counts."""
+
+
+def chosen(codes: np.ndarray, module: RecomputeModule) -> np.ndarray:
+    """Per plan, whether ``module`` is recomputed: the bit of ``module`` in the plan's code
+    (``meshplan.plan.recompute_module_code``), code 0 meaning the attention core alone."""
+    codes = np.asarray(codes)
+    if module == RecomputeModule.CORE_ATTN:
+        return (codes == 0) | ((codes & module.bit) > 0)
+    return (codes & module.bit) > 0
+
+
+def selective(codes: np.ndarray, terms: dict[RecomputeModule, ModuleTerm], act_none_bytes):
+    """(kept bytes, rerun seconds) per plan under selective recompute of each plan's modules:
+    everything kept without recompute less what the chosen modules drop, and their forwards again."""
+    dropped = 0.0 * act_none_bytes
+    rerun = 0.0 * act_none_bytes
+    for module, term in terms.items():
+        on = chosen(codes, module)
+        outer = SUBSUMED.get(module)
+        if outer is not None:
+            on = on & ~chosen(codes, outer)
+        dropped = dropped + np.where(on, term.dropped_bytes, 0.0)
+        rerun = rerun + np.where(on, term.rerun_s, 0.0)
+    return act_none_bytes - dropped, rerun
