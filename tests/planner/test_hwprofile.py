@@ -233,3 +233,6 @@ def test_host_per_kernel_applies_to_gpu_profiles_only(tmp_path):
     gpu.write_text(json.dumps(data))
     fitted = {f.field: f.value for f in profile_fit(load_profile(gpu), "test", Precision.FP32)}
     assert fitted["host_s_per_kernel"] == 7e-6
+    shown = _cli("profile", "--show", str(gpu))
+    assert shown.returncode == 0, shown.stderr
+    assert "host time per eager kernel" in shown.stdout and "7.0 us" in shown.stdout
