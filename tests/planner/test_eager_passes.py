@@ -19,7 +19,12 @@ import pytest
 
 from meshplan.cost import PlanArrays
 from meshplan.cost.calibration import calibration_for
-from meshplan.cost.eager_passes import eager_extra_bytes, rmsnorm_extra_bytes, rope_bytes, runs_eager
+from meshplan.cost.eager_passes import (
+    eager_extra_bytes,
+    rmsnorm_extra_bytes,
+    rope_bytes,
+    runs_eager,
+)
 from meshplan.cost.layer import layer_cost
 from meshplan.plan import ParallelDims, Plan
 from meshplan.spec.cluster import system_preset

@@ -8,9 +8,9 @@ code writes them, each aten op a kernel that reads its inputs from HBM and write
 gain on training comes largely from fusing such pointwise and reduction ops). The kernels are
 those cost/host.py counts for an eager layer (torchtitan's llama3 model code; a stack whose
 model code this is sets ``Calibration.eager_memory_passes``: meshplan's own runtime fuses its
-norm forward (F.rms_norm) and shares K/V heads inside SDPA (enable_gqa), so it does not); here are their
-bytes per element beyond the one fused pass layer.py already charges, forward (the backward runs
-the derivatives of the same ops: layer.py's 2x of the forward's device time).
+norm forward (F.rms_norm) and shares K/V heads inside SDPA (enable_gqa), so it does not). Here
+are their bytes per element beyond the one fused pass layer.py already charges, forward (the
+backward runs the derivatives of the same ops: layer.py's 2x of the forward's device time).
 
 Only the ops whose eager form differs from its fused one are counted: RMSNorm (a fp32 round
 trip through 8 kernels), the rotary embedding (3 kernels per q and k through complex fp32, which
@@ -26,13 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.cost.calibration import Calibration, gpu_generation
+from meshplan.cost.host import CPU_GENERATION
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.layers import Ffn, LayerKind, Mixer
 from meshplan.spec.model import ModelSpec, Norm, Position
-
-CPU_GENERATION = "cpu"
-"""On a CPU device the elementwise probe measures the runtime's eager modules themselves
-(``Calibration.elementwise_time_factor``, meshplan.calib.layer_probe): no passes are added there."""
 
 FP32_BYTES = 4.0
 """The eager norm and rotary embedding compute in fp32 (torchtitan's RMSNorm ``x.float()``,
@@ -85,5 +82,7 @@ def eager_extra_bytes(model: ModelSpec, kind: LayerKind, *, tokens, tokens_repli
 
 
 def runs_eager(cluster: ClusterSpec, calib: Calibration) -> bool:
-    """Whether the stack runs eager model code on a GPU (``Calibration.eager_memory_passes``)."""
+    """Whether the stack runs eager model code on a GPU (``Calibration.eager_memory_passes``). On a
+    CPU device the elementwise probe measures the runtime's eager modules themselves
+    (``Calibration.elementwise_time_factor``, meshplan.calib.layer_probe): nothing is added there."""
     return calib.eager_memory_passes and gpu_generation(cluster.gpu) != CPU_GENERATION
