@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 
 from meshplan.cost import PlanArrays, estimate
-from meshplan.cost.calibration import STACK_FIELDS, Calibration
+from meshplan.cost.calibration import STACK_FIELDS, Calibration, calibration_for
 from meshplan.cost.layer import layer_cost
 from meshplan.plan import ParallelDims, Plan, Recompute
-from meshplan.spec.cluster import system_preset
-from meshplan.spec.frameworks import framework_defaults
+from meshplan.spec.cluster import gpu_preset, system_preset
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
 
@@ -59,9 +58,12 @@ def test_loss_parallel_holds_the_decomposed_log_softmax():
 
 
 def test_torchtitan_rows_hold_memory_as_dtensor_does():
-    settings = framework_defaults("torchtitan").settings
-    assert settings["sp_saves_gathered_inputs"] is True
-    assert settings["loss_parallel_transient_bytes_per_element"] == 4.0
+    # the torchtitan stack's own record carries them, so `estimate --target torchtitan` and the
+    # torchtitan rows of a runs file (framework -> stack) read one source
+    calib = calibration_for(gpu_preset("h100-sxm"), "torchtitan")
+    assert calib.sp_saves_gathered_inputs is True
+    assert calib.loss_parallel_transient_bytes_per_element == 4.0
+    assert calibration_for(gpu_preset("h100-sxm"), "megatron").sp_saves_gathered_inputs is False
     for f in ("sp_saves_gathered_inputs", "loss_parallel_transient_bytes_per_element"):
         assert f in STACK_FIELDS
 

@@ -80,6 +80,13 @@ class Calibration:
     """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
     norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
     per aten op of eager model code (cost/host.py counts both). A stack field."""
+    eager_memory_passes: bool = False
+    """The stack runs its layers' memory-bound ops as eager model code, one aten op per kernel and
+    an HBM round trip each (torchtitan's llama3 model: RMSNorm through fp32 in 8 ops, complex
+    RoPE, repeat_kv copies, separate silu and multiply), not one fused pass per op: the extra
+    bytes of cost/eager_passes.py. A stack field (frameworks.json sets it for torchtitan runs;
+    torch.compile'd runs are fused); never on a CPU device, whose elementwise probe measures the
+    runtime's eager modules (elementwise_time_factor)."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -500,7 +507,7 @@ class Calibration:
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
-                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels",
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels", "eager_memory_passes",
                 "logits_bytes_per_element",
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
