@@ -67,8 +67,8 @@ def test_eager_stack_pays_the_passes_on_a_gpu_only():
     heads in SDPA, so its stack does not set the field."""
     training = TrainingSpec(seq_len=8192, global_batch=8, precision=Precision.BF16)
     plans = PlanArrays.from_plans([Plan(dims=ParallelDims(dp_shard=8), zero=3).with_defaults(LLAMA)])
-    fused = calibration_for(H100.gpu, "torchtitan").replace_fields(host_s_per_kernel=0.0)
-    eager = fused.replace_fields(eager_memory_passes=True)  # as the torchtitan framework's runs
+    eager = calibration_for(H100.gpu, "torchtitan").replace_fields(host_s_per_kernel=0.0)  # the stack's own
+    fused = eager.replace_fields(eager_memory_passes=False)  # as the torchtitan-compile framework's runs
     assert runs_eager(H100, eager) and not runs_eager(H100, fused)
     assert not runs_eager(system_preset("cpu", 1), eager)
     assert not calibration_for(H100.gpu, "meshplan").eager_memory_passes
@@ -80,11 +80,15 @@ def test_eager_stack_pays_the_passes_on_a_gpu_only():
 
 
 def test_torchtitan_rows_run_eager_compiled_rows_fused():
-    """frameworks.json: torchtitan runs (compile.enable off by default) set eager_memory_passes;
-    'torchtitan-compile' runs are fused on both the host (kernel counts) and the device."""
+    """The torchtitan stack (compile.enable off by default) sets eager_memory_passes in its own
+    record, so `estimate --target torchtitan` pays them too; 'torchtitan-compile' runs are fused
+    on both the host (kernel counts) and the device; llm-foundry's MPT code is not the counted
+    Llama code."""
     from meshplan.spec.frameworks import framework_defaults
 
-    assert framework_defaults("torchtitan").settings["eager_memory_passes"] is True
+    assert calibration_for(H100.gpu, "torchtitan").eager_memory_passes is True
+    assert "eager_memory_passes" not in framework_defaults("torchtitan").settings
+    assert framework_defaults("llm-foundry").settings["eager_memory_passes"] is False
     compiled = framework_defaults("torchtitan-compile").settings
     assert compiled["host_fused_kernels"] is True and not compiled.get("eager_memory_passes", False)
     assert framework_defaults("torchtitan-compile").stack == "torchtitan"
