@@ -49,7 +49,7 @@ def test_plan_table_and_pick(tmp_path):
             "--global-batch", "64", "--out", str(out), "--pick", "1", "--top", "5")
     assert r.returncode == 0, r.stderr
     assert "Pareto frontier" in r.stdout and "*best" in r.stdout and "frontier point 1" in r.stdout
-    assert json.loads(out.read_text())["meshplan_plan_version"] == 2
+    assert json.loads(out.read_text())["meshplan_plan_version"] == 3
 
 
 def test_plan_several_gpu_counts_and_cpu_cluster():

@@ -213,9 +213,10 @@ def test_megatron_ragged_split_uses_layout():
 
 
 @pytest.mark.parametrize("layout,msg", [
-    ("Et*2|t*2m|tL", "layer kind 'm'"),
-    ("t*2|Et*2|tL", "not in the first chunk"),
-    ("Et*2||t*2L", "no transformer layer"),
+    ("Et*2|t*2m|tL", "transformer layers after the MTP modules"),
+    ("t*2|Et*2|tL", "the embedding E must open the first stage"),
+    ("Et*2||t*2L", "every stage needs at least one layer"),
+    ("Et*2|t*2|tq", "'q' is not a stage separator"),
 ])
 def test_megatron_bad_layouts(layout, msg):
     with pytest.raises(MeshplanError, match=msg):

@@ -75,7 +75,7 @@ def test_job_json_round_trip(tmp_path):
     job.save(path)
     assert Job.load(path) == job
     data = json.loads(path.read_text())
-    assert data["meshplan_plan_version"] == 2 and data["plan"]["schedule"] == "interleaved-1f1b"
+    assert data["meshplan_plan_version"] == 3 and data["plan"]["schedule"] == "interleaved-1f1b"
 
 
 def test_job_load_errors(tmp_path):

@@ -20,6 +20,7 @@ from meshplan.calib.validate import Run, predicted_metric
 from meshplan.errors import MeshplanError
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
+from meshplan.cost.split_batch import estimate_split_batch
 from meshplan.cost.device_memory import predicted_bytes
 from meshplan.cost.calibration import (Calibration, calibration_for, gpu_generation, record_key,
                                        stack_records)
@@ -103,6 +104,19 @@ def memory_settings(run: Run) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in run.settings.items() if k in MEMORY_SETTINGS))
 
 
+def own_split(run: Run) -> bool:
+    """Whether the row ran a split of its own (a recipe's layout, calib/layouts.py), which the
+    even-split batch estimate would not see: such rows are scored rank by rank."""
+    return run.plan.uneven_split or run.plan.mtp_stage is not None
+
+
+def _batch(run: Run, plans: list, arrays: PlanArrays, calib: Calibration):
+    """One group's estimate: even split in one pass, or every rank of each plan's own split."""
+    if own_split(run):
+        return estimate_split_batch(run.model, run.cluster, run.training, plans, calib)
+    return estimate_batch(run.model, run.cluster, run.training, arrays, calib)
+
+
 def row_calibration(run: Run, calib: Calibration) -> Calibration:
     """``calib`` with what is the row's own over the fit: its memory settings and what its stack
     release sets (``Run.release_values``: CUDA graphs, fused experts); fitted values stay."""
@@ -113,7 +127,7 @@ def row_calibration(run: Run, calib: Calibration) -> Calibration:
 def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
     calib = row_calibration(run, calib)
     arrays = PlanArrays.from_plans([run.plan])
-    b = estimate_batch(run.model, run.cluster, run.training, arrays, calib)
+    b = _batch(run, [run.plan], arrays, calib)
     mem = predicted_bytes(run.memory_basis, allocated_bytes=b.peak_allocated_bytes,
                           reserved_bytes=b.peak_memory_bytes, plans=arrays, calib=calib)
     return predicted_metric(run, float(b.step_time_s[0])), float(mem[0]) / GIB
@@ -127,6 +141,8 @@ class Prepared:
 
     runs: tuple[Run, ...]
     groups: tuple[tuple[Run, PlanArrays, tuple[int, ...]], ...]
+    """Runs of a group share their estimate's inputs; those with a split of their own
+    (:func:`own_split`) are grouped by ``pp`` apart from the even ones."""
     scale: np.ndarray
     """predicted metric = scale / step_time (0: the row has no throughput metric)."""
     is_step_time: np.ndarray
@@ -135,8 +151,9 @@ class Prepared:
 def prepare(runs: list[Run]) -> Prepared:
     by_key: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
+        split = r.plan.dims.pp if own_split(r) else 0
         by_key.setdefault((r.model, r.cluster, r.training, memory_settings(r),
-                           tuple(sorted(r.release_values.items()))), []).append(i)
+                           tuple(sorted(r.release_values.items())), split), []).append(i)
     groups = tuple((runs[ix[0]], PlanArrays.from_plans([runs[i].plan for i in ix]), tuple(ix))
                    for ix in by_key.values())
     scale = np.array([(predicted_metric(r, 1.0) or 0.0) if r.metric != "step_time_s" else 1.0
@@ -151,7 +168,7 @@ def predict_all(prep: Prepared, calib: Calibration) -> tuple[np.ndarray, np.ndar
     mem = np.empty(len(prep.runs))
     for run, arrays, ix in prep.groups:
         group_calib = row_calibration(run, calib)
-        b = estimate_batch(run.model, run.cluster, run.training, arrays, group_calib)
+        b = _batch(run, [prep.runs[i].plan for i in ix], arrays, group_calib)
         step[list(ix)] = b.step_time_s
         # each row's memory on the basis it was measured on (cost/device_memory.py)
         for j, i in enumerate(ix):

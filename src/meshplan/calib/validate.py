@@ -29,6 +29,7 @@ import numpy as np
 import re
 from collections import Counter
 
+from meshplan.calib.layouts import find_layout
 from meshplan.calib.recipes import Overlay, find_recipe, overlay
 from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
@@ -310,7 +311,13 @@ def build_run(row: dict[str, str]) -> Run:
     recompute = extra.recompute or Recompute(default("recompute", fw.recompute))
     sp = default("sequence_parallel", int(fw.sequence_parallel_with_tp and tp > 1), _int)
     stage_layers: tuple[int, ...] = ()
-    if pp * vpp > model.num_layers and fw.embedding_loss_stages:
+    mtp_stage = None
+    # The layout a Megatron-Bridge recipe runs for this model and (pp, vpp) (calib/layouts.py)
+    layout = find_layout(row, (model.name, pp, vpp)) if pp > 1 else None
+    if layout is not None and layout.layout.mtp_layers in (0, model.mtp_num_layers):
+        stage_layers, mtp_stage = layout.layout.stage_layers, layout.layout.mtp_stage
+        assumed.append(layout.note)
+    elif pp * vpp > model.num_layers and fw.embedding_loss_stages:
         stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
         assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
     etp = 0
@@ -322,7 +329,7 @@ def build_run(row: dict[str, str]) -> Run:
                           cp=cp, ep=ep, etp=etp),
         zero=zero, sp=bool(sp) and tp > 1,
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B, vpp=vpp,
-        stage_layers=stage_layers, micro_batch=mb, recompute=recompute,
+        stage_layers=stage_layers, mtp_stage=mtp_stage, micro_batch=mb, recompute=recompute,
         recompute_layers=extra.recompute_layers(model.num_layers, pp * vpp, stage_layers),
         recompute_modules=extra.recompute_modules if recompute == Recompute.SELECTIVE else (),
         offload=extra.offload, offload_layers=extra.offload_layers or 0,

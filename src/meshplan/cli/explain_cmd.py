@@ -66,7 +66,8 @@ def explain_cmd(
     for sc in est.stages:
         vs = [i for i in range(plan.num_stages) if plan.stage_rank(i) == sc.rank]
         mg = sc.memory.gib()
-        st.add_row(str(sc.rank), ",".join(map(str, vs)), str(sc.layers), str(sc.recomputed_layers),
+        layers = f"{sc.layers}+{sc.mtp_modules} MTP" if sc.mtp_modules else str(sc.layers)
+        st.add_row(str(sc.rank), ",".join(map(str, vs)), layers, str(sc.recomputed_layers),
                    f"{sc.in_flight_microbatches:g}", f"{1e3 * sc.microbatch_time_s:.1f}",
                    *(f"{mg[k]:.2f}" for k in ("parameters", "gradients", "optimizer", "activations", "other",
                                               "allocator_reserve")),

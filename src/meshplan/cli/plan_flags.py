@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import shlex
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
@@ -17,7 +18,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, ExpertPlacement, Offload, OpGroup, ParallelDims, Plan, Recompute,
                            RecomputeModule, Schedule,
                            data_parallel_degree,
-                           format_counts, parse_counts)
+                           format_counts, format_layout, looks_like_layout, parse_counts, parse_layout)
 
 Int = Optional[int]
 
@@ -39,7 +40,7 @@ class PlanFlags:
     vpp: Annotated[int, typer.Option("--vpp", help="Virtual pipeline stages per rank (implies --schedule interleaved-1f1b when 1f1b).")] = 1
     sp: Annotated[Optional[bool], typer.Option("--sp/--no-sp", help="Sequence parallel (default: on when tp > 1).")] = None
     cp_method: Annotated[CPMethod, typer.Option("--cp-method", help="Context-parallel attention.")] = CPMethod.RING
-    stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N); default an even split.")] = None
+    stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per (virtual) pipeline stage in model order, e.g. 9,10x6,11 (NxK: K stages of N), or a Megatron layout such as 'Et*4|(t*4|)*14tmL' (m: the MTP modules' stage); default an even split.")] = None
     recompute_layers: Annotated[Optional[str], typer.Option("--recompute-layers", help="Layers recomputed per (virtual) stage under --recompute, e.g. 2x4,0x4; default all.")] = None
     recompute_modules: Annotated[Optional[str], typer.Option("--recompute-modules", help="With --recompute selective, the modules recomputed (Megatron-Core's --recompute-modules): core_attn, mlp, moe, moe_act, layernorm, mla_up_proj, shared_experts; '+'-separated, default core_attn.")] = None
     vocab_parallel: Annotated[bool, typer.Option("--vocab-parallel/--no-vocab-parallel", help="Split the embedding and LM head over the pipeline ranks (needs --pp > 1).")] = False
@@ -99,7 +100,7 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         dims=ParallelDims(dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep),
         zero=f.zero, sp=(f.tp > 1) if f.sp is None else f.sp, schedule=schedule, vpp=f.vpp,
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
-        stage_layers=parse_counts(f.stage_layers, "--stage-layers") if f.stage_layers else (),
+        **_stage_fields(f.stage_layers),
         recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
         recompute_modules=_parse_names(f.recompute_modules, RecomputeModule, "--recompute-modules"),
         offload=_parse_names(f.offload, Offload, "--offload"), offload_layers=f.offload_layers,
@@ -108,6 +109,20 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         mlp_splits=f.mlp_splits, head_splits=f.head_splits,
         expert_placement=f.expert_placement, expert_replicas=f.expert_replicas,
     )
+
+
+def _stage_fields(text: str | None) -> dict:
+    """``--stage-layers``: counts (``4x15,1``) or a Megatron layout string (``Et*4|(t*4|)*14tmL``,
+    meshplan.plan.layout), which also says where the MTP modules sit."""
+    if not text:
+        return {"stage_layers": ()}
+    if not looks_like_layout(text):
+        return {"stage_layers": parse_counts(text, "--stage-layers")}
+    try:
+        layout = parse_layout(text)
+    except MeshplanError as exc:
+        raise MeshplanError(f"--stage-layers: {exc}") from None
+    return {"stage_layers": layout.stage_layers, "mtp_stage": layout.mtp_stage}
 
 
 def _parse_names(text: str | None, enum_cls: type[enum.Enum], flag: str) -> tuple:
@@ -133,7 +148,9 @@ def flags_for(plan: Plan) -> PlanFlags:
         recompute=plan.recompute,
         schedule=plan.schedule if plan.schedule != implied_schedule else Schedule.ONE_F_ONE_B,
         vpp=plan.vpp, sp=None if plan.sp == (d.tp > 1) else plan.sp, cp_method=plan.cp_method,
-        stage_layers=format_counts(plan.stage_layers) if plan.uneven_split else None,
+        stage_layers=(format_layout(plan.stage_layers, mtp_layers=1, mtp_stage=plan.mtp_stage)
+                      if plan.mtp_stage is not None else
+                      format_counts(plan.stage_layers) if plan.uneven_split else None),
         recompute_layers=(format_counts(plan.recompute_layers)
                           if plan.recompute != Recompute.NONE and plan.partial_recompute else None),
         recompute_modules="+".join(m.value for m in plan.recompute_modules) or None,
@@ -146,5 +163,6 @@ def flags_for(plan: Plan) -> PlanFlags:
 
 
 def plan_argv(plan: Plan) -> str:
-    """``flags_for(plan)`` as one command-line string, e.g. ``--dp 32 --dp-shard 2 --zero 2 --tp 2``."""
-    return " ".join(flags_for(plan).argv())
+    """``flags_for(plan)`` as one command-line string, e.g. ``--dp 32 --dp-shard 2 --zero 2 --tp 2``
+    (shell-quoted: a Megatron layout's ``|`` and ``*`` reach the flag, not the shell)."""
+    return shlex.join(flags_for(plan).argv())

@@ -128,7 +128,7 @@ def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
               has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
-              offloaded_layers=None) -> RankCost:
+              offloaded_layers=None, has_mtp=None) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
     ``offloaded_layers`` of them with their activations in host memory when the plan offloads
@@ -141,11 +141,13 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     hbm, T, Vt = terms.hbm, terms.T, terms.Vt
     p = plans.pp
     # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
-    # as Megatron places them: each is charged as one more average layer plus one more LM-head pass.
+    # as Megatron places them by default, or where the plan's layout puts them (``has_mtp``, None:
+    # with the head): each is charged as one more average layer plus one more LM-head pass.
     mtp = float(model.mtp_num_layers)
+    has_mtp = has_head if has_mtp is None else has_mtp
     layers = np.asarray(layers, dtype=float)
     if mtp:
-        layers = layers + np.where(has_head, mtp, 0.0)
+        layers = layers + np.where(has_mtp, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
@@ -156,7 +158,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # The embedding and the head sit on the first and last rank, or 1/pp of each on every rank
     # with vocabulary parallelism (cost.vocab); the MTP modules' head passes stay on the last.
     embed_share, head_share = vocab_shares(plans.vocab_parallel, p, has_embedding, has_head)
-    head_passes = head_share + np.where(has_head, mtp, 0.0) if mtp else head_share
+    head_passes = head_share + np.where(has_mtp, mtp, 0.0) if mtp else head_share
     compute = compute + head_passes * terms.head_compute_s
     compute = compute + embed_share * terms.embed_compute_s
     compute = compute + calib.microbatch_overhead_s  # host work per micro-batch (Calibration)

@@ -20,7 +20,13 @@ else at the NICs'. A group spanning domains sends over the NICs
   with one member per domain (tensor parallel inside, data parallel across) keeps one NIC share.
   ``Calibration.ring_nic_spread`` is the share of the g NICs a stack's rings really use (1:
   NCCL; fitted per generation and stack);
-* an all-to-all and a send/recv move each rank's own bytes through its own NIC share.
+* a send/recv moves each rank's own bytes through its own NIC share;
+* an all-to-all over n ranks, g of them in the rank's own domain, is one send/recv per peer,
+  all issued at once (NCCL user guide, 'Point-to-point communication': all-to-all as a group of
+  ncclSend/ncclRecv): (g-1)/n of the rank's bytes go to domain peers over NVLink and (n-g)/n to
+  the other domains through its own NIC share, on separate links at the same time, so it takes
+  max(intra bytes / NVLink, inter bytes / NIC) plus each peer's alpha. Inside one domain
+  (g = n) this is the ring formula's (n-1)/n * B / W.
 
 All functions take and return NumPy arrays (or scalars) and broadcast: no Python branching on
 plan values, so one plan or a million plans evaluate with the same code.
@@ -47,6 +53,12 @@ class Link:
     calib: Calibration = Calibration()
     ring_bandwidth_bytes_per_s: np.ndarray | None = None
     """Per GPU for ring collectives (module docstring); None: ``bandwidth_bytes_per_s``."""
+    domain_members: np.ndarray | None = None
+    """Members of the group in one NVLink domain (g; the all-to-all's split, module docstring);
+    None: the group is all on one link (``bandwidth_bytes_per_s``)."""
+    intra_bandwidth_bytes_per_s: np.ndarray | float = 0.0
+    """Per GPU NVLink bandwidth towards the group's members in the same domain."""
+    intra_latency_s: np.ndarray | float = 0.0
 
     def rates(self, op: str) -> tuple[np.ndarray, np.ndarray]:
         """(alpha, W) of collective ``op`` on this link (Calibration.collective_factors)."""
@@ -75,7 +87,9 @@ def group_link(cluster: ClusterSpec, calib: Calibration, size, stride) -> Link:
     nics = np.maximum(calib.ring_nic_spread * per_domain, 1.0)  # Calibration.ring_nic_spread
     ring = np.where(inside, nvlink, np.minimum(nvlink, nics * nic))
     lat = np.where(inside, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
-    return Link(bandwidth_bytes_per_s=bw, latency_s=lat, calib=calib, ring_bandwidth_bytes_per_s=ring)
+    return Link(bandwidth_bytes_per_s=bw, latency_s=lat, calib=calib, ring_bandwidth_bytes_per_s=ring,
+                domain_members=per_domain,  # = size inside one domain
+                intra_bandwidth_bytes_per_s=nvlink, intra_latency_s=cluster.intra_node_latency_s)
 
 
 def all_reduce_time(nbytes, size, link: Link):
@@ -104,8 +118,46 @@ def reduce_scatter_time(nbytes, size, link: Link, op: str = "reduce_scatter"):
 
 
 def all_to_all_time(nbytes, size, link: Link):
-    """All-to-all of ``nbytes`` held per rank: (n-1)/n of it leaves the rank."""
-    return _ring_time("all_to_all", nbytes, size, link)
+    """All-to-all of ``nbytes`` held per rank, g of the n ranks in this rank's domain:
+    max((g-1)/n * B / W_nvlink, (n-g)/n * B / W_nic) + (g-1) alpha_nvlink + (n-g) alpha_nic
+    (module docstring); (n-1)/n * B / W + (n-1) alpha on one link."""
+    n = np.asarray(size, dtype=float)
+    alpha, w = link.rates("all_to_all")
+    if link.domain_members is None:  # one link for the whole group
+        return (n - 1.0) / n * nbytes / w + (n - 1.0) * alpha
+    lat_f, bw_f = link.calib.collective_factors("all_to_all")
+    intra = link.domain_members - 1.0  # domain peers (g <= n: group_link)
+    inter = n - link.domain_members  # peers in other domains
+    s_per_share = np.maximum(intra * (1.0 / (link.intra_bandwidth_bytes_per_s * bw_f)), inter / w)
+    return s_per_share * (nbytes / n) + intra * (link.intra_latency_s * lat_f) + inter * alpha
+
+
+def domain_members(size, link: Link):
+    """g: the group's members in one NVLink domain (all n where the link does not say)."""
+    n = np.maximum(np.asarray(size, dtype=float), 1.0)
+    return n if link.domain_members is None else np.minimum(link.domain_members, n)
+
+
+def peer_shares(size, link: Link):
+    """((g-1)/n, (n-g)/n): the shares of a rank's all-to-all bytes bound for its own domain's
+    peers and for the other domains' (a uniform spread over the n ranks)."""
+    n = np.maximum(np.asarray(size, dtype=float), 1.0)
+    g = domain_members(n, link)
+    return (g - 1.0) / n, (n - g) / n
+
+
+def split_send_time(intra_bytes, inter_bytes, size, link: Link):
+    """Per-peer sends of ``intra_bytes`` to domain peers over NVLink and ``inter_bytes`` to the
+    other domains over the NIC share, concurrently: the slower part sets the time; one alpha per
+    peer (the all-to-all's rates, Calibration.all_to_all_*_factor)."""
+    n = np.maximum(np.asarray(size, dtype=float), 1.0)
+    alpha, w = link.rates("all_to_all")
+    if link.domain_members is None:  # one link for the whole group
+        return (intra_bytes + inter_bytes) / w + (n - 1.0) * alpha
+    lat_f, bw_f = link.calib.collective_factors("all_to_all")
+    g = domain_members(n, link)
+    return (np.maximum(intra_bytes / (link.intra_bandwidth_bytes_per_s * bw_f), inter_bytes / w)
+            + (g - 1.0) * (link.intra_latency_s * lat_f) + (n - g) * alpha)
 
 
 def p2p_time(nbytes, active, link: Link):

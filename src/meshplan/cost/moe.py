@@ -19,10 +19,14 @@ W the width tokens travel at (hidden, or the latent width of a LatentMoE).
 * Dispatch + combine (forward; the backward repeats them), ``TrainingSpec.moe_dispatcher``:
   alltoall: each token copy leaves for its expert's rank, (ep-1)/ep of T*k*W*b bytes each way;
   allgather: every rank all-gathers the group's T*ep tokens and reduce-scatters the outputs back
-  (Megatron MoEAllGatherTokenDispatcher), independent of k; flex (DeepEP, DeepSeek 2025): over
-  the NICs one copy per destination node rather than per expert, n_nodes*(1 - (1 - 1/n)^k) of
-  the k copies for uniform routing; inside one scale-up domain the same bytes as alltoall.
-  The link is the EP group's (comms.group_link): NVLink inside a scale-up domain, else the NICs.
+  (Megatron MoEAllGatherTokenDispatcher), independent of k; flex (DeepEP normal kernels,
+  DeepSeek-V3 report Sec. 3.2.2): a token crosses the NICs once per destination domain, to the
+  GPU of the same in-domain index there, which forwards it over NVLink to the experts' GPUs: over
+  the NICs (N-1)(1 - (1 - 1/N)^k) copies for N domains and uniform routing, over NVLink the
+  copies for the own domain's peers, (g-1)/n of k, and the forwarded ones, (n-g)/n * (g-1)/g
+  of k; inside one scale-up domain the same bytes as alltoall.
+  The link is the EP group's (comms.group_link): an EP group spanning domains sends (g-1)/n of
+  its copies over NVLink and (n-g)/n over the NICs at once (comms.all_to_all_time).
 """
 
 from __future__ import annotations
@@ -79,13 +83,15 @@ def dispatch_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     if training.moe_dispatcher == MoeDispatcher.ALLGATHER:
         gathered = tokens * ep * width * ab
         return load * (comms.all_gather_time(gathered, ep, link) + comms.reduce_scatter_time(gathered, ep, link))
-    copies = np.full_like(tokens, k)
+    copy_bytes = tokens * width * ab  # one copy of this rank's tokens
     if training.moe_dispatcher == MoeDispatcher.FLEX:
-        span = plans.ep * plans.etp
-        nodes = np.maximum(span / cluster.scale_up_gpus, 1.0)  # scale-up domains the group spans
-        distinct = nodes * (1.0 - (1.0 - 1.0 / nodes) ** k)
-        copies = np.where(span > cluster.scale_up_gpus, np.minimum(distinct, k), k)
-    return load * 2.0 * comms.all_to_all_time(tokens * copies * width * ab, ep, link)
+        local, remote = comms.peer_shares(ep, link)
+        g = comms.domain_members(ep, link)
+        domains = ep / g  # scale-up domains the group spans
+        remote_domains = (domains - 1.0) * (1.0 - (1.0 - 1.0 / domains) ** k)
+        intra = copy_bytes * k * (local + remote * (g - 1.0) / g)
+        return load * 2.0 * comms.split_send_time(intra, copy_bytes * remote_domains, ep, link)
+    return load * 2.0 * comms.all_to_all_time(copy_bytes * k, ep, link)
 
 
 def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,

@@ -146,6 +146,8 @@ class StageCost:
     in_flight_microbatches: float
     microbatch_time_s: float
     memory: MemoryBreakdown
+    mtp_modules: int = 0
+    """Multi-token-prediction modules this rank runs besides its ``layers`` (``Plan.mtp_stage``)."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,8 @@ class Estimate:
             "num_microbatches": t.num_microbatches,
             "expert_load": asdict(self.expert_load) if self.expert_load else None,
             "stages": [
-                {"rank": s.rank, "layers": s.layers, "recomputed_layers": s.recomputed_layers,
+                {"rank": s.rank, "layers": s.layers, "mtp_modules": s.mtp_modules,
+                 "recomputed_layers": s.recomputed_layers,
                  "in_flight_microbatches": s.in_flight_microbatches,
                  "microbatch_time_s": s.microbatch_time_s,
                  "memory_gib": s.memory.gib(), "total_memory_gib": s.memory.total_bytes / GIB}
@@ -245,20 +248,21 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         layers = sum(n for i, n in enumerate(plan.stage_layers) if plan.stage_rank(i) == r)
         rec = sum(n for i, n in enumerate(plan.recompute_layers) if plan.stage_rank(i) == r)
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
-                       recomputed=rec, has_embedding=r == 0, has_head=r == p - 1,
+                       recomputed=rec, has_embedding=r == 0, has_head=r == p - 1, has_mtp=r == plan.mtp_rank,
                        offloaded_layers=min(plan.offload_layers, layers) if plan.offload_layers else None)
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
             in_flight_microbatches=_f(in_flight_chunks(r, p, plan.vpp, m, arrays.schedule, arrays.vocab_parallel)) / plan.vpp,
-            microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc)))
+            microbatch_time_s=_f(rc.microbatch_s), memory=_memory(rc),
+            mtp_modules=model.mtp_num_layers if r == plan.mtp_rank else 0))
     batch = compose(model, cluster, training, arrays, ranks, calib, allocated=True)
     slow = int(np.argmax([_f(r.microbatch_s) for r in ranks]))
     tail = int(np.argmax([_f(r.step_extra_s) for r in ranks]))
     heavy = int(np.argmax([_f(r.memory_bytes) for r in ranks]))
     rs, rt = ranks[slow], ranks[tail]
     kinds = _exposed_by_kind(model, cluster, training, arrays, calib, layer, rs, stages[slow].layers,
-                             has_head=slow == p - 1)
+                             has_mtp=slow == plan.mtp_rank)
     time = TimeBreakdown(
         compute_s=m * _f(rs.compute_s + rs.recompute_s),
         exposed_communication_s=m * _f(rs.comm_exposed_s) + _f(rt.dp_exposed_s),
@@ -295,12 +299,12 @@ def _expert_load(model: ModelSpec, training: TrainingSpec, plan: Plan) -> LoadSt
 
 
 def _exposed_by_kind(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, arrays: PlanArrays,
-                     calib: Calibration, layer, rank: RankCost, layers: int, has_head: bool) -> dict[str, float]:
+                     calib: Calibration, layer, rank: RankCost, layers: int, has_mtp: bool) -> dict[str, float]:
     """Per micro-batch, the slowest rank's exposed communication split by kind. ``rank_cost``
     adds the layers' TP/CP/EP and host terms, the pipeline p2p and the per-micro-batch ZeRO
     traffic; the split re-reads the first from the layer cost, the second from the p2p term, and
     the ZeRO part is what remains, so the kinds add up to ``comm_exposed_s`` exactly."""
-    n = layers + (model.mtp_num_layers if has_head else 0)  # MTP modules count as layers (rank_cost)
+    n = layers + (model.mtp_num_layers if has_mtp else 0)  # MTP modules count as layers (rank_cost)
     tp, cp, ep = (n * _f(getattr(layer, f)) for f in ("tp_exposed_s", "cp_exposed_s", "ep_exposed_s"))
     layer_comm = n * _f(layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     terms = plan_terms(model, cluster, training, arrays, calib, layer)

@@ -8,13 +8,12 @@ with ``--nnodes`` and ``--nproc-per-node`` gives the GPU count when present.
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
-                           data_parallel_degree)
+                           data_parallel_degree, parse_layout)
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, TrainingSpec
 
@@ -186,42 +185,6 @@ def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
     return out
 
 
-def parse_pipeline_layout(layout: str) -> tuple[int, ...]:
-    """Transformer layers per chunk of a ``--pipeline-model-parallel-layout`` string.
-
-    Grammar read: chunks separated by ``|``; in a chunk ``E`` (embedding, first chunk only),
-    ``t`` or ``t*N`` (transformer layers), ``L`` (loss and head, last chunk only); ``(...)*N``
-    repeats a group, separators included. Other layer kinds (``m`` for MTP) are refused.
-    """
-    text = layout.replace("\\", "").replace(" ", "")
-    group = re.compile(r"\(([^()]*)\)\*(\d+)")
-    while group.search(text):
-        text = group.sub(lambda g: g.group(1) * int(g.group(2)), text)
-    chunks = text.split("|")
-    if chunks and chunks[-1] == "" and len(chunks) > 1:
-        raise MeshplanError(f"pipeline layout {layout!r} ends with an empty chunk")
-    counts = []
-    for i, chunk in enumerate(chunks):
-        body = chunk
-        if body.startswith("E"):
-            if i:
-                raise MeshplanError(f"pipeline layout {layout!r}: the embedding E is not in the first chunk")
-            body = body[1:]
-        if body.endswith("L"):
-            if i != len(chunks) - 1:
-                raise MeshplanError(f"pipeline layout {layout!r}: the loss L is not in the last chunk")
-            body = body[:-1]
-        n = 0
-        for item in re.findall(r"t(?:\*\d+)?|.", body):
-            if not item.startswith("t"):
-                raise MeshplanError(f"pipeline layout {layout!r}: layer kind {item!r} is not supported")
-            n += int(item[2:]) if "*" in item else 1
-        if n == 0 and body == chunk:  # only a chunk holding E or L may have no transformer layer
-            raise MeshplanError(f"pipeline layout {layout!r}: chunk {i} has no transformer layer")
-        counts.append(n)
-    return tuple(counts)
-
-
 def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
@@ -285,11 +248,17 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     dp = data_parallel_degree(gpus, tp=tp, pp=pp, cp=cp)
 
     vpp = 1
-    layout = parse_pipeline_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else ()
+    # --pipeline-model-parallel-layout: layers per virtual stage and the MTP modules' stage
+    parsed = parse_layout(a.pipeline_model_parallel_layout) if a.pipeline_model_parallel_layout else None
+    layout = parsed.stage_layers if parsed is not None else ()
     if layout:
         if len(layout) % pp:
             raise MeshplanError(f"the pipeline layout has {len(layout)} chunks, not a multiple of pp={pp}")
         vpp = len(layout) // pp
+        mtp_modules = spec.mtp_num_layers if spec is not None else None
+        if mtp_modules is not None and parsed.mtp_layers not in (0, mtp_modules):
+            raise MeshplanError(f"the pipeline layout holds {parsed.mtp_layers} MTP module(s) (m), the model "
+                                f"{mtp_modules}")
     elif a.num_virtual_stages_per_pipeline_rank:
         vpp = a.num_virtual_stages_per_pipeline_rank
     elif a.num_layers_per_virtual_pipeline_stage:
@@ -364,6 +333,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         schedule=Schedule.INTERLEAVED_1F1B if vpp > 1 else Schedule.ONE_F_ONE_B,
         vpp=vpp,
         stage_layers=stage_layers,
+        mtp_stage=parsed.mtp_stage if parsed is not None and spec is not None and spec.mtp_num_layers else None,
         cp_method=cp_method,
         micro_batch=_positive("--micro-batch-size", a.micro_batch_size, 1),
         recompute=recompute,

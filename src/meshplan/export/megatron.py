@@ -11,7 +11,7 @@ from __future__ import annotations
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
-from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule
+from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule, format_layout
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
@@ -116,30 +116,23 @@ def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
     return args
 
 
-def pipeline_layout(stage_layers: tuple[int, ...]) -> str:
-    """Megatron-Core's ``--pipeline-model-parallel-layout``: one ``|``-separated chunk per virtual
-    stage in model order (chunk i on pipeline rank i % pp, as in meshplan), ``E`` the embedding
-    (first chunk), ``t*N`` N transformer layers, ``L`` the final norm, LM head and loss (last)."""
-    chunks = [f"t*{n}" if n > 1 else "t" * n for n in stage_layers]  # n = 0: embedding / loss only
-    chunks[0] = "E" + chunks[0]
-    chunks[-1] += "L"
-    return "|".join(chunks)
-
-
 def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
-    """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout."""
+    """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout
+    (``meshplan.plan.layout``), which also places MTP modules on a stage other than the last."""
     plan = job.plan.with_defaults(job.model)
     layers, pp, vpp = plan.stage_layers, plan.dims.pp, plan.vpp
     if pp == 1:
         return []
-    if len(set(layers)) == 1:
-        return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
-    if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
-        return [["--decoder-first-pipeline-num-layers", str(layers[0])],
-                ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
+    if plan.mtp_stage is None:
+        if len(set(layers)) == 1:
+            return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
+        if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
+            return [["--decoder-first-pipeline-num-layers", str(layers[0])],
+                    ["--decoder-last-pipeline-num-layers", str(layers[-1])]]
     warnings.append(f"layer split {list(layers)} written as --pipeline-model-parallel-layout, which "
                     "Megatron-Core marks experimental (recent versions only)")
-    return [["--pipeline-model-parallel-layout", pipeline_layout(layers)]]
+    text = format_layout(layers, mtp_layers=job.model.mtp_num_layers, mtp_stage=plan.mtp_stage)
+    return [["--pipeline-model-parallel-layout", text]]
 
 
 def _recompute_args(job: Job) -> list[list[str]]:

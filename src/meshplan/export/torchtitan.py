@@ -60,6 +60,9 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         training["local_batch_size"] = plan.micro_batch
     training["mixed_precision_param"] = "float32" if t.precision == Precision.FP32 else "bfloat16"
     refuse_expert_placement(plan, "torchtitan")
+    if plan.mtp_stage is not None:
+        raise MeshplanError(f"torchtitan's split points place transformer layers only, not multi-token-prediction "
+                            f"modules: mtp_stage={plan.mtp_stage} is not expressible; plan with them on the last stage")
     if plan.vocab_parallel:
         raise MeshplanError("torchtitan has no vocabulary parallelism over pipeline ranks; plan without --vocab-parallel")
     if uses_osdp(plan):

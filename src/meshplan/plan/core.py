@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
 
-PLAN_FORMAT_VERSION = 2
+PLAN_FORMAT_VERSION = 3
 """Version 2 added ``recompute_modules``; a version-1 file reads as the same plan (its selective
-recompute is the default module set, the attention core)."""
-READABLE_PLAN_VERSIONS: tuple[int, ...] = (1, 2)
+recompute is the default module set, the attention core). Version 3 added ``mtp_stage`` (where the
+multi-token-prediction modules sit); a version-1 or -2 file reads with them on the last stage."""
+READABLE_PLAN_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 
 def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
@@ -56,6 +57,11 @@ class Plan:
     stage_layers: tuple[int, ...] = ()
     """Transformer layers per (virtual) stage, in model order; length ``pp * vpp``. Empty means an
     even split, filled in by :func:`Plan.with_defaults` / :func:`even_split`."""
+    mtp_stage: int | None = None
+    """The virtual stage (model order) holding the model's multi-token-prediction modules
+    (DeepSeek-V3 Sec. 2.2); None: the last, beside the LM head (Megatron-Core's default). A
+    Megatron layout (``--pipeline-model-parallel-layout``, ``meshplan.plan.layout``) may put them
+    on a stage of their own; the last stage's value is stored as None (one form per plan)."""
     cp_method: CPMethod = CPMethod.RING
     micro_batch: int = 1
     """Sequences per micro-batch on each data-parallel rank."""
@@ -179,10 +185,25 @@ class Plan:
                 raise MeshplanError(
                     f"stage_layers has {len(self.stage_layers)} entries; pp*vpp={n_stages} stages"
                 )
-            inner = self.stage_layers[1:-1] if n_stages > 1 else self.stage_layers
+            # the first and last stage may hold no layer (embedding / loss only), and so may the MTP's
+            inner = ([n for i, n in enumerate(self.stage_layers) if 0 < i < n_stages - 1 and i != self.mtp_stage]
+                     if n_stages > 1 else list(self.stage_layers))
             if any(n < 1 for n in inner) or any(n < 0 for n in self.stage_layers):
                 raise MeshplanError(f"every stage needs at least one layer (the first and last may hold "
-                                    f"only the embedding / the loss): {self.stage_layers}")
+                                    f"only the embedding / the loss, a stage the MTP modules only): "
+                                    f"{self.stage_layers}")
+        if self.mtp_stage is not None:
+            m = self.mtp_stage
+            if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < n_stages:
+                raise MeshplanError(f"mtp_stage={m!r} is not a virtual stage (0 to pp*vpp-1 = {n_stages - 1})")
+            if not self.stage_layers and m != n_stages - 1:
+                raise MeshplanError(f"mtp_stage={m} needs the layer split it sits in (stage_layers, or a "
+                                    f"Megatron layout): the even split fills every stage")
+            if self.stage_layers and any(self.stage_layers[self.mtp_stage + 1:]):
+                raise MeshplanError(f"mtp_stage={self.mtp_stage}: the MTP modules run after the whole stack, "
+                                    f"but stages after it hold layers ({self.stage_layers})")
+            if self.mtp_stage == n_stages - 1:
+                object.__setattr__(self, "mtp_stage", None)  # the default placement, one form
         if self.recompute_layers:
             if len(self.recompute_layers) != n_stages:
                 raise MeshplanError(
@@ -240,6 +261,9 @@ class Plan:
             raise MeshplanError(f"etp={d.etp} needs a mixture-of-experts model; {model.name} is dense")
         elif d.ep > 1:
             raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if self.mtp_stage is not None and not model.mtp_num_layers:
+            raise MeshplanError(f"mtp_stage={self.mtp_stage} places multi-token-prediction modules; "
+                                f"{model.name} has none (mtp_num_layers=0)")
         if self.num_stages > model.num_layers and not (
                 self.stage_layers and self.num_stages <= model.num_layers + 2):
             raise MeshplanError(
@@ -314,6 +338,11 @@ class Plan:
         """Pipeline rank that holds virtual stage ``stage`` (looped placement)."""
         return stage % self.dims.pp
 
+    @property
+    def mtp_rank(self) -> int:
+        """Pipeline rank that runs the MTP modules (the last unless ``mtp_stage`` says otherwise)."""
+        return self.stage_rank(self.num_stages - 1 if self.mtp_stage is None else self.mtp_stage)
+
     # ---- notation and JSON ---------------------------------------------------------------
     def notation(self) -> str:
         """Compact one-line form that maps one-to-one to the plan flags (``cli/plan_flags.py``),
@@ -324,10 +353,11 @@ class Plan:
         ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
         parallelism; ``cpC`` + ``a2a`` for
         all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
-        not the even one; ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when
-        not all, ``sel(core_attn+moe_act)`` the modules selective recompute reruns when not the default
-        attention core (``--recompute-modules``); ``offload=optimizer+params+activations`` what lives in host memory, ``:N`` the
-        layers per rank whose activations do when not all;
+        not the even one; ``mtp=S`` the virtual stage of the MTP modules when not the last;
+        ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when not all,
+        ``sel(core_attn+moe_act)`` the modules selective recompute reruns when not the default
+        attention core (``--recompute-modules``); ``offload=optimizer+params+activations`` what
+        lives in host memory, ``:N`` the layers per rank whose activations do when not all;
         ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
         the operator splits when not 1 (OSDP).
         Lists are comma separated, a run of K equal counts N written ``NxK``.
@@ -352,6 +382,8 @@ class Plan:
         parts.append(f"mb{self.micro_batch}")
         if self.uneven_split:
             parts.append(f"layers={format_counts(self.stage_layers)}")
+        if self.mtp_stage is not None:
+            parts.append(f"mtp={self.mtp_stage}")
         if self.recompute != Recompute.NONE:
             short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
             if self.recompute_modules:
@@ -409,6 +441,7 @@ class Plan:
                 schedule=Schedule(data.pop("schedule", Schedule.ONE_F_ONE_B.value)),
                 vpp=_json_int("vpp", data.pop("vpp", 1)),
                 stage_layers=tuple(_json_int("stage_layers", x) for x in data.pop("stage_layers", ())),
+                mtp_stage=_json_optional_int("mtp_stage", data.pop("mtp_stage", None)),
                 cp_method=CPMethod(data.pop("cp_method", CPMethod.RING.value)),
                 micro_batch=_json_int("micro_batch", data.pop("micro_batch", 1)),
                 recompute=Recompute(data.pop("recompute", Recompute.NONE.value)),
@@ -435,6 +468,10 @@ def _json_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise MeshplanError(f"{name} must be true or false, got {value!r}")
     return value
+
+
+def _json_optional_int(name: str, value: Any) -> int | None:
+    return None if value is None else _json_int(name, value)
 
 
 def _json_int(name: str, value: Any) -> int:

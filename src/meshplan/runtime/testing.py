@@ -37,7 +37,7 @@ class RunResult:
 def single_process(job: Job, micro_batch: int | None = None) -> Job:
     """The same model, data and batch on one CPU process, no recompute, one micro-batch unless given
     (the parity reference)."""
-    plan = replace(job.plan, dims=ParallelDims(), zero=0, sp=False, vpp=1, stage_layers=(),
+    plan = replace(job.plan, dims=ParallelDims(), zero=0, sp=False, vpp=1, stage_layers=(), mtp_stage=None,
                    schedule=Schedule.ONE_F_ONE_B, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=(),
                    micro_batch=micro_batch or job.training.global_batch, offload=(),
                    keep_gathered=(), mlp_splits=1, head_splits=1, vocab_parallel=False)

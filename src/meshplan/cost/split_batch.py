@@ -1,0 +1,56 @@
+"""Many plans with their own layer splits at once: what :func:`meshplan.cost.estimate` gives each,
+as arrays, for the calibration fit (calib/fit.py) to score rows that ran an uneven split.
+
+:func:`meshplan.cost.batch.estimate_batch` assumes the even split (the first and last ranks are
+then the candidates for the slowest and the most loaded). A row that ran a Megatron layout
+(``Plan.stage_layers``, ``Plan.mtp_stage``: DeepSeek-V3 on pp16 runs ``4 x 15, 1`` with its MTP
+module on the last rank) is paced by another rank; fitted as if even, the calibration would absorb
+the even split's heavier last rank. Here every rank of every plan is costed with its own layers,
+recomputed layers, offloaded layers and MTP modules, as ``estimate`` does, and composed the same
+way (:func:`meshplan.cost.batch.compose`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.batch import BatchEstimate, compose, rank_cost
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.layer import layer_cost
+from meshplan.cost.plan_terms import plan_terms
+from meshplan.errors import MeshplanError
+from meshplan.plan import Plan
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+def _per_rank(plan: Plan, counts: tuple[int, ...], rank: int) -> int:
+    return sum(n for i, n in enumerate(counts) if plan.stage_rank(i) == rank)
+
+
+def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                         plans: list[Plan], calib: Calibration) -> BatchEstimate:
+    """Step time and peak memory (reserved and allocated) of ``plans``, each with its own split;
+    the plans share ``pp`` (one rank_cost call per rank over all of them)."""
+    filled = [p.with_defaults(model) for p in plans]
+    pps = {p.dims.pp for p in filled}
+    if len(pps) != 1:
+        raise MeshplanError(f"estimate_split_batch scores plans of one pp at a time, got pp {sorted(pps)}")
+    pp = pps.pop()
+    arrays = PlanArrays.from_plans(filled)
+    layer = layer_cost(model, cluster, training, arrays, calib)
+    kw = dict(model=model, cluster=cluster, training=training, plans=arrays, calib=calib, layer=layer)
+    kw["terms"] = plan_terms(**kw)
+    offload = np.array([p.offload_layers for p in filled])
+    ranks = []
+    for r in range(pp):
+        layers = np.array([_per_rank(p, p.stage_layers, r) for p in filled], dtype=float)
+        recomputed = np.array([_per_rank(p, p.recompute_layers, r) for p in filled], dtype=float)
+        # estimate(): min(offload_layers, layers) where the plan counts them, else every layer
+        offloaded = np.where(offload > 0, np.minimum(offload, layers), layers) if offload.any() else None
+        ranks.append(rank_cost(**kw, rank=r, layers=layers, recomputed=recomputed, has_embedding=r == 0,
+                               has_head=r == pp - 1, has_mtp=np.array([p.mtp_rank == r for p in filled]),
+                               offloaded_layers=offloaded))
+    return compose(model, cluster, training, arrays, ranks, calib, allocated=True)
