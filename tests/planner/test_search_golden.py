@@ -37,7 +37,7 @@ CASES = {
 TARGETS = {
     # name: (model, system, nodes, seq_len, global batch, export target): the Megatron target's MoE
     # space (Megatron's recompute module sets: three copies of the selective rows), pruned, within
-    # one NVL72 NVLink domain (written by speedmoe at 03acf34, before its speed work)
+    # one NVL72 NVLink domain (written by main's code at 387d800, without speedmoe's speed work)
     "qwen3_30b_a3b_gb200x32_megatron": ("qwen3-30b-a3b", "gb200-nvl72", 32, 4096, 256, "megatron"),
 }
 
