@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from meshplan.cost.calibration import calibration_for
-from meshplan.search.even import even_slice
+from meshplan.search.even import balanced_slice, even_slice
 from meshplan.search.planner import search
 from meshplan.search.prune import EvenPoints, prunable, settle
 from meshplan.search.frontier import Front
@@ -67,21 +67,22 @@ def test_pruned_search_equals_full_search_on_published_models(model, system, nod
 
 
 @pytest.mark.parametrize("model, gpus", [("llama3-8b", 64), ("mixtral-8x7b", 32)])
-def test_first_rank_bounds_the_even_split(model, gpus):
-    # compose takes the max over ranks: the first rank alone is below both figures, and with
-    # one rank it is the even split itself.
+def test_balanced_rank_bounds_the_even_split(model, gpus):
+    # the mean rank (L / p layers, no embedding, no head) is below the even split in both
+    # figures, and with one rank it is the even split itself (the bound below every uneven
+    # split too: test_search_bruteforce.test_balanced_bound_is_below_every_split)
     spec, cluster = model_preset(model), cluster_for_gpu("h100-sxm", gpus_per_node=8).with_gpus(gpus)
     training = TrainingSpec(seq_len=4096, global_batch=64)
     ctx = CostContext(spec, cluster, training, calibration_for(cluster.gpu))
     space = enumerate_space(spec, training, gpus)
     layer = shared_layer_cost(ctx, space).take(slice(None))
-    full, first = even_slice(ctx, space, layer), even_slice(ctx, space, layer, first_only=True)
-    assert np.all(first.step_time_s <= full.step_time_s) and np.all(first.peak_memory_bytes <= full.peak_memory_bytes)
+    full, bound = even_slice(ctx, space, layer), balanced_slice(ctx, space, layer)
+    assert np.all(bound.step_time_s <= full.step_time_s) and np.all(bound.peak_memory_bytes <= full.peak_memory_bytes)
     one = space.pp == 1
     assert one.any() and (~one).any()
-    assert np.array_equal(first.step_time_s[one], full.step_time_s[one])
-    assert np.array_equal(first.peak_memory_bytes[one], full.peak_memory_bytes[one])
-    assert np.any(first.step_time_s[~one] < full.step_time_s[~one])
+    assert np.array_equal(bound.step_time_s[one], full.step_time_s[one])
+    assert np.array_equal(bound.peak_memory_bytes[one], full.peak_memory_bytes[one])
+    assert np.any(bound.step_time_s[~one] < full.step_time_s[~one])
 
 
 def test_prunable_needs_a_strictly_better_point_and_a_fitting_faster_one():

@@ -14,7 +14,7 @@ from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
 from meshplan.search.prune import EvenPoints, settle
-from meshplan.search.tables import CostContext, SharedLayerCost
+from meshplan.search.tables import CostContext, SharedLayerCost, _take_layer
 
 
 PRUNE_MIN_CONFIGS = 1 << 15
@@ -37,17 +37,25 @@ class EvenCost:
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray
     host_memory_bytes: np.ndarray
+    balanced_time_s: np.ndarray
+    """Per row, the balanced-rank bound's step time (:func:`balanced_slice`): no layer split of
+    the configuration (the even one included, its policy on every layer) is faster."""
     exact: np.ndarray | None = None
     """Rows scored in full; the others hold a lower bound that a scored plan beats even after
     the refinement test's shrink (:mod:`meshplan.search.prune`). None: every row."""
 
     def candidates(self, even_front: Front, shrink: float) -> np.ndarray:
-        """Rows whose point, ``shrink`` times faster and leaner, ``even_front`` does not
-        dominate (the refinement test); a bounded row is none (that is why it was not scored)."""
+        """The refinement test: rows whose point, ``shrink`` times faster (or at the balanced
+        bound's time where that is faster still) and ``shrink`` times leaner, ``even_front`` does
+        not dominate. The shrink covers what moving recomputed layers trades; the balanced bound
+        covers what moving layers between ranks can gain, however out of balance the even split
+        is (a heavy LM head on the last of two ranks). A bounded row is none: its bound, shrunk,
+        is beaten, and the balanced time is at least the bound's (:func:`balanced_slice`)."""
         rows = np.flatnonzero(self.exact) if self.exact is not None else slice(None)
         out = np.zeros(self.step_time_s.shape, dtype=bool)
+        time_s = np.minimum(self.step_time_s[rows] * shrink, self.balanced_time_s[rows])
         out[rows] = ~dominated_by(even_front.time_s, even_front.memory_bytes,
-                                  self.step_time_s[rows] * shrink, self.peak_memory_bytes[rows] * shrink)
+                                  time_s, self.peak_memory_bytes[rows] * shrink)
         return out
 
 
@@ -57,18 +65,30 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
     last rank bound the step and the peak), with the layer costs shared between rows; in
     slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads.
 
-    With ``prune_shrink`` (the refinement test's factor) the first rank is scored alone first
-    and configurations whose bound is beaten keep the bound (:mod:`meshplan.search.prune`).
-    Returns the points and how many configurations kept a bound."""
+    Every row also gets its balanced-rank bound (:func:`balanced_slice`), which the refinement
+    test reads. With ``prune_shrink`` (the refinement test's factor) that bound is the even
+    point's lower bound: configurations whose bound is beaten keep it, unscored
+    (:mod:`meshplan.search.prune`). Returns the points and how many configurations kept a bound."""
     n = len(plans)
     step, peak, host = np.empty(n), np.empty(n), np.zeros(n)
-    first_only = prune_shrink is not None
+    bound_only = prune_shrink is not None
+    balanced = np.empty(n)
     for i in range(0, n, EVEN_CHUNK_ROWS):
         rows = slice(i, i + EVEN_CHUNK_ROWS)
-        est = even_slice(ctx, plans.take(rows), shared.take(rows), first_only=first_only)
+        sub, sub_layer = plans.take(rows), shared.take(rows)
+        est = (balanced_slice if bound_only else even_slice)(ctx, sub, sub_layer)
         step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
-    if not first_only:
-        return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host), 0
+        if bound_only:
+            balanced[rows] = est.step_time_s
+            continue
+        # One rank: the bound is the even split itself; the others need the bound's own pass.
+        balanced[rows] = est.step_time_s
+        many = np.flatnonzero(sub.pp > 1)
+        if many.size:
+            balanced[i + many] = balanced_slice(ctx, sub.take(many), _take_layer(sub_layer, many)).step_time_s
+    if not bound_only:
+        return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host,
+                        balanced_time_s=balanced), 0
 
     def exact(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = [even_slice(ctx, plans.take(r), shared.take(r))
@@ -79,24 +99,68 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
     bound = EvenPoints(step, peak, host, exact=plans.pp == 1)  # one rank: the bound is exact
     pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes, overwrite=True)  # our scratch
     return (EvenCost(step_time_s=pts.step_time_s, peak_memory_bytes=pts.peak_memory_bytes,
-                     host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
+                     host_memory_bytes=pts.host_memory_bytes, balanced_time_s=balanced, exact=pts.exact),
+            int(np.count_nonzero(~pts.exact)))
 
 
-def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> StepPeak:
-    """The even split's estimate; with ``first_only`` the first rank's alone (a lower bound,
-    exact with one rank: :mod:`meshplan.search.prune`)."""
-    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
-              calib=ctx.calib, layer=layer)
-    kw["terms"] = plan_terms(**kw)  # shared by both ranks
-    kw["totals"] = False  # the search reads the step and the memory only
+def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> StepPeak:
+    """The even split's estimate (the first and the last rank, and a middle one where it can
+    hold the most)."""
+    kw = _rank_kw(ctx, plans, layer)
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
-    if first_only:
-        return compose_step_peak(ctx.training, plans, [first], ctx.calib)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
     return compose_step_peak(ctx.training, plans, [first, final, *middle_rank(ctx.model, plans, ctx.calib, kw)],
                              ctx.calib)
 
 
+def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> StepPeak:
+    """The balanced-rank bound: ``compose`` over one *mean rank*, the first pipeline rank holding
+    L / p layers (all recomputed under the plan's policy) and neither the embedding nor the LM
+    head; with one rank, the even split itself. Its step time is below every layer split's of
+    the configuration (policy on every layer), and its memory below the even split's.
+
+    Why (the cost model's own terms; tests/planner/test_search_prune.py checks it against every
+    split of random small configurations). A rank's micro-batch time in ``rank_cost`` depends on
+    the rank only through its layers n, recomputed layers r and shares of the embedding and the
+    head. It is affine in (n, r) with non-negative coefficients (compute, exposed TP/CP/EP and
+    ZeRO-3 per-layer collectives, recompute) and non-decreasing in the shares (their compute w
+    and the exposed ZeRO-3 collective of their parameters c: ``w + exposed(c, o, w)`` grows with
+    both). So over any split (sum n_s = L) the slowest rank is at least the mean, which is at
+    least the mean rank's. The step's tail (exposed data-parallel reduction and optimizer) is
+    ``c(n) - min(o c(n), w(n))`` plus terms affine in n, c and w affine in n: convex in n (a max
+    of affine functions), and non-decreasing in the shares (more parameters to reduce). Every
+    split has ranks with at most and at least L / p layers, and a convex function on an interval
+    is at most its larger end: the largest tail is at least the mean rank's. ``compose`` is
+    increasing in both maxima (Narayanan et al. 2021, Sec. 2.2: m t + (p - 1) / v t), so the
+    bound holds for the step. Memory: the even split's first rank holds ceil(L / p) >= L / p
+    layers (``rank_layers_even``) and the embedding, and memory grows with both.
+
+    Multi-token-prediction modules (charged as layers on the last rank, with head passes) make
+    the layer counts' mean (L + mtp) / p: the time bound is taken there (without the MTP head
+    passes: less compute), and the memory bound from the even split's first rank, which may
+    hold fewer layers."""
+    kw = _rank_kw(ctx, plans, layer)
+    p, one = plans.pp, plans.pp == 1
+    mtp = ctx.model.mtp_num_layers
+    mean = np.where(one, ctx.model.num_layers, (ctx.model.num_layers + mtp) / p)
+    rank = rank_cost(**kw, rank=0, layers=mean, recomputed=mean, has_embedding=one, has_head=one,
+                     has_mtp=one)
+    bound = compose_step_peak(ctx.training, plans, [rank], ctx.calib)
+    if not mtp:
+        return bound
+    l0 = rank_layers_even(ctx.model.num_layers, 0, p, plans.vpp)
+    first = compose_step_peak(ctx.training, plans, [rank_cost(**kw, rank=0, layers=l0, recomputed=l0,
+                                                               has_embedding=True, has_head=one)], ctx.calib)
+    return StepPeak(step_time_s=bound.step_time_s, bubble_s=bound.bubble_s,
+                    peak_memory_bytes=first.peak_memory_bytes, host_memory_bytes=first.host_memory_bytes)
+
+
+def _rank_kw(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> dict:
+    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
+              calib=ctx.calib, layer=layer)
+    kw["terms"] = plan_terms(**kw)  # shared by every rank
+    kw["totals"] = False  # the search reads the step and the memory only
+    return kw
