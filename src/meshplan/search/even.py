@@ -44,16 +44,28 @@ class EvenCost:
     """Rows scored in full; the others hold a lower bound that a scored plan beats even after
     the refinement test's shrink (:mod:`meshplan.search.prune`). None: every row."""
 
+    def near(self, even_front: Front, shrink: float) -> np.ndarray:
+        """Rows whose point, ``shrink`` times faster and leaner, ``even_front`` does not dominate:
+        the configurations near the frontier (what the OSDP pass starts from); a bounded row is
+        none (that is why it was not scored)."""
+        return self._undominated(even_front, shrink, balanced=False)
+
     def candidates(self, even_front: Front, shrink: float) -> np.ndarray:
         """The refinement test: rows whose point, ``shrink`` times faster (or at the balanced
         bound's time where that is faster still) and ``shrink`` times leaner, ``even_front`` does
         not dominate. The shrink covers what moving recomputed layers trades; the balanced bound
-        covers what moving layers between ranks can gain, however out of balance the even split
-        is (a heavy LM head on the last of two ranks). A bounded row is none: its bound, shrunk,
-        is beaten, and the balanced time is at least the bound's (:func:`balanced_slice`)."""
+        covers what moving layers between ranks (or spreading the head over them) can gain,
+        however out of balance the even split is (a heavy LM head on the last of two ranks). A
+        superset of :meth:`near`. A bounded row is none: its bound, shrunk, is beaten, and it is
+        below both the even point and the balanced time (:func:`balanced_slice`)."""
+        return self._undominated(even_front, shrink, balanced=True)
+
+    def _undominated(self, even_front: Front, shrink: float, balanced: bool) -> np.ndarray:
         rows = np.flatnonzero(self.exact) if self.exact is not None else slice(None)
         out = np.zeros(self.step_time_s.shape, dtype=bool)
-        time_s = np.minimum(self.step_time_s[rows] * shrink, self.balanced_time_s[rows])
+        time_s = self.step_time_s[rows] * shrink
+        if balanced:
+            time_s = np.minimum(time_s, self.balanced_time_s[rows])
         out[rows] = ~dominated_by(even_front.time_s, even_front.memory_bytes,
                                   time_s, self.peak_memory_bytes[rows] * shrink)
         return out

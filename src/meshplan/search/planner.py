@@ -167,7 +167,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     evaluated = len(space)
     keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
     even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
-    candidate = even.candidates(even_front, shrink)  # the refinement test, read by three passes
+    candidate = even.candidates(even_front, shrink)  # the refinement test, read by the stage and vocabulary passes
     tick("stage splits", 0.4)
 
     fronts = [Front(even_front.time_s, even_front.memory_bytes, -1 - even_front.key)]
@@ -187,7 +187,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         evaluated += scored_vocab
     osdp_space = None
     if options.osdp:
-        osdp_space, osdp_front, scored_osdp = _osdp_pass(ctx, space, layer, even, candidate,
+        osdp_space, osdp_front, scored_osdp = _osdp_pass(ctx, space, layer, even, even.near(even_front, shrink),
                                                          merge_fronts(*fronts), budget, options)
         fronts.append(osdp_front)
         evaluated += scored_osdp
