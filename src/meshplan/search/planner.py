@@ -51,9 +51,12 @@ snapshot guidance), and prediction error (the calibration's median memory error)
 
 REFINE_SLACK = 0.10
 """A configuration is refined with uneven splits when its even-split point, improved by this
-fraction in both time and memory, would not be dominated by the even-split frontier. An uneven
-split removes at most the stage imbalance of the even split (the embedding/LM-head ranks and
-the in-flight activations of the first rank); this is a work bound, not a dominance rule: on
+fraction in both time and memory, would not be dominated by the even-split frontier; in time,
+the point is also taken at the balanced-rank bound (``even.balanced_slice``: no layer split of
+the configuration is faster) where that is faster, so a split that beats the even one by more
+than this fraction in time is never skipped. What the slack alone still bounds: memory (the
+first rank's in-flight activations) and moving recomputed layers; a work bound, not a dominance
+rule: on
 Llama-3-70B x 1024 GPUs 0.10 and 0.15 give the same recommended plan and frontiers of 156 and 155
 points at 1.0 s and 1.3 s of CPU. Tests set it to infinity (refine all) to check exactness."""
 
@@ -101,7 +104,7 @@ class SearchResult:
     plans_evaluated: int
     elapsed_s: float
     pruned_configs: int = 0
-    """Global configurations scored by a lower bound only (their first pipeline rank), not in
+    """Global configurations scored by a lower bound only (one mean pipeline rank), not in
     full (:mod:`meshplan.search.prune`); counted in ``plans_evaluated``."""
 
     @property
