@@ -90,13 +90,9 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
         sub, sub_layer = plans.take(rows), shared.take(rows)
         est = (balanced_slice if bound_only else even_slice)(ctx, sub, sub_layer)
         step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
-        if bound_only:
-            balanced[rows] = est.step_time_s
-            continue
-        # One rank: the bound is the even split itself; the others need the bound's own pass.
-        balanced[rows] = est.step_time_s
-        many = np.flatnonzero(sub.pp > 1)
-        if many.size:
+        balanced[rows] = est.step_time_s  # the bound, or the even split: with one rank, the same
+        many = None if bound_only else np.flatnonzero(sub.pp > 1)
+        if many is not None and many.size:  # scored in full: a pipeline's rows need the bound's pass
             balanced[i + many] = balanced_slice(ctx, sub.take(many), _take_layer(sub_layer, many)).step_time_s
     if not bound_only:
         return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host,
