@@ -130,8 +130,8 @@ def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> Ste
     head; with one rank, the even split itself. Its step time is below every layer split's of
     the configuration (policy on every layer), and its memory below the even split's.
 
-    Why (the cost model's own terms; tests/planner/test_search_prune.py checks it against every
-    split of random small configurations). A rank's micro-batch time in ``rank_cost`` depends on
+    Why (the cost model's own terms; tests/planner/test_search_bruteforce.py checks it against
+    every split of random small configurations). A rank's micro-batch time in ``rank_cost`` depends on
     the rank only through its layers n, recomputed layers r and shares of the embedding and the
     head. It is affine in (n, r) with non-negative coefficients (compute, exposed TP/CP/EP and
     ZeRO-3 per-layer collectives, recompute) and non-decreasing in the shares (their compute w
@@ -148,18 +148,19 @@ def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> Ste
 
     Multi-token-prediction modules (charged as layers on the last rank, with head passes) make
     the layer counts' mean (L + mtp) / p: the time bound is taken there (without the MTP head
-    passes: less compute), and the memory bound from the even split's first rank, which may
-    hold fewer layers."""
+    passes: less compute; recomputed layers L / p, the MTP modules are not), and the memory
+    bound from the even split's first rank, which may hold fewer layers."""
     kw = _rank_kw(ctx, plans, layer)
     p, one = plans.pp, plans.pp == 1
     mtp = ctx.model.mtp_num_layers
-    mean = np.where(one, ctx.model.num_layers, (ctx.model.num_layers + mtp) / p)
-    rank = rank_cost(**kw, rank=0, layers=mean, recomputed=mean, has_embedding=one, has_head=one,
-                     has_mtp=one)
+    L = ctx.model.num_layers
+    mean = np.where(one, L, (L + mtp) / p)
+    rank = rank_cost(**kw, rank=0, layers=mean, recomputed=np.where(one, L, L / p), has_embedding=one,
+                     has_head=one, has_mtp=one)  # (the MTP modules are not recomputed)
     bound = compose_step_peak(ctx.training, plans, [rank], ctx.calib)
     if not mtp:
         return bound
-    l0 = rank_layers_even(ctx.model.num_layers, 0, p, plans.vpp)
+    l0 = rank_layers_even(L, 0, p, plans.vpp)
     first = compose_step_peak(ctx.training, plans, [rank_cost(**kw, rank=0, layers=l0, recomputed=l0,
                                                                has_embedding=True, has_head=one)], ctx.calib)
     return StepPeak(step_time_s=bound.step_time_s, bubble_s=bound.bubble_s,
