@@ -53,10 +53,10 @@ REFINE_SLACK = 0.10
 """A configuration is refined with uneven splits when its even-split point, improved by this
 fraction in both time and memory, would not be dominated by the even-split frontier; in time,
 the point is also taken at the balanced-rank bound (``even.balanced_slice``: no layer split of
-the configuration is faster) where that is faster, so a split that beats the even one by more
-than this fraction in time is never skipped. What the slack alone still bounds: memory (the
-first rank's in-flight activations) and moving recomputed layers; a work bound, not a dominance
-rule: on
+the configuration is faster) where that is faster, so no split on the frontier is skipped for
+being faster than the even one, by however much, unless it is also more than this fraction
+leaner. What the slack alone still bounds: memory (the first rank's in-flight activations) and
+recomputing fewer layers than the policy's all; a work bound, not a dominance rule: on
 Llama-3-70B x 1024 GPUs 0.10 and 0.15 give the same recommended plan and frontiers of 156 and 155
 points at 1.0 s and 1.3 s of CPU. Tests set it to infinity (refine all) to check exactness."""
 
