@@ -36,6 +36,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.device_memory import device_fits
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, optimizer_state_bytes_per_param
@@ -266,7 +267,8 @@ class BatchEstimate:
     step_time_s: np.ndarray
     bubble_s: np.ndarray
     peak_memory_bytes: np.ndarray
-    """Peak reserved (allocated + allocator reserve): what ``fits`` compares with the GPU."""
+    """Peak reserved (allocated + allocator reserve); ``fits`` adds what lies outside the
+    allocator (cost/device_memory.py: device_fits)."""
     peak_allocated_bytes: np.ndarray | None
     """Peak allocated (no allocator reserve); None when ``compose`` was not asked for it (the
     search scores on reserved alone)."""
@@ -274,7 +276,8 @@ class BatchEstimate:
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
     fits: np.ndarray
-    """GPU memory fits, and the offloaded tensors fit in the GPU's share of host memory."""
+    """The device peak fits the GPU's memory (cost/device_memory.py: device_fits), and the
+    offloaded tensors fit in the GPU's share of host memory."""
     host_memory_bytes: np.ndarray | float = 0.0
     """Host memory of the GPU whose offloaded tensors take the most."""
 
@@ -369,4 +372,4 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
                          peak_allocated_bytes=peak_allocated,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=(peak <= cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)
+                         fits=device_fits(peak, plans, calib, cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)
