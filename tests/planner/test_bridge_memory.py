@@ -123,3 +123,19 @@ def test_moe_routed_copies_by_hand(precision, first_copy_bytes, tp, etp):
     T = 2 * 1024  # b x S tokens
     routed = T / tp * etp
     assert kept - none == pytest.approx(routed * 2 * 1024 * (first_copy_bytes + 2.0))
+
+
+def test_megatron_core_keeps_one_routed_copy_by_hand():
+    """Megatron-Core's TEGroupedMLP multiplies the routing probabilities inside the experts'
+    activation (weighted_bias_swiglu_impl, megatron/core/transformer/moe/experts.py), so the
+    combine keeps no (T*k, D) expert output: one routed copy, the fc1 input (frameworks.json
+    megatron-core: moe_routed_copies_kept 1). Row 292: Qwen3-30B-A3B, mb 8 x 4096 tokens, top-8,
+    D 2048, 48 layers on the one pipeline rank, one micro-batch in flight."""
+    run = build_run(ROW_292)
+    calib = setting_calibration(run, None, {**run.settings, **run.release_values})
+    assert calib.moe_routed_copies_kept == 1.0
+    one = _estimate(ROW_292).memory.activations_bytes
+    two = _estimate(ROW_292, moe_routed_copies_kept=2.0).memory.activations_bytes
+    T, k, D, L = 8 * 4096, 8, 2048, 48
+    assert two - one == pytest.approx(L * T * k * D * 2.0)  # the bf16 expert output per copy
+    assert (two - one) / GIB == pytest.approx(48.0)
