@@ -129,11 +129,12 @@ def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
               has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
-              offloaded_layers=None, has_mtp=None) -> RankCost:
+              offloaded_layers=None, has_mtp=None, chunk_weight=1.0) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
     ``offloaded_layers`` of them with their activations in host memory when the plan offloads
-    activations (None: all, ``meshplan.cost.offload``).
+    activations (None: all, ``meshplan.cost.offload``); ``chunk_weight`` the interleaved
+    schedule's weight of the rank's unequal chunks (cost/chunk_inflight.py, 1: equal).
     ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it. ``totals``
     False leaves ``comm_total_s`` NaN: a figure for breakdowns that :func:`compose` does not
     read, skipped where the search scores millions of ranks."""
@@ -215,7 +216,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- activations (cost.memory) ------------------------------------------------------------
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
                             head_share=head_share, logits_fraction=osdp.logits_fraction,
-                            hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision))
+                            hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision),
+                            chunk_weight=chunk_weight)
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --

@@ -15,6 +15,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.chunk_inflight import plan_chunk_weight
 from meshplan.cost.device_memory import outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
@@ -251,7 +252,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         layers, rec = plan.layers_on_rank(r), plan.recomputed_on_rank(r)
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
                        recomputed=rec, has_embedding=r == 0, has_head=r == p - 1, has_mtp=r == plan.mtp_rank,
-                       offloaded_layers=plan.offloaded_on_rank(r))
+                       offloaded_layers=plan.offloaded_on_rank(r), chunk_weight=plan_chunk_weight(plan, r, m))
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
