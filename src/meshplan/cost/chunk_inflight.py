@@ -69,7 +69,8 @@ def plan_chunk_weight(plan: Plan, rank: int, num_microbatches: int) -> float:
     p, v = plan.dims.pp, plan.vpp
     if plan.schedule != Schedule.INTERLEAVED_1F1B or v <= 1 or not plan.stage_layers:
         return 1.0
-    if tuple(plan.stage_layers) == even_split(sum(plan.stage_layers), len(plan.stage_layers)):
+    layers, stages = sum(plan.stage_layers), len(plan.stage_layers)
+    if stages <= layers and tuple(plan.stage_layers) == even_split(layers, stages):
         return 1.0
     sizes = tuple(plan.stage_layers[j * p + rank] for j in range(v))
     return chunk_weight(rank, p, v, num_microbatches, sizes)
