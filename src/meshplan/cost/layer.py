@@ -147,26 +147,30 @@ def framework_overhead_s(calib: Calibration, plans: PlanArrays):
 
 
 def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               plans: PlanArrays, calib: Calibration) -> LayerCost:
+               plans: PlanArrays, calib: Calibration,
+               kinds: tuple[tuple[LayerKind, int], ...] | None = None) -> LayerCost:
     """The average layer of the stack: each kind of layer (spec/layers.py: attention + MLP, MoE,
     leading dense layers, sliding-window layers, Mamba-2, ...) costed once and weighted by how many
     layers hold it, so that ``num_layers`` times it gives the stack's exact totals of time,
-    parameters and memory. Pipeline ranks are charged by layer count (every rank sees the
-    average layer), which is approximate when kinds cluster (dense-first, hybrid patterns)."""
+    parameters and memory. ``kinds``: (kind, count) pairs to average over instead of the main
+    stack's (cost/rank_layers.py: the leading dense layers, the other layers, an MTP block), which
+    is how a pipeline rank is charged for the kinds it holds."""
+    kinds = kinds or layer_kind_counts(model)
     bf16_share = bf16_layer_fraction(training, calib, model.num_layers)
     if bf16_share > 0:  # fp4 recipes keep the first and last layers in bf16 (cost/precision.py)
-        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0))
-        bf16 = layer_cost(model, cluster, replace(training, precision=Precision.BF16, recipe=None), plans, calib)
+        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0), kinds)
+        bf16 = layer_cost(model, cluster, replace(training, precision=Precision.BF16, recipe=None), plans, calib,
+                          kinds)
         return LayerCost(**{f: (1.0 - bf16_share) * getattr(lowp, f) + bf16_share * getattr(bf16, f)
                             for f in LayerCost.__dataclass_fields__})
-    kinds = layer_kind_counts(model)
     docs = packed_documents(model, training, plans, calib)
     causal = model.arch == Arch.DECODER
     docs_bwd = docs if attention_half_seq(calib, causal, backward=True) == attention_half_seq(calib, causal) \
         else packed_documents(model, training, plans, calib, backward=True)
     if len(kinds) == 1:
         return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs, docs_bwd)
-    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd), n / model.num_layers)
+    total = sum(n for _, n in kinds)
+    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd), n / total)
              for kind, n in kinds]
     return LayerCost(**{f: sum(w * getattr(cost, f) for cost, w in costs)
                         for f in LayerCost.__dataclass_fields__})
