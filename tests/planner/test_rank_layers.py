@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from meshplan.cost import estimate
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import calibration_for
+from meshplan.cost.layer import layer_cost
 from meshplan.cost.pipeline import rank_of_layer_even
 from meshplan.cost.rank_layers import lead_on_rank, lead_on_rank_even, rank_layer, stack_layers
 from meshplan.plan import ParallelDims, Plan
@@ -114,3 +115,26 @@ def test_mtp_stage_before_the_loss_stage_holds_embedding_and_head_copies():
     per_layer = (a.stages[1].memory.parameters_bytes - 0) / 16
     assert grew == pytest.approx(13 * per_layer + (per_layer + (2 * 7168 * 7168 + 3 * 7168) * wb) + copies,
                                  rel=0.02)
+
+
+# ---- the MoE block's host time per local expert (Calibration.moe_expert_host_s) -----------
+
+def _moe_host_layer(ep: int, **calib_fields):
+    # 64 experts of a small model on a B200: the device time is tiny, the layer host-bound
+    m = model_preset("toy-moe").with_overrides({"moe_num_experts": 64, "moe_top_k": 2})
+    cluster = system_preset("dgx-b200", num_nodes=4)
+    training = TrainingSpec(seq_len=256, global_batch=32)
+    calib = calibration_for(cluster.gpu).replace_fields(moe_alltoall_sync_s=1e-3, host_s_per_kernel=0.0,
+                                                        **calib_fields)
+    plan = Plan(dims=ParallelDims(dp_shard=32, ep=ep), micro_batch=1, zero=1)
+    a = PlanArrays.from_plans([plan.with_defaults(m)])
+    return float(layer_cost(m, cluster, training, a, calib).fwd_compute_s[0])
+
+
+def test_moe_block_host_time_grows_with_local_experts():
+    # sync 1 ms + E/ep x 100 us: ep 8 holds 8 experts (1.8 ms), ep 32 holds 2 (1.2 ms)
+    assert _moe_host_layer(8, moe_expert_host_s=100e-6) == pytest.approx(1.8e-3, rel=1e-9)
+    assert _moe_host_layer(32, moe_expert_host_s=100e-6) == pytest.approx(1.2e-3, rel=1e-9)
+    # one fused grouped kernel for all local experts, or a graphed step: no per-expert host time
+    assert _moe_host_layer(8, moe_expert_host_s=100e-6, moe_fused_grouped_mlp=True) == pytest.approx(1e-3)
+    assert _moe_host_layer(8, moe_expert_host_s=100e-6, cuda_graph_full_iteration=True) < 1e-3

@@ -306,9 +306,9 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     l0 = rank_layers_even(model.num_layers, 0, plans.pp, plans.vpp)
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1,
-                      **_lead(model, kw, 0, plans))
+                      **even_lead(model, kw, 0, plans))
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True,
-                      **_lead(model, kw, last, plans))
+                      **even_lead(model, kw, last, plans))
     return compose(model, cluster, training, plans, [first, final, *middle_rank(model, plans, calib, kw)],
                    calib, allocated=True)
 
@@ -325,10 +325,10 @@ def middle_rank(model: ModelSpec, plans: PlanArrays, calib: Calibration, kw: dic
     mid = np.minimum(1, last)
     lm = rank_layers_even(model.num_layers, mid, plans.pp, plans.vpp)
     return [rank_cost(**kw, rank=mid, layers=lm, recomputed=lm, has_embedding=plans.pp == 1,
-                      has_head=mid == last, **_lead(model, kw, mid, plans))]
+                      has_head=mid == last, **even_lead(model, kw, mid, plans))]
 
 
-def _lead(model: ModelSpec, kw: dict, rank, plans: PlanArrays) -> dict:
+def even_lead(model: ModelSpec, kw: dict, rank, plans: PlanArrays) -> dict:
     """``lead=`` for a rank of the even split when ``kw`` charges ranks their own kinds."""
     return {"lead": lead_on_rank_even(model, rank, plans.pp, plans.vpp)} if kw.get("stack") is not None else {}
 

@@ -22,6 +22,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.layer import LayerCost, layer_cost
+from meshplan.cost.rank_layers import StackLayers, needs_rank_mix, stack_layers
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
 from meshplan.search.space import RECOMPUTES
 from meshplan.search.stages import StageTable
@@ -65,10 +66,21 @@ class SharedLayerCost:
 
     unique: LayerCost
     row: np.ndarray
+    stack: StackLayers | None = None
+    """The same rows' costs of the kinds a rank is charged for (cost/rank_layers.py), for a model
+    whose leading dense layers or MTP modules cluster on one rank; None otherwise."""
 
     def take(self, idx) -> LayerCost:
         """Layer costs of the plans at ``idx`` (an index array, a mask or a slice)."""
         return _take_layer(self.unique, self.row[idx])
+
+    def take_stack(self, idx) -> StackLayers | None:
+        if self.stack is None:
+            return None
+        rows = self.row[idx]
+        pick = lambda c: None if c is None else _take_layer(c, rows)  # noqa: E731
+        return StackLayers(lead_layers=self.stack.lead_layers, lead=pick(self.stack.lead),
+                           rest=pick(self.stack.rest), mtp=pick(self.stack.mtp))
 
 
 def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
@@ -93,7 +105,15 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
     unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
                                                   (first.size,)) for f in fields(LayerCost)})
-    return SharedLayerCost(unique=unique, row=inverse.reshape(-1))
+    stack = None
+    if needs_rank_mix(ctx.model):
+        stack = stack_layers(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
+        full = lambda c: None if c is None else LayerCost(**{  # noqa: E731
+            f.name: np.broadcast_to(np.asarray(getattr(c, f.name), dtype=float), (first.size,))
+            for f in fields(LayerCost)})
+        stack = StackLayers(lead_layers=stack.lead_layers, lead=full(stack.lead), rest=full(stack.rest),
+                            mtp=full(stack.mtp))
+    return SharedLayerCost(unique=unique, row=inverse.reshape(-1), stack=stack)
 
 
 def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
