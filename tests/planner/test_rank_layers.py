@@ -138,3 +138,60 @@ def test_moe_block_host_time_grows_with_local_experts():
     # one fused grouped kernel for all local experts, or a graphed step: no per-expert host time
     assert _moe_host_layer(8, moe_expert_host_s=100e-6, moe_fused_grouped_mlp=True) == pytest.approx(1e-3)
     assert _moe_host_layer(8, moe_expert_host_s=100e-6, cuda_graph_full_iteration=True) < 1e-3
+
+
+# ---- the search sees the same ranks (search/tables.py, search/even.py) ---------------------
+
+def _small_deepseek():
+    # DeepSeek-V3's shape cut to 12 layers and 32 experts: 3 dense first layers, one MTP module
+    m = model_preset("deepseek-v3").with_overrides({"num_layers": 12, "moe_num_experts": 32})
+    cluster = system_preset("dgx-h100", num_nodes=4)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    return m, cluster, training
+
+
+def test_score_splits_matches_estimate_with_dense_first_layers_and_mtp():
+    from meshplan.search.space import enumerate_space
+    from meshplan.search.tables import CostContext, chunk_split, score_splits, shared_layer_cost
+
+    m, cluster, training = _small_deepseek()
+    space = enumerate_space(m, training, 32)
+    pick = np.flatnonzero((space.pp == 4) & (space.recompute == 2))[:6]
+    assert pick.size
+    ctx = CostContext(m, cluster, training, calibration_for(cluster.gpu))
+    shared = shared_layer_cost(ctx, space.take(pick))
+    n = np.array([[5, 2, 3, 2]] * pick.size)
+    r = np.array([[5, 1, 0, 2]] * pick.size)
+    got = score_splits(ctx, space.take(pick), n, r, shared.take(slice(None)), shared.take_stack(slice(None)))
+    for j, i in enumerate(pick):
+        layers, rec = chunk_split(n[j], r[j], int(space.vpp[i]))
+        est = estimate(m, cluster, training, space.plan(int(i), layers, rec))
+        assert got.step_time_s[j] == pytest.approx(est.step_time_s, rel=1e-12)
+        assert got.peak_memory_bytes[j] == pytest.approx(est.peak_memory_gib * 2**30, rel=1e-12)
+
+
+def test_stage_table_time_is_exact_with_dense_first_layers():
+    # time is affine in (n, r) with the leading layers in rank 0's intercept: the table agrees
+    # with rank_cost for any split whose rank 0 holds them all (one chunk per rank here)
+    from meshplan.search.space import enumerate_space
+    from meshplan.search.tables import CostContext, score_splits, shared_layer_cost, stage_probes, stage_table
+
+    m, cluster, training = _small_deepseek()
+    space = enumerate_space(m, training, 32)
+    pick = np.flatnonzero((space.pp == 4) & (space.vpp == 1) & (space.recompute == 2))[:4]
+    assert pick.size
+    ctx = CostContext(m, cluster, training, calibration_for(cluster.gpu))
+    sub = space.take(pick)
+    shared = shared_layer_cost(ctx, sub)
+    layer, stack = shared.take(slice(None)), shared.take_stack(slice(None))
+    tbl = stage_table(ctx, sub, 4, sub.vpp, layer, stage_probes(ctx, sub, layer, stack))
+    n = np.array([[4, 3, 3, 2]] * pick.size)
+    t, _ = tbl.rank_costs(n, np.zeros_like(n))
+    from meshplan.cost.batch import rank_cost
+    from meshplan.cost.pipeline import pipeline_time
+    from meshplan.cost.plan_terms import num_microbatches
+    alpha = pipeline_time(1.0, num_microbatches(training, sub), sub.pp, sub.vpp, sub.schedule, ctx.calib)[0]
+    for rank, lead in ((0, 3), (1, 0), (3, 0)):  # rank 0: 3 dense + 1 MoE; rank 3: 2 MoE + MTP + head
+        rc = rank_cost(m, cluster, training, sub, ctx.calib, layer, rank=rank, layers=n[:, rank], recomputed=0,
+                       has_embedding=rank == 0, has_head=rank == 3, stack=stack, lead=lead, totals=False)
+        np.testing.assert_allclose(t[:, rank], rc.microbatch_s + rc.step_extra_s / alpha, rtol=1e-9)

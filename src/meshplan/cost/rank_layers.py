@@ -53,6 +53,14 @@ class StackLayers:
     """One MTP module (None: the model has none)."""
 
 
+    def take(self, idx) -> "StackLayers":
+        """The rows ``idx`` of full-length (one entry per plan) costs."""
+        pick = lambda c: None if c is None else LayerCost(  # noqa: E731
+            **{f: np.asarray(getattr(c, f))[idx] for f in _FIELDS})
+        return StackLayers(lead_layers=self.lead_layers, lead=pick(self.lead), rest=pick(self.rest),
+                           mtp=pick(self.mtp))
+
+
 def lead_layers(model: ModelSpec) -> int:
     """Leading dense layers of an MoE stack (a hybrid pattern writes its dense layers as '-')."""
     return 0 if model.hybrid_pattern else model.moe_dense_layers
@@ -143,3 +151,23 @@ def lead_on_rank(model: ModelSpec, stage_layers: tuple[int, ...], pp: int, rank:
             n += max(0, min(d, start + count) - start)
         start += count
     return n
+
+
+def lead_on_ranks(model: ModelSpec, rank_layers: np.ndarray, vpp) -> np.ndarray:
+    """Leading dense layers per rank, (P, pp), of per-rank layer counts ``rank_layers`` (P, pp)
+    spread over each rank's ``vpp`` chunks as search/tables.chunk_split spreads them (earlier
+    chunks take the extra): virtual stage s = chunk * pp + rank, in model order."""
+    P, pp = rank_layers.shape
+    v = np.broadcast_to(np.asarray(vpp, dtype=np.int64), (P,))[:, None]
+    base, extra = np.divmod(rank_layers.astype(np.int64), v)
+    out = np.zeros((P, pp))
+    left = np.full(P, float(lead_layers(model)))
+    for s in range(lead_layers(model)):  # every virtual stage holds a layer at least
+        r = s % pp
+        chunk = s // pp
+        size = base[:, r] + (chunk < extra[:, r]) * 1
+        size = np.where(chunk < v[:, 0], size, 0)
+        take = np.minimum(left, size)
+        out[:, r] += take
+        left = left - take
+    return out
