@@ -117,29 +117,6 @@ def test_mtp_stage_before_the_loss_stage_holds_embedding_and_head_copies():
                                  rel=0.02)
 
 
-# ---- the MoE block's host time per local expert (Calibration.moe_expert_host_s) -----------
-
-def _moe_host_layer(ep: int, **calib_fields):
-    # 64 experts of a small model on a B200: the device time is tiny, the layer host-bound
-    m = model_preset("toy-moe").with_overrides({"moe_num_experts": 64, "moe_top_k": 2})
-    cluster = system_preset("dgx-b200", num_nodes=4)
-    training = TrainingSpec(seq_len=256, global_batch=32)
-    calib = calibration_for(cluster.gpu).replace_fields(moe_alltoall_sync_s=1e-3, host_s_per_kernel=0.0,
-                                                        **calib_fields)
-    plan = Plan(dims=ParallelDims(dp_shard=32, ep=ep), micro_batch=1, zero=1)
-    a = PlanArrays.from_plans([plan.with_defaults(m)])
-    return float(layer_cost(m, cluster, training, a, calib).fwd_compute_s[0])
-
-
-def test_moe_block_host_time_grows_with_local_experts():
-    # sync 1 ms + E/ep x 100 us: ep 8 holds 8 experts (1.8 ms), ep 32 holds 2 (1.2 ms)
-    assert _moe_host_layer(8, moe_expert_host_s=100e-6) == pytest.approx(1.8e-3, rel=1e-9)
-    assert _moe_host_layer(32, moe_expert_host_s=100e-6) == pytest.approx(1.2e-3, rel=1e-9)
-    # one fused grouped kernel for all local experts, or a graphed step: no per-expert host time
-    assert _moe_host_layer(8, moe_expert_host_s=100e-6, moe_fused_grouped_mlp=True) == pytest.approx(1e-3)
-    assert _moe_host_layer(8, moe_expert_host_s=100e-6, cuda_graph_full_iteration=True) < 1e-3
-
-
 # ---- the search sees the same ranks (search/tables.py, search/even.py) ---------------------
 
 def _small_deepseek():
@@ -195,3 +172,31 @@ def test_stage_table_time_is_exact_with_dense_first_layers():
         rc = rank_cost(m, cluster, training, sub, ctx.calib, layer, rank=rank, layers=n[:, rank], recomputed=0,
                        has_embedding=rank == 0, has_head=rank == 3, stack=stack, lead=lead, totals=False)
         np.testing.assert_allclose(t[:, rank], rc.microbatch_s + rc.step_extra_s / alpha, rtol=1e-9)
+
+
+# ---- token-drop runs padded to capacity: no host sync per MoE layer -------------------------
+
+def _host_bound_moe_layer(capacity):
+    # 64 small experts at micro-batch 1: the device time is far below the 1 ms sync
+    m = model_preset("toy-moe").with_overrides({"moe_num_experts": 64, "moe_top_k": 2})
+    cluster = system_preset("dgx-b200", num_nodes=4)
+    training = TrainingSpec(seq_len=256, global_batch=32, moe_capacity_factor=capacity)
+    calib = calibration_for(cluster.gpu).replace_fields(moe_alltoall_sync_s=1e-3, host_s_per_kernel=0.0)
+    plan = Plan(dims=ParallelDims(dp_shard=32, ep=8), micro_batch=1, zero=1)
+    a = PlanArrays.from_plans([plan.with_defaults(m)])
+    return float(layer_cost(m, cluster, training, a, calib).fwd_compute_s[0])
+
+
+def test_padded_token_drop_skips_the_dispatch_sync():
+    assert _host_bound_moe_layer(None) == pytest.approx(1e-3, rel=1e-12)  # dropless: host-bound
+    assert _host_bound_moe_layer(1.0) < 0.5e-3  # fixed splits: the device's time
+
+
+def test_tokendrop_rows_read_a_capacity_factor():
+    from meshplan.calib.validate import load_runs
+    from meshplan.data.published import runs_csv
+
+    runs, _ = load_runs(runs_csv("megatron-bridge"))
+    caps = {r.row_id: r.training.moe_capacity_factor for r in runs}
+    assert caps["549"] == 1.0 and caps["546"] == 1.0  # 'Qwen3_235B_a22B (tokendrop)', 'DeepSeekV3 (tokendrop)'
+    assert caps["468"] is None  # dropless

@@ -51,7 +51,6 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "moe_alltoall_sync_s": (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3, 4e-3, 6e-3),
     "moe_grouped_gemm_half_dim": (64.0, 128.0, 256.0, 512.0, 1024.0),
     "moe_expert_gemm_s": (0.0, 5e-6, 10e-6, 20e-6, 30e-6, 50e-6),
-    "moe_expert_host_s": (0.0, 25e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6),
     # the Mamba-2 SSD kernels (Triton, fp32 chunk states): a few % to a third of peak
     "mamba_scan_efficiency": (0.02, 0.05, 0.1, 0.2, 0.35),
 })

@@ -225,16 +225,6 @@ class Calibration:
     attention and router: a MoE layer's forward takes max(its device time, this launch time)
     (cost/layer.py): a small, fine-grained MoE at micro-batch 1 is host-bound, a large one hides
     the launches behind its GEMMs. 0 with CUDA graphs / a sync-free dispatcher; fitted per stack."""
-    moe_expert_host_s: float = 0.0
-    """Host time per local expert, forward (the backward 2x), to issue its share of the MoE block
-    after the dropless all-to-all's sync (``moe_alltoall_sync_s``, the block's fixed part):
-    Transformer Engine's GroupedLinear walks the m_splits one local expert at a time (each
-    split's fp8 cast and cuBLASLt GEMM issued from the host; TE ``general_grouped_gemm``), so a
-    rank holding E/ep = 16 experts issues 4x the per-expert work of one holding 4 and stays
-    host-bound where the other is device-bound (bridge rows: Qwen3-235B ep8 on B200 ~1.8 ms per
-    layer above its device time, ep32 on GB200 none). 0 under a fused grouped MLP (one kernel
-    for all local experts, ``moe_fused_grouped_mlp``), CUDA graphs, or without the sync; fitted
-    per (generation, stack)."""
     moe_expert_gemm_s: float = 0.0
     """Fixed device time of each local expert's GEMM beyond its FLOPs, forward, per GEMM (two per
     expert: up and down; the backward 2x like all of the layer's work): Transformer Engine's

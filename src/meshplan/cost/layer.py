@@ -248,18 +248,18 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
     host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
-    if (moe and (calib.moe_alltoall_sync_s or calib.moe_expert_host_s)
-            and training.moe_dispatcher == MoeDispatcher.ALLTOALL
-            and not calib.cuda_graph_full_iteration):  # a graphed step is sync-free (Calibration)
+    # A graphed step is sync-free (Calibration), and so is a token-drop run padded to capacity:
+    # its all-to-all splits are fixed (Megatron-Core's alltoall dispatcher with
+    # --moe-pad-expert-input-to-capacity, which Megatron-Bridge's token-drop runs set, leaves its
+    # cuda_sync_point at "no_sync"); a capacity factor is read as padded.
+    if (moe and calib.moe_alltoall_sync_s and training.moe_capacity_factor is None
+            and training.moe_dispatcher == MoeDispatcher.ALLTOALL and not calib.cuda_graph_full_iteration):
         # The dropless all-to-all's host sync of the token counts drains the launch queue once
         # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
-        # (Calibration.moe_alltoall_sync_s, + moe_expert_host_s per local expert unless one fused
-        # kernel runs them; the backward, like its math, 2x) and the next layer's norm, attention
-        # and router (cost/host.py): the whole layer waits for it, not the block.
-        per_expert = 0.0 if calib.moe_fused_grouped_mlp else calib.moe_expert_host_s
-        block_host = calib.moe_alltoall_sync_s + model.moe_num_experts / ep * per_expert
-        host_fwd = host_fwd + block_host
-        host_bwd = host_bwd + 2.0 * block_host
+        # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's
+        # norm, attention and router (cost/host.py): the whole layer waits for it, not the block.
+        host_fwd = host_fwd + calib.moe_alltoall_sync_s
+        host_bwd = host_bwd + 2.0 * calib.moe_alltoall_sync_s
     fwd_compute = host_bound(fwd_device, host_fwd)
 
     # ---- communication of the forward -------------------------------------------------
