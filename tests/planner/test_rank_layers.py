@@ -200,3 +200,17 @@ def test_tokendrop_rows_read_a_capacity_factor():
     caps = {r.row_id: r.training.moe_capacity_factor for r in runs}
     assert caps["549"] == 1.0 and caps["546"] == 1.0  # 'Qwen3_235B_a22B (tokendrop)', 'DeepSeekV3 (tokendrop)'
     assert caps["468"] is None  # dropless
+
+
+def test_full_iteration_graph_pays_no_per_layer_overhead():
+    # Calibration.layer_overhead_s is the layer's launches and host dispatch: a replayed graph has none
+    m = model_preset("qwen3-30b-a3b")
+    cluster = system_preset("dgx-b200", num_nodes=1)
+    training = TrainingSpec(seq_len=4096, global_batch=64, precision="fp8")
+    a = PlanArrays.from_plans([Plan(dims=ParallelDims(dp_shard=8, ep=8), micro_batch=1, zero=1).with_defaults(m)])
+    base = calibration_for(cluster.gpu).replace_fields(moe_alltoall_sync_s=0.0, host_s_per_kernel=0.0)
+    graphed = lambda ovh: layer_cost(m, cluster, training, a, base.replace_fields(  # noqa: E731
+        layer_overhead_s=ovh, cuda_graph_full_iteration=True)).fwd_compute_s[0]
+    eager = lambda ovh: layer_cost(m, cluster, training, a, base.replace_fields(layer_overhead_s=ovh)).fwd_compute_s[0]  # noqa: E731
+    assert graphed(2e-3) == pytest.approx(graphed(0.0), rel=1e-12)
+    assert eager(2e-3) == pytest.approx(eager(0.0) + 2e-3, rel=1e-9)

@@ -244,8 +244,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if runs_eager(cluster, calib):  # eager model code: more passes than one per op (cost/eager_passes.py)
         t_mem = t_mem + eager_extra_bytes(model, kind, tokens=T, tokens_replicated=T_rep, tp=t,
                                           ab=ab) / hbm * calib.elementwise_time_factor
-    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
-    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration; none
+    # where the whole iteration replays as one CUDA graph (the host issues no kernel of it).
+    overhead = 0.0 if calib.cuda_graph_full_iteration else calib.layer_overhead_s
+    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + overhead
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
     host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
     # A graphed step is sync-free (Calibration), and so is a token-drop run padded to capacity:
@@ -308,7 +310,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         rec_sel = t_attn + mix.softmax_bytes / hbm
     else:  # op-level: the unsaved mms and every memory-bound op again, the attention kernel saved
         rec_sel = (op_sel.mixer_recomputed_share * mix.gemm_s + op_sel.ffn_recomputed_share * t_mlp
-                   + t_mem + calib.layer_overhead_s)
+                   + t_mem + overhead)
     rec_full = fwd_compute + fwd_comm_exposed
 
     # ---- parameters and states ----------------------------------------------------------
