@@ -151,7 +151,7 @@ def test_stage_table_time_is_exact_with_dense_first_layers():
     # time is affine in (n, r) with the leading layers in rank 0's intercept: the table agrees
     # with rank_cost for any split whose rank 0 holds them all (one chunk per rank here)
     from meshplan.search.space import enumerate_space
-    from meshplan.search.tables import CostContext, score_splits, shared_layer_cost, stage_probes, stage_table
+    from meshplan.search.tables import CostContext, shared_layer_cost, stage_probes, stage_table
 
     m, cluster, training = _small_deepseek()
     space = enumerate_space(m, training, 32)

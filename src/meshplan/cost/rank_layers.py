@@ -53,7 +53,7 @@ class StackLayers:
     """One MTP module (None: the model has none)."""
 
 
-    def take(self, idx) -> "StackLayers":
+    def take(self, idx) -> StackLayers:
         """The rows ``idx`` of full-length (one entry per plan) costs."""
         pick = lambda c: None if c is None else LayerCost(  # noqa: E731
             **{f: np.asarray(getattr(c, f))[idx] for f in _FIELDS})
