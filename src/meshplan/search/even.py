@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import StepPeak, compose_step_peak, middle_rank, plan_terms, rank_cost
+from meshplan.cost.batch import StepPeak, compose_step_peak, even_lead, middle_rank, plan_terms, rank_cost
+from meshplan.cost.rank_layers import StackLayers, needs_rank_mix
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
@@ -84,12 +85,16 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
     n = len(plans)
     step, peak, host = np.empty(n), np.empty(n), np.zeros(n)
     bound_only = prune_shrink is not None
-    balanced = np.empty(n)
+    mixed = needs_rank_mix(ctx.model)  # no balanced bound (:func:`balanced_slice`): the slack alone
+    balanced = np.full(n, np.inf)
     for i in range(0, n, EVEN_CHUNK_ROWS):
         rows = slice(i, i + EVEN_CHUNK_ROWS)
-        sub, sub_layer = plans.take(rows), shared.take(rows)
-        est = (balanced_slice if bound_only else even_slice)(ctx, sub, sub_layer)
+        sub, sub_layer, stack = plans.take(rows), shared.take(rows), shared.take_stack(rows)
+        est = (balanced_slice(ctx, sub, sub_layer, stack) if bound_only
+               else even_slice(ctx, sub, sub_layer, stack=stack))
         step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
+        if mixed:
+            continue
         balanced[rows] = est.step_time_s  # the bound, or the even split: with one rank, the same
         many = None if bound_only else np.flatnonzero(sub.pp > 1)
         if many is not None and many.size:  # scored in full: a pipeline's rows need the bound's pass
@@ -99,7 +104,7 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
                         balanced_time_s=balanced), 0
 
     def exact(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        out = [even_slice(ctx, plans.take(r), shared.take(r))
+        out = [even_slice(ctx, plans.take(r), shared.take(r), stack=shared.take_stack(r))
                for r in np.array_split(rows, max(1, -(-rows.size // EVEN_CHUNK_ROWS)))]
         return tuple(np.concatenate([getattr(e, f) * np.ones(len(e.step_time_s)) for e in out])
                      for f in ("step_time_s", "peak_memory_bytes", "host_memory_bytes"))
@@ -111,20 +116,32 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
             int(np.count_nonzero(~pts.exact)))
 
 
-def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> StepPeak:
-    """The even split's estimate (the first and the last rank, and a middle one where it can
-    hold the most)."""
-    kw = _rank_kw(ctx, plans, layer)
+def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False,
+               stack: StackLayers | None = None) -> StepPeak:
+    """The even split's estimate; with ``first_only`` the first rank's alone (a lower bound,
+    exact with one rank: :mod:`meshplan.search.prune`). ``stack``: each rank charged the kinds
+    it holds, as ``estimate_batch`` does (cost/rank_layers.py)."""
+    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
+              calib=ctx.calib, layer=layer)
+    kw["terms"] = plan_terms(**kw)  # shared by both ranks
+    if stack is not None:
+        kw["stack"] = stack
+    kw["totals"] = False  # the search reads the step and the memory only
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
-    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
+    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1,
+                      **even_lead(ctx.model, kw, 0, plans))
+    if first_only:
+        return compose_step_peak(ctx.training, plans, [first], ctx.calib)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
-    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
+    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True,
+                      **even_lead(ctx.model, kw, last, plans))
     return compose_step_peak(ctx.training, plans, [first, final, *middle_rank(ctx.model, plans, ctx.calib, kw)],
                              ctx.calib)
 
 
-def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> StepPeak:
+def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost,
+                   stack: StackLayers | None = None) -> StepPeak:
     """The balanced-rank bound: ``compose`` over one *mean rank*, the first pipeline rank holding
     L / p layers (all recomputed under the plan's policy) and neither the embedding nor the LM
     head; with one rank, the even split itself. Its step time is below every layer split's of
@@ -146,30 +163,17 @@ def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> Ste
     bound holds for the step. Memory: the even split's first rank holds ceil(L / p) >= L / p
     layers (``rank_layers_even``) and the embedding, and memory grows with both.
 
-    Multi-token-prediction modules (charged as layers on the last rank, with head passes) make
-    the layer counts' mean (L + mtp) / p: the time bound is taken there (without the MTP head
-    passes: less compute; recomputed layers L / p, the MTP modules are not), and the memory
-    bound from the even split's first rank, which may hold fewer layers."""
-    kw = _rank_kw(ctx, plans, layer)
-    p, one = plans.pp, plans.pp == 1
-    mtp = ctx.model.mtp_num_layers
-    L = ctx.model.num_layers
-    mean = np.where(one, L, (L + mtp) / p)
-    rank = rank_cost(**kw, rank=0, layers=mean, recomputed=np.where(one, L, L / p), has_embedding=one,
-                     has_head=one, has_mtp=one)  # (the MTP modules are not recomputed)
-    bound = compose_step_peak(ctx.training, plans, [rank], ctx.calib)
-    if not mtp:
-        return bound
-    l0 = rank_layers_even(L, 0, p, plans.vpp)
-    first = compose_step_peak(ctx.training, plans, [rank_cost(**kw, rank=0, layers=l0, recomputed=l0,
-                                                               has_embedding=True, has_head=one)], ctx.calib)
-    return StepPeak(step_time_s=bound.step_time_s, bubble_s=bound.bubble_s,
-                    peak_memory_bytes=first.peak_memory_bytes, host_memory_bytes=first.host_memory_bytes)
-
-
-def _rank_kw(ctx: CostContext, plans: PlanArrays, layer: LayerCost) -> dict:
+    A model whose ranks are charged their own kinds of layers (leading dense layers, MTP modules:
+    ``cost.rank_layers.needs_rank_mix``) has no mean rank of one kind: there the bound is the even
+    split's first rank alone (``stack`` its kinds), below the even split only, and the
+    refinement test reads no balanced time (:func:`even_estimate`: the slack alone)."""
+    if needs_rank_mix(ctx.model):
+        return even_slice(ctx, plans, layer, first_only=True, stack=stack)
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
-    kw["terms"] = plan_terms(**kw)  # shared by every rank
+    kw["terms"] = plan_terms(**kw)
     kw["totals"] = False  # the search reads the step and the memory only
-    return kw
+    L, one = ctx.model.num_layers, plans.pp == 1
+    mean = np.where(one, L, L / plans.pp)
+    rank = rank_cost(**kw, rank=0, layers=mean, recomputed=mean, has_embedding=one, has_head=one)
+    return compose_step_peak(ctx.training, plans, [rank], ctx.calib)
