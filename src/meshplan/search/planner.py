@@ -35,7 +35,9 @@ from meshplan.search.even import (EVEN_CHUNK_ROWS, PRUNE_MIN_CONFIGS, EvenCost, 
                                   even_estimate as _even_estimate, even_slice as _even_slice)
 from meshplan.search.osdp import osdp_rows, osdp_variants
 from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
-from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
+from meshplan.search.group_prune import GROUP_PRUNE_MIN_CONFIGS, prune_groups
+from meshplan.search.space import (RECOMPUTES, SearchOptions, configurations_per_group, cross_groups,
+                                   enumerate_groups, take_groups)
 from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
                                     score_splits, shared_layer_cost, stage_probes, stage_table)
@@ -151,7 +153,18 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     num_gpus = cluster.num_gpus
 
     check_model_takes(model, training)
-    space = enumerate_space(model, training, num_gpus, options)
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    groups = enumerate_groups(model, training, num_gpus, options)
+    per_group = configurations_per_group(groups, model, training, options)
+    prune_even = int(per_group.sum()) > PRUNE_MIN_CONFIGS if prune is None else prune
+    dropped = seeded = 0
+    if prune_even and shrink > 0 and options.allow is None and int(per_group.sum()) > GROUP_PRUNE_MIN_CONFIGS:
+        # Whole groups a known plan beats are dropped before they are crossed
+        # (meshplan.search.group_prune); a caller's `allow` reads the crossed rows: not then.
+        keep, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
+        dropped = int(per_group[~keep].sum())
+        groups = take_groups(groups, keep)
+    space = cross_groups(groups, model, training, options)
     if len(space) == 0:
         raise MeshplanError(
             f"no legal plan for {model.name} on {num_gpus} GPUs with global batch "
@@ -160,11 +173,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick("even splits", 0.05)
     plans = space
     layer = shared_layer_cost(ctx, plans)
-    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    prune_even = len(space) > PRUNE_MIN_CONFIGS if prune is None else prune
     even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune_even and shrink > 0 else None,
                                   budget_bytes=budget)
-    evaluated = len(space)
+    pruned += dropped
+    evaluated = len(space) + dropped + seeded
     keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
     even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
     candidate = even.candidates(even_front, shrink)  # the refinement test, read by three passes
@@ -239,7 +251,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                       refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
                       progress=progress, prune=prune)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
-                        global_configs=len(space), refined_configs=refined,
+                        global_configs=len(space) + dropped, refined_configs=refined,
                         plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start,
                         pruned_configs=pruned)
 

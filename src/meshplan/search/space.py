@@ -233,9 +233,22 @@ def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
     return ok & (~interleaved | (nmicro % c["pp"] == 0))
 
 
+GROUP_COLUMNS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "zero", "sp", "cp_method", "ep", "etp")
+"""The columns of a *group* of global configurations: every configuration is one group crossed
+with a schedule and its virtual stages, a micro-batch size and a recompute policy (and module
+set); :mod:`meshplan.search.group_prune` bounds a group over all of those at once."""
+
+
 def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
                     options: SearchOptions = SearchOptions()) -> PlanArrays:
     """Every legal global configuration for ``num_gpus`` GPUs (rules: docs/search.md)."""
+    return cross_groups(enumerate_groups(model, training, num_gpus, options), model, training, options)
+
+
+def enumerate_groups(model: ModelSpec, training: TrainingSpec, num_gpus: int,
+                     options: SearchOptions = SearchOptions()) -> dict[str, np.ndarray]:
+    """The legal groups (GROUP_COLUMNS) for ``num_gpus`` GPUs, in the order ``enumerate_space``
+    lists their configurations."""
     if num_gpus < 1:
         raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
     f = factorisations(num_gpus, 5)
@@ -252,16 +265,20 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
         c = _cross(c, "etp", np.array(divisors(int(c["tp"].max())) if c["tp"].size else [1]))
     else:
         c["etp"] = c["tp"].copy()
-    c = _keep(c, _rule_ep(c, model))
-    sched, vpp = _schedule_pairs(options, model)
-    c = _cross(c, "_pair", np.arange(sched.size))
-    c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
-    del c["_pair"]
-    c = _keep(c, _rule_schedule(c, model, options))
-    c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
-                     lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
-    c = _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
-                         module_codes(model, options))
+    return _keep(c, _rule_ep(c, model))
+
+
+def take_groups(groups: dict[str, np.ndarray], index) -> dict[str, np.ndarray]:
+    """The groups at ``index`` (an index array or a mask), in their order."""
+    return _keep(groups, index)
+
+
+def cross_groups(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                 options: SearchOptions = SearchOptions()) -> PlanArrays:
+    """Every legal global configuration of ``groups`` (rows of ``enumerate_groups``): crossing
+    keeps each group's rows in its place, so the configurations of a subset of the groups are
+    ``enumerate_space``'s rows of those groups, in the same order."""
+    c = _crossed(groups, model, training, options)
     # Columns that only the variant passes vary are one value on every row: read-only
     # broadcasts (stride 0), not millions of copies (PlanArrays.take keeps them so).
     n = c["tp"].size
@@ -276,6 +293,37 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
+
+
+def configurations_per_group(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                             options: SearchOptions = SearchOptions()) -> np.ndarray:
+    """How many configurations ``cross_groups`` lists for each group before ``options.allow``
+    (the count depends on the pipeline and data-parallel degrees alone: the schedule and
+    micro-batch rules read no other group column)."""
+    key = np.zeros(groups["pp"].size, dtype=np.int64)
+    for k in ("pp", "dp_replicate", "dp_shard"):
+        col = groups[k].astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    reps = _keep(groups, first)
+    reps["_rep"] = np.arange(first.size)
+    counts = np.bincount(_crossed(reps, model, training, options)["_rep"], minlength=first.size)
+    return counts[inverse.reshape(-1)]
+
+
+def _crossed(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+             options: SearchOptions) -> dict[str, np.ndarray]:
+    """The columns of ``cross_groups`` (any extra column of ``groups`` carried along)."""
+    c = dict(groups)
+    sched, vpp = _schedule_pairs(options, model)
+    c = _cross(c, "_pair", np.arange(sched.size))
+    c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
+    del c["_pair"]
+    c = _keep(c, _rule_schedule(c, model, options))
+    c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
+                     lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
+    return _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
+                            module_codes(model, options))
 
 
 def _cross_recompute(cols: dict[str, np.ndarray], recomputes: np.ndarray, codes: np.ndarray) -> dict[str, np.ndarray]:
