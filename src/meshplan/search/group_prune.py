@@ -39,14 +39,15 @@ from typing import Callable
 
 import numpy as np
 
-from meshplan.cost.arrays import PlanArrays, RC_NONE
+from meshplan.cost.arrays import RC_FULL, RC_NONE, PlanArrays
 from meshplan.cost.batch import rank_cost
 from meshplan.cost.pipeline import bubble_time, rank_layers_even
 from meshplan.plan import Recompute
 from meshplan.search.frontier import Front, pareto_indices
 from meshplan.search.prune import prunable
 from meshplan.search.space import (RECOMPUTES, GROUP_COLUMNS, SearchOptions, _rule_schedule, _schedule_pairs,
-                                   cross_groups, divisors, module_codes, take_groups)
+                                   cross_groups, micro_batch_sizes, module_codes, recompute_variants,
+                                   take_groups)
 from meshplan.search.tables import LAYER_KEY_FIELDS, CostContext, shared_layer_cost
 from meshplan.spec.cluster import GIB
 
@@ -65,12 +66,14 @@ GROUP_SEED_GROUPS = 64
 
 @dataclass(frozen=True)
 class GroupBounds:
-    """Per group: a lower bound on the first-rank step time and peak memory of every one of its
-    configurations (:func:`group_bounds`)."""
+    """Per group, micro-batch size (``space.micro_batch_sizes``) and recompute choice
+    (``space.recompute_variants``), arrays (groups, sizes, choices): a lower bound on the
+    first-rank step time and peak memory of every configuration of that group with that size and
+    choice, whatever its schedule and virtual stages (:func:`group_bounds`); +inf where the size
+    does not divide the group's replica batch (no configuration)."""
 
     time_s: np.ndarray
     memory_bytes: np.ndarray
-
 
 def _columns(groups: dict[str, np.ndarray], n: int, extra: dict[str, np.ndarray]) -> PlanArrays:
     cols = {k: groups[k] for k in GROUP_COLUMNS}
@@ -107,7 +110,7 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
         key = key * (int(col.max(initial=0)) + 1) + col
     _, first_of, key_of = np.unique(key, return_index=True, return_inverse=True)
     key_of = key_of.reshape(-1)
-    sizes = np.array(divisors(training.global_batch), dtype=np.int64)
+    sizes = micro_batch_sizes(training)
     codes = np.concatenate(([0], module_codes(model, options))).astype(np.int64)
     k_n, s_n, c_n = first_of.size, sizes.size, codes.size
     dp = groups["dp_replicate"] * groups["dp_shard"]
@@ -123,10 +126,23 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
                      "micro_batch": mb, "recompute": np.where(mod > 0, selective, RC_NONE),
                      "recompute_modules": mod})
     lc = shared_layer_cost(ctx, rows)
-    per_row = (lc.unique.fwd_compute_s + lc.unique.bwd_compute_s
-               + lc.unique.fwd_comm_exposed_s + lc.unique.bwd_comm_exposed_s)[lc.row]
-    per_layer = np.zeros((k_n, s_n))  # the least over module sets, per (layer key, size) some group runs
-    per_layer[ks, si] = per_row.reshape(ks.size, c_n).min(axis=1)
+    # Per recompute choice v (policy, module set): the layer's time with its recompute, its
+    # activations under the policy and without recompute (cost.plan_terms: rec_one, act_policy).
+    policy, module = recompute_variants(model, options)
+    col = np.searchsorted(codes, module)  # the module set's column of the layer table
+    u = lc.unique
+
+    def table(values: np.ndarray) -> np.ndarray:  # (key, size, module set) -> (key, size, choice)
+        out = np.zeros((k_n, s_n, c_n))
+        out[ks, si] = values[lc.row].reshape(ks.size, c_n)
+        return out[:, :, col]
+
+    rec_one = np.where(policy == RC_FULL, table(u.recompute_full_s),
+                       np.where(policy == selective, table(u.recompute_selective_s), 0.0))
+    act_none = table(u.act_none_bytes)
+    act_policy = np.where(policy == RC_FULL, table(u.act_full_bytes),
+                          np.where(policy == selective, table(u.act_selective_bytes), act_none))
+    per_layer = table(u.fwd_compute_s + u.bwd_compute_s + u.fwd_comm_exposed_s + u.bwd_comm_exposed_s) + rec_one
 
     # States and optimizer step: one probe per group (the first listed schedule with one chunk,
     # micro-batch 1, no recompute: none of them changes these), at the fewest layers.
@@ -145,53 +161,64 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
               + calib.comm_bucket_bytes + calib.framework_overhead_gib * GIB)
     tail = first.optimizer_s
 
-    m = np.where(legal_mb, per_dp[:, None] // sizes[None, :], 0)  # micro-batches, per group and size
-    t_mb = fewest[:, None] * per_layer[key_of] + calib.microbatch_overhead_s
-    step = np.where(legal_mb, (m + least_bubble[:, None]) * t_mb, np.inf)
-    time_s = step.min(axis=1)
-    return GroupBounds(time_s=time_s + tail, memory_bytes=memory)
+    # (groups, sizes, choices)
+    m = np.where(legal_mb, per_dp[:, None] // sizes[None, :], 0)[:, :, None].astype(float)
+    t_mb = fewest[:, None, None] * per_layer[key_of] + calib.microbatch_overhead_s
+    time_s = np.where(legal_mb[:, :, None], (m + least_bubble[:, None, None]) * t_mb + tail[:, None, None], np.inf)
+    # Activations (cost.memory.rank_activations): every schedule holds at least min(pp, m)
+    # micro-batches of the first rank's layers at its peak (1F1B pp, interleaved pp + (pp-1)/v,
+    # GPipe m; capped at m), plus the one rematerialised layer of a recomputing policy.
+    held = np.minimum(groups["pp"][:, None, None].astype(float), m)
+    acts = held * fewest[:, None, None] * act_policy[key_of] + np.where(
+        policy != RC_NONE, act_none - act_policy, 0.0)[key_of]
+    memory = np.where(legal_mb[:, :, None], memory[:, None, None] + acts * (1.0 + calib.allocator_fragmentation),
+                      np.inf)
+    return GroupBounds(time_s=time_s, memory_bytes=memory)
 
 
-def surviving_groups(groups: dict[str, np.ndarray], bounds: GroupBounds,
-                     score: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]], *,
-                     shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
-    """Mask of the groups whose bound no plan scored here beats (:func:`prunable`), and how many
-    configurations were scored. ``score(groups)`` returns the exact even (step, peak) of the
-    configurations of those groups that it scored exactly (any subset: only exact points prune).
-    Rounds as :func:`meshplan.search.prune.settle`: the frontier of the bounds first, then the
-    surviving groups of least bound time."""
-    alive = np.ones(bounds.time_s.size, dtype=bool)
-    if shrink <= 0.0 or alive.size == 0:
-        return alive, 0
-    seen = np.zeros(alive.size, dtype=bool)
+def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
+              score: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]], *,
+              shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
+    """Mask (as ``bounds``) of the (group, size, choice) cells whose bound no plan scored here
+    beats (:func:`prunable`), and how many configurations were scored. ``score(groups)`` returns
+    the exact even (step, peak) of the configurations of those groups that it scored exactly (any
+    subset: only exact points prune). Rounds as :func:`meshplan.search.prune.settle`: the groups
+    holding the frontier of the cells' bounds first, then those holding the open cells of least
+    bound time."""
+    t_cell, m_cell = bounds.time_s.reshape(-1), bounds.memory_bytes.reshape(-1)
+    alive = np.isfinite(t_cell)
+    if shrink <= 0.0 or not alive.any():
+        return alive.reshape(bounds.time_s.shape), 0
+    per_group = t_cell.size // bounds.time_s.shape[0]
+    seen = np.zeros(bounds.time_s.shape[0], dtype=bool)
     known_t, known_m = np.empty(0), np.empty(0)
     scored = 0
     for round_ in range(GROUP_SEED_ROUNDS):
-        open_ = np.flatnonzero(alive & ~seen)
+        open_ = np.flatnonzero(alive & ~np.repeat(seen, per_group))
         if open_.size == 0:
             break
         if round_ == 0:
-            pick = open_[pareto_indices(bounds.time_s[open_], bounds.memory_bytes[open_])]
+            cells = open_[pareto_indices(t_cell[open_], m_cell[open_])]
         else:
-            pick = open_[np.argsort(bounds.time_s[open_], kind="stable")[:GROUP_SEED_GROUPS]]
-        pick = np.sort(pick)
+            cells = open_[np.argpartition(t_cell[open_], min(GROUP_SEED_GROUPS, open_.size) - 1)[:GROUP_SEED_GROUPS]]
+        pick = np.unique(cells // per_group)
         seen[pick] = True
         t, m = score(take_groups(groups, pick))
         scored += t.size
-        known_t, known_m = np.concatenate([known_t, t]), np.concatenate([known_m, m])
-        known = Front.of(known_t, known_m, np.arange(known_t.size))
+        known = Front.of(np.concatenate([known_t, t]), np.concatenate([known_m, m]), np.arange(known_t.size + t.size))
         known_t, known_m = known.time_s, known.memory_bytes
         fits = known_m <= budget_bytes
         fastest_fitting = float(known_t[fits].min()) if fits.any() else np.inf
-        alive &= ~prunable(known, bounds.time_s, bounds.memory_bytes, shrink=shrink,
-                           fastest_fitting_s=fastest_fitting)
-    return alive, scored
+        live = np.flatnonzero(alive)
+        alive[live] = ~prunable(known, t_cell[live], m_cell[live], shrink=shrink, fastest_fitting_s=fastest_fitting)
+    return alive.reshape(bounds.time_s.shape), scored
 
 
 def prune_groups(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions, *,
                  shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
-    """:func:`surviving_groups` with each seed group's configurations scored by the even pass
-    (itself pruned, :func:`meshplan.search.even.even_estimate`)."""
+    """:func:`surviving` with each seed group's configurations scored by the even pass (itself
+    pruned, :func:`meshplan.search.even.even_estimate`): the cells to cross
+    (``space.cross_groups``'s ``keep``) and the configurations scored."""
     from meshplan.search.even import even_estimate
 
     def score(seed: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -200,5 +227,4 @@ def prune_groups(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
                                budget_bytes=budget_bytes)
         return est.step_time_s[est.exact], est.peak_memory_bytes[est.exact]
 
-    return surviving_groups(groups, group_bounds(ctx, groups, options), score, shrink=shrink,
-                            budget_bytes=budget_bytes)
+    return surviving(groups, group_bounds(ctx, groups, options), score, shrink=shrink, budget_bytes=budget_bytes)

@@ -157,14 +157,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     groups = enumerate_groups(model, training, num_gpus, options)
     per_group = configurations_per_group(groups, model, training, options)
     prune_even = int(per_group.sum()) > PRUNE_MIN_CONFIGS if prune is None else prune
-    dropped = seeded = 0
+    seeded, cells = 0, None
     if prune_even and shrink > 0 and options.allow is None and int(per_group.sum()) > GROUP_PRUNE_MIN_CONFIGS:
         # Whole groups a known plan beats are dropped before they are crossed
         # (meshplan.search.group_prune); a caller's `allow` reads the crossed rows: not then.
-        keep, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
-        dropped = int(per_group[~keep].sum())
-        groups = take_groups(groups, keep)
-    space = cross_groups(groups, model, training, options)
+        cells, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
+        live = cells.any(axis=(1, 2))
+        groups, cells = take_groups(groups, live), cells[live]
+    space = cross_groups(groups, model, training, options, keep=cells)
+    dropped = int(per_group.sum()) - len(space) if cells is not None else 0
     if len(space) == 0:
         raise MeshplanError(
             f"no legal plan for {model.name} on {num_gpus} GPUs with global batch "
