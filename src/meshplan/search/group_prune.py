@@ -1,35 +1,39 @@
-"""Dominance pruning of whole groups of configurations before they are enumerated.
+"""Dominance pruning of configurations by the cell, before they are enumerated.
 
 A *group* (``space.GROUP_COLUMNS``: the mesh degrees, ZeRO stage, sequence parallel, CP method,
 ep and etp) is crossed with every schedule and virtual-stage count, micro-batch size and
-recompute policy (and module set): 50-100 configurations per group on MoE models, 10-20M in all
+recompute policy (and module set): 50-300 configurations per group on MoE models, 10-20M in all
 for DeepSeek-V3 or Qwen3-30B on 256 GPUs. :mod:`meshplan.search.prune` bounds each configuration
-by its first pipeline rank; this module bounds a whole group by less than that bound of every one
-of its configurations, so a group that a known plan beats is dropped before it is crossed.
+by its first pipeline rank; this module bounds each *cell* (group, micro-batch size, recompute
+choice) by less than that bound of every configuration of the cell, whatever its schedule and
+virtual stages, so a cell that a known plan beats is never crossed.
 
-The bound reads the cost model's own terms (``rank_cost``, ``layer_cost``), keeping only those
-that no crossed choice can lower (Narayanan et al. 2021 Sec. 2.2's step = m t + bubble):
+The bound reads the cost model's own terms (``rank_cost``, ``layer_cost``, ``plan_terms``'
+recompute and activation choices), keeping only those that no schedule can lower (Narayanan et
+al. 2021 Sec. 2.2: step = m t + bubble):
 
 * time: the first rank's step is ``m t_mb + bubble + tail`` (``compose`` over that rank), with
-  ``t_mb`` at least its layers' forward + backward math and exposed TP/CP/EP communication
-  (``layer_cost``: a function of the micro-batch and module set, not of the schedule or the
-  policy) plus the host's per-micro-batch work; recompute, pipeline p2p, ZeRO-3 gathers and the
-  embedding / head only add to it. ``m = B / (dp mb)``; the bubble's factor is its least over
-  the group's schedules; the tail holds at least the optimizer step (states only). The bound is
-  the least over the group's micro-batch sizes and module sets, at the fewest layers any of its
-  virtual-stage counts puts on the first rank.
-* memory: at least the first rank's weights, gradients and optimizer states at the fewest
-  layers, the allocator's reserve on those, the communication buckets, the framework's overhead
-  and ZeRO-3's gathered layers (activations, receive buffers and the optimizer step's excess are
-  non-negative); none depends on a crossed choice except through the zero-bubble schedule, whose
-  unsharded gradients and stage only add.
+  ``t_mb`` at least its layers' forward + backward math, exposed TP/CP/EP communication and
+  recompute under the policy (``layer_cost``: a function of the micro-batch and module set, not
+  of the schedule) plus the host's per-micro-batch work; pipeline p2p, ZeRO-3 gathers and the
+  embedding / head only add to it. ``m = B / (dp mb)``; the bubble's factor is its least over the
+  group's schedules; the tail holds at least the optimizer step (states only). All at the fewest
+  layers any of the group's virtual-stage counts puts on the first rank.
+* memory: at least the first rank's weights, gradients and optimizer states, the allocator's
+  reserve on those and on the activations, the communication buckets, the framework's overhead
+  and ZeRO-3's gathered layers (receive buffers, logits and the optimizer step's excess are
+  non-negative; the zero-bubble schedule's unsharded gradients and stage only add), and the
+  activations of ``min(pp, m)`` micro-batches of the fewest layers under the policy (every
+  schedule holds at least that many on the first rank: ``pipeline.in_flight_chunks``) plus the
+  one layer a recomputing policy rematerialises (``memory.rank_activations``).
 
-A group is dropped when :func:`meshplan.search.prune.prunable` holds for its bound against plans
+A cell is dropped when :func:`meshplan.search.prune.prunable` holds for its bound against plans
 already scored exactly: then it holds for the first-rank bound of each of its configurations
 (prunable is monotone: a larger bound is dominated whenever a smaller one is), so the search
 without this step would have kept every one of them unscored, and its frontier, refinement
-candidates and held-back rows are the ones found here
-(tests/planner/test_search_group_prune.py checks the bound against every configuration's).
+candidates and held-back rows are the ones found here. tests/planner/test_search_group_prune.py
+checks the bound against every configuration's on random jobs (a change to the cost model that
+breaks it fails there) and the search against ``prune=False``.
 """
 
 from __future__ import annotations
@@ -51,17 +55,19 @@ from meshplan.search.space import (RECOMPUTES, GROUP_COLUMNS, SearchOptions, _ru
 from meshplan.search.tables import LAYER_KEY_FIELDS, CostContext, shared_layer_cost
 from meshplan.spec.cluster import GIB
 
-GROUP_PRUNE_MIN_CONFIGS = 1 << 20
-"""``search`` prunes groups when its space holds more configurations than this (and it prunes
-configurations at all: ``even.PRUNE_MIN_CONFIGS``)."""
+GROUP_PRUNE_MIN_CONFIGS = 1 << 18
+"""``search`` prunes cells when its space holds more configurations than this (and it prunes
+configurations at all: ``even.PRUNE_MIN_CONFIGS``). Llama-3-70B on 1024 H100s (950k
+configurations) goes from 0.59 to 0.40 s of CPU with it; the bound's layer costs are a fixed cost
+that small spaces do not repay."""
 
 GROUP_SEED_ROUNDS = 4
-"""Rounds of exact scoring before the groups are pruned: each round scores the surviving groups
-of the least bound time (the first: the frontier of the groups' bounds) and prunes the rest
-against every plan scored so far."""
+"""Rounds of exact scoring before the cells are pruned: the first scores the groups holding the
+frontier of the cells' bounds, each later one the groups holding the open cells of least bound
+time; after each, the cells are pruned against every plan scored so far."""
 
 GROUP_SEED_GROUPS = 64
-"""Groups scored per seeding round after the first."""
+"""Open cells (fastest bound first) whose groups a seeding round after the first scores."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class GroupBounds:
 
     time_s: np.ndarray
     memory_bytes: np.ndarray
+
 
 def _columns(groups: dict[str, np.ndarray], n: int, extra: dict[str, np.ndarray]) -> PlanArrays:
     cols = {k: groups[k] for k in GROUP_COLUMNS}

@@ -2,7 +2,8 @@
 
 Order of work (each step vectorised over all candidates, no Python call per plan):
 
-1. :func:`~meshplan.search.space.enumerate_space` lists every legal global configuration.
+1. :func:`~meshplan.search.space.enumerate_space` lists every legal global configuration (on
+   large spaces, :mod:`meshplan.search.group_prune` first drops the cells a scored plan beats).
 2. ``estimate_batch`` scores them all with an even layer split and the recompute policy on every
    layer; their frontier is a first, exact set of achievable points.
 3. Configurations that could still reach the frontier with an uneven split are refined: their
@@ -159,7 +160,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     prune_even = int(per_group.sum()) > PRUNE_MIN_CONFIGS if prune is None else prune
     seeded, cells = 0, None
     if prune_even and shrink > 0 and options.allow is None and int(per_group.sum()) > GROUP_PRUNE_MIN_CONFIGS:
-        # Whole groups a known plan beats are dropped before they are crossed
+        # Cells (group, micro-batch size, recompute choice) a known plan beats are never crossed
         # (meshplan.search.group_prune); a caller's `allow` reads the crossed rows: not then.
         cells, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
         live = cells.any(axis=(1, 2))
