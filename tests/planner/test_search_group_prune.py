@@ -69,7 +69,7 @@ def jobs(draw):
     return model, cluster, training, options
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(jobs())
 def test_group_bound_is_below_every_configuration_of_the_group(job):
     model, cluster, training, options = job
