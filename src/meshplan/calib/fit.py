@@ -67,7 +67,7 @@ MIN_ROWS_FOR_ALL = 10
 FIT_ROUNDS = 2
 """Coordinate-descent sweeps over every grid: the shipped fit and the held-out refits
 (calib/holdout.py) take the same, so a held-out score measures the fit that is shipped."""
-PRIOR_WEIGHT = 0.01
+PRIOR_WEIGHT = 0.0
 """Loss added per fitted field for moving it across its whole grid away from where the fit starts
 (the literature default or the stack's mechanism, each with its source: ``fit_start``): a
 Laplace prior on the grid position (MAP estimation, Bishop 2006 Sec. 3.3; the lasso's L1 penalty,

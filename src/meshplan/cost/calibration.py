@@ -500,7 +500,7 @@ class Calibration:
         if self.moe_routing_imbalance < 1:
             raise MeshplanError(f"calibration moe_routing_imbalance must be >= 1, got {self.moe_routing_imbalance!r}")
         for f in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency",
-                  "intra_node_comm_efficiency", "inter_node_comm_efficiency"):
+                  "intra_node_comm_efficiency", "inter_node_comm_efficiency", "moe_grouped_gemm_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in (0, 1], got {getattr(self, f)!r}")
         for f in (f.name for f in fields(self) if f.name.endswith("_bandwidth_factor")):
@@ -508,8 +508,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
-                  "fp8_matmul_factor", "fp4_matmul_factor", "ring_nic_spread",
-                  "moe_grouped_gemm_efficiency"):
+                  "fp8_matmul_factor", "fp4_matmul_factor", "ring_nic_spread"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
