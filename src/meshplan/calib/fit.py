@@ -76,14 +76,14 @@ FIT_ROUNDS = 2
 """Coordinate-descent sweeps over every grid: the shipped fit and the held-out refits
 (calib/holdout.py) take the same, so a held-out score measures the fit that is shipped."""
 PRIOR_WEIGHT = 0.0
-"""Loss added per fitted field for moving it across its whole grid away from where the fit starts
-(the literature default or the stack's mechanism, each with its source: ``fit_start``): a
+"""Loss added per fitted time field for moving it across its whole grid away from where the fit
+starts (the literature default or the stack's mechanism, each with its source: ``fit_start``): a
 Laplace prior on the grid position (MAP estimation, Bishop 2006 Sec. 3.3; the lasso's L1 penalty,
-Tibshirani 1996). A constant moves only where the rows pay for it, in mean absolute log error, so
-that a constant shared by every row does not absorb a cost of a few families' mechanism (a
-missing MoE cost taken up by a lower GEMM efficiency makes a held-out dense family 38% too slow,
-bench/bench_holdout_drift.py). 0.01: moving a field over its whole physical range must buy 1% of
-mean absolute log error (of ~8% after the fit)."""
+Tibshirani 1996). Off by default: with the literature starts (``matmul_efficiency`` 0.70 on every
+generation) 0.01 and 0.003 cost the Megatron-Bridge plain fit 7.0% / 6.6% median (5.6% without)
+and took Llama held out only from 32% to 28% (docs/accuracy.md, session 7); the sweep order
+(``SPECIFIC_FIELDS``) did what it was meant to. A prior from per-generation starts (a hardware
+probe's GEMM efficiency) is where it would pay."""
 
 
 def calibration_key(run: Run) -> str:
