@@ -18,14 +18,15 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.arrays import SCHEDULE_CODES, PlanArrays
 from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.chunk_inflight import layout_chunk_weight
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
 from meshplan.search.space import RECOMPUTES
 from meshplan.search.stages import StageTable
-from meshplan.plan import Recompute
+from meshplan.plan import Recompute, Schedule
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -192,7 +193,9 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
     rank = np.repeat(np.arange(pp), P)
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
-                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False)
+                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False,
+                   chunk_weight=_chunk_weights(ctx.training, plans, layers, recomputed).T.reshape(-1))
+
     def most(x):  # rank-major (pp * P,) -> the max over the ranks, (P,)
         return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
 
@@ -201,11 +204,33 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
                           host_bytes=most(rc.host_bytes))
 
 
+def _chunk_weights(training: TrainingSpec, plans: PlanArrays, layers: np.ndarray,
+                   recomputed: np.ndarray) -> np.ndarray:
+    """(P, pp) interleaved chunk weights of the plans the search writes (:func:`chunk_split` of
+    each row), as ``estimate`` charges them (``cost.chunk_inflight.layout_chunk_weight``)."""
+    P, pp = layers.shape
+    weights = np.ones((P, pp))
+    interleaved = (plans.schedule == SCHEDULE_CODES.index(Schedule.INTERLEAVED_1F1B)) & (plans.vpp > 1)
+    m = num_microbatches(training, plans)
+    memo: dict[tuple, float] = {}
+    for i in np.flatnonzero(interleaved):
+        vpp = int(plans.vpp[i])
+        stage_layers, _ = chunk_split(layers[i], recomputed[i], vpp)
+        for rnk in range(pp):
+            key = (stage_layers, rnk, int(m[i]))
+            if key not in memo:
+                memo[key] = layout_chunk_weight(stage_layers, pp, vpp, rnk, int(m[i]))
+            weights[i, rnk] = memo[key]
+    return weights
+
+
 def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per virtual stage (model order) layer and recomputed counts from per-rank totals.
 
     Virtual stage i lives on rank i % pp; a rank's layers are spread evenly over its chunks (the
-    cost model charges a rank by its totals), its recomputed layers filled chunk by chunk.
+    time of a rank is that of its totals), the remainder on its LAST chunks: under the interleaved
+    schedule chunk 0 is held most often (``meshplan.cost.chunk_inflight``), so this order holds the
+    fewest activations. Its recomputed layers are filled chunk by chunk from chunk 0.
     """
     pp = len(rank_layers)
     stage_layers = [0] * (pp * vpp)
@@ -214,7 +239,7 @@ def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) 
         n, r = int(rank_layers[rnk]), int(rank_recomputed[rnk])
         base, extra = divmod(n, vpp)
         for ch in range(vpp):
-            k = base + (1 if ch < extra else 0)
+            k = base + (1 if ch >= vpp - extra else 0)
             take = min(k, r)
             stage_layers[ch * pp + rnk] = k
             stage_rec[ch * pp + rnk] = take
