@@ -40,14 +40,14 @@ def signed_errors(rows: list[Run], calib_of) -> np.ndarray:
     return np.array(out)
 
 
-def drift(runs: list[Run], by: str, rounds: int) -> list[dict]:
+def drift(runs: list[Run], by: str, rounds: int, specific_first: bool = False) -> list[dict]:
     rows = [r for r in runs if r.metric and r.measured]
-    full = fit_all(rows, {}, rounds, memory_grid={})
+    full = fit_all(rows, {}, rounds, memory_grid={}, specific_first=specific_first)
     group_of = HOLDOUTS[by]
     out = []
     for g in sorted({group_of(r) for r in rows}):
         train = [r for r in rows if group_of(r) != g]
-        held = fit_all(train, {}, rounds, memory_grid={})
+        held = fit_all(train, {}, rounds, memory_grid={}, specific_first=specific_first)
         for key in sorted({calibration_key(r) for r in rows if group_of(r) == g}):
             test = [r for r in rows if group_of(r) == g and calibration_key(r) == key]
             if key not in held:
@@ -78,10 +78,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", default="megatron-bridge")
     ap.add_argument("--by", default="family", choices=sorted(HOLDOUTS))
     ap.add_argument("--rounds", type=int, default=FIT_ROUNDS, help="coordinate-descent rounds (the fit's)")
+    ap.add_argument("--specific-first", action="store_true",
+                    help="sweep the MoE / Mamba / fp8-fp4 fields first (calib/fit.py SPECIFIC_FIELDS)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     runs, _ = load_runs(runs_csv(args.runs))
-    res = drift(runs, args.by, args.rounds)
+    res = drift(runs, args.by, args.rounds, args.specific_first)
     HERE.joinpath("results").mkdir(exist_ok=True)
     path = HERE / "results" / f"holdout_drift_{args.by}_{dt.date.today().isoformat()}.json"
     path.write_text(json.dumps(res, indent=1))

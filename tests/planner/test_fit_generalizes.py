@@ -101,3 +101,13 @@ def test_dense_rows_never_see_the_grouped_gemm_efficiency():
 def test_grouped_gemm_efficiency_checked(bad):
     with pytest.raises(MeshplanError, match="moe_grouped_gemm_efficiency"):
         Calibration(moe_grouped_gemm_efficiency=bad)
+
+
+def test_specific_first_fits_the_moe_only_field_and_leaves_it_on_dense_rows():
+    """Dense rows cannot move the MoE-only grouped-GEMM efficiency, whatever the sweep order."""
+    runs = [_synth({"matmul_efficiency": 0.6}, tp=str(t), micro_batch_size=str(mb), num_gpus=str(t * 8))
+            for t, mb in [(1, 2), (2, 2), (4, 1), (8, 4), (2, 1), (4, 2), (1, 4), (8, 1), (2, 4), (4, 4)]]
+    res = fit_rows(runs, "ampere/megatron", "megatron", runs[0].settings,
+                   time_grid={**GRID, "fp8_matmul_factor": (0.8, 0.9)}, memory_grid={}, specific_first=True)
+    assert res.values["matmul_efficiency"] == pytest.approx(0.6)
+    assert "moe_grouped_gemm_efficiency" not in res.values and "fp8_matmul_factor" not in res.values
