@@ -24,7 +24,7 @@ from meshplan.runtime.checkpoint import TrainState, load_checkpoint, save_checkp
 from meshplan.runtime.mesh import build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
-from meshplan.runtime.train import make_optimizer
+from meshplan.runtime.optim import make_optimizer
 from meshplan.spec.cluster import resolve_cluster
 from meshplan.spec.model import parse_overrides
 from meshplan.spec.presets import resolve_model

@@ -23,7 +23,9 @@ from meshplan.runtime.checkpoint import load_checkpoint
 from meshplan.runtime.mesh import build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
-from meshplan.runtime.train import TrainConfig, make_optimizer, train
+from meshplan.runtime.optim import make_optimizer
+from meshplan.runtime.train import train
+from meshplan.runtime.train_config import TrainConfig
 
 pytestmark = pytest.mark.runtime
 

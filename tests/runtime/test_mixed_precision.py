@@ -30,7 +30,7 @@ from meshplan.plan import Job
 from meshplan.runtime.mesh import build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
-from meshplan.runtime.train import token_loss_sum
+from meshplan.runtime.microbatch import token_loss_sum
 sys.path.insert(0, sys.argv[1])
 from _configs import make_job
 
