@@ -44,7 +44,7 @@ def saved(tmp_path_factory):
 
 
 def fresh_model(job: Job):
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     model = build_model(job.model, "meta")
     parallelize(model, plan, build_mesh(plan, "cpu"))
     model.init_device = torch.device("cpu")

@@ -36,7 +36,7 @@ from _configs import make_job
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 job = make_job("llama")
-plan = job.plan.with_defaults(job.model)
+plan = job.full_plan
 gen = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, job.model.vocab_size, (4, 17), generator=gen)
 x, y = tokens[:, :-1], tokens[:, 1:]

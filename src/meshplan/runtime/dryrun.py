@@ -144,7 +144,7 @@ def _mesh_views(mesh, ep_mesh) -> dict:
 def simulate_rank(job: Job, rank: int, steps: int = 1) -> RankResult:
     """Run ``steps`` training steps of ``job`` as rank ``rank`` on the fake process group."""
     start = time.perf_counter()
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     # Importing fake_pg registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 

@@ -120,7 +120,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
 
 def _set_up(job: Job, cfg: TrainConfig) -> _Run:
     """Process group, mesh, data, the parallelised model (or pipeline stages), optimizers, resume."""
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     d, training = plan.dims, job.training
     device = pick_device(job)
     if not dist.is_initialized():
