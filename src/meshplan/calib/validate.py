@@ -43,6 +43,7 @@ from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.stack_version import release_notes, release_of, release_values
 from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.aliases import resolve_alias
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import Precision, TrainingSpec
 from meshplan.textfile import csv_records, read_text_file
@@ -317,7 +318,13 @@ def build_run(row: dict[str, str]) -> Run:
     if layout is not None and layout.layout.mtp_layers in (0, model.mtp_num_layers):
         stage_layers, mtp_stage = layout.layout.stage_layers, layout.layout.mtp_stage
         assumed.append(layout.note)
-    elif pp * vpp > model.num_layers and fw.embedding_loss_stages:
+    elif fw.embedding_loss_stages and (pp * vpp > model.num_layers or (
+            fw.stack == "megatron" and model.num_layers % (pp * vpp)
+            and (model.num_layers + 2) % (pp * vpp) == 0)):
+        # Megatron-Core refuses virtual stages of unequal size unless the split is asymmetric
+        # (Megatron-Bridge GPTModelProvider.provide's assert): layers that do not split evenly
+        # over the virtual stages but do with the embedding and the loss as one layer each ran
+        # that split (the Llama 3.1 405B recipe sets account_for_embedding_in_pipeline_split).
         stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
         assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
     etp = 0
@@ -334,7 +341,9 @@ def build_run(row: dict[str, str]) -> Run:
         recompute_modules=extra.recompute_modules if recompute == Recompute.SELECTIVE else (),
         offload=extra.offload, offload_layers=extra.offload_layers or 0,
     )
-    training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe)
+    alias = resolve_alias(row.get("model") or "")  # a token-drop run's capacity (spec/aliases.py)
+    training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe,
+                            moe_capacity_factor=alias.moe_capacity_factor if alias is not None else None)
     plan.validate_for(model, training, cluster.num_gpus)
     release = release_of(fw.stack, row.get("framework"), row.get("source"))
     family = model_family(model.name, fw.architecture)
