@@ -83,19 +83,6 @@ class PlanTerms:
     osdp: bool = False
     """Whether any plan keeps a group gathered or splits an operator (cost.osdp.uses_osdp)."""
 
-    # The former short names, still read by cost/memory.py (left as it is while the MoE-memory
-    # branch edits it): rename its reads to the named fields and delete these three.
-    @property
-    def T(self) -> np.ndarray:  # noqa: N802
-        return self.tokens_per_microbatch
-
-    @property
-    def Vt(self) -> np.ndarray:  # noqa: N802
-        return self.vocab_per_tp_rank
-
-    @property
-    def n1(self) -> np.ndarray:
-        return self.zero_ranks
 
 
 def layer_policy(plans: PlanArrays, layer: LayerCost) -> tuple[np.ndarray, np.ndarray]:
