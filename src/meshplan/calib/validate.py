@@ -89,8 +89,10 @@ class Run:
     column, cost/device_memory.py); its error is taken against the prediction of the same figure."""
     release_values: Mapping[str, Any] = field(default_factory=dict)
     """Calibration fields the presets of the stack release the row ran set for it
-    (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs);
-    applied over the row's calibration, per row (rows of one fit may run different releases)."""
+    (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs)
+    and those its own preset's expert all-to-all sets (``calib/recipes.py``: moe_a2a_overlap off,
+    a sync-free dispatcher); applied over the row's calibration, per row (rows of one fit may run
+    different releases and presets)."""
 
 
 @dataclass(frozen=True)
@@ -340,6 +342,8 @@ def build_run(row: dict[str, str]) -> Run:
     family = model_family(model.name, fw.architecture)
     release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset,
                                   precision=precision.value, moe=model.is_moe)
+    # the preset's expert all-to-all (calib/recipes.py): more specific than its release's presets
+    release_vals.update(extra.calibration_values)
     note = release_notes(fw.stack, release, release_vals)
     assumed += [note] if note else []
     metric, measured = None, None

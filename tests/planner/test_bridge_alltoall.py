@@ -1,0 +1,116 @@
+"""What each Megatron-Bridge preset sets for its expert all-to-all (issue 14 items 2 and 6):
+bridge_recipes.csv's moe_a2a_overlap / moe_token_dispatcher_type / moe_flex_dispatcher_backend,
+applied per row as Calibration values (calib/recipes.py: alltoall_values).
+
+Golden values are read off the preset files named in bridge_recipes.csv's source column
+(NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py
+@1e7adfa, scripts/performance/configs/qwen/qwen3_workload_base_configs.py@f29a269): a preset that
+does not set moe_a2a_overlap runs WorkloadBaseConfig's default (False); one that names no flex
+backend runs the alltoall dispatcher (scripts/performance/utils/overrides.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.calib.fit import row_calibration
+from meshplan.calib.recipes import RECIPE_COLUMNS, COMM_COLUMNS, alltoall_values, parse_recipes, shipped_recipes
+from meshplan.calib.validate import build_run
+from meshplan.cost import estimate
+from meshplan.cost.calibration import calibration_for
+from meshplan.errors import MeshplanError
+
+
+# (model, gpu, precision, num_gpus, gbs, mbs, tp, pp, cp, vpp, ep) -> (a2a overlap, dispatcher, backend)
+GOLDEN = [
+    # GPT-OSS 120B: no preset sets moe_a2a_overlap or a flex backend
+    (("gpt-oss-120b", "gb300", "bf16", 64, 1280, 4, 1, 1, 1, 1, 64), (False, "alltoall", "")),
+    (("gpt-oss-120b", "gb200", "fp8", 64, 1280, 4, 1, 1, 1, 1, 64), (False, "alltoall", "")),
+    (("gpt-oss-120b", "b300", "bf16", 64, 512, 4, 1, 1, 1, 1, 64), (False, "alltoall", "")),
+    (("gpt-oss-120b", "h100-sxm", "bf16", 64, 1280, 1, 1, 4, 1, 1, 8), (False, "alltoall", "")),
+    # Qwen3 235B V2: HybridEP on GB200/GB300, moe_a2a_overlap=True on B300 and H100, False on B200
+    (("qwen3-235b-a22b", "gb300", "fp8", 256, 8192, 2, 1, 4, 1, 1, 32), (False, "flex", "hybridep")),
+    (("qwen3-235b-a22b", "gb200", "fp8", 256, 8192, 1, 1, 8, 1, 1, 32), (False, "flex", "hybridep")),
+    (("qwen3-235b-a22b", "b300", "fp8", 256, 8192, 1, 1, 8, 1, 4, 8), (True, "alltoall", "")),
+    (("qwen3-235b-a22b", "b200", "fp8", 256, 8192, 1, 1, 8, 1, 1, 8), (False, "alltoall", "")),
+    (("qwen3-235b-a22b", "h100-sxm", "fp8", 256, 8192, 1, 2, 8, 1, 4, 32), (True, "alltoall", "")),
+    # Qwen3 30B: HybridEP everywhere but B200; H100 says moe_a2a_overlap=False itself
+    (("qwen3-30b-a3b", "gb300", "fp8", 8, 512, 8, 1, 1, 1, 1, 8), (False, "flex", "hybridep")),
+    (("qwen3-30b-a3b", "b200", "fp8", 8, 512, 1, 1, 1, 1, 1, 8), (False, "alltoall", "")),
+    (("qwen3-30b-a3b", "h100-sxm", "fp8", 16, 1024, 1, 1, 1, 1, 1, 16), (False, "flex", "hybridep")),
+]
+
+
+@pytest.mark.parametrize("key, want", GOLDEN, ids=lambda v: "-".join(map(str, v[:3])) if len(v) > 3 else None)
+def test_preset_alltoall_columns_read_off_the_preset_files(key, want):
+    r = shipped_recipes()[key]
+    assert (r.moe_a2a_overlap, r.moe_token_dispatcher_type, r.moe_flex_dispatcher_backend) == want
+    values = dict(alltoall_values(r)[0])
+    assert ("ep_overlap" in values) == (not want[0])  # overlap off -> exposed; on -> the stack's
+    assert values.get("ep_overlap", 0.0) == 0.0
+    assert ("moe_alltoall_sync_s" in values) == (want[2] == "hybridep")
+    assert values.get("moe_alltoall_sync_s", 0.0) == 0.0
+
+
+def test_presets_whose_file_was_not_read_for_it_change_nothing():
+    llama = next(r for k, r in shipped_recipes().items() if k[0] == "llama3-70b")
+    assert llama.moe_a2a_overlap is None and not llama.moe_token_dispatcher_type
+    assert alltoall_values(llama) == ((), ())
+
+
+GOOD = (",".join(RECIPE_COLUMNS + COMM_COLUMNS)
+        + "\nqwen3-30b-a3b,gb300,fp8,8,512,8,1,1,1,1,8,,,,,CFG,path.py@abc,0,flex,hybridep\n")
+
+
+@pytest.mark.parametrize("text, message", [
+    (GOOD.replace(",0,flex,", ",no,flex,"), "line 2: column moe_a2a_overlap: 'no' is not 0, 1 or blank"),
+    (GOOD.replace(",flex,", ",allgather,"), "line 2: column moe_token_dispatcher_type: 'allgather' is not one of"),
+    (GOOD.replace(",hybridep", ",nccl"), "line 2: column moe_flex_dispatcher_backend: 'nccl' is not one of"),
+    (GOOD.replace(",flex,", ",alltoall,"), "is not one of deepep, hybridep under moe_token_dispatcher_type flex"),
+])
+def test_malformed_alltoall_cell_is_one_clear_line(text, message):
+    with pytest.raises(MeshplanError) as exc:
+        parse_recipes(text, "r.csv")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_file_without_the_alltoall_columns_reads_them_blank():
+    old = ",".join(RECIPE_COLUMNS) + "\nllama3-70b,gb300,fp8,64,256,2,1,1,1,1,1,1,,,20,CFG,path.py@abc\n"
+    (r,) = parse_recipes(old, "r.csv").values()
+    assert r.moe_a2a_overlap is None and alltoall_values(r) == ((), ())
+
+
+# runs_megatron_bridge.csv row 367 (container 26.04.01): GPT-OSS 120B bf16 on 64 GB300, GBS 1280,
+# MBS 4, ep64 (preset GPT_OSS_120B_PRETRAIN_CONFIG_GB300_BF16_V2: no recompute, no a2a overlap).
+ROW_367 = dict(id="367", source="Megatron-Bridge 26.04.01", model="GPT OSS 120B", seq_len="4096", gpu="gb300",
+               num_gpus="64", gpus_per_node="4", global_batch_size="1280", micro_batch_size="4", tp="1",
+               pp="1", cp="1", ep="64", vpp="1", precision="bf16", measured_tokens_per_s_per_gpu="10000",
+               framework="megatron-core")
+
+
+def test_gpt_oss_row_runs_its_alltoall_exposed_by_hand():
+    run = build_run(ROW_367)
+    assert dict(run.release_values).get("ep_overlap") == 0.0
+    assert any("moe_a2a_overlap off" in a for a in run.assumed)
+    overlap = 0.5  # what a stack that overlaps the all-to-all would hide
+    stack = calibration_for(run.cluster.gpu, run.stack).replace_fields(ep_overlap=overlap)
+    preset = row_calibration(run, stack)  # the fit's per-row helper applies the preset's value
+    assert preset.ep_overlap == 0.0
+    hidden = estimate(run.model, run.cluster, run.training, run.plan, stack).time
+    exposed = estimate(run.model, run.cluster, run.training, run.plan, preset).time
+
+    # By hand (cost/moe.py dispatch_time, comms.all_to_all_time): every rank routes T = mb*S tokens,
+    # each of the k=4 copies D=2880 wide in bf16 to its expert's rank; ep64 lies inside one NVL72
+    # domain: 63 peers at NVLink bandwidth, 63 latencies; dispatch + combine, x the routing load.
+    m = run.model
+    T = 4 * 4096
+    nbytes = T * m.hidden_size * 2 * m.moe_top_k
+    nvlink = run.cluster.intra_node_bandwidth_bytes_per_s * preset.intra_node_comm_efficiency
+    lat_f, bw_f = preset.collective_factors("all_to_all")
+    a2a = 63 / (nvlink * bw_f) * nbytes / 64 + 63 * run.cluster.intra_node_latency_s * lat_f
+    dispatch = preset.moe_routing_imbalance * 2 * a2a
+    micro = 1280 // (64 * 4)
+    # all of it exposed: forward and backward (the backward repeats dispatch and combine), per layer
+    assert exposed.exposed_ep_s == pytest.approx(micro * m.num_layers * 2 * dispatch, rel=1e-6)
+    # the stack's overlap hides half of each (compute is longer than the all-to-all here)
+    assert hidden.exposed_ep_s == pytest.approx((1 - overlap) * exposed.exposed_ep_s, rel=1e-6)
+    assert exposed.step_s - hidden.step_s == pytest.approx(overlap * exposed.exposed_ep_s, rel=1e-6)
