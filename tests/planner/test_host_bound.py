@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplan.cost import PlanArrays
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.host import ffn_kernels, host_launch_s, layer_kernels, mixer_kernels
 from meshplan.cost.layer import layer_cost
+from meshplan.cost.step import estimate
 from meshplan.plan import ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.layers import layer_kind_counts
@@ -103,3 +106,40 @@ def test_faster_gpu_turns_host_bound_first():
         both = _layer(model, cluster, 512, 1, s).fwd_compute_s[0]
         assert (dev < 40 * s) == host_bound
         assert both == pytest.approx(max(dev, 40 * s))
+
+
+def test_gpt_layer_host_time_by_hand():
+    """An MPT-style GPT layer (MPT-760M's dimensions: LayerNorm, MHA, GELU FFN) eager under FSDP
+    over 8 (llm-foundry's held-out rows): forward 8 + 5 = 13 kernels + the gather's 3 = 16;
+    backward 2 x 13 + gather 3 + reduce-scatter 3 = 32; at the stack's 5 us per kernel 80 us
+    forward and 160 us backward, whatever the tokens (bench/host_share.py: a few % of a layer's
+    milliseconds at 2k+ tokens on an H100)."""
+    mpt = GPT2.with_overrides({"hidden_size": 1536, "num_heads": 12, "num_layers": 24})
+    calib = calibration_for(H100.gpu, "torchtitan")
+    plans = _arrays(mpt, Plan(dims=ParallelDims(dp_shard=8), zero=3))
+    k = layer_kernels(mpt, _kind(mpt), plans, calib)
+    assert (k.fwd[0], k.bwd[0]) == (16, 32)
+    fwd, bwd = host_launch_s(mpt, H100, _kind(mpt), plans, calib)
+    assert (fwd[0], bwd[0]) == pytest.approx((16 * 5e-6, 32 * 5e-6))
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["gpt2", "llama3.2-1b", "llama3-8b", "qwen3-30b-a3b"]), micro_batch=st.sampled_from([1, 2, 4]),
+       seq_len=st.sampled_from([128, 512, 1024]), tp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 3]),
+       host_s=st.floats(1e-6, 1e-4), more=st.floats(1.0, 10.0), stack=st.sampled_from(["torchtitan", "megatron"]))
+def test_host_time_never_makes_a_plan_faster(name, micro_batch, seq_len, tp, zero, host_s, more, stack):
+    """max(device, host) per layer: a host cost per kernel, or a larger one, never shortens the step
+    (the MoE model, sharded, with its experts over 2 ranks: its all-to-all hides behind the layer's time)."""
+    model = model_preset(name)
+    ep = 2 if model.is_moe and zero else 1  # expert parallel reuses the sharded-data ranks
+    dims = (ParallelDims(dp_shard=8 // tp, tp=tp, ep=ep) if zero
+            else ParallelDims(dp_replicate=8 // tp, tp=tp, ep=ep))
+    plan = Plan(dims=dims, zero=zero, micro_batch=micro_batch, sp=tp > 1)
+    training = TrainingSpec(seq_len=seq_len, global_batch=(8 // tp) * micro_batch * 2, precision=Precision.BF16)
+    base = calibration_for(H100.gpu, stack)
+
+    def step_s(s):
+        return estimate(model, H100, training, plan, base.replace_fields(host_s_per_kernel=s)).step_time_s
+
+    none, some, most = step_s(0.0), step_s(host_s), step_s(host_s * more)
+    assert none <= some * (1 + 1e-12) and some <= most * (1 + 1e-12)

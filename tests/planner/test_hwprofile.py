@@ -213,3 +213,26 @@ def test_profile_without_layer_overhead_loads_with_zero(tmp_path):
     new.write_text(json.dumps(data))
     fitted = {f.field: f.value for f in profile_fit(load_profile(new), "test", Precision.FP32)}
     assert fitted["layer_overhead_s"] == 2e-4
+
+
+def test_host_per_kernel_applies_to_gpu_profiles_only(tmp_path):
+    """The host probe's time per kernel becomes host_s_per_kernel for a CUDA profile (the host
+    bound of cost/host.py); on a CPU device dispatch is device time already (layer_overhead_s) and
+    the figure stays in the profile only. Profiles written before the probe load with 0."""
+    data = json.loads(GOLDEN.read_text())
+    del data["device"]["host_s_per_kernel"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    assert load_profile(old).device.host_s_per_kernel == 0.0
+    data["device"]["host_s_per_kernel"] = 7e-6
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps(data))
+    assert "host_s_per_kernel" not in {f.field for f in profile_fit(load_profile(cpu), "test", Precision.FP32)}
+    data["meta"]["device_type"] = "cuda"
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps(data))
+    fitted = {f.field: f.value for f in profile_fit(load_profile(gpu), "test", Precision.FP32)}
+    assert fitted["host_s_per_kernel"] == 7e-6
+    shown = _cli("profile", "--show", str(gpu))
+    assert shown.returncode == 0, shown.stderr
+    assert "host time per eager kernel" in shown.stdout and "7.0 us" in shown.stdout

@@ -57,6 +57,10 @@ def test_an_unnamed_release_or_another_stack_selects_nothing():
     assert current_release("megatron") == "26.08" and current_release("deepspeed") is None
 
 
+BF16_ADAM = {"adam_bytes_per_param": 4.0}
+"""DeepSeek-V3's recipe: precision-aware optimizer, Adam moments in bf16 (stack_releases.json)."""
+
+
 @pytest.mark.parametrize("release, family, gpu, precision, moe, values", [
     ("26.04", "qwen", "gb200", "fp8", True, {}),                                  # before the presets
     ("26.06", "qwen", "gb200", "fp8", True, {**GRAPHED, "fp8_attention": True}),  # PR #4249
@@ -64,8 +68,10 @@ def test_an_unnamed_release_or_another_stack_selects_nothing():
     ("26.06", "qwen", "h100-sxm", "fp8", True, {}),                               # Hopper presets: partial graphs
     ("26.06", "qwen", "gb200", "bf16", True, {}),                                 # MXFP8 presets only
     ("26.06", "qwen", "gb200", "fp8", False, {}),                                 # a dense Qwen3
-    ("26.06", "deepseek", "gb300", "fp8", True, GRAPHED),                         # PR #3983 / #4226: no FP8 DPA
-    ("26.06", "deepseek", "b300", "fp8", True, {}),
+    ("26.06", "deepseek", "gb300", "fp8", True, {**GRAPHED, **BF16_ADAM}),        # PR #3983 / #4226: no FP8 DPA
+    ("26.06", "deepseek", "b300", "fp8", True, BF16_ADAM),
+    ("25.09", "deepseek", "h100-sxm", "bf16", True, BF16_ADAM),                   # the recipe's optimizer
+    ("25.09", "llama", "h100-sxm", "bf16", False, {}),
     ("26.06", "gpt", "gb200", "fp8", True, {}),                                   # GPT-OSS presets: unchanged
     ("26.06", "nemotron", "gb200", "fp8", True, {}),                              # hybrid Mamba: per-layer graphs
     ("26.06", "llama", "gb200", "fp8", False, {}),

@@ -30,6 +30,7 @@ def test_profile_quick_writes_a_valid_profile(tmp_path):
     assert 1e8 < p.peak_flops["fp32"] < 1e13  # a CPU core does GFLOP/s, not TFLOP/s of fp32
     assert p.device.hbm_bandwidth_bytes_per_s > 1e8
     assert 5e7 < p.device.framework_baseline_bytes < 4e9  # torch + gloo worker RSS
+    assert 1e-7 < p.device.host_s_per_kernel < 1e-3  # eager dispatch + autograd: microseconds per op
     assert {(f.op, f.group_size) for f in p.collective_fits} == {
         ("all_reduce", 2), ("all_gather", 2), ("reduce_scatter", 2), ("all_to_all", 2), ("send_recv", 2),
         ("tp_all_gather", 2), ("tp_reduce_scatter", 2)}

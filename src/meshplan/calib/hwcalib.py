@@ -21,6 +21,10 @@ the factors fitted here are relative to those measured rates:
   elementwise_time_factor              CPU only: the elementwise probe (the runtime's norms,
                                        residuals, SwiGLU, rotary embedding, GQA repeat, forward +
                                        backward) over the cost model's memory-bound time for it;
+  host_s_per_kernel                    CUDA only: the host probe (forward + backward of a chain of
+                                       tiny eager ops: the host's issue time per kernel, which
+                                       cost/host.py bounds a layer by); on a CPU device the
+                                       dispatch already is device time (layer_overhead_s);
   <kind>_layer_overhead_s              CPU only: the layer probe (meshplan.calib.layer_probe): the
                                        runtime's measured time per extra layer under each
                                        parallelism less what the cost model, with every factor
@@ -98,6 +102,11 @@ def profile_fit(profile: HardwareProfile, source: str, precision: Precision) -> 
     if profile.device.layer_overhead_s > 0:
         out.append(FittedValue(field="layer_overhead_s", value=profile.device.layer_overhead_s,
                                source=source, how="forward+backward of 5 vs 1 tiny reference layers, / 4 / 3"))
+    if profile.meta.device_type == "cuda" and profile.device.host_s_per_kernel > 0:
+        # on a CPU device the dispatch is device time already (layer_overhead_s; cost/host.py
+        # charges no host bound there): the figure is recorded in the profile, not applied
+        out.append(FittedValue(field="host_s_per_kernel", value=profile.device.host_s_per_kernel, source=source,
+                               how="forward+backward of a chain of 40 vs 8 tiny muls, per kernel"))
     out += _collective_factors(profile, source)
     if profile.meta.device_type == "cpu" and profile.device.elementwise_probe_s > 0:
         hbm = next((f.value for f in out if f.field == "hbm_efficiency"), Calibration().hbm_efficiency)

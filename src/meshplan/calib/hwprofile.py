@@ -63,6 +63,10 @@ class DeviceFigures:
     elementwise_probe_s: float = 0.0
     """Forward + backward of the memory-bound ops of one runtime layer at the elementwise probe's
     shape (meshplan.calib.layer_probe.ELEMENTWISE_PROBE); 0: not measured."""
+    host_s_per_kernel: float = 0.0
+    """Host time to issue one eager aten op, forward or backward (Python, the dispatcher, autograd
+    and on CUDA the launch): a chain of tiny ops whose math is nil (profile.compute
+    ``bench_host_per_kernel``); 0: not measured."""
 
 
 @dataclass(frozen=True, kw_only=True)

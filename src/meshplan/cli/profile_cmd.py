@@ -84,6 +84,8 @@ def _render(p, out: Path | None) -> None:
     t.add_row("memory bandwidth (best)", f"{p.device.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
     t.add_row("memory capacity", f"{p.device.memory_gib:.1f} GiB")
     t.add_row("framework baseline (worker RSS)", f"{p.device.framework_baseline_bytes / 2**20:.0f} MiB")
+    if p.device.host_s_per_kernel > 0:
+        t.add_row("host time per eager kernel", f"{p.device.host_s_per_kernel * 1e6:.1f} us")
     for c in p.concurrent:
         t.add_row(f"matmul per process, {c.group_size} at once", f"{c.flops_per_s_per_process / 1e9:.1f} GFLOP/s")
     if p.link_bandwidth_bytes_per_s is not None:

@@ -80,6 +80,13 @@ class Calibration:
     """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
     norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
     per aten op of eager model code (cost/host.py counts both). A stack field."""
+    eager_memory_passes: bool = False
+    """The stack runs its layers' memory-bound ops as eager model code, one aten op per kernel and
+    an HBM round trip each (torchtitan's llama3 model: RMSNorm through fp32 in 8 ops, complex
+    RoPE, repeat_kv copies, separate silu and multiply), not one fused pass per op: the extra
+    bytes of cost/eager_passes.py. A stack field (frameworks.json sets it for torchtitan runs;
+    torch.compile'd runs are fused); never on a CPU device, whose elementwise probe measures the
+    runtime's eager modules (elementwise_time_factor)."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
@@ -145,6 +152,14 @@ class Calibration:
     column-wise data the same way)."""
     fp4_weight_copy_bytes_per_param: float = 1.125
     """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
+    fp8_param_gather: bool = False
+    """fp8 primary weights: the layers' linear weights live only as their fp8 copies (no bf16
+    working copy beside them; the fp32 master stays in the optimizer), Megatron-Core
+    ``--fp8-param-gather`` (TE ``fp8_model_init``). Megatron-Bridge's fp8 mixed-precision
+    recipes set it for delayed, tensorwise (current scaling) and mxfp8, not for blockwise
+    (subchannel) scaling (src/megatron/bridge/training/mixed_precision.py@0509780:
+    bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed ``fp8_param_gather = True``,
+    bf16_with_fp8_subchannel_scaling_mixed False). A stack field (frameworks.json)."""
 
     # ---- long-context attention (cost/mixers.py) -----------------------------------------
     attention_half_seq: float = 128.0
@@ -492,11 +507,12 @@ class Calibration:
 
 STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
-                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels",
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels", "eager_memory_passes",
                 "logits_bytes_per_element",
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",
                 "op_selective_recompute",
-                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "attention_kernel",
+                "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
+                "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
                 "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",

@@ -30,6 +30,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
+from meshplan.cost.eager_passes import eager_extra_bytes, runs_eager
 from meshplan.cost.host import host_bound, host_launch_s
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
@@ -236,6 +237,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     rep_elems = T_rep * D * parts * (2.0 + 3.0 + drop)  # per sub-block: norm (r+w), residual (2r+1w)
     act_elems = T * mlp_width / t * (m_mlp)  # activation fn: read 1-2 inputs, write 1 output
     t_mem = (rep_elems + act_elems) * ab / hbm * calib.elementwise_time_factor + mix.softmax_bytes / hbm
+    if runs_eager(cluster, calib):  # eager model code: more passes than one per op (cost/eager_passes.py)
+        t_mem = t_mem + eager_extra_bytes(model, kind, tokens=T, tokens_replicated=T_rep, tp=t,
+                                          ab=ab) / hbm * calib.elementwise_time_factor
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
     fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
@@ -271,7 +275,12 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Host time of the runtime's collectives beyond alpha-beta (Calibration.*_layer_overhead_s),
     # never overlapped; a third in the forward, two thirds in the backward, like the math.
     framework = framework_overhead_s(calib, plans)
-    tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_compute)
+    # TP collectives overlap the layer's own GEMMs (chunked userbuffers, async TP): device math,
+    # not the host's launch time (cost/host.py). Hidden behind a host-bound layer's wait as well,
+    # they and FSDP's traffic (dp_comm.py) would both shrink with it, and a larger host cost could
+    # make the step faster. EP's all-to-all overlaps another micro-batch's whole layer, its wait
+    # for the host included (1F1B A2A overlap, Calibration.ep_overlap).
+    tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_device)
     cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
     fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
@@ -279,8 +288,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
     # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
     # exactly 2 x fwd_compute at the default.
-    bwd_compute = host_bound(2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn), host_bwd)
-    tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_compute)
+    bwd_device = 2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn)
+    bwd_compute = host_bound(bwd_device, host_bwd)
+    tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_device)
     cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
@@ -316,7 +326,14 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         moe_routed = moe_routed + T * ab * 2.0 * model.moe_latent_size
     if moe:  # routed copies: k per token, each as wide as the experts' input (Calibration field)
         routed_width = model.moe_latent_size or D
-        moe_routed = moe_routed + T * model.moe_top_k * routed_width * ab * calib.moe_routed_copies_kept
+        # Tokens this rank routes: under SP its T/t shard, gathered over the expert-TP group
+        # (Megatron-Core MoE parallel folding: etp 1 dispatches each rank's own shard).
+        routed_tokens = np.minimum(T_rep * e_t, T)
+        # The experts' first linear keeps its input as any linear does (fp8: the fp8 copy TE saves,
+        # saved_input_bytes); the combine keeps the experts' output in 16 bits.
+        copies = calib.moe_routed_copies_kept
+        routed_bytes = min(copies, 1.0) * sib + max(copies - 1.0, 0.0) * ab
+        moe_routed = moe_routed + routed_tokens * model.moe_top_k * routed_width * routed_bytes
     parallel = mix.kept_bytes + T * mlp_kept / t + moe_routed
     act_none = replicated + parallel + mix.score_bytes
     # selective: Megatron's keeps all but the scores; an op-level policy far less (cost/op_recompute.py)

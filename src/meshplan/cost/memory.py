@@ -18,7 +18,7 @@ from meshplan.cost.layer import LayerCost, activation_bytes, optimizer_state_byt
 from meshplan.cost.osdp import OsdpCost
 from meshplan.cost.pipeline import head_microbatches_held, in_flight_chunks, recv_buffers_held
 from meshplan.cost.plan_terms import PlanTerms
-from meshplan.cost.precision import weight_copy_bytes_per_param
+from meshplan.cost.precision import fp8_primary_weights, weight_copy_bytes_per_param
 from meshplan.spec.cluster import GIB
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -71,6 +71,8 @@ def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, te
     # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
     copy_b = weight_copy_bytes_per_param(training, calib)
     if copy_b:
+        # fp8 primary weights (--fp8-param-gather): the copies replace the bf16 linear weights
+        copy_b = copy_b - wb if fp8_primary_weights(training, calib) else copy_b
         weights = weights + sharded_bytes(terms, experts_on, layers * layer.dense_params_per_gpu * copy_b,
                                           expert_params * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)

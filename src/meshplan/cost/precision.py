@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from meshplan.cost.calibration import Calibration
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
 LOW_PRECISIONS = (Precision.FP8, Precision.FP4)
 
@@ -97,3 +97,14 @@ def weight_copy_bytes_per_param(training: TrainingSpec, calib: Calibration) -> f
     if training.precision == Precision.FP4:
         return calib.fp4_weight_copy_bytes_per_param
     return 0.0
+
+
+FP8_PARAM_GATHER_RECIPES = (Recipe.DELAYED, Recipe.TENSORWISE, Recipe.MXFP8)
+"""The fp8 recipes whose Megatron-Bridge mixed-precision config keeps fp8 primary weights
+(``fp8_param_gather``; blockwise scaling does not: Calibration.fp8_param_gather)."""
+
+
+def fp8_primary_weights(training: TrainingSpec, calib: Calibration) -> bool:
+    """Whether the layers' linear weights are held only as their fp8 copies (no bf16 weight)."""
+    return (calib.fp8_param_gather and training.precision == Precision.FP8
+            and training.recipe in FP8_PARAM_GATHER_RECIPES)

@@ -217,3 +217,40 @@ def bench_elementwise(device: torch.device, budget_s: float) -> float:
         (out.sum() + act.sum() + qr.sum() + kr.sum() + vr.sum()).backward()
 
     return _timed(step, device, budget_s * 2)
+
+
+HOST_PROBE_OPS = (8, 40)
+"""Chain lengths of the host probe (``bench_host_per_kernel``): the difference of the two removes
+the fixed cost of a step (the loss, the backward's start, the graph's teardown)."""
+
+
+def bench_host_per_kernel(device: torch.device, budget_s: float) -> float:
+    """Host time per kernel of eager PyTorch: what one aten op costs the host to issue.
+
+    Forward + backward of a chain of ``y = y * w`` on an 8-element tensor that requires grad:
+    each link is one kernel forward (mul) and one backward (the gradient's mul by w), each issued
+    through Python (forward only), the dispatcher, autograd (recording the node forward, running it
+    backward) and, on CUDA, ``cudaLaunchKernel``; the math is nil, so the time per kernel is the
+    host's. On a GPU the device waits for the host and the CUDA events measure the host's issue
+    rate (the number ``Calibration.host_s_per_kernel`` stands for, cost/host.py); on a CPU it is the
+    same dispatch cost without ``cudaLaunchKernel``, which a GPU's host pays on top (NVIDIA blog
+    'Getting Started with CUDA Graphs', 2019: the launch overhead CUDA graphs remove). Two chain lengths,
+    the difference per link over its 2 kernels. Python-level module calls of real model code
+    (``nn.Module.__call__``, hooks) come on top: this is a lower bound of an eager layer's cost.
+    """
+    w = torch.full((8,), 1.0, device=device)
+
+    def chain_s(links: int) -> float:
+        x = torch.ones(8, device=device, requires_grad=True)
+
+        def step() -> None:
+            y = x
+            for _ in range(links):
+                y = y * w
+            y.sum().backward()
+
+        first = time_op(step, device, warmup=2, iters=1, repeats=1)
+        return time_op(step, device, iters=iters_for(first, budget_s / 4), repeats=3)
+
+    few, many = HOST_PROBE_OPS
+    return max(0.0, (chain_s(many) - chain_s(few)) / (many - few) / 2)

@@ -11,7 +11,8 @@ import torch
 
 from meshplan.profile import collectives as coll
 from meshplan.profile import layer_probe
-from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_elementwise, bench_layer_overhead,
+from meshplan.profile.compute import (bench_attention, bench_bandwidth, bench_elementwise, bench_host_per_kernel,
+                                      bench_layer_overhead,
                                       bench_matmuls, device_memory_bytes, device_name, sweep_plan)
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GIB
@@ -49,7 +50,7 @@ def planned_steps(req: ProfileRequest) -> int:
     plan = sweep_plan(device, req.quick)
     n = len(plan.precisions) * len(plan.matmul_shapes)
     n += sum(1 if p == "fp8" else len(plan.attention_shapes) for p in plan.precisions)
-    n += 2 * len(plan.bandwidth_bytes) + 2  # + the layer dispatch overhead and the elementwise probe
+    n += 2 * len(plan.bandwidth_bytes) + 3  # + the layer dispatch overhead, the elementwise and host probes
     if req.procs >= 2:
         n += coll.progress_steps(coll.collective_config(req.procs, req.device_type, req.quick))
         if req.device_type == "cpu":
@@ -85,6 +86,8 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
     advance("layer dispatch overhead")
     elementwise = bench_elementwise(device, plan.budget_s)
     advance("elementwise ops of a layer")
+    host_per_kernel = bench_host_per_kernel(device, plan.budget_s)
+    advance("host time per kernel")
     samples, concurrent, fits, probes = (), (), (), ()
     link_latency, link_bw = None, None
     baseline = _own_rss_bytes()
@@ -107,7 +110,7 @@ def run_profile(req: ProfileRequest, advance: Callable[[str], None]) -> Hardware
     figures = DeviceFigures(name=device_name(device), memory_gib=device_memory_bytes(device) / GIB,
                             hbm_bandwidth_bytes_per_s=max(b.bytes_per_s for b in bandwidth),
                             framework_baseline_bytes=baseline, layer_overhead_s=layer_overhead,
-                            elementwise_probe_s=elementwise)
+                            elementwise_probe_s=elementwise, host_s_per_kernel=host_per_kernel)
     return HardwareProfile(meta=meta, device=figures, peak_flops=peaks, matmul=tuple(matmul),
                            attention=tuple(attention), bandwidth=tuple(bandwidth), concurrent=concurrent,
                            collectives=samples, collective_fits=fits, link_latency_s=link_latency,

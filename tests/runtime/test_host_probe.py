@@ -1,0 +1,20 @@
+"""The host probe (profile.compute.bench_host_per_kernel): eager PyTorch's host time per kernel.
+
+A chain of n tiny muls, forward + backward, is 2n kernels of nil math: its time grows by the
+host's dispatch cost per kernel, microseconds on any CPU (Python, the dispatcher, autograd).
+"""
+
+import pytest
+import torch
+
+from meshplan.profile.compute import HOST_PROBE_OPS, bench_host_per_kernel
+
+pytestmark = pytest.mark.runtime
+
+
+def test_host_per_kernel_is_microseconds_on_cpu():
+    torch.set_num_threads(1)
+    s = bench_host_per_kernel(torch.device("cpu"), budget_s=0.2)
+    assert 1e-7 < s < 2e-4
+    few, many = HOST_PROBE_OPS
+    assert many > few  # the difference of two chains, not one chain's fixed cost
