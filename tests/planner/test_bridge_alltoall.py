@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from meshplan.calib.fit import row_calibration
-from meshplan.calib.recipes import RECIPE_COLUMNS, COMM_COLUMNS, alltoall_values, parse_recipes, shipped_recipes
+from meshplan.calib.recipes import COMM_COLUMNS, RECIPE_COLUMNS, alltoall_values, parse_recipes, shipped_recipes
 from meshplan.calib.validate import build_run
 from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
