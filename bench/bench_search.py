@@ -1,4 +1,6 @@
-"""Search speed: wall time, CPU time and plans evaluated per second for the issue's three cases.
+"""Search speed: wall time, CPU time and plans evaluated per second for the issue's three cases
+and MoE cases under an export target (what ``meshplan plan --gpu G --gpus N --target T`` searches:
+the target's space and calibration).
 
     PYTHONPATH=src python bench/bench_search.py            # all cases
     PYTHONPATH=src python bench/bench_search.py 70b        # one case
@@ -8,7 +10,9 @@ compare the CPU time column, which other processes do not inflate.
 
 Before / after: each case also runs ``search(..., prune=False)`` (every configuration scored in
 full, every stage grid walked whole: ``meshplan.search.prune``, ``stages._top``) and prints its CPU
-time and whether its frontier (times, memories, plans) is the pruned search's.
+time and whether its frontier (times, memories, plans) is the pruned search's (the MoE cases
+skip it: their unpruned spaces of 10-20M configurations take minutes; their exactness is
+tests/golden/search/qwen3_30b_a3b_gb200x32_megatron.json's).
 """
 
 from __future__ import annotations
@@ -31,10 +35,22 @@ CASES = {
     "175b": ("gpt3-175b", "dgx-a100", 384, 2048, 1536, 2.0),
 }
 
+MOE_CASES = {
+    # name: (model, GPU, GPUs, seq_len, global batch, target, target seconds): the standing target
+    # for any job is 2 s
+    "dsv3-megatron": ("deepseek-v3", "gb200", 256, 4096, 2048, "megatron", 2.0),
+    "qwen30b-megatron": ("qwen3-30b-a3b", "gb200", 256, 4096, 2048, "megatron", 2.0),
+    "dsv3-1024-megatron": ("deepseek-v3", "gb200", 1024, 4096, 8192, "megatron", 2.0),
+    "qwen30b-meshplan": ("qwen3-30b-a3b", "gb200", 256, 4096, 2048, "meshplan", 2.0),
+}
+
 
 REPEATS = 3
 """Each case runs this many times; the fastest run is reported (the usual timing practice: the
 others measure interference from other processes)."""
+
+MOE_REPEATS = 1
+"""The MoE cases run once: each takes 10-30 s of CPU today (the spaces hold 10-20M configurations)."""
 
 
 def _timed(spec, cluster, training, prune: bool | None):
@@ -51,7 +67,36 @@ def _points(res):
     return [(p.step_time_s, p.peak_memory_bytes, p.plan) for p in res.frontier]
 
 
+def run_moe(name: str) -> dict:
+    from meshplan.calib.hardware import resolve_hardware
+    from meshplan.cli.common import load_cluster
+    from meshplan.targets import search_options
+
+    model, gpu, gpus, seq, batch, stack, target = MOE_CASES[name]
+    spec = model_preset(model)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)  # bf16: plan's default on these GPUs
+    hw = resolve_hardware(load_cluster(None, gpu, None, None, gpus=gpus), training.precision, None, stack)
+    options = search_options(stack, spec, training)
+    wall, cpu = float("inf"), float("inf")
+    for _ in range(MOE_REPEATS):
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        res = search(spec, hw.cluster, training, calib=hw.calib, options=options)
+        wall = min(wall, time.perf_counter() - wall0)
+        cpu = min(cpu, time.process_time() - cpu0)
+    rec = res.recommended
+    return {
+        "case": f"{model} on {gpus} {gpu}, --target {stack}", "wall_s": wall, "cpu_s": cpu, "target_s": target,
+        "cpu_unpruned_s": float("nan"), "same_frontier": None, "pruned": res.pruned_configs,
+        "global_configs": res.global_configs, "refined": res.refined_configs,
+        "plans_evaluated": res.plans_evaluated, "plans_per_s": res.plans_evaluated / max(cpu, 1e-9),
+        "frontier": len(res.frontier), "recommended": rec.plan.notation() if rec else "nothing fits",
+        "mfu": rec.mfu if rec else float("nan"),
+    }
+
+
 def run(name: str) -> dict:
+    if name in MOE_CASES:
+        return run_moe(name)
     model, system, nodes, seq, batch, target = CASES[name]
     spec = model_preset(model)
     cluster = system_preset(system, num_nodes=nodes)
@@ -72,14 +117,14 @@ def run(name: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    names = argv or list(CASES)
+    names = argv or [*CASES, *MOE_CASES]
     search(model_preset("toy-llama"), system_preset("dgx-h100"), TrainingSpec(seq_len=128, global_batch=8))  # warm-up
     print(f"{'case':55s} {'wall s':>8s} {'cpu s':>8s} {'target':>7s} {'unpruned':>9s} {'same':>5s} "
           f"{'configs':>9s} {'pruned':>9s} {'evaluated':>10s} {'plans/s':>10s} {'front':>6s}  recommended (MFU)")
     for n in names:
         r = run(n)
         print(f"{r['case']:55s} {r['wall_s']:8.3f} {r['cpu_s']:8.3f} {r['target_s']:7.1f} {r['cpu_unpruned_s']:9.3f} "
-              f"{'yes' if r['same_frontier'] else 'NO':>5s} {r['global_configs']:9,d} {r['pruned']:9,d} "
+              f"{'-' if r['same_frontier'] is None else 'yes' if r['same_frontier'] else 'NO':>5s} {r['global_configs']:9,d} {r['pruned']:9,d} "
               f"{r['plans_evaluated']:10,d} {r['plans_per_s']:10,.0f} {r['frontier']:6d}  "
               f"{r['recommended']} ({100 * r['mfu']:.1f}%)")
 

@@ -167,9 +167,19 @@ class PlanArrays:
         checked and converted, so the rows are set directly (no second pass of
         ``__post_init__``: the search takes rows thousands of times)."""
         out = object.__new__(PlanArrays)
+        shape = None
         for name in _FIELD_NAMES:
-            a = getattr(self, name)[index]
+            a = getattr(self, name)
+            if a.strides == (0,) and a.size:  # one value on every row (a broadcast): stays one
+                continue
+            a = a[index]
             object.__setattr__(out, name, a if a.ndim else a[None])
+            shape = a.shape if a.ndim else (1,)
+        for name in _FIELD_NAMES:
+            a = getattr(self, name)
+            if a.strides == (0,) and a.size:
+                object.__setattr__(out, name, np.broadcast_to(a[:1], shape) if shape is not None
+                                   else np.atleast_1d(a[index]))
         return out
 
 

@@ -260,22 +260,43 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     c = _keep(c, _rule_schedule(c, model, options))
     c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
                      lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
-    c = _cross(c, "recompute", np.array([RECOMPUTES.index(r) for r in options.recomputes]))
-    c["recompute_modules"] = np.zeros_like(c["tp"])
-    codes = module_codes(model, options)
-    if codes.size:  # selective rows again, once per module set
-        variants = _cross(_keep(c, c["recompute"] == RECOMPUTES.index(Recompute.SELECTIVE)), "recompute_modules", codes)
-        c = {k: np.concatenate([c[k], variants[k]]) for k in c}
-    c["offload"] = np.zeros_like(c["tp"])  # offload variants: meshplan.search.offload
-    c["vocab_parallel"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.vocab
-    c["keep"], c["mlp_splits"], c["head_splits"] = (np.full(c["tp"].shape, v, dtype=np.int64)
-                                                    for v in (0, 1, 1))  # variants: meshplan.search.osdp
-    c["expert_balanced"] = np.zeros(c["tp"].shape, dtype=bool)  # variants: meshplan.search.expert_load
-    c["expert_replicas"] = np.zeros_like(c["tp"])
-    space = PlanArrays(**{f.name: np.ascontiguousarray(c[f.name]) for f in fields(PlanArrays)})
+    c = _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
+                         module_codes(model, options))
+    # Columns that only the variant passes vary are one value on every row: read-only
+    # broadcasts (stride 0), not millions of copies (PlanArrays.take keeps them so).
+    n = c["tp"].size
+    const = {"offload": 0,  # offload variants: meshplan.search.offload
+             "vocab_parallel": False,  # variants: meshplan.search.vocab
+             "keep": 0, "mlp_splits": 1, "head_splits": 1,  # variants: meshplan.search.osdp
+             "expert_balanced": False, "expert_replicas": 0}  # variants: meshplan.search.expert_load
+    for name, value in const.items():
+        c[name] = np.broadcast_to(np.array(value, dtype=bool if isinstance(value, bool) else np.int64), (n,))
+    space = PlanArrays(**{f.name: c[f.name] if f.name in const else np.ascontiguousarray(c[f.name])
+                          for f in fields(PlanArrays)})
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
+
+
+def _cross_recompute(cols: dict[str, np.ndarray], recomputes: np.ndarray, codes: np.ndarray) -> dict[str, np.ndarray]:
+    """Every row with every recompute policy (module set 0), then the selective rows again once
+    per module set in ``codes``: ``_cross`` by ``recomputes``, then the selective rows of that
+    crossed with ``codes`` appended, written into one array per column (rows in that order;
+    tens of millions of rows are not copied three times)."""
+    n = next(iter(cols.values())).size
+    r = recomputes.size
+    per_row = int(np.count_nonzero(recomputes == RECOMPUTES.index(Recompute.SELECTIVE))) * codes.size
+    out = {}
+    for k, v in cols.items():
+        col = np.empty(n * (r + per_row), dtype=v.dtype)
+        col[:n * r].reshape(n, r)[:] = v[:, None]
+        col[n * r:].reshape(n, per_row)[:] = v[:, None]  # the selective rows' copies, row by row
+        out[k] = col
+    out["recompute"] = np.concatenate([np.tile(recomputes, n),
+                                       np.full(n * per_row, RECOMPUTES.index(Recompute.SELECTIVE))])
+    out["recompute_modules"] = np.concatenate([np.zeros(n * r, dtype=np.int64),
+                                               np.tile(codes, n * per_row // max(codes.size, 1))])
+    return out
 
 
 def module_codes(model: ModelSpec, options: SearchOptions) -> np.ndarray:
