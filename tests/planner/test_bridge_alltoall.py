@@ -16,7 +16,7 @@ from meshplan.calib.fit import row_calibration
 from meshplan.calib.recipes import COMM_COLUMNS, RECIPE_COLUMNS, alltoall_values, parse_recipes, shipped_recipes
 from meshplan.calib.validate import build_run
 from meshplan.cost import estimate
-from meshplan.cost.calibration import calibration_for
+from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.errors import MeshplanError
 
 
@@ -114,3 +114,42 @@ def test_gpt_oss_row_runs_its_alltoall_exposed_by_hand():
     # the stack's overlap hides half of each (compute is longer than the all-to-all here)
     assert hidden.exposed_ep_s == pytest.approx((1 - overlap) * exposed.exposed_ep_s, rel=1e-6)
     assert exposed.step_s - hidden.step_s == pytest.approx(overlap * exposed.exposed_ep_s, rel=1e-6)
+
+
+# runs_megatron_bridge.csv row 292 (container 26.08): Qwen3 30B-A3B fp8 on 8 GB300, GBS 512, MBS 8,
+# ep8 in one NVL72 domain; its preset runs HybridEP (flex, backend hybridep), no a2a overlap.
+ROW_292 = dict(id="292", source="Megatron-Bridge 26.08", model="Qwen3_30B_a3B", seq_len="4096", gpu="gb300",
+               num_gpus="8", gpus_per_node="8", global_batch_size="512", micro_batch_size="8", tp="1",
+               pp="1", cp="1", ep="8", vpp="1", precision="fp8", measured_tokens_per_s_per_gpu="44544",
+               framework="megatron-core")
+
+
+def test_hybridep_row_moves_its_tokens_at_nvlink_bandwidth_by_hand():
+    run = build_run(ROW_292)
+    values = dict(run.release_values)
+    assert values.get("moe_dispatch_nvlink_efficiency") == 1.0
+    assert any("moe_dispatch_nvlink_efficiency" in a for a in run.assumed)
+    stack = calibration_for(run.cluster.gpu, run.stack).replace_fields(intra_node_comm_efficiency=0.4)
+    preset = row_calibration(run, stack)
+    assert preset.intra_node_comm_efficiency == 0.4  # NCCL's stays for every other collective
+    got = estimate(run.model, run.cluster, run.training, run.plan, preset)
+
+    # By hand: T = 8*4096 tokens per rank, k=8 copies of D=2048 in bf16; ep8 inside one domain:
+    # 7/8 of the bytes to the 7 peers at the full NVLink bandwidth (HybridEP, not 0.4 of it),
+    # 7 latencies; dispatch + combine, x the routing load; forward + backward, all exposed.
+    m = run.model
+    nbytes = 8 * 4096 * m.hidden_size * 2 * m.moe_top_k
+    lat_f, bw_f = preset.collective_factors("all_to_all")
+    nvlink = run.cluster.intra_node_bandwidth_bytes_per_s * 1.0
+    a2a = 7 / 8 * nbytes / (nvlink * bw_f) + 7 * run.cluster.intra_node_latency_s * lat_f
+    dispatch = preset.moe_routing_imbalance * 2 * a2a
+    micro = 512 // (8 * 8)
+    assert got.time.exposed_ep_s == pytest.approx(micro * m.num_layers * 2 * dispatch, rel=1e-6)
+    nccl = estimate(run.model, run.cluster, run.training, run.plan,
+                    preset.replace_fields(moe_dispatch_nvlink_efficiency=0.0))
+    assert nccl.time.exposed_ep_s > 2 * got.time.exposed_ep_s  # 0.4 of NVLink: 2.5x the bandwidth term
+
+
+def test_dispatch_efficiency_out_of_range_is_one_clear_line():
+    with pytest.raises(MeshplanError, match="moe_dispatch_nvlink_efficiency must be in"):
+        Calibration(moe_dispatch_nvlink_efficiency=1.5)

@@ -33,6 +33,10 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
   preprocess, ``cuda_graph_scope`` moe_router/moe_preprocess), so no per-layer device-to-host
   sync of the token counts; alltoall and DeepEP's normal kernels (whose dispatch waits on the
   host for the received counts) keep the stack's sync.
+* the ``hybridep`` backend also -> ``moe_dispatch_nvlink_efficiency`` HYBRIDEP_NVLINK_EFFICIENCY:
+  its dispatch and combine inside the NVLink domain run at HybridEP's bandwidth, not NCCL's
+  fitted ``intra_node_comm_efficiency`` (tokens still travel in bf16: the presets' fp8 dispatch
+  was not read).
 
 Blank: the file was not read for it, the stack's value stands.
 
@@ -70,6 +74,12 @@ alltoall."""
 FLEX_BACKENDS = ("deepep", "hybridep")
 SYNC_FREE_BACKENDS = frozenset({"hybridep"})
 """Flex backends with no host sync of the token counts per MoE layer (module docstring)."""
+HYBRIDEP_NVLINK_EFFICIENCY = 1.0
+"""HybridEP's dispatch and combine inside one NVLink domain: TMA copies that saturate NVLink with
+4-16 SMs (NVIDIA Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with
+Hybrid Expert Parallel', 2026-02-02, https://developer.nvidia.com/blog/optimizing-communication-for-
+mixture-of-experts-training-with-hybrid-expert-parallel; DeepEP hybrid-ep docs: BF16 and FP8 paths,
+TMA intra-node). -> Calibration.moe_dispatch_nvlink_efficiency."""
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 RECOMPUTE_MODULES = frozenset(m.value for m in RecomputeModule)
 """Megatron-Core's ``recompute_modules`` names (TransformerConfig, megatron/core 0.14+)."""
@@ -286,6 +296,10 @@ def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], 
         values.append(("moe_alltoall_sync_s", 0.0))
         notes.append(f"moe_alltoall_sync_s: 0 ({recipe.label}: moe_token_dispatcher_type flex, "
                      f"backend {recipe.moe_flex_dispatcher_backend}: no host sync of the token counts)")
+    if recipe.moe_flex_dispatcher_backend == "hybridep" and recipe.sync_free_dispatch:
+        values.append(("moe_dispatch_nvlink_efficiency", HYBRIDEP_NVLINK_EFFICIENCY))
+        notes.append(f"moe_dispatch_nvlink_efficiency: {HYBRIDEP_NVLINK_EFFICIENCY:g} ({recipe.label}: HybridEP's "
+                     f"TMA dispatch saturates NVLink, in place of intra_node_comm_efficiency)")
     return tuple(values), tuple(notes)
 
 

@@ -71,6 +71,14 @@ def load_factor(training: TrainingSpec, calib: Calibration, model: ModelSpec | N
     return min(calib.moe_routing_imbalance, training.moe_capacity_factor)
 
 
+def dispatch_calibration(calib: Calibration) -> Calibration:
+    """The calibration the expert dispatch's link is costed with: HybridEP's own NVLink
+    efficiency in place of NCCL's where a preset sets it (Calibration.moe_dispatch_nvlink_efficiency)."""
+    if calib.moe_dispatch_nvlink_efficiency <= 0:
+        return calib
+    return replace(calib, intra_node_comm_efficiency=calib.moe_dispatch_nvlink_efficiency)
+
+
 def dispatch_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                   calib: Calibration, *, T, ab: float, load: float):
     """Forward dispatch + combine time of one MoE layer (module docstring)."""
@@ -78,7 +86,7 @@ def dispatch_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     ep = plans.ep.astype(float)
     k = float(model.moe_top_k)
     width = float(model.moe_latent_size or model.hidden_size)  # tokens travel latent
-    link = comms.group_link(cluster, calib, plans.ep, plans.etp)  # ep ranks etp apart
+    link = comms.group_link(cluster, dispatch_calibration(calib), plans.ep, plans.etp)  # ep ranks etp apart
     tokens = T / t  # tokens this rank routes (its sequence shard of the TP group)
     if training.moe_dispatcher == MoeDispatcher.ALLGATHER:
         gathered = tokens * ep * width * ab
