@@ -93,6 +93,10 @@ def mcore():
 
 
 def _value(v: str) -> object:
+    """An override's value as Bridge's Hydra-style parser reads it: booleans, null, integers and
+    ``[a,b]`` lists (``model.recompute_modules=[core_attn,moe_act]``)."""
+    if v.startswith("[") and v.endswith("]"):
+        return [_value(x.strip()) for x in v[1:-1].split(",") if x.strip()]
     return {"true": True, "false": False, "null": None}.get(v, int(v) if v.isdigit() else v)
 
 

@@ -26,10 +26,6 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
 
-def _per_rank(plan: Plan, counts: tuple[int, ...], rank: int) -> int:
-    return sum(n for i, n in enumerate(counts) if plan.stage_rank(i) == rank)
-
-
 def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                          plans: list[Plan], calib: Calibration) -> BatchEstimate:
     """Step time and peak memory (reserved and allocated) of ``plans``, each with its own split;
@@ -43,13 +39,14 @@ def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: Train
     layer = layer_cost(model, cluster, training, arrays, calib)
     kw = dict(model=model, cluster=cluster, training=training, plans=arrays, calib=calib, layer=layer)
     kw["terms"] = plan_terms(**kw)
-    offload = np.array([p.offload_layers for p in filled])
+    counted = any(p.offload_layers for p in filled)
     ranks = []
     for r in range(pp):
-        layers = np.array([_per_rank(p, p.stage_layers, r) for p in filled], dtype=float)
-        recomputed = np.array([_per_rank(p, p.recompute_layers, r) for p in filled], dtype=float)
-        # estimate(): min(offload_layers, layers) where the plan counts them, else every layer
-        offloaded = np.where(offload > 0, np.minimum(offload, layers), layers) if offload.any() else None
+        layers = np.array([p.layers_on_rank(r) for p in filled], dtype=float)
+        recomputed = np.array([p.recomputed_on_rank(r) for p in filled], dtype=float)
+        # as estimate(): the plan's count where it has one, else every layer of the rank
+        offloaded = np.array([p.layers_on_rank(r) if p.offloaded_on_rank(r) is None else p.offloaded_on_rank(r)
+                              for p in filled], dtype=float) if counted else None
         ranks.append(rank_cost(**kw, rank=r, layers=layers, recomputed=recomputed, has_embedding=r == 0,
                                has_head=r == pp - 1, has_mtp=np.array([p.mtp_rank == r for p in filled]),
                                offloaded_layers=offloaded))

@@ -245,11 +245,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     ranks: list[RankCost] = []
     stages: list[StageCost] = []
     for r in range(p):
-        layers = sum(n for i, n in enumerate(plan.stage_layers) if plan.stage_rank(i) == r)
-        rec = sum(n for i, n in enumerate(plan.recompute_layers) if plan.stage_rank(i) == r)
+        layers, rec = plan.layers_on_rank(r), plan.recomputed_on_rank(r)
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
                        recomputed=rec, has_embedding=r == 0, has_head=r == p - 1, has_mtp=r == plan.mtp_rank,
-                       offloaded_layers=min(plan.offload_layers, layers) if plan.offload_layers else None)
+                       offloaded_layers=plan.offloaded_on_rank(r))
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,

@@ -338,6 +338,20 @@ class Plan:
         """Pipeline rank that holds virtual stage ``stage`` (looped placement)."""
         return stage % self.dims.pp
 
+    def layers_on_rank(self, rank: int) -> int:
+        """Layers the pipeline rank ``rank`` holds over its virtual stages."""
+        return sum(n for i, n in enumerate(self.stage_layers) if self.stage_rank(i) == rank)
+
+    def recomputed_on_rank(self, rank: int) -> int:
+        """Recomputed layers of the pipeline rank ``rank`` over its virtual stages."""
+        return sum(n for i, n in enumerate(self.recompute_layers) if self.stage_rank(i) == rank)
+
+    def offloaded_on_rank(self, rank: int) -> int | None:
+        """Layers of ``rank`` whose activations go to the host when ``offload_layers`` counts them
+        (at most the rank's layers); None: the plan does not count them (every layer, where it
+        offloads activations: ``meshplan.cost.offload``)."""
+        return min(self.offload_layers, self.layers_on_rank(rank)) if self.offload_layers else None
+
     @property
     def mtp_rank(self) -> int:
         """Pipeline rank that runs the MTP modules (the last unless ``mtp_stage`` says otherwise)."""

@@ -53,7 +53,7 @@ def expected_collectives(job: Job, pp_rank: int) -> list[ExpectedCollective]:
     calib = calibration_for(job.cluster.gpu)
     ab = activation_bytes(training.precision)
     m = plan.num_microbatches(training)
-    layers = sum(n for i, n in enumerate(plan.stage_layers) if plan.stage_rank(i) == pp_rank)
+    layers = plan.layers_on_rank(pp_rank)
     moe_layers = 0
     if model.is_moe:  # leading dense layers sit on the first stages
         ids = [i for s, n in enumerate(plan.stage_layers) if plan.stage_rank(s) == pp_rank
