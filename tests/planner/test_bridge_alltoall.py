@@ -10,15 +10,24 @@ backend runs the alltoall dispatcher (scripts/performance/utils/overrides.py).""
 
 from __future__ import annotations
 
+from math import comb
+
 import pytest
 
 from meshplan.calib.fit import row_calibration
-from meshplan.calib.recipes import COMM_COLUMNS, RECIPE_COLUMNS, alltoall_values, parse_recipes, shipped_recipes
+from meshplan.calib.recipes import (
+    COMM_COLUMNS,
+    RECIPE_COLUMNS,
+    alltoall_values,
+    parse_recipes,
+    preset_dispatcher,
+    shipped_recipes,
+)
 from meshplan.calib.validate import build_run
 from meshplan.cost import estimate
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.errors import MeshplanError
-
+from meshplan.spec.training import MoeDispatcher
 
 # (model, gpu, precision, num_gpus, gbs, mbs, tp, pp, cp, vpp, ep) -> (a2a overlap, dispatcher, backend)
 GOLDEN = [
@@ -47,14 +56,24 @@ def test_preset_alltoall_columns_read_off_the_preset_files(key, want):
     values = dict(alltoall_values(r)[0])
     assert ("ep_overlap" in values) == (not want[0])  # overlap off -> exposed; on -> the stack's
     assert values.get("ep_overlap", 0.0) == 0.0
-    assert ("moe_alltoall_sync_s" in values) == (want[2] == "hybridep")
-    assert values.get("moe_alltoall_sync_s", 0.0) == 0.0
+    # HybridEP: meshplan's flex dispatcher (per-rank sends, no host sync); alltoall: the default
+    assert preset_dispatcher(r)[0] == (MoeDispatcher.FLEX if want[2] == "hybridep" else None)
 
 
 def test_presets_whose_file_was_not_read_for_it_change_nothing():
     llama = next(r for k, r in shipped_recipes().items() if k[0] == "llama3-70b")
     assert llama.moe_a2a_overlap is None and not llama.moe_token_dispatcher_type
-    assert alltoall_values(llama) == ((), ())
+    assert alltoall_values(llama) == ((), ()) and preset_dispatcher(llama) == (None, ())
+
+
+def test_deepep_preset_keeps_alltoall_with_a_note():
+    """DeepEP's normal dispatch waits on the host for the received counts (Megatron-Core
+    fused_a2a.py: 'the CPU will wait for GPU's signal to arrive'), which meshplan's flex
+    dispatcher does not charge: no row runs one, and one would keep alltoall, said so."""
+    (r,) = parse_recipes(GOOD.replace(",hybridep", ",deepep"), "r.csv").values()
+    dispatcher, notes = preset_dispatcher(r)
+    assert dispatcher is None and "alltoall kept" in notes[0] and "deepep" in notes[0]
+    assert "moe_dispatch_nvlink_efficiency" not in dict(alltoall_values(r)[0])
 
 
 GOOD = (",".join(RECIPE_COLUMNS + COMM_COLUMNS)
@@ -129,19 +148,25 @@ def test_hybridep_row_moves_its_tokens_at_nvlink_bandwidth_by_hand():
     values = dict(run.release_values)
     assert values.get("moe_dispatch_nvlink_efficiency") == 1.0
     assert any("moe_dispatch_nvlink_efficiency" in a for a in run.assumed)
+    assert run.training.moe_dispatcher == MoeDispatcher.FLEX
+    assert any("moe dispatcher: flex" in a for a in run.assumed)
     stack = calibration_for(run.cluster.gpu, run.stack).replace_fields(intra_node_comm_efficiency=0.4)
     preset = row_calibration(run, stack)
     assert preset.intra_node_comm_efficiency == 0.4  # NCCL's stays for every other collective
     got = estimate(run.model, run.cluster, run.training, run.plan, preset)
 
-    # By hand: T = 8*4096 tokens per rank, k=8 copies of D=2048 in bf16; ep8 inside one domain:
-    # 7/8 of the bytes to the 7 peers at the full NVLink bandwidth (HybridEP, not 0.4 of it),
-    # 7 latencies; dispatch + combine, x the routing load; forward + backward, all exposed.
+    # By hand: T = 8*4096 tokens per rank, D=2048 in bf16 (HybridEP dispatches bf16 under fp8
+    # too); ep8 inside one domain, 16 of the E=128 experts per rank, top-8: a token goes once to
+    # each peer holding one of its experts, 1 - C(112,8)/C(128,8) = 0.6672 of the 7 peers (4.67
+    # sends, not alltoall's 7/8 of 8 copies = 7), at the full NVLink bandwidth (HybridEP, not 0.4
+    # of it), 7 latencies; dispatch + combine, x the routing load; forward + backward, exposed.
     m = run.model
-    nbytes = 8 * 4096 * m.hidden_size * 2 * m.moe_top_k
+    assert (m.moe_num_experts, m.moe_top_k, m.hidden_size) == (128, 8, 2048)
+    token_bytes = 8 * 4096 * 2048 * 2  # 134.2 MB: one copy of the rank's tokens
+    sends = 7 * (1 - comb(112, 8) / comb(128, 8))  # 4.670
     lat_f, bw_f = preset.collective_factors("all_to_all")
     nvlink = run.cluster.intra_node_bandwidth_bytes_per_s * 1.0
-    a2a = 7 / 8 * nbytes / (nvlink * bw_f) + 7 * run.cluster.intra_node_latency_s * lat_f
+    a2a = sends * token_bytes / (nvlink * bw_f) + 7 * run.cluster.intra_node_latency_s * lat_f
     dispatch = preset.moe_routing_imbalance * 2 * a2a
     micro = 512 // (8 * 8)
     assert got.time.exposed_ep_s == pytest.approx(micro * m.num_layers * 2 * dispatch, rel=1e-6)

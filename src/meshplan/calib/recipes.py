@@ -28,15 +28,20 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
 * ``moe_a2a_overlap`` off (``WorkloadBaseConfig``'s default; on, the preset sets
   ``comm_overlap.overlap_moe_expert_parallel_comm``) -> ``ep_overlap`` 0: the dispatch and combine
   run exposed; on -> the stack's (fitted) overlap;
-* ``moe_token_dispatcher_type`` flex with the ``hybridep`` backend -> ``moe_alltoall_sync_s`` 0:
-  HybridEP sizes its buffers on the device (the presets that set it graph the router and the
-  preprocess, ``cuda_graph_scope`` moe_router/moe_preprocess), so no per-layer device-to-host
-  sync of the token counts; alltoall and DeepEP's normal kernels (whose dispatch waits on the
-  host for the received counts) keep the stack's sync.
+* ``moe_token_dispatcher_type`` flex with the ``hybridep`` backend -> the training's
+  ``moe_dispatcher`` flex (``Overlay.moe_dispatcher``, not a Calibration value): a token travels
+  once per picked rank, not once per routed copy (cost/moe.py), and no per-layer host sync of the
+  token counts is charged (cost/layer.py charges it to the alltoall dispatcher only): HybridEP
+  sizes its buffers on the device (the presets that set it graph the router and the preprocess,
+  ``cuda_graph_scope`` moe_router/moe_preprocess). DeepEP's normal kernels send per rank too,
+  but their dispatch waits on the host for the received counts, which the flex dispatcher does
+  not charge: a ``deepep`` preset keeps alltoall, noted (no row runs one).
 * the ``hybridep`` backend also -> ``moe_dispatch_nvlink_efficiency`` HYBRIDEP_NVLINK_EFFICIENCY:
   its dispatch and combine inside the NVLink domain run at HybridEP's bandwidth, not NCCL's
-  fitted ``intra_node_comm_efficiency`` (tokens still travel in bf16: the presets' fp8 dispatch
-  was not read).
+  fitted ``intra_node_comm_efficiency``. Tokens travel in bf16 under fp8 presets too:
+  Megatron-Core's HybridEP path builds its buffer with ``fp8_dispatch = False`` ("Currently, we
+  do not support fp8 dispatch", megatron/core/transformer/moe/fused_a2a.py@02ad939), and the
+  combine is bf16 in every backend.
 
 Blank: the file was not read for it, the stack's value stands.
 
@@ -55,6 +60,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
+from meshplan.spec.training import MoeDispatcher
 from meshplan.textfile import csv_records, read_text_file
 
 KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
@@ -73,7 +79,8 @@ DISPATCHERS = ("alltoall", "flex")
 alltoall."""
 FLEX_BACKENDS = ("deepep", "hybridep")
 SYNC_FREE_BACKENDS = frozenset({"hybridep"})
-"""Flex backends with no host sync of the token counts per MoE layer (module docstring)."""
+"""Flex backends costed as meshplan's flex dispatcher: per-rank sends, no host sync of the token
+counts per MoE layer (module docstring)."""
 HYBRIDEP_NVLINK_EFFICIENCY = 1.0
 """HybridEP's dispatch and combine inside one NVLink domain: TMA copies that saturate NVLink with
 4-16 SMs (NVIDIA Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with
@@ -133,13 +140,15 @@ class Overlay:
     """Activations of this many layers per pipeline rank in host memory; None: no offload."""
     calibration_values: tuple[tuple[str, Any], ...] = ()
     """Calibration fields the preset's expert all-to-all sets (module docstring), over the row's."""
+    moe_dispatcher: MoeDispatcher | None = None
+    """The training's token dispatcher the preset runs (module docstring); None: the default."""
     notes: tuple[str, ...] = ()
     """One line per setting taken, kept or not expressible (for ``Run.assumed``)."""
 
     @property
     def applied(self) -> bool:
         return bool(self.calibration_values) or any(
-            v is not None for v in (self.zero, self.recompute, self.offload_layers))
+            v is not None for v in (self.zero, self.recompute, self.offload_layers, self.moe_dispatcher))
 
     def recompute_layers(self, num_layers: int, num_stages: int, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
         """Layers recomputed per (virtual) stage: the first N of each (Megatron-Core's block method)."""
@@ -279,9 +288,11 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
         notes.append(f"offload: activations of {offload_layers} layers per rank ({label}: "
                      f"cpu_offloading_num_layers={offload_layers})")
     values, comm_notes = alltoall_values(recipe)
+    dispatcher, dispatcher_note = preset_dispatcher(recipe)
     return Overlay(zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
                    recompute_modules=modules if recompute else (),
-                   offload_layers=offload_layers, calibration_values=values, notes=(*notes, *comm_notes))
+                   offload_layers=offload_layers, calibration_values=values, moe_dispatcher=dispatcher,
+                   notes=(*notes, *comm_notes, *dispatcher_note))
 
 
 def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
@@ -292,15 +303,26 @@ def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], 
     if recipe.moe_a2a_overlap is False:
         values.append(("ep_overlap", 0.0))
         notes.append(f"ep_overlap: 0 ({recipe.label}: moe_a2a_overlap off, the expert all-to-all runs exposed)")
-    if recipe.sync_free_dispatch:
-        values.append(("moe_alltoall_sync_s", 0.0))
-        notes.append(f"moe_alltoall_sync_s: 0 ({recipe.label}: moe_token_dispatcher_type flex, "
-                     f"backend {recipe.moe_flex_dispatcher_backend}: no host sync of the token counts)")
     if recipe.moe_flex_dispatcher_backend == "hybridep" and recipe.sync_free_dispatch:
         values.append(("moe_dispatch_nvlink_efficiency", HYBRIDEP_NVLINK_EFFICIENCY))
         notes.append(f"moe_dispatch_nvlink_efficiency: {HYBRIDEP_NVLINK_EFFICIENCY:g} ({recipe.label}: HybridEP's "
                      f"TMA dispatch saturates NVLink, in place of intra_node_comm_efficiency)")
     return tuple(values), tuple(notes)
+
+
+def preset_dispatcher(recipe: BridgeRecipe) -> tuple[MoeDispatcher | None, tuple[str, ...]]:
+    """The token dispatcher the preset runs, as meshplan costs it, and its note (module docstring);
+    None where the file was not read for it or the default (alltoall) stands."""
+    backend = recipe.moe_flex_dispatcher_backend
+    if recipe.sync_free_dispatch:
+        note = (f"moe dispatcher: flex ({recipe.label}: moe_token_dispatcher_type flex, backend {backend}: "
+                "one send per picked rank, no host sync of the token counts)")
+        return MoeDispatcher.FLEX, (note,)
+    if recipe.moe_token_dispatcher_type == "flex":
+        note = (f"moe dispatcher: alltoall kept ({recipe.label}: backend {backend}'s dispatch waits on the "
+                "host, which the flex dispatcher does not charge)")
+        return None, (note,)
+    return None, ()
 
 
 def find_recipe(row: Mapping[str, str], key: RecipeKey,
