@@ -129,5 +129,5 @@ def test_fit_settings_name_what_the_frameworks_disagree_on():
     old, new = (SimpleNamespace(settings=framework_defaults(n).settings) for n in ("megatron-lm", "megatron-core"))
     assert fit_settings([old, old], {}) == framework_defaults("megatron-lm").settings
     with pytest.raises(MeshplanError, match="differ in activation_offload_overlap, dropout, fp8_param_gather, fused_attention, "
-                                            "grad_bytes_per_param_bf16, pp_p2p_overlap, tp_overlap"):
+                                            "grad_bytes_per_param_bf16, moe_routed_copies_kept, pp_p2p_overlap, tp_overlap"):
         fit_settings([old, new], {})

@@ -37,7 +37,8 @@ def test_megatron_core_row_builds_the_preset_with_listed_defaults():
     assert run.training.recipe == Recipe.MXFP8  # Blackwell: fp8_mx
     assert run.plan.zero == 1 and run.plan.dims.dp_shard == 8 and run.plan.sp
     assert run.settings == {"fused_attention": True, "dropout": False, "activation_offload_overlap": 1.0,
-                            "grad_bytes_per_param_bf16": 2.0, "fp8_param_gather": True}
+                            "grad_bytes_per_param_bf16": 2.0, "fp8_param_gather": True,
+                            "moe_routed_copies_kept": 1.0}
     text = " | ".join(run.assumed)
     for part in ("preset llama3-70b", "mxfp8", "zero: 1", "sequence_parallel: 1", "recompute: none"):
         assert part in text

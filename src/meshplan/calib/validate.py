@@ -319,7 +319,13 @@ def build_run(row: dict[str, str]) -> Run:
     if layout is not None and layout.layout.mtp_layers in (0, model.mtp_num_layers):
         stage_layers, mtp_stage = layout.layout.stage_layers, layout.layout.mtp_stage
         assumed.append(layout.note)
-    elif pp * vpp > model.num_layers and fw.embedding_loss_stages:
+    elif fw.embedding_loss_stages and (pp * vpp > model.num_layers or (
+            fw.stack == "megatron" and model.num_layers % (pp * vpp)
+            and (model.num_layers + 2) % (pp * vpp) == 0)):
+        # Megatron-Core refuses virtual stages of unequal size unless the split is asymmetric
+        # (Megatron-Bridge GPTModelProvider.provide's assert): layers that do not split evenly
+        # over the virtual stages but do with the embedding and the loss as one layer each ran
+        # that split (the Llama 3.1 405B recipe sets account_for_embedding_in_pipeline_split).
         stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
         assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
     etp = 0

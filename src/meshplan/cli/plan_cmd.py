@@ -100,7 +100,7 @@ def plan_cmd(
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
     from meshplan.calib.hardware import resolve_hardware
-    from meshplan.search.planner import MEMORY_SAFETY_MARGIN_GIB, search
+    from meshplan.search.planner import search
     from meshplan.targets import check_runs, search_options
 
     output_path(out, "--out", "plan file")
@@ -143,7 +143,7 @@ def plan_cmd(
     chosen_idx = max(range(len(results)), key=lambda i: -_best_time(results[i]))
     chosen, chosen_cluster = results[chosen_idx], clusters[chosen_idx]
     if all(r.recommended is None for r in results) and pick is None:
-        raise MeshplanError(_nothing_fits(results, spec.name, MEMORY_SAFETY_MARGIN_GIB, memory_gib))
+        raise MeshplanError(_nothing_fits(results, spec.name, memory_gib))
     if pick is not None and pick >= len(chosen.frontier):
         raise MeshplanError(f"--pick {pick}: the frontier has {len(chosen.frontier)} points (0..{len(chosen.frontier) - 1})")
 
@@ -243,10 +243,11 @@ def _best_time(res) -> float:
     return rec.step_time_s if rec is not None else float("inf")
 
 
-def _nothing_fits(results, model_name: str, margin_gib: float, memory_gib: float | None) -> str:
+def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     leanest = min((p for r in results for p in r.frontier), key=lambda p: p.peak_memory_bytes, default=None)
     budget_gib = results[0].budget_bytes / GIB
-    where = "--memory-gib" if memory_gib is not None else f"GPU memory less the {margin_gib:g} GiB safety margin"
+    where = (f"--memory-gib {memory_gib:g}" if memory_gib is not None else "the GPU's memory")
+    where += " less the CUDA context and NCCL buffers"
     if leanest is None:
         return f"no plan for {model_name} at all on {results[0].num_gpus} GPUs"
     helps = ["more GPUs (more pipeline/tensor/sharding ways)"]
@@ -255,7 +256,7 @@ def _nothing_fits(results, model_name: str, margin_gib: float, memory_gib: float
     helps.append("a shorter sequence or a smaller global batch")
     if leanest.plan.recompute != Recompute.FULL:
         helps.append("full recompute")
-    return (f"no plan fits {budget_gib:.1f} GiB per GPU ({where}); the leanest plan needs "
+    return (f"no plan fits {budget_gib:.1f} GiB reserved per GPU ({where}); the leanest plan needs "
             f"{leanest.peak_memory_gib:.1f} GiB ({leanest.plan.notation()} on {leanest.num_gpus} GPUs). "
             f"What would help: {', '.join(helps)}")
 

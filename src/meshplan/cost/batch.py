@@ -36,6 +36,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.device_memory import device_fits
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, optimizer_state_bytes_per_param
@@ -128,11 +129,12 @@ def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
               has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
-              offloaded_layers=None, has_mtp=None) -> RankCost:
+              offloaded_layers=None, has_mtp=None, chunk_weight=1.0) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
     ``offloaded_layers`` of them with their activations in host memory when the plan offloads
-    activations (None: all, ``meshplan.cost.offload``).
+    activations (None: all, ``meshplan.cost.offload``); ``chunk_weight`` the interleaved
+    schedule's weight of the rank's unequal chunks (cost/chunk_inflight.py, 1: equal).
     ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it. ``totals``
     False leaves ``comm_total_s`` NaN: a figure for breakdowns that :func:`compose` does not
     read, skipped where the search scores millions of ranks."""
@@ -214,7 +216,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- activations (cost.memory) ------------------------------------------------------------
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
                             head_share=head_share, logits_fraction=osdp.logits_fraction,
-                            hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision))
+                            hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision),
+                            chunk_weight=chunk_weight)
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
@@ -266,7 +269,8 @@ class BatchEstimate:
     step_time_s: np.ndarray
     bubble_s: np.ndarray
     peak_memory_bytes: np.ndarray
-    """Peak reserved (allocated + allocator reserve): what ``fits`` compares with the GPU."""
+    """Peak reserved (allocated + allocator reserve); ``fits`` adds what lies outside the
+    allocator (cost/device_memory.py: device_fits)."""
     peak_allocated_bytes: np.ndarray | None
     """Peak allocated (no allocator reserve); None when ``compose`` was not asked for it (the
     search scores on reserved alone)."""
@@ -274,7 +278,8 @@ class BatchEstimate:
     tflops_per_gpu: np.ndarray
     mfu: np.ndarray
     fits: np.ndarray
-    """GPU memory fits, and the offloaded tensors fit in the GPU's share of host memory."""
+    """The device peak fits the GPU's memory (cost/device_memory.py: device_fits), and the
+    offloaded tensors fit in the GPU's share of host memory."""
     host_memory_bytes: np.ndarray | float = 0.0
     """Host memory of the GPU whose offloaded tensors take the most."""
 
@@ -369,4 +374,4 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
                          peak_allocated_bytes=peak_allocated,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=(peak <= cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)
+                         fits=device_fits(peak, plans, calib, cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)

@@ -10,7 +10,15 @@ A published peak memory is one of three figures, and they differ by gigabytes:
   outside the caching allocator, the CUDA context with its kernel images and NCCL's buffers.
 
 :func:`outside_allocator_bytes` is the last difference; :func:`predicted_bytes` picks the
-prediction a measurement is compared with. Arrays over plans (``PlanArrays``), as the rest of the
+prediction a measurement is compared with.
+
+**What "fits" means** (one definition for ``estimate``, ``plan`` and ``validate``): a plan fits a
+GPU when its *device* peak, the figure the GPU must hold, is at most the GPU's memory
+(:data:`FITS_BASIS`, :func:`device_fits`); the reserved peak alone would call a plan fitting that
+leaves no room for the CUDA context and NCCL's buffers. The search compares the reserved peaks of
+many plans with one limit, :func:`reserved_limit_bytes`: the memory less the most any plan holds
+outside the allocator (:func:`outside_allocator_bound_bytes`), so that every plan the search keeps
+is one ``estimate`` calls fitting. Arrays over plans (``PlanArrays``), as the rest of the
 vectorised cost model, so that a fit scores many rows at once.
 """
 
@@ -68,6 +76,34 @@ def outside_allocator_bytes(plans: PlanArrays, calib: Calibration) -> np.ndarray
     """What a GPU holds outside torch's caching allocator: the CUDA context and NCCL's buffers
     (device total = peak reserved + this)."""
     return calib.cuda_context_gib * GIB + nccl_buffer_bytes(plans, calib)
+
+
+NCCL_AXES = 6
+"""Parallel axes that can each hold a communicator (:func:`nccl_communicators`: tensor, context,
+sharded data, replicated data, expert, pipeline)."""
+
+FITS_BASIS = MemoryBasis.DEVICE
+"""The peak ``fits`` compares with the GPU's memory (module docstring)."""
+
+
+def outside_allocator_bound_bytes(calib: Calibration) -> float:
+    """The most :func:`outside_allocator_bytes` reaches on any plan: the CUDA context and a
+    communicator on every parallel axis."""
+    per_communicator = calib.nccl_channels * calib.nccl_peers_per_channel * calib.nccl_buffer_bytes
+    return calib.cuda_context_gib * GIB + NCCL_AXES * per_communicator
+
+
+def device_fits(reserved_bytes, plans: PlanArrays, calib: Calibration, memory_bytes: float) -> np.ndarray:
+    """Whether each plan's device peak (its reserved peak + what lies outside the allocator) is
+    within ``memory_bytes``: the one test of "fits" (:data:`FITS_BASIS`)."""
+    return reserved_bytes + outside_allocator_bytes(plans, calib) <= memory_bytes
+
+
+def reserved_limit_bytes(memory_bytes: float, calib: Calibration) -> float:
+    """The reserved peak any plan may reach and still fit ``memory_bytes`` of device memory (the
+    search's limit): ``memory_bytes`` less :func:`outside_allocator_bound_bytes`. A plan within it
+    passes :func:`device_fits`; one with fewer communicators may fit a little above it."""
+    return max(memory_bytes - outside_allocator_bound_bytes(calib), 0.0)
 
 
 def predicted_bytes(basis: MemoryBasis, *, allocated_bytes, reserved_bytes, plans: PlanArrays,

@@ -101,17 +101,18 @@ class RankActivations:
 
 def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, terms: PlanTerms, *,
                      rank, layers, recomputed, head_share, logits_fraction,
-                     hidden_bytes_per_token: float = 0.0) -> RankActivations:
+                     hidden_bytes_per_token: float = 0.0, chunk_weight=1.0) -> RankActivations:
     """Activations held on pipeline rank ``rank`` at its peak (Korthikanti et al. 2022, Sec. 4 per
     layer; in-flight chunks per schedule from cost.pipeline), ``head_share`` of the LM head's
     logits (``logits_fraction`` of them at once: OSDP's chunked head). ``hidden_bytes_per_token``
     (D x element bytes) is read where the stack keeps the LM head's gathered input
-    (Calibration.sp_saves_gathered_inputs)."""
+    (Calibration.sp_saves_gathered_inputs). ``chunk_weight``: the interleaved schedule's held
+    layers over an even mix of the rank's chunks (cost/chunk_inflight.py; 1 for equal chunks)."""
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, terms.pp_float, terms.v, terms.m_float, plans.schedule,  # floats: no re-conversion
                             plans.vocab_parallel)
-    stored = held * per_mb / terms.v
+    stored = held * per_mb / terms.v * chunk_weight
     # Backward of a recomputed layer rematerialises what was dropped, one layer at a time.
     acts = stored + np.where(recomputed > 0, layer.act_none_bytes - act_policy, 0.0)
     # Kept logits for every micro-batch the head stage holds (GPipe: all m), the loss's transients once.

@@ -17,8 +17,9 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import BatchEstimate, compose, rank_cost
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.chunk_inflight import plan_chunk_weight
 from meshplan.cost.layer import layer_cost
-from meshplan.cost.plan_terms import plan_terms
+from meshplan.cost.plan_terms import num_microbatches, plan_terms
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.spec.cluster import ClusterSpec
@@ -40,6 +41,7 @@ def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: Train
     kw = dict(model=model, cluster=cluster, training=training, plans=arrays, calib=calib, layer=layer)
     kw["terms"] = plan_terms(**kw)
     counted = any(p.offload_layers for p in filled)
+    m = np.broadcast_to(num_microbatches(training, arrays), (len(filled),))
     ranks = []
     for r in range(pp):
         layers = np.array([p.layers_on_rank(r) for p in filled], dtype=float)
@@ -49,5 +51,6 @@ def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: Train
                               for p in filled], dtype=float) if counted else None
         ranks.append(rank_cost(**kw, rank=r, layers=layers, recomputed=recomputed, has_embedding=r == 0,
                                has_head=r == pp - 1, has_mtp=np.array([p.mtp_rank == r for p in filled]),
-                               offloaded_layers=offloaded))
+                               offloaded_layers=offloaded,
+                               chunk_weight=np.array([plan_chunk_weight(p, r, int(mi)) for p, mi in zip(filled, m)])))
     return compose(model, cluster, training, arrays, ranks, calib, allocated=True)

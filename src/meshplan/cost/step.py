@@ -15,6 +15,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.chunk_inflight import plan_chunk_weight
 from meshplan.cost.device_memory import outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
@@ -160,10 +161,13 @@ class Estimate:
     """Model FLOPs basis (6N + 12LSq per token, no recompute)."""
     mfu: float
     peak_memory_gib: float
-    """Peak reserved (allocated + allocator reserve); ``fits`` is decided on it."""
+    """Peak reserved (allocated + allocator reserve)."""
     gpu_memory_gib: float
     fits: bool
+    """``peak_device_gib`` is at most ``gpu_memory_gib`` (cost/device_memory.py: what "fits"
+    means), and offloaded tensors fit the host's share."""
     memory_shortfall_gib: float
+    """``peak_device_gib`` beyond ``gpu_memory_gib`` (0 when it fits the GPU)."""
     time: TimeBreakdown
     memory: MemoryBreakdown
     stages: tuple[StageCost, ...]
@@ -248,7 +252,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         layers, rec = plan.layers_on_rank(r), plan.recomputed_on_rank(r)
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
                        recomputed=rec, has_embedding=r == 0, has_head=r == p - 1, has_mtp=r == plan.mtp_rank,
-                       offloaded_layers=plan.offloaded_on_rank(r))
+                       offloaded_layers=plan.offloaded_on_rank(r), chunk_weight=plan_chunk_weight(plan, r, m))
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,
@@ -274,16 +278,17 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         osdp_compute_s=m * _f(rs.osdp_compute_s * np.ones(1)),
         osdp_gather_latency_s=m * _f(rs.osdp_gather_latency_s * np.ones(1)))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
+    device_gib = peak_gib + _f(outside_allocator_bytes(arrays, calib)) / GIB
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
     return Estimate(
         plan=plan, step_time_s=step, tokens_per_s=training.tokens_per_step / step,
         tokens_per_s_per_gpu=_f(batch.tokens_per_s_per_gpu), tflops_per_gpu=_f(batch.tflops_per_gpu),
         mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
-        fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, peak_gib - gpu_gib),
+        fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, device_gib - gpu_gib),
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
         peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
-        peak_device_gib=peak_gib + _f(outside_allocator_bytes(arrays, calib)) / GIB,
+        peak_device_gib=device_gib,
         host_memory_gib=_f(batch.host_memory_bytes) / GIB,
         host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0,
         expert_load=_expert_load(model, training, plan))

@@ -24,6 +24,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.device_memory import reserved_limit_bytes
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
@@ -42,12 +43,6 @@ from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, c
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-
-MEMORY_SAFETY_MARGIN_GIB = 2.0
-"""Default budget = GPU memory less this. The cost model predicts the allocator's peak; real runs
-also need room for NCCL's lazily created communicators and CUDA graph/cuBLAS workspaces that
-appear after the first steps (about 1-2 GiB per GPU on H100 clusters, per PyTorch's memory
-snapshot guidance), and prediction error (the calibration's median memory error)."""
 
 REFINE_SLACK = 0.10
 """A configuration is refined with uneven splits when its even-split point, improved by this
@@ -96,6 +91,8 @@ class SearchResult:
     num_gpus: int
     frontier: tuple[ScoredPlan, ...]
     budget_bytes: float
+    """The reserved peak a plan may reach to fit (:func:`reserved_budget_bytes`): what
+    ``peak_memory_bytes`` is compared with."""
     global_configs: int
     refined_configs: int
     plans_evaluated: int
@@ -126,8 +123,12 @@ class SearchResult:
         return min((p.peak_memory_bytes for p in self.frontier), default=float("inf"))
 
 
-def default_budget_bytes(cluster: ClusterSpec) -> float:
-    return max(cluster.gpu.memory_gib - MEMORY_SAFETY_MARGIN_GIB, 0.0) * GIB
+def reserved_budget_bytes(cluster: ClusterSpec, calib: Calibration, memory_bytes: float | None = None) -> float:
+    """The reserved peak a plan may reach to fit ``memory_bytes`` of GPU memory (default: all of
+    the GPU's), as ``estimate``'s ``fits`` decides it (cost/device_memory.py: the device peak, the
+    CUDA context and NCCL's buffers on top of the reserved, within the memory)."""
+    memory = cluster.gpu.memory_bytes if memory_bytes is None else float(memory_bytes)
+    return reserved_limit_bytes(memory, calib)
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -139,11 +140,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     ``prune`` False scores every configuration in full and walks every stage grid whole
     (:mod:`meshplan.search.prune` drops dominated configurations unscored, ``stage_frontier``
     cuts its grids short; the frontier is the same: tests compare the two); None prunes spaces
-    of more than PRUNE_MIN_CONFIGS configurations."""
+    of more than PRUNE_MIN_CONFIGS configurations. ``budget_bytes``: GPU memory per GPU a plan
+    may use (default: the GPU's), turned into the reserved limit :func:`reserved_budget_bytes`."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
-    budget = default_budget_bytes(cluster) if budget_bytes is None else float(budget_bytes)
+    budget = reserved_budget_bytes(cluster, calib, budget_bytes)
     # Uneven splits are searched up to this memory (plans above the GPU memory cannot run; the
     # even-split points above it stay on the frontier for the plot).
     cap = max(budget, cluster.gpu.memory_bytes) if memory_cap_bytes is None else float(memory_cap_bytes)
@@ -235,7 +237,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     if memory_cap_bytes is None and np.isfinite(cap) and not np.any(front.memory_bytes <= budget):
         # Nothing fits: walk the uneven splits down to the leanest plan, so that the "nothing
         # fits" message reports the least memory any plan needs, not only the even splits'.
-        return search(model, cluster, training, calib=calib, budget_bytes=budget, options=options,
+        return search(model, cluster, training, calib=calib, budget_bytes=budget_bytes, options=options,
                       refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
                       progress=progress, prune=prune)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,

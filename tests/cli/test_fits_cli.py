@@ -1,0 +1,33 @@
+"""One definition of "fits" across `plan` and `estimate`, through the real entry point: the plan
+that `plan --memory-gib` writes holds, by `estimate`, at most that much on the device (reserved
+peak + CUDA context + NCCL buffers; cost/device_memory.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=str(SRC), COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_planned_job_fits_its_budget_on_the_device(tmp_path):
+    job = tmp_path / "job.json"
+    r = run("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--nodes", "1", "--seq-len", "2048",
+            "--global-batch", "16", "--memory-gib", "30", "--json", "--out", str(job))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    budget = data["budget_gib"]
+    assert budget < 30  # the reserved limit: 30 GiB less the context and NCCL buffers
+    e = run("estimate", "--plan", str(job), "--json")
+    assert e.returncode == 0, e.stderr
+    est = json.loads(e.stdout)
+    assert est["fits"] is True
+    assert est["peak_memory_gib"] <= budget + 1e-9
+    assert est["peak_device_gib"] <= 30
