@@ -35,11 +35,32 @@ def test_shared_layer_cost_equals_layer_cost(name, gpus, target):
 
 def test_chunk_split_round_trip():
     layers, rec = chunk_split(np.array([7, 5, 6]), np.array([3, 0, 6]), 2)
-    assert layers == (4, 3, 3, 3, 2, 3) and rec == (3, 0, 3, 0, 0, 3)
+    # a rank's remainder on its last chunk (chunk 0 is held most under interleaving); recomputed
+    # layers fill from chunk 0
+    assert layers == (3, 2, 3, 4, 3, 3) and rec == (3, 0, 3, 0, 0, 3)
     pp = 3
     assert [sum(layers[i::pp]) for i in range(pp)] == [7, 5, 6]
     assert [sum(rec[i::pp]) for i in range(pp)] == [3, 0, 6]
     assert all(r <= n for r, n in zip(rec, layers))
+
+
+def test_score_splits_matches_estimate_for_interleaved_uneven_chunks():
+    """The search's exact re-scoring charges the interleaved schedule's chunk weights as
+    ``estimate`` does (cost/chunk_inflight.py): chunks of unequal size change the held activations."""
+    model = model_preset("llama2-13b")  # 40 layers
+    cluster = system_preset("dgx-a100", num_nodes=2)
+    training = TrainingSpec(seq_len=4096, global_batch=32)
+    space = enumerate_space(model, training, 16)
+    pick = np.flatnonzero((space.pp == 4) & (space.vpp == 3) & (space.schedule == 2))[:4]
+    assert pick.size
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    n = np.array([[8, 11, 11, 10]] * pick.size)  # chunks (2, 3, 3), (3, 4, 4), (3, 3, 4) per rank
+    r = np.zeros_like(n)
+    got = score_splits(ctx, space.take(pick), n, r)
+    for j, i in enumerate(pick):
+        layers, rec = chunk_split(n[j], r[j], int(space.vpp[i]))
+        est = estimate(model, cluster, training, space.plan(int(i), layers, rec))
+        assert got.peak_memory_bytes[j] == pytest.approx(est.peak_memory_gib * 2**30, rel=1e-12)
 
 
 def test_score_splits_matches_estimate_for_uneven_splits():

@@ -43,6 +43,7 @@ from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.stack_version import release_notes, release_of, release_values
 from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.aliases import resolve_alias
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
 from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
 from meshplan.textfile import csv_records, read_text_file
@@ -342,8 +343,10 @@ def build_run(row: dict[str, str]) -> Run:
         recompute_modules=extra.recompute_modules if recompute == Recompute.SELECTIVE else (),
         offload=extra.offload, offload_layers=extra.offload_layers or 0,
     )
+    alias = resolve_alias(row.get("model") or "")  # a token-drop run's capacity (spec/aliases.py)
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe,
-                            moe_dispatcher=extra.moe_dispatcher or MoeDispatcher.ALLTOALL)
+                            moe_dispatcher=extra.moe_dispatcher or MoeDispatcher.ALLTOALL,
+                            moe_capacity_factor=alias.moe_capacity_factor if alias is not None else None)
     plan.validate_for(model, training, cluster.num_gpus)
     release = release_of(fw.stack, row.get("framework"), row.get("source"))
     family = model_family(model.name, fw.architecture)

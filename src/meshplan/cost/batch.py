@@ -30,7 +30,7 @@ Plans are assumed valid (``Plan.validate_for``); the search filters before it ev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,7 +44,8 @@ from meshplan.cost.memory import rank_activations, rank_other, rank_states, shar
 from meshplan.cost.offload import host_budget_bytes, rank_offload
 from meshplan.cost.osdp import rank_osdp
 from meshplan.cost.pipeline import pipeline_time, rank_layers_even
-from meshplan.cost.plan_terms import PlanTerms, num_microbatches, plan_terms
+from meshplan.cost.plan_terms import PlanTerms, layer_policy, num_microbatches, plan_terms
+from meshplan.cost.rank_layers import StackLayers, lead_on_rank_even, needs_rank_mix, rank_layer, stack_layers
 from meshplan.cost.step_memory import copies_gradients, step_excess_bytes
 from meshplan.cost.vocab import vocab_shares
 from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
@@ -129,7 +130,8 @@ def _plus(x: np.ndarray, extra: np.ndarray | float) -> np.ndarray:
 def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
               has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
-              offloaded_layers=None, has_mtp=None, chunk_weight=1.0) -> RankCost:
+              offloaded_layers=None, has_mtp=None, chunk_weight=1.0, stack: StackLayers | None = None,
+              lead=0) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
     ``offloaded_layers`` of them with their activations in host memory when the plan offloads
@@ -137,7 +139,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     schedule's weight of the rank's unequal chunks (cost/chunk_inflight.py, 1: equal).
     ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it. ``totals``
     False leaves ``comm_total_s`` NaN: a figure for breakdowns that :func:`compose` does not
-    read, skipped where the search scores millions of ranks."""
+    read, skipped where the search scores millions of ranks. ``stack`` (cost/rank_layers.py): charge
+    the rank the kinds it holds, ``lead`` leading dense layers and its MTP modules, instead of
+    ``layer``, the stack's average."""
     if terms is None:
         terms = plan_terms(model, cluster, training, plans, calib, layer)
     hbm, T, Vt = terms.hbm, terms.T, terms.Vt
@@ -148,6 +152,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     mtp = float(model.mtp_num_layers)
     has_mtp = has_head if has_mtp is None else has_mtp
     layers = np.asarray(layers, dtype=float)
+    if stack is not None:  # the rank's own mix of kinds (cost/rank_layers.py)
+        layer = rank_layer(stack, layers=layers, lead=lead, mtp=np.where(has_mtp, mtp, 0.0))
+        rec_one, act_policy = layer_policy(plans, layer)
+        terms = replace(terms, rec_one=rec_one, act_policy=act_policy)
     if mtp:
         layers = layers + np.where(has_mtp, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
@@ -174,6 +182,11 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     head_p = (np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
               if plans.vocab_parallel.any() else terms.head_p)
     dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
+    if mtp:  # Megatron-Core builds the embedding and output layer on the MTP stage too (GPTModel:
+        # pre_process/post_process or mtp_process); copies where that rank lacks its own
+        copies = (np.where(has_mtp & ~np.asarray(has_embedding, dtype=bool), terms.embed_p, 0.0)
+                  + np.where(has_mtp & ~np.asarray(has_head, dtype=bool), head_p, 0.0))
+        dense_p = dense_p + np.where(plans.vocab_parallel, 0.0, copies)
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
     total_p = dense_p + expert_p
     experts_on = model.is_moe  # dense models hold no expert parameters: their expert terms are 0
@@ -294,10 +307,14 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     last = plans.pp - 1
     kw = dict(model=model, cluster=cluster, training=training, plans=plans, calib=calib, layer=layer)
     kw["terms"] = plan_terms(**kw)  # shared by both ranks
+    if needs_rank_mix(model):  # each rank charged the kinds it holds (cost/rank_layers.py)
+        kw["stack"] = stack_layers(model, cluster, training, plans, calib)
     l0 = rank_layers_even(model.num_layers, 0, plans.pp, plans.vpp)
     ll = rank_layers_even(model.num_layers, last, plans.pp, plans.vpp)
-    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
-    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
+    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1,
+                      **even_lead(model, kw, 0, plans))
+    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True,
+                      **even_lead(model, kw, last, plans))
     return compose(model, cluster, training, plans, [first, final, *middle_rank(model, plans, calib, kw)],
                    calib, allocated=True)
 
@@ -314,7 +331,12 @@ def middle_rank(model: ModelSpec, plans: PlanArrays, calib: Calibration, kw: dic
     mid = np.minimum(1, last)
     lm = rank_layers_even(model.num_layers, mid, plans.pp, plans.vpp)
     return [rank_cost(**kw, rank=mid, layers=lm, recomputed=lm, has_embedding=plans.pp == 1,
-                      has_head=mid == last)]
+                      has_head=mid == last, **even_lead(model, kw, mid, plans))]
+
+
+def even_lead(model: ModelSpec, kw: dict, rank, plans: PlanArrays) -> dict:
+    """``lead=`` for a rank of the even split when ``kw`` charges ranks their own kinds."""
+    return {"lead": lead_on_rank_even(model, rank, plans.pp, plans.vpp)} if kw.get("stack") is not None else {}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,8 @@ class Calibration:
     ~30-60 kernels at ~5-20 us of launch / Python dispatch each; the reason CUDA graphs help
     small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
     latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
-    micro-batches, which is why measured throughput grows with the micro-batch size."""
+    micro-batches, which is why measured throughput grows with the micro-batch size. Not charged
+    under ``cuda_graph_full_iteration`` (cost/layer.py: the replayed graph issues no launch)."""
     microbatch_overhead_s: float = 0.0
     """Fixed time per micro-batch (forward + backward) on every pipeline rank, independent of
     the layers it holds: the host work of the schedule (the loss and its scaling, posting the

@@ -66,11 +66,19 @@ def plan_chunk_weight(plan: Plan, rank: int, num_microbatches: int) -> float:
     loss split). The even split (``plan.even_split``, chunks within one layer of each other) is
     scored as ``estimate_batch`` and the search score it, an even mix, so that ``estimate`` and the
     search agree on every plan the search proposes."""
-    p, v = plan.dims.pp, plan.vpp
-    if plan.schedule != Schedule.INTERLEAVED_1F1B or v <= 1 or not plan.stage_layers:
+    if plan.schedule != Schedule.INTERLEAVED_1F1B or plan.vpp <= 1 or not plan.stage_layers:
         return 1.0
-    layers, stages = sum(plan.stage_layers), len(plan.stage_layers)
-    if stages <= layers and tuple(plan.stage_layers) == even_split(layers, stages):
+    return layout_chunk_weight(tuple(plan.stage_layers), plan.dims.pp, plan.vpp, rank, num_microbatches)
+
+
+def layout_chunk_weight(stage_layers: tuple[int, ...], pp: int, vpp: int, rank: int,
+                        num_microbatches: int) -> float:
+    """:func:`chunk_weight` of ``rank`` under the interleaved schedule over virtual stages holding
+    ``stage_layers`` (model order; virtual stage ``j * pp + rank`` is the rank's chunk j), 1.0 for
+    the even split (:func:`plan_chunk_weight`). The one rule ``estimate`` and the search's exact
+    re-scoring (``meshplan.search.tables.score_splits``) both apply."""
+    layers, stages = sum(stage_layers), len(stage_layers)
+    if stages <= layers and stage_layers == even_split(layers, stages):
         return 1.0
-    sizes = tuple(plan.stage_layers[j * p + rank] for j in range(v))
-    return chunk_weight(rank, p, v, num_microbatches, sizes)
+    sizes = tuple(stage_layers[j * pp + rank] for j in range(vpp))
+    return chunk_weight(rank, pp, vpp, num_microbatches, sizes)

@@ -147,26 +147,30 @@ def framework_overhead_s(calib: Calibration, plans: PlanArrays):
 
 
 def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               plans: PlanArrays, calib: Calibration) -> LayerCost:
+               plans: PlanArrays, calib: Calibration,
+               kinds: tuple[tuple[LayerKind, int], ...] | None = None) -> LayerCost:
     """The average layer of the stack: each kind of layer (spec/layers.py: attention + MLP, MoE,
     leading dense layers, sliding-window layers, Mamba-2, ...) costed once and weighted by how many
     layers hold it, so that ``num_layers`` times it gives the stack's exact totals of time,
-    parameters and memory. Pipeline ranks are charged by layer count (every rank sees the
-    average layer), which is approximate when kinds cluster (dense-first, hybrid patterns)."""
+    parameters and memory. ``kinds``: (kind, count) pairs to average over instead of the main
+    stack's (cost/rank_layers.py: the leading dense layers, the other layers, an MTP block), which
+    is how a pipeline rank is charged for the kinds it holds."""
+    kinds = kinds or layer_kind_counts(model)
     bf16_share = bf16_layer_fraction(training, calib, model.num_layers)
     if bf16_share > 0:  # fp4 recipes keep the first and last layers in bf16 (cost/precision.py)
-        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0))
-        bf16 = layer_cost(model, cluster, replace(training, precision=Precision.BF16, recipe=None), plans, calib)
+        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0), kinds)
+        bf16 = layer_cost(model, cluster, replace(training, precision=Precision.BF16, recipe=None), plans, calib,
+                          kinds)
         return LayerCost(**{f: (1.0 - bf16_share) * getattr(lowp, f) + bf16_share * getattr(bf16, f)
                             for f in LayerCost.__dataclass_fields__})
-    kinds = layer_kind_counts(model)
     docs = packed_documents(model, training, plans, calib)
     causal = model.arch == Arch.DECODER
     docs_bwd = docs if attention_half_seq(calib, causal, backward=True) == attention_half_seq(calib, causal) \
         else packed_documents(model, training, plans, calib, backward=True)
     if len(kinds) == 1:
         return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs, docs_bwd)
-    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd), n / model.num_layers)
+    total = sum(n for _, n in kinds)
+    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd), n / total)
              for kind, n in kinds]
     return LayerCost(**{f: sum(w * getattr(cost, f) for cost, w in costs)
                         for f in LayerCost.__dataclass_fields__})
@@ -240,12 +244,18 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if runs_eager(cluster, calib):  # eager model code: more passes than one per op (cost/eager_passes.py)
         t_mem = t_mem + eager_extra_bytes(model, kind, tokens=T, tokens_replicated=T_rep, tp=t,
                                           ab=ab) / hbm * calib.elementwise_time_factor
-    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration.
-    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + calib.layer_overhead_s
+    # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration; none
+    # where the whole iteration replays as one CUDA graph (the host issues no kernel of it).
+    overhead = 0.0 if calib.cuda_graph_full_iteration else calib.layer_overhead_s
+    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + overhead
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
     host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
-    if (moe and calib.moe_alltoall_sync_s and training.moe_dispatcher == MoeDispatcher.ALLTOALL
-            and not calib.cuda_graph_full_iteration):  # a graphed step is sync-free (Calibration)
+    # A graphed step is sync-free (Calibration), and so is a token-drop run padded to capacity:
+    # its all-to-all splits are fixed (Megatron-Core's alltoall dispatcher with
+    # --moe-pad-expert-input-to-capacity, which Megatron-Bridge's token-drop runs set, leaves its
+    # cuda_sync_point at "no_sync"); a capacity factor is read as padded.
+    if (moe and calib.moe_alltoall_sync_s and training.moe_capacity_factor is None
+            and training.moe_dispatcher == MoeDispatcher.ALLTOALL and not calib.cuda_graph_full_iteration):
         # The dropless all-to-all's host sync of the token counts drains the launch queue once
         # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
         # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's
@@ -300,7 +310,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         rec_sel = t_attn + mix.softmax_bytes / hbm
     else:  # op-level: the unsaved mms and every memory-bound op again, the attention kernel saved
         rec_sel = (op_sel.mixer_recomputed_share * mix.gemm_s + op_sel.ffn_recomputed_share * t_mlp
-                   + t_mem + calib.layer_overhead_s)
+                   + t_mem + overhead)
     rec_full = fwd_compute + fwd_comm_exposed
 
     # ---- parameters and states ----------------------------------------------------------

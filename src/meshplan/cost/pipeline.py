@@ -83,3 +83,14 @@ def rank_layers_even(num_layers: int, rank, pp, vpp):
     base, extra = np.divmod(num_layers, p * v)
     chunks_with_extra = np.clip(-((r - extra) // p), 0, v)  # ceil((extra - r) / p) in [0, v]
     return v * base + chunks_with_extra
+
+
+def rank_of_layer_even(layer: int, num_layers: int, pp, vpp):
+    """Pipeline rank holding layer ``layer`` (0-based) under ``plan.even_split``: the first
+    ``extra`` virtual stages take ``base + 1`` layers, the others ``base``; stage i on rank i % pp."""
+    p = np.asarray(pp, dtype=np.int64)
+    stages = p * np.asarray(vpp, dtype=np.int64)
+    base, extra = np.divmod(num_layers, stages)
+    big = extra * (base + 1)  # layers in the stages with one more
+    stage = np.where(layer < big, layer // (base + 1), extra + (layer - big) // np.maximum(base, 1))
+    return stage % p

@@ -69,6 +69,16 @@ class PlanTerms:
     """Whether any plan keeps a group gathered or splits an operator (cost.osdp.uses_osdp)."""
 
 
+def layer_policy(plans: PlanArrays, layer: LayerCost) -> tuple[np.ndarray, np.ndarray]:
+    """(recompute time, activations kept) of one layer under each plan's recompute policy."""
+    rec_one = np.where(plans.recompute == RC_FULL, layer.recompute_full_s,
+                       np.where(plans.recompute == RC_SELECTIVE, layer.recompute_selective_s, 0.0))
+    act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
+                          np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
+                                   layer.act_none_bytes))
+    return rec_one, act_policy
+
+
 def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                calib: Calibration, layer: LayerCost) -> PlanTerms:
     """The rank-independent part of :func:`~meshplan.cost.batch.rank_cost` (see :class:`PlanTerms`)."""
@@ -81,8 +91,7 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     T = plans.micro_batch * training.seq_len / c
     D, V = float(model.hidden_size), float(model.vocab_size)
     ab = activation_bytes(training.precision)  # bytes per activation element
-    rec_one = np.where(plans.recompute == RC_FULL, layer.recompute_full_s,
-                       np.where(plans.recompute == RC_SELECTIVE, layer.recompute_selective_s, 0.0))
+    rec_one, act_policy = layer_policy(plans, layer)
     # LM head: (T x D) @ (D x V/t) forward, 2x backward; cross-entropy reads/writes the logits.
     # Per-rank vocabulary padded as Megatron does (see Calibration.vocab_pad_multiple).
     pad = max(calib.vocab_pad_multiple, 1.0)
@@ -96,9 +105,6 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
     head_p = (model.head_params() + np.where(p > 1, tied_copy, 0)) / t
     n1 = (plans.dp_shard * plans.cp).astype(float)  # ZeRO shards over dp_shard x cp (torchtitan)
-    act_policy = np.where(plans.recompute == RC_FULL, layer.act_full_bytes,
-                          np.where(plans.recompute == RC_SELECTIVE, layer.act_selective_bytes,
-                                   layer.act_none_bytes))
     z = plans.zero
     dense_shards = (n1,) + tuple(np.where(z >= stage, n1, 1.0) for stage in (1, 2, 3))
     if model.is_moe:

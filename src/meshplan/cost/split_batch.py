@@ -20,6 +20,7 @@ from meshplan.cost.calibration import Calibration
 from meshplan.cost.chunk_inflight import plan_chunk_weight
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.plan_terms import num_microbatches, plan_terms
+from meshplan.cost.rank_layers import lead_on_rank, needs_rank_mix, stack_layers
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan
 from meshplan.spec.cluster import ClusterSpec
@@ -40,6 +41,8 @@ def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: Train
     layer = layer_cost(model, cluster, training, arrays, calib)
     kw = dict(model=model, cluster=cluster, training=training, plans=arrays, calib=calib, layer=layer)
     kw["terms"] = plan_terms(**kw)
+    if needs_rank_mix(model):  # each rank charged the kinds it holds (cost/rank_layers.py)
+        kw["stack"] = stack_layers(model, cluster, training, arrays, calib)
     counted = any(p.offload_layers for p in filled)
     m = np.broadcast_to(num_microbatches(training, arrays), (len(filled),))
     ranks = []
@@ -52,5 +55,6 @@ def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: Train
         ranks.append(rank_cost(**kw, rank=r, layers=layers, recomputed=recomputed, has_embedding=r == 0,
                                has_head=r == pp - 1, has_mtp=np.array([p.mtp_rank == r for p in filled]),
                                offloaded_layers=offloaded,
-                               chunk_weight=np.array([plan_chunk_weight(p, r, int(mi)) for p, mi in zip(filled, m)])))
+                               chunk_weight=np.array([plan_chunk_weight(p, r, int(mi)) for p, mi in zip(filled, m)]),
+                               lead=np.array([lead_on_rank(model, p.stage_layers, pp, r) for p in filled])))
     return compose(model, cluster, training, arrays, ranks, calib, allocated=True)

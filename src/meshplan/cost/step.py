@@ -20,6 +20,7 @@ from meshplan.cost.device_memory import outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
+from meshplan.cost.rank_layers import lead_on_rank, needs_rank_mix, stack_layers
 from meshplan.cost.expert_load import LoadStats, load_stats
 from meshplan.plan import ExpertPlacement, Plan
 from meshplan.spec.cluster import GIB, ClusterSpec
@@ -244,6 +245,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     calib = calib or calibration_for(cluster.gpu)
     arrays = PlanArrays.from_plans([plan])
     layer = layer_cost(model, cluster, training, arrays, calib)
+    stack = stack_layers(model, cluster, training, arrays, calib) if needs_rank_mix(model) else None
     p = plan.dims.pp
     m = int(num_microbatches(training, arrays)[0])
     ranks: list[RankCost] = []
@@ -252,7 +254,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         layers, rec = plan.layers_on_rank(r), plan.recomputed_on_rank(r)
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
                        recomputed=rec, has_embedding=r == 0, has_head=r == p - 1, has_mtp=r == plan.mtp_rank,
-                       offloaded_layers=plan.offloaded_on_rank(r), chunk_weight=plan_chunk_weight(plan, r, m))
+                       offloaded_layers=plan.offloaded_on_rank(r), chunk_weight=plan_chunk_weight(plan, r, m),
+                       stack=stack, lead=lead_on_rank(model, plan.stage_layers, p, r))
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import StepPeak, compose_step_peak, middle_rank, plan_terms, rank_cost
+from meshplan.cost.batch import StepPeak, compose_step_peak, even_lead, middle_rank, plan_terms, rank_cost
+from meshplan.cost.rank_layers import StackLayers
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
@@ -65,13 +66,14 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
     first_only = prune_shrink is not None
     for i in range(0, n, EVEN_CHUNK_ROWS):
         rows = slice(i, i + EVEN_CHUNK_ROWS)
-        est = even_slice(ctx, plans.take(rows), shared.take(rows), first_only=first_only)
+        est = even_slice(ctx, plans.take(rows), shared.take(rows), first_only=first_only,
+                         stack=shared.take_stack(rows))
         step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
     if not first_only:
         return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host), 0
 
     def exact(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        out = [even_slice(ctx, plans.take(r), shared.take(r))
+        out = [even_slice(ctx, plans.take(r), shared.take(r), stack=shared.take_stack(r))
                for r in np.array_split(rows, max(1, -(-rows.size // EVEN_CHUNK_ROWS)))]
         return tuple(np.concatenate([getattr(e, f) * np.ones(len(e.step_time_s)) for e in out])
                      for f in ("step_time_s", "peak_memory_bytes", "host_memory_bytes"))
@@ -82,20 +84,26 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
                      host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
 
 
-def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False) -> StepPeak:
+def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False,
+               stack: StackLayers | None = None) -> StepPeak:
     """The even split's estimate; with ``first_only`` the first rank's alone (a lower bound,
-    exact with one rank: :mod:`meshplan.search.prune`)."""
+    exact with one rank: :mod:`meshplan.search.prune`). ``stack``: each rank charged the kinds
+    it holds, as ``estimate_batch`` does (cost/rank_layers.py)."""
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
               calib=ctx.calib, layer=layer)
     kw["terms"] = plan_terms(**kw)  # shared by both ranks
+    if stack is not None:
+        kw["stack"] = stack
     kw["totals"] = False  # the search reads the step and the memory only
     L, last = ctx.model.num_layers, plans.pp - 1
     l0 = rank_layers_even(L, 0, plans.pp, plans.vpp)
-    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1)
+    first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1,
+                      **even_lead(ctx.model, kw, 0, plans))
     if first_only:
         return compose_step_peak(ctx.training, plans, [first], ctx.calib)
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
-    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True)
+    final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True,
+                      **even_lead(ctx.model, kw, last, plans))
     return compose_step_peak(ctx.training, plans, [first, final, *middle_rank(ctx.model, plans, ctx.calib, kw)],
                              ctx.calib)
 

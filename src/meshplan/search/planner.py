@@ -347,6 +347,9 @@ class _SharedRows:
     def take(self, idx) -> LayerCost:
         return self.layer.take(self.src[idx])
 
+    def take_stack(self, idx):
+        return self.layer.take_stack(self.src[idx])
+
 
 def _without_recompute(plan: Plan) -> Plan:
     from dataclasses import replace
@@ -403,7 +406,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
     starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
     # The stage tables' probes of every candidate in one cost-model call (cand is ascending).
-    probes = stage_probes(ctx, plans.take(cand), layer.take(cand))
+    probes = stage_probes(ctx, plans.take(cand), layer.take(cand), layer.take_stack(cand))
     next_key = 0
     for gi, g in enumerate(order):
         idx = cand[by_group[starts[g]:starts[g + 1]]]
@@ -436,8 +439,9 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
                                  truncate=truncate)
             if pts.config.size == 0:
                 continue
+            sub_stack = layer.take_stack(chunk[pts.config])  # chunk: the live rows by now
             exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
-                                 _take_layer(sub_layer, pts.config))
+                                 _take_layer(sub_layer, pts.config), sub_stack)
             evaluated += pts.config.size
             splits.append((pts.layers, pts.recomputed, chunk[pts.config]))  # keys next_key...
             pts_t.append(exact.step_time_s)

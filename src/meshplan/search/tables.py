@@ -18,14 +18,16 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.cost.arrays import PlanArrays
+from meshplan.cost.arrays import SCHEDULE_CODES, PlanArrays
 from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.chunk_inflight import layout_chunk_weight
 from meshplan.cost.layer import LayerCost, layer_cost
+from meshplan.cost.rank_layers import StackLayers, lead_on_ranks, needs_rank_mix, stack_layers
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
 from meshplan.search.space import RECOMPUTES
 from meshplan.search.stages import StageTable
-from meshplan.plan import Recompute
+from meshplan.plan import Recompute, Schedule
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -65,10 +67,16 @@ class SharedLayerCost:
 
     unique: LayerCost
     row: np.ndarray
+    stack: StackLayers | None = None
+    """The same rows' costs of the kinds a rank is charged for (cost/rank_layers.py), for a model
+    whose leading dense layers or MTP modules cluster on one rank; None otherwise."""
 
     def take(self, idx) -> LayerCost:
         """Layer costs of the plans at ``idx`` (an index array, a mask or a slice)."""
         return _take_layer(self.unique, self.row[idx])
+
+    def take_stack(self, idx) -> StackLayers | None:
+        return None if self.stack is None else self.stack.take(self.row[idx])
 
 
 def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
@@ -93,7 +101,15 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
     unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
                                                   (first.size,)) for f in fields(LayerCost)})
-    return SharedLayerCost(unique=unique, row=inverse.reshape(-1))
+    stack = None
+    if needs_rank_mix(ctx.model):
+        stack = stack_layers(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
+        full = lambda c: None if c is None else LayerCost(**{  # noqa: E731
+            f.name: np.broadcast_to(np.asarray(getattr(c, f.name), dtype=float), (first.size,))
+            for f in fields(LayerCost)})
+        stack = StackLayers(lead_layers=stack.lead_layers, lead=full(stack.lead), rest=full(stack.rest),
+                            mtp=full(stack.mtp))
+    return SharedLayerCost(unique=unique, row=inverse.reshape(-1), stack=stack)
 
 
 def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
@@ -110,32 +126,39 @@ class StageProbes:
     time_s: np.ndarray
     extra_s: np.ndarray
     memory_bytes: np.ndarray
+    lead: int = 0
+    """Leading dense layers (cost/rank_layers.py) the rank-0 probes hold besides their one layer:
+    the first rank's intercept carries their difference from the other layers."""
 
     def take(self, idx) -> StageProbes:
-        return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx])
+        return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx], self.lead)
 
 
-def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None) -> StageProbes:
+def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None,
+                 stack: StackLayers | None = None) -> StageProbes:
     """The probes of :func:`stage_table` for plans of any pipeline degrees, in one stacked
     ``rank_cost`` call (a caller tabling many groups pays its fixed cost once); each plan's
-    columns are what ``stage_table`` computes for it alone."""
+    columns are what ``stage_table`` computes for it alone. With ``stack`` the slopes are the
+    non-leading layers', and the embedding rank's probe holds the leading dense layers too."""
     C = len(plans)
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last, one = plans.pp - 1, plans.pp == 1
-    # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head).
-    probes = [(0, 1, 0, False, False), (0, 2, 0, False, False), (0, 2, 1, False, False),
-              (0, 2, 2, False, False), (last, 1, 0, False, False), (last, 2, 0, False, False),
-              (0, 1, 0, True, one), (last, 1, 0, one, True)]
+    d = stack.lead_layers if stack is not None else 0
+    # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head, lead).
+    probes = [(0, 1, 0, False, False, 0), (0, 2, 0, False, False, 0), (0, 2, 1, False, False, 0),
+              (0, 2, 2, False, False, 0), (last, 1, 0, False, False, 0), (last, 2, 0, False, False, 0),
+              (0, 1 + d, 0, True, one, d), (last, np.where(one, 1 + d, 1), 0, one, True, np.where(one, d, 0))]
     K = len(probes)
     sp, idx = _stack(plans, K)
     col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
                                            for pr in probes])
+    mix = {} if stack is None else {"stack": stack.take(idx), "lead": col(5, float)}
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
-                   has_embedding=col(3, bool), has_head=col(4, bool), totals=False)
+                   has_embedding=col(3, bool), has_head=col(4, bool), totals=False, **mix)
     return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C),
                        extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C),
-                       memory_bytes=np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C))
+                       memory_bytes=np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C), lead=d)
 
 
 def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
@@ -171,10 +194,12 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     f_plain = mem[0] - (c + h0 * d)
     e = np.repeat(e_plain[:, None], pp, axis=1)
     f = np.repeat(f_plain[:, None], pp, axis=1)
-    e[:, last] = (t[7] - a) + (x[7] - xa) / alpha
-    f[:, last] = mem[7] - (c + hl * d)
-    e[:, 0] = (t[6] - a) + (x[6] - xa) / alpha
-    f[:, 0] = mem[6] - (c + h0 * d)
+    n6 = 1.0 + probes.lead  # the embedding rank's probe: one layer and the leading dense ones
+    n7 = np.where(plans.pp == 1, n6, 1.0)
+    e[:, last] = (t[7] - n7 * a) + (x[7] - n7 * xa) / alpha
+    f[:, last] = mem[7] - n7 * (c + hl * d)
+    e[:, 0] = (t[6] - n6 * a) + (x[6] - n6 * xa) / alpha
+    f[:, 0] = mem[6] - n6 * (c + h0 * d)
     return StageTable(
         layer_time_s=a + xa / alpha, recompute_time_s=np.where(allow, b, 0.0), layer_static_bytes=c,
         layer_act_bytes=d, layer_act_recomputed_bytes=d - np.where(h0 > 0, saving, 0.0),
@@ -183,16 +208,20 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
 
 
 def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
-                 layer: LayerCost | None = None) -> StepPeak:
+                 layer: LayerCost | None = None, stack: StackLayers | None = None) -> StepPeak:
     """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp): what
-    ``compose`` gives for step time and peak memory."""
+    ``compose`` gives for step time and peak memory (``stack``: each rank charged its kinds)."""
     P, pp = layers.shape
     layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     sp, idx = _stack(plans, pp)  # rank-major blocks: block j is rank j of every plan
     rank = np.repeat(np.arange(pp), P)
+    mix = {} if stack is None else {"stack": stack.take(idx),
+                                    "lead": lead_on_ranks(ctx.model, layers, plans.vpp).T.reshape(-1)}
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
-                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False)
+                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False,
+                   chunk_weight=_chunk_weights(ctx.training, plans, layers, recomputed).T.reshape(-1), **mix)
+
     def most(x):  # rank-major (pp * P,) -> the max over the ranks, (P,)
         return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
 
@@ -201,11 +230,33 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
                           host_bytes=most(rc.host_bytes))
 
 
+def _chunk_weights(training: TrainingSpec, plans: PlanArrays, layers: np.ndarray,
+                   recomputed: np.ndarray) -> np.ndarray:
+    """(P, pp) interleaved chunk weights of the plans the search writes (:func:`chunk_split` of
+    each row), as ``estimate`` charges them (``cost.chunk_inflight.layout_chunk_weight``)."""
+    P, pp = layers.shape
+    weights = np.ones((P, pp))
+    interleaved = (plans.schedule == SCHEDULE_CODES.index(Schedule.INTERLEAVED_1F1B)) & (plans.vpp > 1)
+    m = num_microbatches(training, plans)
+    memo: dict[tuple, float] = {}
+    for i in np.flatnonzero(interleaved):
+        vpp = int(plans.vpp[i])
+        stage_layers, _ = chunk_split(layers[i], recomputed[i], vpp)
+        for rnk in range(pp):
+            key = (stage_layers, rnk, int(m[i]))
+            if key not in memo:
+                memo[key] = layout_chunk_weight(stage_layers, pp, vpp, rnk, int(m[i]))
+            weights[i, rnk] = memo[key]
+    return weights
+
+
 def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per virtual stage (model order) layer and recomputed counts from per-rank totals.
 
     Virtual stage i lives on rank i % pp; a rank's layers are spread evenly over its chunks (the
-    cost model charges a rank by its totals), its recomputed layers filled chunk by chunk.
+    time of a rank is that of its totals), the remainder on its LAST chunks: under the interleaved
+    schedule chunk 0 is held most often (``meshplan.cost.chunk_inflight``), so this order holds the
+    fewest activations. Its recomputed layers are filled chunk by chunk from chunk 0.
     """
     pp = len(rank_layers)
     stage_layers = [0] * (pp * vpp)
@@ -214,7 +265,7 @@ def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) 
         n, r = int(rank_layers[rnk]), int(rank_recomputed[rnk])
         base, extra = divmod(n, vpp)
         for ch in range(vpp):
-            k = base + (1 if ch < extra else 0)
+            k = base + (1 if ch >= vpp - extra else 0)
             take = min(k, r)
             stage_layers[ch * pp + rnk] = k
             stage_rec[ch * pp + rnk] = take

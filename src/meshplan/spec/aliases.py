@@ -22,6 +22,9 @@ class Alias:
     """Name in models.json (which may not exist on this build: the caller says so)."""
     note: str = ""
     """What the published name adds that the preset does not model."""
+    moe_capacity_factor: float | None = None
+    """The run's expert capacity (TrainingSpec.moe_capacity_factor) where the name says it dropped
+    tokens ('(tokendrop)'); None: dropless."""
 
 
 def normalise(name: str) -> str:
