@@ -361,9 +361,13 @@ def _recompute_section(big: list[Row]) -> list[str]:
     out += ["", "So these gains are real in kind and in most of their size (Korthikanti et al. 2022 measured "
             "29-32% on these very jobs), and the model overstates them by the 'overstates' column. The recompute "
             "charge itself is Megatron's (full recompute runs the forward again with its TP collectives: that paper's "
-            "Table 4 measures +39% per layer for the 22B job, 27.2 ms against 19.6 ms); the excess is in the "
-            "model's saving from sequence parallel on the forward and backward math (norms, dropout and residuals "
-            "done on 1/t of the tokens), where the paper measured 3% per layer (19.6 ms to 19.0 ms). "
+            "Table 4 measures +39% per layer for the 22B job, 27.2 ms against 19.6 ms), and so is sequence "
+            "parallel's saving per layer (norms, dropout and residuals on 1/t of the tokens, less the backward's "
+            "all-gather of each column-parallel linear's input shard, Sec. 4.2.2: 3% per layer, 19.6 ms to "
+            "19.0 ms; cost/tp_backward.py, tests/planner/test_recompute_published.py). The excess left is the "
+            "forward being slower than measured on these jobs, its rerun under full recompute included (the "
+            "Ampere Megatron fit is shared with BLOOM's Megatron-DeepSpeed runs, whose tensor-parallel layers "
+            "ran slower). "
             "A ratio above 1.15 on these rows means: the published run predates the features, "
             "not that the expert chose badly for their stack."]
     return out

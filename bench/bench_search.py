@@ -50,7 +50,8 @@ REPEATS = 3
 others measure interference from other processes)."""
 
 MOE_REPEATS = 1
-"""The MoE cases run once: each takes 10-30 s of CPU today (the spaces hold 10-20M configurations)."""
+"""The MoE cases run once: their spaces hold 10-20M configurations (most dropped as groups before
+they are crossed, meshplan.search.group_prune); each still takes seconds of CPU."""
 
 
 def _timed(spec, cluster, training, prune: bool | None):

@@ -178,3 +178,36 @@ def test_etp_folding_invariants(tp, dp_shard, cp, ep, etp):
         b = estimate(model, cluster, training, Plan(dims=ParallelDims(tp=tp, dp_shard=dp_shard, cp=cp, ep=ep, etp=tp),
                                                     zero=zero))
         assert a.step_time_s == b.step_time_s and a.peak_memory_gib == b.peak_memory_gib
+
+
+BLOOM_ROW = dict(id="9", source="BLOOM", model="BLOOM-176B", num_layers="70", hidden_size="14336", num_heads="112",
+                 vocab_size="250680", seq_len="2048", gpu="a100-80gb", num_gpus="384", gpus_per_node="8",
+                 global_batch_size="2048", micro_batch_size="2", tp="4", pp="12", dp="8", recompute="full",
+                 measured_tflops_per_gpu="150", flops_basis="hardware", framework="megatron-deepspeed")
+
+
+def test_a_row_names_its_machine():
+    bare = build_run(BLOOM_ROW).cluster
+    jean_zay = build_run({**BLOOM_ROW, "system": "jean-zay-a100"}).cluster
+    assert (bare.num_nodes, jean_zay.num_nodes) == (48, 48)
+    # four 100 Gb/s Omni-Path links for 8 GPUs against a DGX A100's eight 200 Gb/s NICs
+    assert jean_zay.inter_node_bandwidth_bytes_per_s == 4 * 12.5e9 / 8
+    assert bare.inter_node_bandwidth_bytes_per_s == 4 * jean_zay.inter_node_bandwidth_bytes_per_s
+
+
+@pytest.mark.parametrize("system,words", [("jean-zay", "unknown cluster"), ("dgx-h100", "holds h100-sxm")])
+def test_a_system_that_is_not_the_rows_machine_is_refused(system, words, tmp_path):
+    import csv
+
+    from meshplan.calib.validate import REQUIRED_COLUMNS, load_runs
+    path = tmp_path / "runs.csv"
+    row = {**BLOOM_ROW, "system": system}
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys([*REQUIRED_COLUMNS, *row])), restval="")
+        w.writeheader()
+        w.writerow(row)
+    if system == "jean-zay":  # not a preset: the row is not built, and says why
+        assert words in load_runs(path)[1][0].reason
+    else:  # a preset of another GPU: the file is wrong
+        with pytest.raises(MeshplanError, match=words):
+            load_runs(path)

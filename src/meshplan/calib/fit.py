@@ -99,9 +99,15 @@ tensors, cost/device_memory.py, cost/step_memory.py): rows fitted together may d
 and each row is estimated under its own."""
 
 
-def memory_settings(run: Run) -> tuple[tuple[str, Any], ...]:
-    """The row's framework settings among ``MEMORY_SETTINGS``."""
-    return tuple(sorted((k, v) for k, v in run.settings.items() if k in MEMORY_SETTINGS))
+ROW_SETTINGS = MEMORY_SETTINGS + ("tp_backward_async",)
+"""Framework settings rows fitted together may differ in, each row estimated under its own: the
+memory ones, and whether a release of the stack issues the backward's TP collectives
+asynchronously (Megatron-LM 2022 does, 2020-21 and Megatron-DeepSpeed do not: cost/tp_backward.py)."""
+
+
+def row_settings(run: Run) -> tuple[tuple[str, Any], ...]:
+    """The row's framework settings among ``ROW_SETTINGS``."""
+    return tuple(sorted((k, v) for k, v in run.settings.items() if k in ROW_SETTINGS))
 
 
 def own_split(run: Run) -> bool:
@@ -120,7 +126,7 @@ def _batch(run: Run, plans: list, arrays: PlanArrays, calib: Calibration):
 def row_calibration(run: Run, calib: Calibration) -> Calibration:
     """``calib`` with what is the row's own over the fit: its memory settings and what its stack
     release sets (``Run.release_values``: CUDA graphs, fused experts); fitted values stay."""
-    changes = {**dict(memory_settings(run)), **run.release_values}
+    changes = {**dict(row_settings(run)), **run.release_values}
     return calib.replace_fields(**changes) if changes else calib
 
 
@@ -152,7 +158,7 @@ def prepare(runs: list[Run]) -> Prepared:
     by_key: dict[tuple, list[int]] = {}
     for i, r in enumerate(runs):
         split = r.plan.dims.pp if own_split(r) else 0
-        by_key.setdefault((r.model, r.cluster, r.training, memory_settings(r),
+        by_key.setdefault((r.model, r.cluster, r.training, row_settings(r),
                            tuple(sorted(r.release_values.items())), split), []).append(i)
     groups = tuple((runs[ix[0]], PlanArrays.from_plans([runs[i].plan for i in ix]), tuple(ix))
                    for ix in by_key.values())
@@ -251,8 +257,8 @@ def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any],
 def shared_settings(rows, given: Mapping[str, Any]) -> dict[str, Any]:
     """The software settings a fit of ``rows`` starts from: those given, over the one set the
     rows' frameworks share; rows whose frameworks differ cannot be fitted together, unless only in
-    ``MEMORY_SETTINGS`` (each row keeps its own: ``predict_all``)."""
-    kinds = {tuple(sorted((k, v) for k, v in {**r.settings, **given}.items() if k not in MEMORY_SETTINGS))
+    ``ROW_SETTINGS`` (each row keeps its own: ``predict_all``)."""
+    kinds = {tuple(sorted((k, v) for k, v in {**r.settings, **given}.items() if k not in ROW_SETTINGS))
              for r in rows}
     if len(kinds) > 1:
         differ = sorted({k for kind in kinds for k, v in kind if any(dict(o).get(k) != v for o in kinds)})

@@ -2,7 +2,8 @@
 
 Each row becomes a model (a preset named through spec/presets/model_aliases.json, its dimensions
 checked against the row's; or, for stacks whose runs were GPT models, GPT-style from the row's
-dimensions: spec/row_model.py), a cluster (the GPU preset's system with the row's GPUs per node),
+dimensions: spec/row_model.py), a cluster (the row's ``system``, else the GPU preset's system, with
+the row's GPUs per node),
 a training setup and a plan (blank degrees = 1, blank dp = GPUs / (tp*pp*cp), blank micro-batch =
 global batch / dp, ZeRO > 0 shards the data-parallel ranks). Blank precision, ZeRO stage, sequence
 parallel and recompute take the defaults of the row's ``framework`` (spec/presets/frameworks.json),
@@ -38,7 +39,7 @@ from meshplan.cost.step import Estimate, estimate
 from meshplan.errors import MeshplanError
 from meshplan.numbers import MAX_COUNT
 from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
-from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu
+from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu, system_preset
 from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.stack_version import release_notes, release_of, release_values
 from meshplan.spec.gpu_names import resolve_gpu
@@ -285,7 +286,7 @@ def build_run(row: dict[str, str]) -> Run:
         raise MeshplanError("gpu is blank")
     gpu_name = resolve_gpu(gpu)  # 'H100-SXM5-80GB', 'NVIDIA A100 80GB', ... -> a preset
     assumed.extend([gpu_name.note] if gpu_name.note else [])
-    cluster = cluster_for_gpu(gpu_name.preset, gpus_per_node=gpn).with_gpus(gpus)
+    cluster = row_cluster((row.get("system") or "").strip(), gpu_name.preset, gpn).with_gpus(gpus)
 
     def default(key: str, value: Any, cast: Callable[[str], Any] = str) -> Any:
         if (row.get(key) or "").strip():
@@ -383,6 +384,17 @@ def build_run(row: dict[str, str]) -> Run:
                assumed=tuple(assumed), stack=fw.stack, family=family,
                preset=preset.config if preset is not None and extra.applied else "",
                release_values=MappingProxyType(release_vals))
+
+
+def row_cluster(system: str, gpu: str, gpus_per_node: int) -> ClusterSpec:
+    """The row's nodes: its ``system`` column (a system preset: the machine the run used, its NICs
+    and NVLink), else the first system preset with the row's GPU (``cluster_for_gpu``)."""
+    if not system:
+        return cluster_for_gpu(gpu, gpus_per_node=gpus_per_node)
+    cluster = system_preset(system).with_size(gpus_per_node=gpus_per_node)
+    if cluster.gpu.name != gpu:
+        raise MalformedCell(f"column system: {system!r} holds {cluster.gpu.name}, the row's gpu is {gpu}")
+    return cluster
 
 
 def model_family(name: str, architecture: str | None) -> str:

@@ -297,6 +297,12 @@ class Calibration:
     tp_overlap: float = 0.0
     """Fraction of tensor-parallel communication hidden behind compute (0 for Megatron 2021-22;
     async TP / TE userbuffers overlap some)."""
+    tp_backward_async: bool = False
+    """Whether the backward issues the column-parallel linears' input-gradient all-reduce (under
+    sequence parallel: reduce-scatter) and SP's input re-gather asynchronously behind the same
+    linear's GEMMs, as Megatron-LM does from 2022 (Korthikanti et al. 2022's code,
+    LinearWithGradAccumulationAndAsyncCommunication; cost/tp_backward.py); Megatron-LM 2020-21
+    and BigScience's Megatron-DeepSpeed all-reduce synchronously. A stack field (frameworks.json)."""
     dp_overlap: float = 0.8
     """Fraction of the data-parallel gradient reduce (and ZeRO-1/2 parameter all-gather) hidden
     behind the backward pass (PyTorch DDP bucketing, Li et al. 2020 Sec. 3.2.3), bounded by the
@@ -514,7 +520,7 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 
 
-STACK_FIELDS = ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
+STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "microbatch_overhead_s",
                 "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels", "eager_memory_passes",
                 "logits_bytes_per_element",

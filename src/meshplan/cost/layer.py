@@ -38,6 +38,7 @@ from meshplan.cost.moe import moe_cost
 from meshplan.cost.op_recompute import op_selective
 from meshplan.cost.recompute_modules import ModuleTerm, selective
 from meshplan.cost.packing import DocAttention, doc_attention
+from meshplan.cost.tp_backward import tp_backward
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.plan import RecomputeModule
@@ -295,12 +296,15 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
     fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
     fwd_comm_total = tp_comm + cp_fwd + ep_fwd + framework / 3.0
-    # Backward: twice the math; the same TP/EP collectives again, CP ring passes K/V and dK/dV.
+    # Backward: twice the math; the TP/EP collectives again, CP ring passes K/V and dK/dV.
     # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
     # exactly 2 x fwd_compute at the default.
     bwd_device = 2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn)
     bwd_compute = host_bound(bwd_device, host_bwd)
-    tp_exp_bwd = comms.exposed(tp_comm, calib.tp_overlap, bwd_device)
+    # the forward's collectives' conjugates, SP's input re-gather, Megatron-LM's async ones (cost/tp_backward.py)
+    tp_bwd = tp_backward(calib, sp=sp, parts=parts, act_msg_bytes=act_msg, tp=t, tp_link=tp_link,
+                         bwd_device_s=bwd_device, gemm_s=mix.gemm_s + t_mlp)
+    tp_exp_bwd = tp_bwd.exposed_s
     cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
@@ -358,7 +362,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,
         fwd_comm_exposed_s=fwd_comm_exposed, bwd_comm_exposed_s=bwd_comm_exposed,
-        fwd_comm_total_s=fwd_comm_total, bwd_comm_total_s=tp_comm + cp_bwd + ep_fwd + framework * (2.0 / 3.0),
+        fwd_comm_total_s=fwd_comm_total, bwd_comm_total_s=tp_bwd.total_s + cp_bwd + ep_fwd + framework * (2.0 / 3.0),
         recompute_selective_s=rec_sel, recompute_full_s=rec_full,
         params_per_gpu=dense_g + expert_g, dense_params_per_gpu=dense_g + 0 * T,
         state_bytes=states, act_none_bytes=act_none, act_selective_bytes=act_sel,

@@ -2,7 +2,8 @@
 
 Order of work (each step vectorised over all candidates, no Python call per plan):
 
-1. :func:`~meshplan.search.space.enumerate_space` lists every legal global configuration.
+1. :func:`~meshplan.search.space.enumerate_space` lists every legal global configuration (on
+   large spaces, :mod:`meshplan.search.group_prune` first drops the cells a scored plan beats).
 2. ``estimate_batch`` scores them all with an even layer split and the recompute policy on every
    layer; their frontier is a first, exact set of achievable points.
 3. Configurations that could still reach the frontier with an uneven split are refined: their
@@ -36,7 +37,9 @@ from meshplan.search.even import (EVEN_CHUNK_ROWS, PRUNE_MIN_CONFIGS, EvenCost, 
                                   even_estimate as _even_estimate, even_slice as _even_slice)
 from meshplan.search.osdp import osdp_rows, osdp_variants
 from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
-from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
+from meshplan.search.group_prune import GROUP_PRUNE_MIN_CONFIGS, prune_groups
+from meshplan.search.space import (RECOMPUTES, SearchOptions, configurations_per_group, cross_groups,
+                                   enumerate_groups, take_groups)
 from meshplan.search.stages import relaxed_bounds, stage_frontier
 from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
                                     score_splits, shared_layer_cost, stage_probes, stage_table)
@@ -153,7 +156,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     num_gpus = cluster.num_gpus
 
     check_model_takes(model, training)
-    space = enumerate_space(model, training, num_gpus, options)
+    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
+    groups = enumerate_groups(model, training, num_gpus, options)
+    per_group = configurations_per_group(groups, model, training, options)
+    prune_even = int(per_group.sum()) > PRUNE_MIN_CONFIGS if prune is None else prune
+    seeded, cells = 0, None
+    if prune_even and shrink > 0 and options.allow is None and int(per_group.sum()) > GROUP_PRUNE_MIN_CONFIGS:
+        # Cells (group, micro-batch size, recompute choice) a known plan beats are never crossed
+        # (meshplan.search.group_prune); a caller's `allow` reads the crossed rows: not then.
+        cells, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
+        live = cells.any(axis=(1, 2))
+        groups, cells = take_groups(groups, live), cells[live]
+    space = cross_groups(groups, model, training, options, keep=cells)
+    dropped = int(per_group.sum()) - len(space) if cells is not None else 0
     if len(space) == 0:
         raise MeshplanError(
             f"no legal plan for {model.name} on {num_gpus} GPUs with global batch "
@@ -162,11 +177,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     tick("even splits", 0.05)
     plans = space
     layer = shared_layer_cost(ctx, plans)
-    shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
-    prune_even = len(space) > PRUNE_MIN_CONFIGS if prune is None else prune
     even, pruned = _even_estimate(ctx, plans, layer, prune_shrink=shrink if prune_even and shrink > 0 else None,
                                   budget_bytes=budget)
-    evaluated = len(space)
+    pruned += dropped
+    evaluated = len(space) + dropped + seeded
     keys = np.flatnonzero(even.exact) if even.exact is not None else np.arange(len(space))
     even_front = Front.of(even.step_time_s[keys], even.peak_memory_bytes[keys], keys)  # bounds lie off it
     candidate = even.candidates(even_front, shrink)  # the refinement test, read by three passes
@@ -241,7 +255,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                       refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
                       progress=progress, prune=prune)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
-                        global_configs=len(space), refined_configs=refined,
+                        global_configs=len(space) + dropped, refined_configs=refined,
                         plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start,
                         pruned_configs=pruned)
 

@@ -233,9 +233,22 @@ def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
     return ok & (~interleaved | (nmicro % c["pp"] == 0))
 
 
+GROUP_COLUMNS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "zero", "sp", "cp_method", "ep", "etp")
+"""The columns of a *group* of global configurations: every configuration is one group crossed
+with a schedule and its virtual stages, a micro-batch size and a recompute policy (and module
+set); :mod:`meshplan.search.group_prune` bounds a group over all of those at once."""
+
+
 def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
                     options: SearchOptions = SearchOptions()) -> PlanArrays:
     """Every legal global configuration for ``num_gpus`` GPUs (rules: docs/search.md)."""
+    return cross_groups(enumerate_groups(model, training, num_gpus, options), model, training, options)
+
+
+def enumerate_groups(model: ModelSpec, training: TrainingSpec, num_gpus: int,
+                     options: SearchOptions = SearchOptions()) -> dict[str, np.ndarray]:
+    """The legal groups (GROUP_COLUMNS) for ``num_gpus`` GPUs, in the order ``enumerate_space``
+    lists their configurations."""
     if num_gpus < 1:
         raise MeshplanError(f"GPU count must be positive, got {num_gpus}")
     f = factorisations(num_gpus, 5)
@@ -252,16 +265,38 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
         c = _cross(c, "etp", np.array(divisors(int(c["tp"].max())) if c["tp"].size else [1]))
     else:
         c["etp"] = c["tp"].copy()
-    c = _keep(c, _rule_ep(c, model))
-    sched, vpp = _schedule_pairs(options, model)
-    c = _cross(c, "_pair", np.arange(sched.size))
-    c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
-    del c["_pair"]
-    c = _keep(c, _rule_schedule(c, model, options))
-    c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
-                     lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
-    c = _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
-                         module_codes(model, options))
+    return _keep(c, _rule_ep(c, model))
+
+
+def take_groups(groups: dict[str, np.ndarray], index) -> dict[str, np.ndarray]:
+    """The groups at ``index`` (an index array or a mask), in their order."""
+    return _keep(groups, index)
+
+
+def recompute_variants(model: ModelSpec, options: SearchOptions) -> tuple[np.ndarray, np.ndarray]:
+    """(recompute code, module-set code) of each recompute choice a configuration is crossed
+    with, in the order ``enumerate_space`` lists them (every policy with module set 0, then
+    selective with each further module set)."""
+    recomputes = np.array([RECOMPUTES.index(r) for r in options.recomputes])
+    codes = module_codes(model, options)
+    n_sel = int(np.count_nonzero(recomputes == RECOMPUTES.index(Recompute.SELECTIVE)))
+    return (np.concatenate([recomputes, np.full(n_sel * codes.size, RECOMPUTES.index(Recompute.SELECTIVE))]),
+            np.concatenate([np.zeros(recomputes.size, dtype=np.int64), np.tile(codes, n_sel)]))
+
+
+def micro_batch_sizes(training: TrainingSpec) -> np.ndarray:
+    """Every micro-batch size the space may hold (those dividing the global batch), ascending."""
+    return np.array(divisors(training.global_batch), dtype=np.int64)
+
+
+def cross_groups(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                 options: SearchOptions = SearchOptions(), keep: np.ndarray | None = None) -> PlanArrays:
+    """Every legal global configuration of ``groups`` (rows of ``enumerate_groups``): crossing
+    keeps each group's rows in its place, so the configurations of a subset of the groups are
+    ``enumerate_space``'s rows of those groups, in the same order. ``keep`` (groups x
+    ``micro_batch_sizes`` x ``recompute_variants``, bool) lists only the configurations it marks
+    (same order)."""
+    c = _crossed(groups, model, training, options, keep)
     # Columns that only the variant passes vary are one value on every row: read-only
     # broadcasts (stride 0), not millions of copies (PlanArrays.take keeps them so).
     n = c["tp"].size
@@ -278,14 +313,64 @@ def enumerate_space(model: ModelSpec, training: TrainingSpec, num_gpus: int,
     return space
 
 
-def _cross_recompute(cols: dict[str, np.ndarray], recomputes: np.ndarray, codes: np.ndarray) -> dict[str, np.ndarray]:
+def configurations_per_group(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                             options: SearchOptions = SearchOptions()) -> np.ndarray:
+    """How many configurations ``cross_groups`` lists for each group before ``options.allow``
+    (the count depends on the pipeline and data-parallel degrees alone: the schedule and
+    micro-batch rules read no other group column)."""
+    key = np.zeros(groups["pp"].size, dtype=np.int64)
+    for k in ("pp", "dp_replicate", "dp_shard"):
+        col = groups[k].astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    reps = _keep(groups, first)
+    reps["_rep"] = np.arange(first.size)
+    counts = np.bincount(_crossed(reps, model, training, options)["_rep"], minlength=first.size)
+    return counts[inverse.reshape(-1)]
+
+
+def _crossed(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+             options: SearchOptions, keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The columns of ``cross_groups`` (any extra column of ``groups`` carried along)."""
+    c = dict(groups)
+    if keep is not None:
+        c["_group"] = np.arange(c["pp"].size)
+    sched, vpp = _schedule_pairs(options, model)
+    c = _cross(c, "_pair", np.arange(sched.size))
+    c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
+    del c["_pair"]
+    c = _keep(c, _rule_schedule(c, model, options))
+    c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
+                     lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
+    mask = None
+    if keep is not None:
+        group = c.pop("_group")
+        mask = keep[group, np.searchsorted(micro_batch_sizes(training), c["micro_batch"])]
+    return _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
+                            module_codes(model, options), mask)
+
+
+def _cross_recompute(cols: dict[str, np.ndarray], recomputes: np.ndarray, codes: np.ndarray,
+                     mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every row with every recompute policy (module set 0), then the selective rows again once
     per module set in ``codes``: ``_cross`` by ``recomputes``, then the selective rows of that
     crossed with ``codes`` appended, written into one array per column (rows in that order;
-    tens of millions of rows are not copied three times)."""
+    tens of millions of rows are not copied three times). ``mask`` (rows x variants, in
+    ``recompute_variants``' order) keeps only the variants it marks."""
     n = next(iter(cols.values())).size
     r = recomputes.size
     per_row = int(np.count_nonzero(recomputes == RECOMPUTES.index(Recompute.SELECTIVE))) * codes.size
+    if mask is not None:
+        head, tail = mask[:, :r], mask[:, r:]
+        rows = np.concatenate([np.repeat(np.arange(n), head.sum(axis=1)), np.repeat(np.arange(n), tail.sum(axis=1))])
+        out = {k: v[rows] for k, v in cols.items()}
+        sel = RECOMPUTES.index(Recompute.SELECTIVE)
+        out["recompute"] = np.concatenate([np.broadcast_to(recomputes, head.shape)[head],
+                                           np.full(int(tail.sum()), sel, dtype=recomputes.dtype)])
+        out["recompute_modules"] = np.concatenate([np.zeros(int(head.sum()), dtype=np.int64),
+                                                   np.broadcast_to(np.tile(codes, per_row // max(codes.size, 1)),
+                                                                   tail.shape)[tail]])
+        return out
     out = {}
     for k, v in cols.items():
         col = np.empty(n * (r + per_row), dtype=v.dtype)

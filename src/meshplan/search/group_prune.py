@@ -1,0 +1,237 @@
+"""Dominance pruning of configurations by the cell, before they are enumerated.
+
+A *group* (``space.GROUP_COLUMNS``: the mesh degrees, ZeRO stage, sequence parallel, CP method,
+ep and etp) is crossed with every schedule and virtual-stage count, micro-batch size and
+recompute policy (and module set): 50-300 configurations per group on MoE models, 10-20M in all
+for DeepSeek-V3 or Qwen3-30B on 256 GPUs. :mod:`meshplan.search.prune` bounds each configuration
+by its first pipeline rank; this module bounds each *cell* (group, micro-batch size, recompute
+choice) by less than that bound of every configuration of the cell, whatever its schedule and
+virtual stages, so a cell that a known plan beats is never crossed.
+
+The bound reads the cost model's own terms (``rank_cost``, ``layer_cost``, ``plan_terms``'
+recompute and activation choices), keeping only those that no schedule can lower (Narayanan et
+al. 2021 Sec. 2.2: step = m t + bubble):
+
+* time: the first rank's step is ``m t_mb + bubble + tail`` (``compose`` over that rank), with
+  ``t_mb`` at least its layers' forward + backward math, exposed TP/CP/EP communication and
+  recompute under the policy (``layer_cost``: a function of the micro-batch and module set, not
+  of the schedule) plus the host's per-micro-batch work; pipeline p2p, ZeRO-3 gathers and the
+  embedding / head only add to it. ``m = B / (dp mb)``; the bubble's factor is its least over the
+  group's schedules; the tail holds at least the optimizer step (states only). All at the fewest
+  layers any of the group's virtual-stage counts puts on the first rank.
+* memory: at least the first rank's weights, gradients and optimizer states, the allocator's
+  reserve on those and on the activations, the communication buckets, the framework's overhead
+  and ZeRO-3's gathered layers (receive buffers, logits and the optimizer step's excess are
+  non-negative; the zero-bubble schedule's unsharded gradients and stage only add), and the
+  activations of ``min(pp, m)`` micro-batches of the fewest layers under the policy (every
+  schedule holds at least that many on the first rank: ``pipeline.in_flight_chunks``) plus the
+  one layer a recomputing policy rematerialises (``memory.rank_activations``).
+
+A cell is dropped when :func:`meshplan.search.prune.prunable` holds for its bound against plans
+already scored exactly: then it holds for the first-rank bound of each of its configurations
+(prunable is monotone: a larger bound is dominated whenever a smaller one is), so the search
+without this step would have kept every one of them unscored, and its frontier, refinement
+candidates and held-back rows are the ones found here. tests/planner/test_search_group_prune.py
+checks the bound against every configuration's on random jobs (a change to the cost model that
+breaks it fails there) and the search against ``prune=False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from meshplan.cost.arrays import RC_FULL, RC_NONE, PlanArrays
+from meshplan.cost.batch import rank_cost
+from meshplan.cost.pipeline import bubble_time, rank_layers_even
+from meshplan.plan import Recompute
+from meshplan.search.frontier import Front, pareto_indices
+from meshplan.search.prune import prunable
+from meshplan.search.space import (RECOMPUTES, GROUP_COLUMNS, SearchOptions, _rule_schedule, _schedule_pairs,
+                                   cross_groups, micro_batch_sizes, module_codes, recompute_variants,
+                                   take_groups)
+from meshplan.search.tables import LAYER_KEY_FIELDS, CostContext, shared_layer_cost
+from meshplan.spec.cluster import GIB
+
+GROUP_PRUNE_MIN_CONFIGS = 1 << 18
+"""``search`` prunes cells when its space holds more configurations than this (and it prunes
+configurations at all: ``even.PRUNE_MIN_CONFIGS``). Llama-3-70B on 1024 H100s (950k
+configurations) goes from 0.59 to 0.40 s of CPU with it; the bound's layer costs are a fixed cost
+that small spaces do not repay."""
+
+GROUP_SEED_ROUNDS = 4
+"""Rounds of exact scoring before the cells are pruned: the first scores the groups holding the
+frontier of the cells' bounds, each later one the groups holding the open cells of least bound
+time; after each, the cells are pruned against every plan scored so far."""
+
+GROUP_SEED_GROUPS = 64
+"""Open cells (fastest bound first) whose groups a seeding round after the first scores."""
+
+
+@dataclass(frozen=True)
+class GroupBounds:
+    """Per group, micro-batch size (``space.micro_batch_sizes``) and recompute choice
+    (``space.recompute_variants``), arrays (groups, sizes, choices): a lower bound on the
+    first-rank step time and peak memory of every configuration of that group with that size and
+    choice, whatever its schedule and virtual stages (:func:`group_bounds`); +inf where the size
+    does not divide the group's replica batch (no configuration)."""
+
+    time_s: np.ndarray
+    memory_bytes: np.ndarray
+
+
+def _columns(groups: dict[str, np.ndarray], n: int, extra: dict[str, np.ndarray]) -> PlanArrays:
+    cols = {k: groups[k] for k in GROUP_COLUMNS}
+    cols.update(extra)
+    cols.setdefault("recompute_modules", np.zeros(n, dtype=np.int64))
+    return PlanArrays(**cols, offload=np.zeros(n, dtype=np.int64))
+
+
+def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions) -> GroupBounds:
+    """The bound of the module docstring for every group."""
+    model, training, calib = ctx.model, ctx.training, ctx.calib
+    g = groups["pp"].size
+    sched, vpp = _schedule_pairs(options, model)
+    # Per pipeline degree: the fewest first-rank layers and the least bubble factor over the
+    # schedules and virtual-stage counts _rule_schedule keeps for it.
+    pps = np.unique(groups["pp"])
+    pair_pp = np.repeat(pps, sched.size)
+    pair_s, pair_v = np.tile(sched, pps.size), np.tile(vpp, pps.size)
+    legal = _rule_schedule({"pp": pair_pp, "schedule": pair_s, "vpp": pair_v}, model, options).reshape(pps.size, -1)
+    layers0 = np.where(legal, rank_layers_even(model.num_layers, 0, pair_pp, pair_v).reshape(legal.shape), np.inf)
+    bubble = np.where(legal, bubble_time(1.0, pair_pp, pair_v, pair_s, calib).reshape(legal.shape), np.inf)
+    at = np.searchsorted(pps, groups["pp"])
+    fewest = layers0.min(axis=1)[at]
+    least_bubble = bubble.min(axis=1)[at]
+
+    # Per micro-batch: every size dividing the global batch that divides the group's replica
+    # batch (a superset of the legal ones), with each module set searched. The layer's cost
+    # depends on the group through the layer-key columns only: it is computed once per distinct
+    # such row, size and module set, and read by every group that shares them.
+    key_cols = [k for k in LAYER_KEY_FIELDS if k in GROUP_COLUMNS]
+    key = np.zeros(g, dtype=np.int64)
+    for k in key_cols:
+        col = groups[k].astype(np.int64)
+        key = key * (int(col.max(initial=0)) + 1) + col
+    _, first_of, key_of = np.unique(key, return_index=True, return_inverse=True)
+    key_of = key_of.reshape(-1)
+    sizes = micro_batch_sizes(training)
+    codes = np.concatenate(([0], module_codes(model, options))).astype(np.int64)
+    k_n, s_n, c_n = first_of.size, sizes.size, codes.size
+    dp = groups["dp_replicate"] * groups["dp_shard"]
+    per_dp = training.global_batch // dp
+    legal_mb = per_dp[:, None] % sizes[None, :] == 0  # (groups, sizes)
+    used = np.zeros((k_n, s_n), dtype=bool)  # (key, size) pairs some group can run
+    np.logical_or.at(used, key_of, legal_mb)
+    ks, si = np.nonzero(used)
+    ki, mb, mod = np.repeat(first_of[ks], c_n), np.repeat(sizes[si], c_n), np.tile(codes, ks.size)
+    selective = RECOMPUTES.index(Recompute.SELECTIVE)
+    rows = _columns(take_groups(groups, ki), ki.size,
+                    {"schedule": np.full(ki.size, int(sched[0])), "vpp": np.ones(ki.size, dtype=np.int64),
+                     "micro_batch": mb, "recompute": np.where(mod > 0, selective, RC_NONE),
+                     "recompute_modules": mod})
+    lc = shared_layer_cost(ctx, rows)
+    # Per recompute choice v (policy, module set): the layer's time with its recompute, its
+    # activations under the policy and without recompute (cost.plan_terms: rec_one, act_policy).
+    policy, module = recompute_variants(model, options)
+    col = np.searchsorted(codes, module)  # the module set's column of the layer table
+    u = lc.unique
+
+    def table(values: np.ndarray) -> np.ndarray:  # (key, size, module set) -> (key, size, choice)
+        out = np.zeros((k_n, s_n, c_n))
+        out[ks, si] = values[lc.row].reshape(ks.size, c_n)
+        return out[:, :, col]
+
+    rec_one = np.where(policy == RC_FULL, table(u.recompute_full_s),
+                       np.where(policy == selective, table(u.recompute_selective_s), 0.0))
+    act_none = table(u.act_none_bytes)
+    act_policy = np.where(policy == RC_FULL, table(u.act_full_bytes),
+                          np.where(policy == selective, table(u.act_selective_bytes), act_none))
+    per_layer = table(u.fwd_compute_s + u.bwd_compute_s + u.fwd_comm_exposed_s + u.bwd_comm_exposed_s) + rec_one
+
+    # States and optimizer step: one probe per group (the first listed schedule with one chunk,
+    # micro-batch 1, no recompute: none of them changes these), at the fewest layers.
+    base = {"schedule": np.full(g, int(sched[0])), "vpp": np.ones(g, dtype=np.int64),
+            "micro_batch": np.ones(g, dtype=np.int64), "recompute": np.full(g, RC_NONE)}
+    probe = _columns(groups, g, base)
+    at_one = np.searchsorted(ks * s_n + si, key_of * s_n + 0) * c_n  # rows (key, size 1, set 0)
+    layer = lc.take(at_one)
+    first = rank_cost(model, ctx.cluster, training, probe, calib, layer, rank=0, layers=fewest, recomputed=0,
+                      has_embedding=True, has_head=groups["pp"] == 1, totals=False)
+    states = first.parameters_bytes + first.gradients_bytes + first.optimizer_bytes
+    # Of the rest (cost.memory.rank_other): the communication buckets, the framework's overhead,
+    # ZeRO-3's gathered layers (depend on no crossed choice but the zero-bubble schedule's, which
+    # keeps more) and the allocator's reserve on the states alone.
+    memory = (states * (1.0 + calib.allocator_fragmentation) + first.gathered_weight_bytes
+              + calib.comm_bucket_bytes + calib.framework_overhead_gib * GIB)
+    tail = first.optimizer_s
+
+    # (groups, sizes, choices)
+    m = np.where(legal_mb, per_dp[:, None] // sizes[None, :], 0)[:, :, None].astype(float)
+    t_mb = fewest[:, None, None] * per_layer[key_of] + calib.microbatch_overhead_s
+    time_s = np.where(legal_mb[:, :, None], (m + least_bubble[:, None, None]) * t_mb + tail[:, None, None], np.inf)
+    # Activations (cost.memory.rank_activations): every schedule holds at least min(pp, m)
+    # micro-batches of the first rank's layers at its peak (1F1B pp, interleaved pp + (pp-1)/v,
+    # GPipe m; capped at m), plus the one rematerialised layer of a recomputing policy.
+    held = np.minimum(groups["pp"][:, None, None].astype(float), m)
+    acts = held * fewest[:, None, None] * act_policy[key_of] + np.where(
+        policy != RC_NONE, act_none - act_policy, 0.0)[key_of]
+    memory = np.where(legal_mb[:, :, None], memory[:, None, None] + acts * (1.0 + calib.allocator_fragmentation),
+                      np.inf)
+    return GroupBounds(time_s=time_s, memory_bytes=memory)
+
+
+def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
+              score: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]], *,
+              shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
+    """Mask (as ``bounds``) of the (group, size, choice) cells whose bound no plan scored here
+    beats (:func:`prunable`), and how many configurations were scored. ``score(groups)`` returns
+    the exact even (step, peak) of the configurations of those groups that it scored exactly (any
+    subset: only exact points prune). Rounds as :func:`meshplan.search.prune.settle`: the groups
+    holding the frontier of the cells' bounds first, then those holding the open cells of least
+    bound time."""
+    t_cell, m_cell = bounds.time_s.reshape(-1), bounds.memory_bytes.reshape(-1)
+    alive = np.isfinite(t_cell)
+    if shrink <= 0.0 or not alive.any():
+        return alive.reshape(bounds.time_s.shape), 0
+    per_group = t_cell.size // bounds.time_s.shape[0]
+    seen = np.zeros(bounds.time_s.shape[0], dtype=bool)
+    known_t, known_m = np.empty(0), np.empty(0)
+    scored = 0
+    for round_ in range(GROUP_SEED_ROUNDS):
+        open_ = np.flatnonzero(alive & ~np.repeat(seen, per_group))
+        if open_.size == 0:
+            break
+        if round_ == 0:
+            cells = open_[pareto_indices(t_cell[open_], m_cell[open_])]
+        else:
+            cells = open_[np.argpartition(t_cell[open_], min(GROUP_SEED_GROUPS, open_.size) - 1)[:GROUP_SEED_GROUPS]]
+        pick = np.unique(cells // per_group)
+        seen[pick] = True
+        t, m = score(take_groups(groups, pick))
+        scored += t.size
+        known = Front.of(np.concatenate([known_t, t]), np.concatenate([known_m, m]), np.arange(known_t.size + t.size))
+        known_t, known_m = known.time_s, known.memory_bytes
+        fits = known_m <= budget_bytes
+        fastest_fitting = float(known_t[fits].min()) if fits.any() else np.inf
+        live = np.flatnonzero(alive)
+        alive[live] = ~prunable(known, t_cell[live], m_cell[live], shrink=shrink, fastest_fitting_s=fastest_fitting)
+    return alive.reshape(bounds.time_s.shape), scored
+
+
+def prune_groups(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions, *,
+                 shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
+    """:func:`surviving` with each seed group's configurations scored by the even pass (itself
+    pruned, :func:`meshplan.search.even.even_estimate`): the cells to cross
+    (``space.cross_groups``'s ``keep``) and the configurations scored."""
+    from meshplan.search.even import even_estimate
+
+    def score(seed: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        plans = cross_groups(seed, ctx.model, ctx.training, options)
+        est, _ = even_estimate(ctx, plans, shared_layer_cost(ctx, plans), prune_shrink=shrink,
+                               budget_bytes=budget_bytes)
+        return est.step_time_s[est.exact], est.peak_memory_bytes[est.exact]
+
+    return surviving(groups, group_bounds(ctx, groups, options), score, shrink=shrink, budget_bytes=budget_bytes)

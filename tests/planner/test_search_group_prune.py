@@ -1,0 +1,155 @@
+"""Groups dropped before they are crossed (``meshplan.search.group_prune``): the group bound is
+below the first-rank bound of every configuration of the group, and a search that drops groups
+returns the frontier of the search that scores every configuration in full."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from meshplan.cost.calibration import calibration_for
+from meshplan.plan import RecomputeModule, Schedule
+from meshplan.search import planner
+from meshplan.search.even import even_slice
+from meshplan.search.group_prune import group_bounds
+from meshplan.search.planner import search
+from meshplan.search.space import (GROUP_COLUMNS, SearchOptions, configurations_per_group, cross_groups,
+                                   enumerate_groups, enumerate_space, micro_batch_sizes, recompute_variants,
+                                   take_groups)
+from meshplan.search.tables import CostContext, shared_layer_cost
+from meshplan.spec.cluster import cluster_for_gpu
+from meshplan.spec.model import ModelSpec, Position
+from meshplan.spec.presets import model_preset
+from meshplan.spec.training import TrainingSpec
+
+MODULE_SETS = ((RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
+               (RecomputeModule.CORE_ATTN, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM))
+
+
+def _group_of(space, groups) -> np.ndarray:
+    """Index into ``groups`` of each configuration of ``space``."""
+    g = np.column_stack([np.asarray(groups[k]).astype(np.int64) for k in GROUP_COLUMNS])
+    s = np.column_stack([np.asarray(getattr(space, k)).astype(np.int64) for k in GROUP_COLUMNS])
+    _, inverse = np.unique(np.concatenate([g, s]), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    of_code = np.full(inverse.max() + 1, -1)
+    of_code[inverse[:len(g)]] = np.arange(len(g))
+    out = of_code[inverse[len(g):]]
+    assert np.all(out >= 0)
+    return out
+
+
+def _cell_of(space, groups, model, training, options) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, micro-batch size, recompute choice) index of each configuration of ``space``."""
+    policy, module = recompute_variants(model, options)
+    choice = np.full(len(space), -1)
+    for v, (p, mod) in enumerate(zip(policy, module)):
+        choice[(space.recompute == p) & (space.recompute_modules == mod)] = v
+    assert np.all(choice >= 0)
+    return (_group_of(space, groups), np.searchsorted(micro_batch_sizes(training), space.micro_batch), choice)
+
+
+@st.composite
+def jobs(draw):
+    heads = draw(st.sampled_from([8, 16, 32]))
+    hidden = heads * draw(st.sampled_from([64, 128]))
+    moe = draw(st.booleans())
+    model = ModelSpec(
+        name="rand", num_layers=draw(st.integers(2, 24)), hidden_size=hidden, num_heads=heads,
+        num_kv_heads=draw(st.sampled_from([heads, heads // 4])), ffn_hidden_size=4 * hidden,
+        gated_mlp=draw(st.booleans()), vocab_size=draw(st.sampled_from([32000, 128256])), position=Position.ROPE,
+        **(dict(moe_num_experts=draw(st.sampled_from([8, 16])), moe_top_k=2,
+                moe_ffn_hidden_size=draw(st.sampled_from([hidden, 2 * hidden]))) if moe else {}))
+    gpu = draw(st.sampled_from(["h100-sxm", "a100-40gb", "gb200"]))
+    cluster = cluster_for_gpu(gpu, gpus_per_node=8 if gpu != "gb200" else 4).with_gpus(
+        draw(st.sampled_from([4, 8, 16, 32])))
+    training = TrainingSpec(seq_len=draw(st.sampled_from([1024, 4096, 32768])),
+                            global_batch=draw(st.sampled_from([8, 32, 128])))
+    schedules = draw(st.sampled_from([SearchOptions().schedules, tuple(Schedule)]))
+    options = SearchOptions(schedules=schedules, recompute_module_sets=MODULE_SETS if moe else ())
+    return model, cluster, training, options
+
+
+@settings(max_examples=15, deadline=None)
+@given(jobs())
+def test_group_bound_is_below_every_configuration_of_the_group(job):
+    model, cluster, training, options = job
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    groups = enumerate_groups(model, training, cluster.num_gpus, options)
+    space = cross_groups(groups, model, training, options)
+    if len(space) == 0:
+        return
+    bound = group_bounds(ctx, groups, options)
+    first = even_slice(ctx, space, shared_layer_cost(ctx, space).take(slice(None)), first_only=True)
+    cell = _cell_of(space, groups, model, training, options)
+    tol = 1 - 1e-12
+    assert np.all(bound.time_s[cell] <= first.step_time_s / tol)
+    assert np.all(bound.memory_bytes[cell] <= first.peak_memory_bytes / tol)
+    assert np.all(bound.time_s > 0) and np.all(bound.memory_bytes > 0)
+
+
+def test_group_bound_is_close_on_one_node():
+    # the bound leaves out the embedding, the exposed ZeRO/p2p communication, the logits and
+    # the schedule's extra in-flight micro-batches only
+    model = model_preset("mixtral-8x7b")
+    cluster = cluster_for_gpu("h100-sxm", gpus_per_node=8).with_gpus(8)
+    training = TrainingSpec(seq_len=4096, global_batch=8)
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    groups = enumerate_groups(model, training, 8)
+    bound = group_bounds(ctx, groups, SearchOptions())
+    space = cross_groups(groups, model, training)
+    first = even_slice(ctx, space, shared_layer_cost(ctx, space).take(slice(None)), first_only=True)
+    cell = _cell_of(space, groups, model, training, SearchOptions())
+    best_t, best_m = np.full(bound.time_s.shape, np.inf), np.full(bound.time_s.shape, np.inf)
+    np.minimum.at(best_t, cell, first.step_time_s)
+    np.minimum.at(best_m, cell, first.peak_memory_bytes)
+    ok = np.isfinite(best_t)
+    assert np.median(bound.time_s[ok] / best_t[ok]) > 0.8 and np.median(bound.memory_bytes[ok] / best_m[ok]) > 0.8
+
+
+def test_crossing_a_subset_of_groups_keeps_the_space_order():
+    model = model_preset("mixtral-8x7b")
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    options = SearchOptions(recompute_module_sets=MODULE_SETS)
+    groups = enumerate_groups(model, training, 32, options)
+    space = enumerate_space(model, training, 32, options)
+    assert configurations_per_group(groups, model, training, options).sum() == len(space)
+    rng = np.random.default_rng(3)
+    keep = rng.random(groups["pp"].size) < 0.3
+    cells = rng.random((int(keep.sum()), micro_batch_sizes(training).size,
+                        recompute_variants(model, options)[0].size)) < 0.5
+    sub = cross_groups(take_groups(groups, keep), model, training, options, keep=cells)
+    g, size, choice = _cell_of(space, groups, model, training, options)
+    sub_index = np.cumsum(keep) - 1
+    rows = np.flatnonzero(keep[g] & cells[sub_index[g], size, choice])
+    for name in ("pp", "tp", "ep", "etp", "zero", "schedule", "vpp", "micro_batch", "recompute", "recompute_modules"):
+        assert np.array_equal(getattr(sub, name), getattr(space, name)[rows]), name
+    whole = cross_groups(take_groups(groups, keep), model, training, options)
+    assert configurations_per_group(take_groups(groups, keep), model, training, options).sum() == len(whole)
+
+
+def _frontier(res):
+    return [(p.step_time_s, p.peak_memory_bytes, p.plan) for p in res.frontier]
+
+
+def _same_search(model, cluster, training, options, monkeypatch):
+    monkeypatch.setattr(planner, "GROUP_PRUNE_MIN_CONFIGS", 0)  # drop groups on small spaces too
+    grouped = search(model, cluster, training, options=options, prune=True)
+    full = search(model, cluster, training, options=options, prune=False)
+    assert _frontier(grouped) == _frontier(full)
+    assert grouped.recommended == full.recommended
+    assert grouped.global_configs == full.global_configs
+    return grouped
+
+
+@settings(max_examples=15, deadline=None)
+@given(jobs())
+def test_search_dropping_groups_equals_full_search(job):
+    with pytest.MonkeyPatch.context() as mp:
+        _same_search(*job, mp)
+
+
+def test_search_dropping_groups_equals_full_search_on_mixtral(monkeypatch):
+    res = _same_search(model_preset("mixtral-8x7b"), cluster_for_gpu("h100-sxm", gpus_per_node=8).with_gpus(64),
+                       TrainingSpec(seq_len=4096, global_batch=256),
+                       SearchOptions(recompute_module_sets=MODULE_SETS), monkeypatch)
+    assert res.pruned_configs > 0.5 * res.global_configs
