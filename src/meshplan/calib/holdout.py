@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from meshplan.calib.fit import (FitResult, calibration_key, fit_all, fit_rows, fitted_calibration,
+from meshplan.calib.fit import (FIT_ROUNDS, FitResult, calibration_key, fit_all, fit_rows, fitted_calibration,
                                 predict_all, prepare, shared_settings, source_group)
 from meshplan.calib.validate import Run
 from meshplan.cost.calibration import gpu_generation
@@ -56,7 +56,7 @@ def _errors(rows: list[Run], fits: Mapping[str, FitResult], pooled: Mapping[str,
     return out
 
 
-def leave_one_out(runs: list[Run], by: str, settings: Mapping[str, Any], rounds: int = 1) -> HeldOut:
+def leave_one_out(runs: list[Run], by: str, settings: Mapping[str, Any], rounds: int = FIT_ROUNDS) -> HeldOut:
     """Refit without each group of ``HOLDOUTS[by]`` and score it; throughput fields only."""
     group_of = HOLDOUTS[by]
     rows = [r for r in runs if r.metric and r.measured]

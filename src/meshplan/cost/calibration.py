@@ -214,6 +214,14 @@ class Calibration:
     small per-expert batches is steeper than a single GEMM's (Megatron-Core MoE docs, 'grouped
     GEMM': efficiency grows with tokens per expert). Default: the dense GEMM's 128 (no extra
     falloff); fitted per (generation, stack)."""
+    moe_grouped_gemm_efficiency: float = 1.0
+    """Large-shape efficiency of the experts' grouped GEMMs over a single GEMM's
+    ``matmul_efficiency``: TE's GroupedLinear runs the local experts' GEMMs as a sequence of
+    cuBLASLt calls (general_grouped_gemm over the m_splits), each with its own fp8 casts and
+    scaling epilogue, that a dense GEMM of the layer does not pay. A MoE-only constant, so that
+    dense rows never pay a cost fitted on MoE rows, nor MoE rows move the dense GEMM efficiency
+    (bench/bench_holdout_drift.py). Default 1: no difference; fitted per (generation, stack) on
+    the MoE rows; not applied to one fused grouped kernel (``moe_fused_grouped_mlp``)."""
     moe_alltoall_sync_s: float = 1.0e-3
     """Host time to launch a MoE layer's forward after the dropless all-to-all dispatcher's
     device-to-host sync of the tokens-per-expert counts (the backward, like all of the layer's
@@ -506,7 +514,7 @@ class Calibration:
         if self.moe_routing_imbalance < 1:
             raise MeshplanError(f"calibration moe_routing_imbalance must be >= 1, got {self.moe_routing_imbalance!r}")
         for f in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency",
-                  "intra_node_comm_efficiency", "inter_node_comm_efficiency"):
+                  "intra_node_comm_efficiency", "inter_node_comm_efficiency", "moe_grouped_gemm_efficiency"):
             if not 0 < getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in (0, 1], got {getattr(self, f)!r}")
         for f in (f.name for f in fields(self) if f.name.endswith("_bandwidth_factor")):

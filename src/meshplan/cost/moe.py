@@ -142,7 +142,9 @@ def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     # grouped GEMM curve and fixed time per local expert GEMM; one fused kernel over all local
     # experts has neither (Calibration.moe_fused_grouped_mlp)
     fused = calib.moe_fused_grouped_mlp
-    grouped = calib if fused else replace(calib, matmul_half_dim=calib.moe_grouped_gemm_half_dim)
+    grouped = calib if fused else replace(
+        calib, matmul_half_dim=calib.moe_grouped_gemm_half_dim,
+        matmul_efficiency=calib.matmul_efficiency * calib.moe_grouped_gemm_efficiency)
     per_gemm_s = 0.0 if fused else calib.moe_expert_gemm_s
     up = linear_time(grouped, linear_flops, tok_per_expert, (m_mlp - 1) * F / e_t, Dx)
     down = linear_time(grouped, linear_flops, tok_per_expert, Dx, F / e_t)
