@@ -24,7 +24,7 @@ from meshplan.runtime.checkpoint import TrainState, load_checkpoint, save_checkp
 from meshplan.runtime.mesh import build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
-from meshplan.runtime.train import make_optimizer
+from meshplan.runtime.optim import make_optimizer
 from meshplan.spec.cluster import resolve_cluster
 from meshplan.spec.model import parse_overrides
 from meshplan.spec.presets import resolve_model
@@ -50,7 +50,7 @@ def main() -> None:
     training = TrainingSpec(seq_len=64, global_batch=dims.dp, precision=Precision.FP32)
     plan = Plan(dims=dims, zero=3 if dims.dp_shard > 1 else 0, micro_batch=1)
     job = Job(model=model_spec, training=training, cluster=resolve_cluster("cpu", gpus=dims.world_size), plan=plan)
-    full = job.plan.with_defaults(model_spec)
+    full = job.full_plan
 
     def fresh():
         model = build_model(model_spec, "meta")

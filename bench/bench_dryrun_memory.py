@@ -90,7 +90,7 @@ def main() -> None:
         start = time.perf_counter()
         ranks = parse_ranks("first,last" if job.plan.dims.pp > 1 else "first", job)
         rows = [c.to_dict() for c in compare(job, run_ranks(job, ranks, steps=STEPS))]
-        saved[name] = {"plan": job.plan.with_defaults(job.model).notation(), "ranks": rows,
+        saved[name] = {"plan": job.full_plan.notation(), "ranks": rows,
                        "wall_s": time.perf_counter() - start}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(saved, indent=1))

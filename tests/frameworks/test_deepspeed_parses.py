@@ -108,7 +108,7 @@ def deepspeed_config():
 @pytest.mark.parametrize("i", range(len(EXPORTS)))
 def test_deepspeed_reads_the_plan(i, deepspeed_config):
     job, text = EXPORTS[i]
-    plan, t = job.plan.with_defaults(job.model), job.training
+    plan, t = job.full_plan, job.training
     d = plan.dims
     c = deepspeed_config(json.loads(text), mpu=DataParallelUnit(d.dp))
     assert c.train_batch_size == t.global_batch

@@ -106,7 +106,7 @@ def test_megatron_core_takes_the_fields(i, mcore):
 
     transformer_config, ddp_config, dataset_config = mcore
     job, text = EXPORTS[i]
-    m, plan, t = job.model, job.plan.with_defaults(job.model), job.training
+    m, plan, t = job.model, job.full_plan, job.training
     _, fields = parse_overrides(text)
     sections = {s: {k.partition(".")[2]: _value(v) for k, v in fields.items() if k.startswith(s + ".")}
                 for s in MCORE_SECTIONS}

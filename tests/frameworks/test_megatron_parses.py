@@ -133,7 +133,7 @@ def transformer_config():
 @pytest.mark.parametrize("i", range(len(EXPORTS)))
 def test_megatron_core_accepts_the_plan(i, transformer_config):
     job, text = EXPORTS[i]
-    plan, t = job.plan.with_defaults(job.model), job.training
+    plan, t = job.full_plan, job.training
     d = plan.dims
     c = transformer_config(**transformer_config_kwargs(megatron_args(text)))
     assert (c.tensor_model_parallel_size, c.pipeline_model_parallel_size, c.context_parallel_size,

@@ -89,7 +89,7 @@ def test_frontier_points_mostly_expressible():
 
 
 def _assert_parsed_equals_plan(cfg, job: Job) -> None:
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     d, t, par, tr = plan.dims, job.training, cfg.parallelism, cfg.training
     assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree, par.tensor_parallel_degree,
             par.pipeline_parallel_degree, par.context_parallel_degree, par.expert_parallel_degree) == \
@@ -133,7 +133,7 @@ def test_golden_command_line_parses(case, config_manager):
 
 def signature(job: Job) -> tuple:
     """The choices an export spells differently: one frontier point of each goes to torchtitan."""
-    p = job.plan.with_defaults(job.model)
+    p = job.full_plan
     d = p.dims
     return (d.dp_replicate > 1, d.dp_shard > 1, p.zero, d.tp > 1, d.pp > 1, p.vpp > 1, d.cp > 1, d.ep > 1,
             p.recompute, p.schedule if d.pp > 1 else None, job.model.name)
@@ -160,7 +160,7 @@ def test_every_frontier_export_round_trips():
     for job, text in FRONTIER_EXPORTS:
         back = import_torchtitan(parse_command_line(text).cfg, num_gpus=job.cluster.num_gpus,
                                  num_layers=job.model.num_layers).plan.with_defaults(job.model)
-        p = job.plan.with_defaults(job.model)
+        p = job.full_plan
         assert back.dims == p.dims and back.micro_batch == p.micro_batch and back.vpp == p.vpp
         assert back.recompute == p.recompute and back.stage_layers == p.stage_layers
         assert back.schedule == p.schedule or p.dims.pp == 1

@@ -20,7 +20,7 @@ PACKAGE = "meshplan"
 SPEC_MAY_NOT_IMPORT = ("meshplan.cost", "meshplan.plan", "meshplan.search", "meshplan.calib")
 LAYERS = {
     # unit: its layer; a unit imports only units of lower layers (README's layout, bottom up)
-    "meshplan.errors": 0, "meshplan.numbers": 1, "meshplan.textfile": 1,
+    "meshplan.errors": 0, "meshplan.numbers": 1, "meshplan.textfile": 1, "meshplan.shipped": 1,
     "meshplan.data": 2, "meshplan.jsonfile": 2,
     "meshplan.spec": 3,  # imports errors, numbers, textfile and jsonfile only
     "meshplan.plan": 4, "meshplan.hf_names": 4,

@@ -133,7 +133,7 @@ def test_mtp_rank_is_charged_one_layer_and_one_head_pass_per_module():
     """rank_cost: the rank holding the MTP module pays its layer and its LM-head pass, by the
     per-layer decomposition (cost/batch.py), wherever the plan puts it."""
     job = _ds_job(_ds_plan())
-    arrays = PlanArrays.from_plans([job.plan.with_defaults(job.model)])
+    arrays = PlanArrays.from_plans([job.full_plan])
     calib = calibration_for(job.cluster.gpu)
     layer = layer_cost(job.model, job.cluster, job.training, arrays, calib)
     terms = plan_terms(job.model, job.cluster, job.training, arrays, calib, layer)

@@ -30,7 +30,7 @@ def test_cpu_prediction_uses_profile_and_fp32_storage():
     cluster = apply_profile_data(job.cluster, profile)
     fitted = calibration_from_profile_data(profile, "golden", Precision.FP32, calibration_for(cluster.gpu))[0]
     calib = runtime_storage(host_time_scaled(fitted, profile, 2), Precision.FP32, "cpu")
-    est = estimate(job.model, cluster, job.training, job.plan.with_defaults(job.model), calib)
+    est = estimate(job.model, cluster, job.training, job.full_plan, calib)
     assert pred.step_time_s == pytest.approx(est.step_time_s)
     # fp32 weights and grads, no master copy: 4 + 4 bytes, then Adam's 8 (dp without ZeRO: no sharding)
     n = job.model.num_params()

@@ -37,7 +37,10 @@ CASES = {
 TARGETS = {
     # name: (model, system, nodes, seq_len, global batch, export target): the Megatron target's MoE
     # space (Megatron's recompute module sets: three copies of the selective rows), pruned, within
-    # one NVL72 NVLink domain (written by main's code at 387d800, without speedmoe's speed work)
+    # one NVL72 NVLink domain (written by main's code at 387d800, without speedmoe's speed work;
+    # rewritten by branch balance: the refinement test's balanced-rank bound refines uneven
+    # interleaved splits the fixed REFINE_SLACK skipped: after main 6315932, 9 new points dominating
+    # 5 old ones, every old point kept or dominated, the same recommendation)
     "qwen3_30b_a3b_gb200x32_megatron": ("qwen3-30b-a3b", "gb200-nvl72", 32, 4096, 256, "megatron"),
 }
 

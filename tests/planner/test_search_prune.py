@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from meshplan.cost.calibration import calibration_for
-from meshplan.search.even import even_slice
+from meshplan.search.even import EvenCost, balanced_slice, even_slice
 from meshplan.search.planner import search
 from meshplan.search.prune import EvenPoints, prunable, settle
 from meshplan.search.frontier import Front
@@ -67,21 +67,22 @@ def test_pruned_search_equals_full_search_on_published_models(model, system, nod
 
 
 @pytest.mark.parametrize("model, gpus", [("llama3-8b", 64), ("mixtral-8x7b", 32)])
-def test_first_rank_bounds_the_even_split(model, gpus):
-    # compose takes the max over ranks: the first rank alone is below both figures, and with
-    # one rank it is the even split itself.
+def test_balanced_rank_bounds_the_even_split(model, gpus):
+    # the mean rank (L / p layers, no embedding, no head) is below the even split in both
+    # figures, and with one rank it is the even split itself (the bound below every uneven
+    # split too: test_search_bruteforce.test_balanced_bound_is_below_every_split)
     spec, cluster = model_preset(model), cluster_for_gpu("h100-sxm", gpus_per_node=8).with_gpus(gpus)
     training = TrainingSpec(seq_len=4096, global_batch=64)
     ctx = CostContext(spec, cluster, training, calibration_for(cluster.gpu))
     space = enumerate_space(spec, training, gpus)
     layer = shared_layer_cost(ctx, space).take(slice(None))
-    full, first = even_slice(ctx, space, layer), even_slice(ctx, space, layer, first_only=True)
-    assert np.all(first.step_time_s <= full.step_time_s) and np.all(first.peak_memory_bytes <= full.peak_memory_bytes)
+    full, bound = even_slice(ctx, space, layer), balanced_slice(ctx, space, layer)
+    assert np.all(bound.step_time_s <= full.step_time_s) and np.all(bound.peak_memory_bytes <= full.peak_memory_bytes)
     one = space.pp == 1
     assert one.any() and (~one).any()
-    assert np.array_equal(first.step_time_s[one], full.step_time_s[one])
-    assert np.array_equal(first.peak_memory_bytes[one], full.peak_memory_bytes[one])
-    assert np.any(first.step_time_s[~one] < full.step_time_s[~one])
+    assert np.array_equal(bound.step_time_s[one], full.step_time_s[one])
+    assert np.array_equal(bound.peak_memory_bytes[one], full.peak_memory_bytes[one])
+    assert np.any(bound.step_time_s[~one] < full.step_time_s[~one])
 
 
 def test_prunable_needs_a_strictly_better_point_and_a_fitting_faster_one():
@@ -117,3 +118,27 @@ def test_settle_scores_every_row_a_known_plan_does_not_beat():
     # and the frontier of all points is the frontier of the exact ones
     front = Front.of(exact_t, exact_m, np.arange(5000))
     assert set(front.key) <= set(np.flatnonzero(done))
+
+
+def test_pruned_search_equals_full_search_on_a_heavy_head():
+    # the case the balanced-rank bound was made for (a 32K-vocabulary head on the last of two
+    # ranks, 4 small layers): the refinement test reads the bound, and so must the pruning
+    model = ModelSpec(name="heavy-head", num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=4,
+                      ffn_hidden_size=1024, gated_mlp=False, vocab_size=32000, moe_num_experts=4, moe_top_k=2)
+    _same_search(model, cluster_for_gpu("a100-40gb", gpus_per_node=2).with_gpus(2),
+                 TrainingSpec(seq_len=2048, global_batch=8))
+
+
+def test_refinement_test_reads_the_balanced_time():
+    # row 0: even point (2.0, 10), balanced bound 1.5; row 1: (2.0, 10), bound 1.9; the frontier
+    # point (1.7, 8) beats both even points shrunk by 1/1.1 (1.82, 9.09), not row 0's bound
+    cost = EvenCost(step_time_s=np.array([2.0, 2.0]), peak_memory_bytes=np.array([10.0, 10.0]),
+                    host_memory_bytes=np.zeros(2), balanced_time_s=np.array([1.5, 1.9]))
+    front = Front.of(np.array([1.7]), np.array([8.0]), np.array([7]))
+    assert cost.near(front, 1 / 1.1).tolist() == [False, False]
+    assert cost.candidates(front, 1 / 1.1).tolist() == [True, False]
+    # a row left with its bound is no candidate, whatever its balanced time
+    bounded = EvenCost(step_time_s=np.array([2.0, 2.0]), peak_memory_bytes=np.array([10.0, 10.0]),
+                       host_memory_bytes=np.zeros(2), balanced_time_s=np.array([1.5, 1.5]),
+                       exact=np.array([True, False]))
+    assert bounded.candidates(front, 1 / 1.1).tolist() == [True, False]

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from meshplan.plan import MESH_AXIS_ORDER, ParallelDims, Plan, Recompute
 from meshplan.runtime.pipeline import build_pipeline
-from meshplan.runtime.train import loss_context
+from meshplan.runtime.microbatch import loss_context
 
 
 class ToyBlock(nn.Module):

@@ -23,7 +23,9 @@ from meshplan.runtime.checkpoint import load_checkpoint
 from meshplan.runtime.mesh import build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
-from meshplan.runtime.train import TrainConfig, make_optimizer, train
+from meshplan.runtime.optim import make_optimizer
+from meshplan.runtime.train import train
+from meshplan.runtime.train_config import TrainConfig
 
 pytestmark = pytest.mark.runtime
 
@@ -42,7 +44,7 @@ def saved(tmp_path_factory):
 
 
 def fresh_model(job: Job):
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     model = build_model(job.model, "meta")
     parallelize(model, plan, build_mesh(plan, "cpu"))
     model.init_device = torch.device("cpu")

@@ -30,13 +30,13 @@ from meshplan.plan import Job
 from meshplan.runtime.mesh import build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
-from meshplan.runtime.train import token_loss_sum
+from meshplan.runtime.microbatch import token_loss_sum
 sys.path.insert(0, sys.argv[1])
 from _configs import make_job
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 job = make_job("llama")
-plan = job.plan.with_defaults(job.model)
+plan = job.full_plan
 gen = torch.Generator().manual_seed(0)
 tokens = torch.randint(0, job.model.vocab_size, (4, 17), generator=gen)
 x, y = tokens[:, :-1], tokens[:, 1:]

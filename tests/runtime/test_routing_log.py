@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.runtime.launch import launch
 from meshplan.runtime.testing import single_process
-from meshplan.runtime.train import TrainConfig
+from meshplan.runtime.train_config import TrainConfig
 from meshplan.spec.expert_load import read_expert_load
 
 from _configs import GLOBAL_BATCH, LR, SEQ_LEN, make_job

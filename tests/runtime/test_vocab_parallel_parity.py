@@ -103,7 +103,7 @@ def _train(job, tmp_path, name: str, *, steps: int, **cfg) -> list[dict]:
     from pathlib import Path
 
     from meshplan.runtime.launch import launch
-    from meshplan.runtime.train import TrainConfig
+    from meshplan.runtime.train_config import TrainConfig
 
     log = Path(tmp_path) / f"{name}.jsonl"
     config = TrainConfig(steps=steps, lr=LR, progress=False, log_path=str(log), **cfg)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -27,6 +26,7 @@ from typing import Mapping
 from meshplan.calib.recipes import is_bridge_row
 from meshplan.errors import MeshplanError
 from meshplan.plan import PipelineLayout, parse_layout
+from meshplan.shipped import shipped_path
 from meshplan.textfile import csv_records, read_text_file
 
 LAYOUT_COLUMNS = ("model", "pp", "vpp", "pp_layout", "config", "source")
@@ -96,7 +96,7 @@ def load_layouts(path: str | Path) -> Mapping[LayoutKey, BridgeLayout]:
 @lru_cache(maxsize=1)
 def shipped_layouts() -> Mapping[LayoutKey, BridgeLayout]:
     """The layouts shipped with meshplan (read once)."""
-    return load_layouts(Path(str(resources.files("meshplan.data").joinpath(SHIPPED))))
+    return load_layouts(shipped_path("meshplan.data", SHIPPED))
 
 
 def find_layout(row: Mapping[str, str], key: LayoutKey,

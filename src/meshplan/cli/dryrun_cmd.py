@@ -22,7 +22,7 @@ def dry_run(job: Job, ranks_spec: str, json_out: bool) -> None:
                         f"{job.plan.dims.world_size}, one process each[/dim]")
     comparisons = compare(job, run_ranks(job, ranks, steps=DRY_RUN_STEPS))
     if json_out:
-        print_json({"model": job.model.name, "plan": job.plan.with_defaults(job.model).notation(),
+        print_json({"model": job.model.name, "plan": job.full_plan.notation(),
                     "world_size": job.plan.dims.world_size, "ranks": [c.to_dict() for c in comparisons]})
         return
     console().print(render(job, comparisons))

@@ -100,8 +100,9 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
         dims=ParallelDims(dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=f.tp, pp=f.pp, cp=f.cp, ep=f.ep),
         zero=f.zero, sp=(f.tp > 1) if f.sp is None else f.sp, schedule=schedule, vpp=f.vpp,
         cp_method=f.cp_method, micro_batch=f.micro_batch, recompute=f.recompute,
-        **_stage_fields(f.stage_layers),
-        recompute_layers=parse_counts(f.recompute_layers, "--recompute-layers") if f.recompute_layers else (),
+        **_stage_fields(f.stage_layers, f.pp * f.vpp),
+        recompute_layers=(parse_counts(f.recompute_layers, "--recompute-layers", max_entries=f.pp * f.vpp)
+                          if f.recompute_layers else ()),
         recompute_modules=_parse_names(f.recompute_modules, RecomputeModule, "--recompute-modules"),
         offload=_parse_names(f.offload, Offload, "--offload"), offload_layers=f.offload_layers,
         vocab_parallel=f.vocab_parallel,
@@ -111,13 +112,13 @@ def build_plan(num_gpus: int, flags: PlanFlags) -> Plan:
     )
 
 
-def _stage_fields(text: str | None) -> dict:
+def _stage_fields(text: str | None, num_stages: int) -> dict:
     """``--stage-layers``: counts (``4x15,1``) or a Megatron layout string (``Et*4|(t*4|)*14tmL``,
     meshplan.plan.layout), which also says where the MTP modules sit."""
     if not text:
         return {"stage_layers": ()}
     if not looks_like_layout(text):
-        return {"stage_layers": parse_counts(text, "--stage-layers")}
+        return {"stage_layers": parse_counts(text, "--stage-layers", max_entries=num_stages)}
     try:
         layout = parse_layout(text)
     except MeshplanError as exc:

@@ -127,7 +127,7 @@ def train(
             console().print(f"nothing to do: {resume_from} is at step {done}, --steps is {steps}")
             return
 
-    from meshplan.runtime.train import TrainConfig  # noqa: E402  (imports torch only here)
+    from meshplan.runtime.train_config import TrainConfig  # noqa: E402  (imports torch only here)
 
     with tempfile.TemporaryDirectory(prefix="meshplan-train-") as tmp:
         log_path = str(log) if log else str(Path(tmp) / "log.jsonl")

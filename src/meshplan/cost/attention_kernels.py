@@ -9,14 +9,12 @@ gives the starting ``attention_efficiency`` of a (generation, stack) that has no
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from types import MappingProxyType
 from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_json
 
 KERNELS_FILE = "presets/attention_kernels.json"
 """The kernels and their efficiency per generation, with sources (under meshplan.spec)."""
@@ -35,7 +33,7 @@ class KernelEfficiency:
 
 @lru_cache(maxsize=1)
 def _raw() -> Mapping[str, Any]:
-    return MappingProxyType(json.loads(resources.files("meshplan.spec").joinpath(KERNELS_FILE).read_text()))
+    return shipped_json("meshplan.spec", KERNELS_FILE)
 
 
 def kernel_names() -> tuple[str, ...]:

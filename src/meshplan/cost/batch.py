@@ -144,7 +144,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     ``layer``, the stack's average."""
     if terms is None:
         terms = plan_terms(model, cluster, training, plans, calib, layer)
-    hbm, T, Vt = terms.hbm, terms.T, terms.Vt
+    hbm, T, Vt = terms.hbm_bytes_per_s, terms.tokens_per_microbatch, terms.vocab_per_tp_rank
     p = plans.pp
     # Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) run after the stack on the last rank,
     # as Megatron places them by default, or where the plan's layout puts them (``has_mtp``, None:
@@ -155,13 +155,13 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     if stack is not None:  # the rank's own mix of kinds (cost/rank_layers.py)
         layer = rank_layer(stack, layers=layers, lead=lead, mtp=np.where(has_mtp, mtp, 0.0))
         rec_one, act_policy = layer_policy(plans, layer)
-        terms = replace(terms, rec_one=rec_one, act_policy=act_policy)
+        terms = replace(terms, recompute_s_per_layer=rec_one, act_policy=act_policy)
     if mtp:
         layers = layers + np.where(has_mtp, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
-    rec_one = terms.rec_one
+    rec_one = terms.recompute_s_per_layer
     compute = layers * (layer.fwd_compute_s + layer.bwd_compute_s)
     comm_exp = layers * (layer.fwd_comm_exposed_s + layer.bwd_comm_exposed_s)
     comm_tot = layers * (layer.fwd_comm_total_s + layer.bwd_comm_total_s) if totals else np.nan
@@ -179,12 +179,12 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
 
     # ---- parameters on this GPU (before ZeRO) ----------------------------------------------
     # a tied head needs no copy of the embedding when both rows sit on the same rank
-    head_p = (np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_p)
-              if plans.vocab_parallel.any() else terms.head_p)
-    dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_p + head_share * head_p
+    head_p = (np.where(plans.vocab_parallel, model.head_params() / terms.t, terms.head_params)
+              if plans.vocab_parallel.any() else terms.head_params)
+    dense_p = layers * layer.dense_params_per_gpu + embed_share * terms.embed_params + head_share * head_p
     if mtp:  # Megatron-Core builds the embedding and output layer on the MTP stage too (GPTModel:
         # pre_process/post_process or mtp_process); copies where that rank lacks its own
-        copies = (np.where(has_mtp & ~np.asarray(has_embedding, dtype=bool), terms.embed_p, 0.0)
+        copies = (np.where(has_mtp & ~np.asarray(has_embedding, dtype=bool), terms.embed_params, 0.0)
                   + np.where(has_mtp & ~np.asarray(has_head, dtype=bool), head_p, 0.0))
         dense_p = dense_p + np.where(plans.vocab_parallel, 0.0, copies)
     expert_p = layers * (layer.params_per_gpu - layer.dense_params_per_gpu)
@@ -196,9 +196,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     rest_p = np.maximum(total_p - layers * layer.params_per_gpu, 0.0)  # embedding / LM head shares
     osdp = rank_osdp(model, plans, calib, layer_params=layer.params_per_gpu,
                      dense_layer_params=layer.dense_params_per_gpu, layers=layers, rest_params=rest_p,
-                     embed_params=embed_share * terms.embed_p, head_params=head_share * head_p,
-                     head_share=head_share, tokens=T, vocab_per_gpu=Vt, linear_flops=terms.linear_flops,
-                     head_flops=terms.head_flops, hbm_bytes_per_s=hbm,
+                     embed_params=embed_share * terms.embed_params, head_params=head_share * head_p,
+                     head_share=head_share, tokens=T, vocab_per_gpu=Vt, linear_flops=terms.linear_flops_per_s,
+                     head_flops=terms.head_flops_per_s, hbm_bytes_per_s=hbm,
                      activation_bytes=activation_bytes(training.precision), active=terms.osdp)
     stage = unsharded_stage(plans, calib)
     states = rank_states(training, calib, layer, terms, stage, layers=layers, dense_params=dense_p,

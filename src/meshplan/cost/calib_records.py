@@ -7,13 +7,12 @@ lend their hardware fields. Loading and shape only: checking the values against
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from meshplan.shipped import shipped_json
 from meshplan.spec.cluster import GPUSpec
 
 FITTED_FILE = "presets/calibration_fitted.json"
@@ -50,7 +49,7 @@ def record_key(generation: str, stack: str) -> str:
 @lru_cache(maxsize=1)
 def calibration_file() -> Mapping[str, Any]:
     """``FITTED_FILE`` as parsed JSON (read once)."""
-    return MappingProxyType(json.loads(resources.files("meshplan.spec").joinpath(FITTED_FILE).read_text()))
+    return shipped_json("meshplan.spec", FITTED_FILE)
 
 
 def read_fitted_records() -> dict[str, FittedRecord]:

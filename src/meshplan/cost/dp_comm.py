@@ -27,9 +27,9 @@ def dp_ring(op, terms: PlanTerms, experts_on: bool, dense_bytes, expert_bytes):
     """A data-parallel collective ``op`` of dense parameters over the dp group and of expert
     parameters over the expert-dp group (its own ranks, its own link)."""
     if not experts_on:  # no expert bytes: the expert group's term is 0 everywhere
-        return op(dense_bytes, terms.n1, terms.lvl1)
-    return op(dense_bytes, terms.n1, terms.lvl1) + np.where(
-        expert_bytes > 0, op(expert_bytes, terms.n1_e, terms.lvl1_e), 0.0)
+        return op(dense_bytes, terms.zero_ranks, terms.zero_link)
+    return op(dense_bytes, terms.zero_ranks, terms.zero_link) + np.where(
+        expert_bytes > 0, op(expert_bytes, terms.expert_zero_ranks, terms.expert_zero_link), 0.0)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def step_dp_comm(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, cali
     updated weights; ZeRO-3 does neither here (per micro-batch: :func:`zero_microbatch_comm`).
     The dp_replicate level (HSDP) all-reduces the shards; ``backward_s`` hides part of it."""
     z = plans.zero
-    n1, lvl1 = terms.n1, terms.lvl1
+    n1, lvl1 = terms.zero_ranks, terms.zero_link
     gb, wb = grad_bytes_per_param, calib.weight_bytes_per_param
     g_bytes = total_params * gb  # gradients are reduced in their buffer's dtype
     rs_grads = dp_ring(comms.reduce_scatter_time, terms, experts_on, dense_params * gb, expert_params * gb)
@@ -57,7 +57,7 @@ def step_dp_comm(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, cali
     # OSDP's kept groups (zero 3): their updated weights all-gathered once per step, as ZeRO-2
     if osdp.active:
         step_lvl1 = step_lvl1 + comms.all_gather_time(osdp.kept_params * wb, n1, lvl1)
-    step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, terms.lvl2)
+    step_lvl2 = comms.all_reduce_time(g_bytes / terms.dense_shards[1], plans.dp_replicate, terms.replicate_link)
     dp_total = step_lvl1 + step_lvl2
     if model.is_moe:  # hot-expert replicas: gradients all-reduced among the copies (cost/expert_load.py)
         replica_share = 1.0 - 1.0 / replica_factor(model.moe_num_experts, plans.ep, plans.expert_replicas)
@@ -95,7 +95,7 @@ def zero_microbatch_comm(plans: PlanArrays, calib: Calibration, layer: LayerCost
     the m is the step's own (in :func:`step_dp_comm`); the other m - 1 are per micro-batch, hidden
     behind the backward like FSDP's. Averaged over the m micro-batches: (m - 1) / m of one."""
     z = plans.zero
-    n1, lvl1 = terms.n1, terms.lvl1
+    n1, lvl1 = terms.zero_ranks, terms.zero_link
     gb, wb = grad_bytes_per_param, calib.weight_bytes_per_param
     layer_p = layer.params_per_gpu
     expert_layer_p = layer.params_per_gpu - layer.dense_params_per_gpu

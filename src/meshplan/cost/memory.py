@@ -121,10 +121,10 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
     if calib.loss_parallel_transient_bytes_per_element:  # vocabulary-parallel loss, tp > 1 only
         loss_transient = loss_transient + np.where(terms.t > 1, calib.loss_parallel_transient_bytes_per_element,
                                                    0.0)
-    logits = head_share * terms.T * terms.Vt * logits_fraction * (calib.logits_bytes_per_element * head_mbs
+    logits = head_share * terms.tokens_per_microbatch * terms.vocab_per_tp_rank * logits_fraction * (calib.logits_bytes_per_element * head_mbs
                                                                   + loss_transient)
     if calib.sp_saves_gathered_inputs:  # the head's input gathered under SP: T x D, not T/t x D
-        gathered = np.where(plans.sp, terms.T * (1.0 - 1.0 / terms.t), 0.0) * hidden_bytes_per_token
+        gathered = np.where(plans.sp, terms.tokens_per_microbatch * (1.0 - 1.0 / terms.t), 0.0) * hidden_bytes_per_token
         logits = logits + head_share * head_mbs * gathered
     return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
                            logits_bytes=logits)
@@ -159,14 +159,14 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
         if osdp.active:
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
     z3_buffers = np.where(z >= 3, gathered * gathered_p
-                          * calib.weight_bytes_per_param * (1.0 - 1.0 / terms.n1), 0.0)
+                          * calib.weight_bytes_per_param * (1.0 - 1.0 / terms.zero_ranks), 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:
         allocated_bytes = allocated_bytes + step_excess_bytes
     reserve = calib.allocator_fragmentation * allocated_bytes
     # Pipeline receive buffers, when the stack preallocates one per micro-batch (torch's pipelining):
     # the (b, S/c, D) hidden state, /t under sequence parallel (what the stages send).
-    hidden_bytes = (terms.T * model.hidden_size * activation_bytes(training.precision)
+    hidden_bytes = (terms.tokens_per_microbatch * model.hidden_size * activation_bytes(training.precision)
                     / np.where(plans.sp, plans.tp, 1))
     recv_buffers = np.where(calib.pp_preallocated_recv_buffers,
                             recv_buffers_held(rank, plans.pp, terms.v, terms.m_float) * hidden_bytes, 0.0)

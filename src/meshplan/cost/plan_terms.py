@@ -29,44 +29,60 @@ def num_microbatches(training: TrainingSpec, plans: PlanArrays) -> np.ndarray:
 class PlanTerms:
     """What :func:`~meshplan.cost.batch.rank_cost` computes from the plans alone (not the rank, its
     layers or its embedding / head): the same for every rank of a plan, so a caller scoring several
-    ranks of the same plans computes it once (:func:`plan_terms`) and passes it to each call."""
+    ranks of the same plans computes it once (:func:`plan_terms`) and passes it to each call.
 
-    hbm: float
-    head_flops: float
+    Symbols: ``t``, ``v`` and ``m`` are Narayanan et al. 2021's (Sec. 2 notation): the tensor-parallel
+    degree, the model chunks (virtual stages) per pipeline rank and the micro-batches per step, as
+    floats per plan (``m_float``; ``pp_float`` the pipeline degree p). Every other field is named
+    with its unit."""
+
+    hbm_bytes_per_s: float
+    head_flops_per_s: float
     """Peak rate of the LM head's GEMM (the compute dtype's: it stays bf16)."""
-    linear_flops: float
+    linear_flops_per_s: float
     """Peak rate of the layers' linear GEMMs (fp8/fp4 where the recipe runs them so)."""
     t: np.ndarray
     v: np.ndarray
-    T: np.ndarray
-    rec_one: np.ndarray
-    Vt: np.ndarray
+    tokens_per_microbatch: np.ndarray
+    """Tokens of one micro-batch on a rank: micro_batch * seq_len / cp."""
+    recompute_s_per_layer: np.ndarray
+    """Time to recompute one layer's forward under the plan's recompute policy (0 without)."""
+    vocab_per_tp_rank: np.ndarray
+    """LM-head columns per tp rank, padded as Megatron pads (Calibration.vocab_pad_multiple)."""
     head_compute_s: np.ndarray
     embed_compute_s: np.ndarray
     p2p_s: np.ndarray
-    embed_p: float
-    head_p: np.ndarray
-    n1: np.ndarray
-    n1_e: np.ndarray
-    lvl1: comms.Link
-    lvl1_e: comms.Link
-    """The experts' data-parallel group (n1_e ranks ep * etp apart: Megatron lays experts out
+    embed_params: float
+    """Embedding parameters per tp rank."""
+    head_params: np.ndarray
+    """LM-head parameters per tp rank (with a copy of a tied embedding when pp > 1)."""
+    zero_ranks: np.ndarray
+    """Ranks ZeRO shards dense states over: dp_shard * cp (torchtitan)."""
+    expert_zero_ranks: np.ndarray
+    """The experts' data-parallel degree: dp_shard * cp * tp / (etp * ep), at least 1."""
+    zero_link: comms.Link
+    """The link of the zero_ranks group (ranks tp apart)."""
+    expert_zero_link: comms.Link
+    """The experts' data-parallel group (expert_zero_ranks ranks ep * etp apart: Megatron lays experts out
     etp, ep, edp from the innermost), which reduces the expert gradients."""
-    lvl2: comms.Link
+    replicate_link: comms.Link
+    """The dp_replicate group's link (HSDP's outer all-reduce)."""
     act_policy: np.ndarray
+    """Activation bytes one layer saves under the plan's recompute policy."""
     m: np.ndarray
     m_float: np.ndarray
     pp_float: np.ndarray
     dense_shards: tuple[np.ndarray, ...]
-    """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (n1 where
+    """Indexed by ZeRO stage 0-3: ranks a dense state is sharded over at that stage (zero_ranks where
     the plan's ZeRO stage reaches it, else 1)."""
     expert_shards: tuple[np.ndarray, ...]
-    """The same for expert states (the experts' data-parallel degree n1 * tp / (etp * ep), at
-    least 1; n1 / ep when etp = tp)."""
+    """The same for expert states (the experts' data-parallel degree zero_ranks * tp / (etp * ep), at
+    least 1; zero_ranks / ep when etp = tp)."""
     vocab_sync_s: np.ndarray | float = 0.0
     """Per micro-batch: vocabulary parallelism's synchronisation over the pp ranks (cost.vocab)."""
     osdp: bool = False
     """Whether any plan keeps a group gathered or splits an operator (cost.osdp.uses_osdp)."""
+
 
 
 def layer_policy(plans: PlanArrays, layer: LayerCost) -> tuple[np.ndarray, np.ndarray]:
@@ -117,10 +133,10 @@ def plan_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, p
     vocab_sync = vocab_sync_s(plans.vocab_parallel, p, T, D, ab, t, pp_link) if plans.vocab_parallel.any() else 0.0
     return PlanTerms(vocab_sync_s=vocab_sync, osdp=uses_osdp(plans),
         dense_shards=dense_shards, expert_shards=expert_shards,
-        hbm=hbm, head_flops=peak, linear_flops=op_rates(cluster, training, calib).linear_flops,
-        t=t, v=v, T=T, rec_one=rec_one, Vt=Vt, head_compute_s=3.0 * head_fwd,
+        hbm_bytes_per_s=hbm, head_flops_per_s=peak, linear_flops_per_s=op_rates(cluster, training, calib).linear_flops,
+        t=t, v=v, tokens_per_microbatch=T, recompute_s_per_layer=rec_one, vocab_per_tp_rank=Vt, head_compute_s=3.0 * head_fwd,
         embed_compute_s=3.0 * T * D * ab / hbm, p2p_s=p2p,  # embedding lookup + grad
-        embed_p=embed_p, head_p=head_p, n1=n1, n1_e=n1_e,
-        lvl1=lvl1, lvl1_e=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp) if model.is_moe else lvl1,
-        lvl2=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
+        embed_params=embed_p, head_params=head_p, zero_ranks=n1, expert_zero_ranks=n1_e,
+        zero_link=lvl1, expert_zero_link=comms.group_link(cluster, calib, n1_e, plans.ep * plans.etp) if model.is_moe else lvl1,
+        replicate_link=comms.group_link(cluster, calib, plans.dp_replicate, plans.tp * plans.cp * plans.dp_shard),
         act_policy=act_policy, m=m, m_float=m.astype(float), pp_float=p.astype(float))

@@ -33,7 +33,7 @@ class Export:
 def uniform_recompute(plan: "Plan") -> tuple[bool, int]:
     """(all stages recompute every layer, the common per-stage count or -1 if they differ).
 
-    ``plan`` must have its defaults filled (``Plan.with_defaults``).
+    ``plan`` must have its defaults filled (``Job.full_plan``, ``Plan.with_defaults``).
     """
     if plan.recompute == Recompute.NONE:
         return False, 0

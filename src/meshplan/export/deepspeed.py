@@ -22,7 +22,7 @@ from meshplan.spec.training import Precision
 
 
 def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     d, t = plan.dims, job.training
     warnings: list[str] = []
     if d.cp > 1:

@@ -119,7 +119,7 @@ def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
 def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
     """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout
     (``meshplan.plan.layout``), which also places MTP modules on a stage other than the last."""
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     layers, pp, vpp = plan.stage_layers, plan.dims.pp, plan.vpp
     if pp == 1:
         return []
@@ -136,7 +136,7 @@ def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
 
 
 def _recompute_args(job: Job) -> list[list[str]]:
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     if plan.recompute == Recompute.NONE:
         return []
     every, _ = uniform_recompute(plan)

@@ -45,7 +45,7 @@ def _toml_value(v: object) -> str:
 
 def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[str]]:
     """Section name -> {field: value} for the TOML, and the warnings."""
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     d, t = plan.dims, job.training
     warnings: list[str] = []
     if t.precision == Precision.FP16:

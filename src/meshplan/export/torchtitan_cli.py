@@ -124,7 +124,7 @@ def command_line(job: Job) -> tuple[CommandLine, list[str]]:
     if option is not None and option != "op":
         raise MeshplanError("torchtitan 0.3 dropped layer-level selective checkpointing (every "
                             f"{option}-th block): recompute all layers, none, or use --target-version 0.2")
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     # a bool that defaults to False is a bare flag for tyro (like training.disable_cuda_graphs)
     overrides: list[tuple[str, str]] = [(f"training.{k}", "" if v is True else _value(v))
                                         for k, v in sections["training"].items()]

@@ -24,8 +24,10 @@ from meshplan.plan.choices import (  # noqa: F401
     ExpertPlacement, MeshAxis, Offload, OpGroup, Recompute, RecomputeModule, Schedule, group_choices, group_code,
     offload_choices, offload_code, recompute_module_choices, recompute_module_code,
 )
-from meshplan.plan.core import PLAN_FORMAT_VERSION, READABLE_PLAN_VERSIONS, Plan, check_model_takes, missing_module  # noqa: F401
+from meshplan.plan.checks import check_model_takes, check_plan_fits, missing_module  # noqa: F401
+from meshplan.plan.core import PLAN_FORMAT_VERSION, READABLE_PLAN_VERSIONS, Plan  # noqa: F401
 from meshplan.plan.dims import ParallelDims, data_parallel_degree  # noqa: F401
 from meshplan.plan.job import Job  # noqa: F401
+from meshplan.plan.notation import plan_notation  # noqa: F401
 from meshplan.plan.layout import PipelineLayout, format_layout, looks_like_layout, parse_layout  # noqa: F401
 from meshplan.plan.split import embedding_loss_split, even_split, format_counts, parse_counts  # noqa: F401

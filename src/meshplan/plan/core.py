@@ -9,8 +9,10 @@ from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count
 from meshplan.plan.choices import (CPMethod, ExpertPlacement, Offload, OpGroup, Recompute, RecomputeModule,
                                    Schedule)
+from meshplan.plan.checks import check_plan_fits
 from meshplan.plan.dims import ParallelDims
-from meshplan.plan.split import even_split, format_counts
+from meshplan.plan.notation import plan_notation
+from meshplan.plan.split import even_split
 
 if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
@@ -21,25 +23,6 @@ PLAN_FORMAT_VERSION = 3
 recompute is the default module set, the attention core). Version 3 added ``mtp_stage`` (where the
 multi-token-prediction modules sit); a version-1 or -2 file reads with them on the last stage."""
 READABLE_PLAN_VERSIONS: tuple[int, ...] = (1, 2, 3)
-
-
-def check_model_takes(model: "ModelSpec", training: "TrainingSpec") -> None:
-    """Raise MeshplanError when the model cannot take the training's sequences at all, whatever
-    the plan: a learned position table has ``max_position`` rows (GPT-2: 1024)."""
-    if model.position.value == "learned" and training.seq_len > model.max_position:
-        raise MeshplanError(f"seq_len={training.seq_len} exceeds {model.name}'s max_position="
-                            f"{model.max_position} (learned position embeddings)")
-    if training.expert_load is not None and not model.is_moe:
-        raise MeshplanError(f"an expert load (--expert-skew / --expert-load) describes MoE routing; "
-                            f"{model.name} has no experts")
-
-
-def missing_module(model: "ModelSpec", modules: "tuple[RecomputeModule, ...]") -> RecomputeModule | None:
-    """The first of ``modules`` that ``model`` has nothing for (experts, shared experts, MLA), or None."""
-    has = {RecomputeModule.MOE: model.is_moe, RecomputeModule.MOE_ACT: model.is_moe,
-           RecomputeModule.SHARED_EXPERTS: model.is_moe and model.moe_shared_experts > 0,
-           RecomputeModule.MLA_UP_PROJ: model.is_mla}
-    return next((m for m in modules if not has.get(RecomputeModule(m), True)), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,91 +210,7 @@ class Plan:
     # ---- checks against what is trained -------------------------------------------------
     def validate_for(self, model: "ModelSpec", training: "TrainingSpec", num_gpus: int | None = None) -> None:
         """Raise MeshplanError naming the first value that does not fit the model or batch."""
-        check_model_takes(model, training)
-        d = self.dims
-        if num_gpus is not None and d.world_size != num_gpus:
-            raise MeshplanError(
-                f"degrees pp*dp_replicate*dp_shard*cp*tp = {d.pp}*{d.dp_replicate}*{d.dp_shard}"
-                f"*{d.cp}*{d.tp} = {d.world_size} do not equal the GPU count {num_gpus}"
-            )
-        if model.num_heads % d.tp:
-            raise MeshplanError(f"num_heads={model.num_heads} is not divisible by tp={d.tp}")
-        if model.num_kv_heads % d.tp and d.tp % model.num_kv_heads:
-            raise MeshplanError(
-                f"num_kv_heads={model.num_kv_heads} and tp={d.tp}: one must divide the other"
-            )
-        if model.ffn_hidden_size % d.tp:
-            raise MeshplanError(f"ffn_hidden_size={model.ffn_hidden_size} is not divisible by tp={d.tp}")
-        if "M" in model.hybrid_pattern and (model.mamba_num_heads % d.tp or model.mamba_groups % d.tp):
-            raise MeshplanError(f"Mamba-2 layers split mamba_num_heads={model.mamba_num_heads} and "
-                                f"mamba_groups={model.mamba_groups} over tp: tp={d.tp} divides not both")
-        if "M" in model.hybrid_pattern and (model.mamba_num_heads // d.tp) % d.cp:
-            raise MeshplanError(f"Mamba-2 context parallel exchanges heads: mamba heads per tp rank "
-                                f"({model.mamba_num_heads // d.tp}) are not divisible by cp={d.cp}")
-        if model.is_moe:
-            if model.moe_num_experts % d.ep:
-                raise MeshplanError(f"moe_num_experts={model.moe_num_experts} is not divisible by ep={d.ep}")
-            if self.expert_replicas > model.moe_num_experts // d.ep:
-                raise MeshplanError(f"expert_replicas={self.expert_replicas} exceeds the "
-                                    f"{model.moe_num_experts // d.ep} experts each of the ep={d.ep} ranks holds")
-            if d.etp and model.moe_ffn_hidden_size % d.etp:
-                raise MeshplanError(f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} is not divisible by "
-                                    f"etp={d.etp}")
-        elif d.etp and d.etp != d.tp:
-            raise MeshplanError(f"etp={d.etp} needs a mixture-of-experts model; {model.name} is dense")
-        elif d.ep > 1:
-            raise MeshplanError(f"ep={d.ep} needs a mixture-of-experts model; {model.name} is dense")
-        if self.mtp_stage is not None and not model.mtp_num_layers:
-            raise MeshplanError(f"mtp_stage={self.mtp_stage} places multi-token-prediction modules; "
-                                f"{model.name} has none (mtp_num_layers=0)")
-        if self.num_stages > model.num_layers and not (
-                self.stage_layers and self.num_stages <= model.num_layers + 2):
-            raise MeshplanError(
-                f"pp*vpp={self.num_stages} stages but the model has only {model.num_layers} layers"
-            )
-        if self.stage_layers and sum(self.stage_layers) != model.num_layers:
-            raise MeshplanError(
-                f"stage_layers sum to {sum(self.stage_layers)}, the model has {model.num_layers} layers"
-            )
-        if training.seq_len % (d.cp * (2 if d.cp > 1 else 1)):
-            raise MeshplanError(
-                f"seq_len={training.seq_len} is not divisible by 2*cp={2 * d.cp} "
-                "(load-balanced context parallel splits the sequence into 2*cp chunks)"
-            )
-        if d.cp > 1 and self.cp_method == CPMethod.ALL_TO_ALL and (model.num_heads // d.tp) % d.cp:
-            raise MeshplanError(
-                f"all-to-all context parallel needs heads per tp rank ({model.num_heads // d.tp}) "
-                f"divisible by cp={d.cp}"
-            )
-        if self.sp and training.seq_len % d.tp:
-            raise MeshplanError(f"sequence parallel needs seq_len={training.seq_len} divisible by tp={d.tp}")
-        missing = missing_module(model, self.recompute_modules)
-        if missing is not None:
-            what = {RecomputeModule.MLA_UP_PROJ: "multi-head latent attention",
-                    RecomputeModule.SHARED_EXPERTS: "shared experts"}.get(missing, "experts")
-            raise MeshplanError(f"recompute module {missing.value}: {model.name} has no {what}")
-        if self.mlp_splits > 1 and model.is_moe:
-            raise MeshplanError(f"mlp_splits={self.mlp_splits}: {model.name}'s experts are separate operators "
-                                "already (split them with ep); operator splitting applies to dense MLPs")
-        if self.mlp_splits > 1 and model.ffn_hidden_size % (d.tp * self.mlp_splits):
-            raise MeshplanError(f"mlp_splits={self.mlp_splits}: the MLP width per GPU "
-                                f"({model.ffn_hidden_size}/{d.tp}) is not divisible by it")
-        tokens = self.micro_batch * training.seq_len // d.cp
-        if self.head_splits > 1 and tokens % self.head_splits:
-            raise MeshplanError(f"head_splits={self.head_splits}: the {tokens} tokens of a micro-batch "
-                                f"(micro_batch*seq_len/cp) are not divisible by it")
-        per_step = d.dp * self.micro_batch
-        if training.global_batch % per_step:
-            raise MeshplanError(
-                f"global_batch={training.global_batch} is not divisible by dp*micro_batch="
-                f"{d.dp}*{self.micro_batch}={per_step}"
-            )
-        if self.schedule == Schedule.INTERLEAVED_1F1B and d.pp > 1 and self.vpp > 1:
-            if self.num_microbatches(training) % d.pp:
-                raise MeshplanError(
-                    f"interleaved 1F1B needs the number of micro-batches "
-                    f"({self.num_microbatches(training)}) divisible by pp={d.pp}"
-                )
+        check_plan_fits(self, model, training, num_gpus)
 
     def num_microbatches(self, training: "TrainingSpec") -> int:
         """Gradient-accumulation steps = global_batch / (dp * micro_batch)."""
@@ -359,59 +258,8 @@ class Plan:
 
     # ---- notation and JSON ---------------------------------------------------------------
     def notation(self) -> str:
-        """Compact one-line form that maps one-to-one to the plan flags (``cli/plan_flags.py``),
-        e.g. ``dp16 zero2x2 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:all``:
-
-        ``dpN`` total data parallel (``--dp N``); ``zeroZxM`` / ``fsdpM`` ZeRO stage Z (3 = FSDP)
-        sharded over M of those N ranks (``--zero Z --dp-shard M``; the other N/M replicate);
-        ``tpT`` + ``sp`` when sequence parallel; ``ppP(schedule,vV)`` + ``vocab`` with vocabulary
-        parallelism; ``cpC`` + ``a2a`` for
-        all-to-all; ``epE`` + ``bal`` for a balanced expert placement, ``rR`` for R replica slots; ``mbB``; ``layers=...`` the layers per virtual stage when the split is
-        not the even one; ``mtp=S`` the virtual stage of the MTP modules when not the last;
-        ``ckpt=sel|full:all`` or ``:...`` the layers recomputed per stage when not all,
-        ``sel(core_attn+moe_act)`` the modules selective recompute reruns when not the default
-        attention core (``--recompute-modules``); ``offload=optimizer+params+activations`` what
-        lives in host memory, ``:N`` the layers per rank whose activations do when not all;
-        ``keep=attention+embedding`` the groups kept gathered under zero 3 and ``split=mlp4,head8``
-        the operator splits when not 1 (OSDP).
-        Lists are comma separated, a run of K equal counts N written ``NxK``.
-        """
-        d = self.dims
-        parts = [f"dp{d.dp}"]
-        if self.zero == 3:
-            parts.append(f"fsdp{d.dp_shard}")
-        elif self.zero:
-            parts.append(f"zero{self.zero}x{d.dp_shard}")
-        parts.append(f"tp{d.tp}{'sp' if self.sp else ''}")
-        pp = f"pp{d.pp}"
-        if d.pp > 1 or self.schedule != Schedule.ONE_F_ONE_B:
-            pp += f"({self.schedule.value}" + (f",v{self.vpp}" if self.vpp > 1 else "") + ")"
-        parts.append(pp + ("vocab" if self.vocab_parallel else ""))
-        parts.append(f"cp{d.cp}" + ("a2a" if self.cp_method == CPMethod.ALL_TO_ALL else ""))
-        if d.ep > 1:
-            parts.append(f"ep{d.ep}" + ("bal" if self.expert_placement == ExpertPlacement.BALANCED else "")
-                         + (f"r{self.expert_replicas}" if self.expert_replicas else ""))
-        if d.etp and d.etp != d.tp:
-            parts.append(f"etp{d.etp}")
-        parts.append(f"mb{self.micro_batch}")
-        if self.uneven_split:
-            parts.append(f"layers={format_counts(self.stage_layers)}")
-        if self.mtp_stage is not None:
-            parts.append(f"mtp={self.mtp_stage}")
-        if self.recompute != Recompute.NONE:
-            short = {Recompute.SELECTIVE: "sel", Recompute.FULL: "full"}[self.recompute]
-            if self.recompute_modules:
-                short += "(" + "+".join(m.value for m in self.recompute_modules) + ")"
-            parts.append(f"ckpt={short}:{format_counts(self.recompute_layers) if self.partial_recompute else 'all'}")
-        if self.offload:
-            parts.append("offload=" + "+".join(o.value for o in self.offload)
-                         + (f":{self.offload_layers}" if self.offload_layers else ""))
-        if self.keep_gathered:
-            parts.append("keep=" + "+".join(g.value for g in self.keep_gathered))
-        splits = [f"{name}{n}" for name, n in (("mlp", self.mlp_splits), ("head", self.head_splits)) if n > 1]
-        if splits:
-            parts.append("split=" + ",".join(splits))
-        return " ".join(parts)
+        """Compact one-line form that maps one-to-one to the plan flags (``meshplan.plan.notation``)."""
+        return plan_notation(self)
 
     @property
     def uneven_split(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,16 @@ class Job:
 
     def __post_init__(self) -> None:
         self.plan.validate_for(self.model, self.training, self.cluster.num_gpus)
+
+    @cached_property
+    def full_plan(self) -> Plan:
+        """The plan with its layer split and recomputed layers filled for this model
+        (:meth:`Plan.with_defaults`): what every reader of a job (runtime, exporters, dry-run
+        reports) works on. A ``Plan`` cannot be complete when built, as its even split needs the
+        model's layer count; a Job is the first place that knows both, so it fills them, once.
+        ``plan`` stays as given: the file a job writes, and the plan callers derive others from
+        (``replace(job.plan, dims=...)`` must not carry a split made for other degrees)."""
+        return self.plan.with_defaults(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return {

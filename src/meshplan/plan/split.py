@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
+from meshplan.numbers import check_count
 
 
 def format_counts(counts: tuple[int, ...]) -> str:
@@ -16,9 +17,11 @@ def format_counts(counts: tuple[int, ...]) -> str:
     return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
-def parse_counts(text: str, what: str) -> tuple[int, ...]:
-    """The inverse of :func:`format_counts`: ``2x3,1,3`` -> ``(2, 2, 2, 1, 3)``."""
-    out: list[int] = []
+def parse_counts(text: str, what: str, *, max_entries: int | None = None) -> tuple[int, ...]:
+    """The inverse of :func:`format_counts`: ``2x3,1,3`` -> ``(2, 2, 2, 1, 3)``. ``max_entries``
+    (the plan's pp*vpp stages, where the caller knows it): a list naming more is refused before it
+    is built (``1x99999999999999999999`` would not fit in memory)."""
+    items: list[tuple[int, int]] = []
     for item in text.split(","):
         value, times, repeat = item.strip().partition("x")
         try:
@@ -27,8 +30,13 @@ def parse_counts(text: str, what: str) -> tuple[int, ...]:
             raise MeshplanError(f"{what} {text!r}: give counts like 9,10x6,11 (N, or N repeated K times as NxK)") from None
         if n < 0 or k < 1:
             raise MeshplanError(f"{what} {text!r}: counts must be >= 0 and repeats >= 1")
-        out += [n] * k
-    return tuple(out)
+        check_count(f"{what} count", n, minimum=0)
+        check_count(f"{what} repeat", k)
+        items.append((n, k))
+    total = sum(k for _, k in items)
+    if max_entries is not None and total > max_entries:
+        raise MeshplanError(f"{what} {text!r} has {total} entries; pp*vpp={max_entries} stages")
+    return tuple(n for n, k in items for _ in range(k))
 
 
 def even_split(num_layers: int, num_stages: int) -> tuple[int, ...]:

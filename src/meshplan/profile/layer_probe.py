@@ -60,7 +60,7 @@ def _time_probe(kind: ProbeKind, layers: int, budget_s: float) -> float:
     from meshplan.runtime.mesh import build_mesh
     from meshplan.runtime.models import build_model
     from meshplan.runtime.parallelize import parallelize
-    from meshplan.runtime.train import loss_context, token_loss_sum
+    from meshplan.runtime.microbatch import loss_context, token_loss_sum
     from meshplan.spec.cluster import system_preset
 
     plan = probe_plan(kind)

@@ -128,7 +128,7 @@ def _ratio(a: float, b: float) -> str:
 
 def render(job: Job, comparisons: list[RankComparison]) -> Group:
     """Per simulated rank: a memory table and a collectives table, dry run next to the cost model."""
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     parts: list = [f"[bold]dry run: {job.model.name}  {plan.notation()}  ({plan.dims.world_size} ranks, "
                    f"fake process group)[/bold]"]
     for c in comparisons:

@@ -48,7 +48,7 @@ class ExpectedCollective:
 def expected_collectives(job: Job, pp_rank: int) -> list[ExpectedCollective]:
     """What the cost model charges pipeline rank ``pp_rank`` for one step (see module docstring)."""
     model, training = job.model, job.training
-    plan = job.plan.with_defaults(model)
+    plan = job.full_plan
     d = plan.dims
     calib = calibration_for(job.cluster.gpu)
     ab = activation_bytes(training.precision)
@@ -107,7 +107,7 @@ def _data_parallel(job: Job, pp_rank: int, m: int, calib) -> list[ExpectedCollec
     """ZeRO-0: all-reduce gradients; 1/2: reduce-scatter gradients + all-gather weights once per
     step; 3: all-gather weights forward and backward and reduce-scatter gradients per micro-batch
     (cost/batch.py); plus the dp_replicate all-reduce of the sharded gradients (HSDP)."""
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     d = plan.dims
     n1 = d.dp_shard * d.cp
     if n1 * d.dp_replicate == 1:

@@ -48,14 +48,9 @@ from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.models import build_model
 from meshplan.runtime.parallelize import parallelize
 from meshplan.runtime.pipeline import ZeroStage
-from meshplan.runtime.train import (
-    _accumulate,
-    compute_precision,
-    loss_context,
-    make_optimizer,
-    mixed_precision_dtype,
-    token_loss_sum,
-)
+from meshplan.runtime.device import compute_precision, mixed_precision_dtype
+from meshplan.runtime.microbatch import accumulate, loss_context, token_loss_sum
+from meshplan.runtime.optim import make_optimizer
 
 DRY_RUN_LR = 1e-3
 """Learning rate of the simulated optimizer (its value changes nothing a dry run measures)."""
@@ -149,7 +144,7 @@ def _mesh_views(mesh, ep_mesh) -> dict:
 def simulate_rank(job: Job, rank: int, steps: int = 1) -> RankResult:
     """Run ``steps`` training steps of ``job`` as rank ``rank`` on the fake process group."""
     start = time.perf_counter()
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     # Importing fake_pg registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -181,7 +176,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
     model = build_model(job.model, "meta")
     rows = training.global_batch // d.dp  # this data-parallel rank's sequences per step
     # The pipeline takes this rank's rows and sequence chunk (train.py slices them before
-    # pipe.step); the non-pipeline path slices the global batch itself (train._accumulate).
+    # pipe.step); the non-pipeline path slices the global batch itself (microbatch.accumulate).
     shape = (rows, training.seq_len // d.cp) if d.pp > 1 else (training.global_batch, training.seq_len)
     with fake:
         tokens = torch.randint(0, job.model.vocab_size, shape)
@@ -229,7 +224,7 @@ def _simulate(job: Job, plan: Plan, rank: int, steps: int, start: float) -> Rank
                         pipe.step(tokens, targets)
                 else:
                     local_tokens = rows * training.seq_len // d.cp
-                    _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens,
+                    accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens,
                                 device, autocast, amp_dtype)
                 grads_bytes = sum(_local_bytes(p.grad) for p in _unique_params(modules))
                 for opt in optimizers:

@@ -29,7 +29,7 @@ from meshplan.runtime.lifecycle import (
 from meshplan.runtime.procgroup import GroupResult, is_failure, run_group
 
 if TYPE_CHECKING:
-    from meshplan.runtime.train import TrainConfig
+    from meshplan.runtime.train_config import TrainConfig
 
 THREADS_PER_CPU_RANK = 1
 """OpenMP threads per CPU rank: the ranks already use the cores (torchrun's own default)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from meshplan.plan import Job, ParallelDims, Recompute, Schedule
 from meshplan.runtime.launch import launch
-from meshplan.runtime.train import TrainConfig
+from meshplan.runtime.train_config import TrainConfig
 from meshplan.spec.cluster import resolve_cluster
 
 DEFAULT_TIMEOUT_S = 600.0

@@ -1,17 +1,14 @@
-"""The training loop, run on every rank inside an initialised process group.
+"""The training loop, run on every rank inside an initialised process group: set-up (mesh, model,
+optimizers, resume), then per step the micro-batches (runtime/microbatch.py), the optimizer update,
+the log record and the checkpoint.
 
-Loss: mean next-token cross-entropy over every token of the global batch. Each rank computes the
-sum over its tokens divided by its own token count; data-parallel gradient averaging (over
-dp_replicate x dp_shard x cp) then yields the global mean, identical to one process.
 Gradient accumulation: ``plan.num_microbatches`` micro-batches of ``plan.micro_batch`` rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -19,150 +16,31 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Job, Offload, Plan
+from meshplan.plan import Job, Plan
 from meshplan.runtime.checkpoint import (
     TrainState, kill_for_test, load_checkpoint, pause_for_test, save_checkpoint, should_save,
 )
 from meshplan.runtime.data import BatchSource, load_text_tokens, local_microbatches
-from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S, RunStopped, StopRequests
+from meshplan.runtime.device import compute_precision, mixed_precision_dtype, pick_device
+from meshplan.runtime.lifecycle import RunStopped, StopRequests
 from meshplan.runtime.mesh import build_ep_mesh, build_mesh
 from meshplan.runtime.metrics import peak_memory_gib
+from meshplan.runtime.microbatch import (accumulate, accumulate_documents, loss_context, replicated_value,
+                                         token_loss_sum)
 from meshplan.runtime.models import build_model
-from meshplan.runtime.parallelize import parallelize, set_accumulation
+from meshplan.runtime.optim import make_optimizer
+from meshplan.runtime.parallelize import parallelize
 from meshplan.runtime.routing_log import RoutingLog
-from meshplan.runtime.schedule import (
-    LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr,
-)
-from meshplan.runtime.osdp import head_loss_context
+from meshplan.runtime.schedule import LRSchedule, clip_gradients, decay_groups, loop_settings, note_schedule_change, set_lr
 from meshplan.runtime.state import full_parameters
 from meshplan.runtime.steplog import LogWriter, ProgressBar, StepRecord
-from meshplan.spec.training import Optimizer, Precision
+from meshplan.runtime.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-ADAM_BETAS = (0.9, 0.95)
-"""AdamW betas of GPT-3 / Llama pre-training (Brown et al. 2020, App. B)."""
-WEIGHT_DECAY = 0.0
-"""No weight decay by default: short runs and parity tests stay easy to reason about."""
-SGD_MOMENTUM = 0.9
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    steps: int = 10
-    lr: float = 1e-3
-    seed: int = 0
-    data: str | None = None
-    """Local text file (byte tokens); None means synthetic tokens."""
-    log_path: str | None = None
-    """JSON lines: one object per step, then a summary object (written by rank 0)."""
-    state_out: str | None = None
-    """Save the full final weights (canonical name -> tensor) here (rank 0), for tests."""
-    progress: bool = True
-    checkpoint_dir: str | None = None
-    """Write sharded checkpoints under this directory (meshplan.runtime.checkpoint)."""
-    checkpoint_every: int = 0
-    """Save every this many steps, and after the last step; 0 never saves."""
-    checkpoint_keep: int | None = None
-    """Complete checkpoints to keep (None keeps all)."""
-    resume: bool = False
-    """Continue from the latest complete checkpoint in ``checkpoint_dir`` (when it has one);
-    ``steps`` stays the total, so a run resumed at step 40 of 100 runs steps 41..100."""
-    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
-    """How long a collective waits for a peer before it fails (init_process_group's timeout)."""
-    init_from: str | None = None
-    """Local Hugging Face model directory whose weights replace the random init (runtime/hf_weights.py)."""
-    tokenizer: str | None = None
-    """Local tokenizer directory: ``data`` is then jsonl / parquet / text / a datasets directory,
-    tokenised and packed (runtime/datasets.py) instead of byte tokens."""
-    eval_every: int = 0
-    """Held-out loss every this many steps (and after the last); 0 never evaluates."""
-    eval_fraction: float = 0.0
-    """Share of the packed sequences held out for the eval loss (with ``tokenizer``)."""
-    eval_batches: int = 4
-    """Held-out global batches averaged per evaluation (fewer if the split is smaller)."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup steps (runtime/schedule.py)."""
-    cosine: bool = False
-    """Cosine decay from the peak to ``min_lr_ratio * lr`` at the last step, after warmup."""
-    min_lr_ratio: float = 0.0
-    clip_grad: float = 0.0
-    """Clip the global gradient norm to this; 0 does not clip."""
-    weight_decay: float = WEIGHT_DECAY
-    """AdamW decay of matrices and embeddings (biases and norm gains are never decayed)."""
-    expert_load_log: str | None = None
-    """MoE routing log (rank 0): per step, per MoE layer, the tokens each expert received
-    (runtime/routing_log.py), what ``meshplan estimate --expert-load`` reads."""
-
-
-def pick_device(job: Job) -> torch.device:
-    """CPU processes for the `cpu` cluster or without CUDA; else this rank's GPU."""
-    if job.cluster.gpu.name == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        log.warning("no CUDA device: running the %s plan on CPU processes", job.cluster.gpu.name)
-        return torch.device("cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    return torch.device("cuda", local)
-
-
-def compute_precision(precision: Precision, device: torch.device) -> Precision:
-    """Matmul precision actually used: fp32 on CPU; on GPU the Job's, with fp8 run as bf16
-    (this runtime has no fp8 matmuls; the log's MFU is then measured against the bf16 peak)."""
-    if device.type != "cuda":
-        return Precision.FP32
-    if precision in (Precision.FP8, Precision.FP4):
-        log.warning(f"{precision.value} matmuls are not implemented by the runtime: training in bf16")
-        return Precision.BF16
-    return precision
-
-
-def mixed_precision_dtype(compute: Precision) -> torch.dtype | None:
-    """dtype of the weights' compute copies (FSDP2 mixed precision, parallelize.apply_dp) and of
-    autocast: bf16 (fp16) for a 16-bit plan, None for fp32 compute. The fp32 weights stay the
-    optimizer's master copy, as the cost model's precision assumes (cost/precision.py)."""
-    if compute == Precision.FP32:
-        return None
-    return torch.float16 if compute == Precision.FP16 else torch.bfloat16
-
-
-def make_optimizer(job: Job, params: list, lr: float, weight_decay: float = WEIGHT_DECAY) -> torch.optim.Optimizer:
-    """``params``: parameters, or param groups (runtime/schedule.decay_groups) whose own
-    weight_decay wins over ``weight_decay``."""
-    opt = job.training.optimizer
-    if opt == Optimizer.SGD:
-        return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
-    wd = weight_decay if opt == Optimizer.ADAMW else 0.0
-    return torch.optim.AdamW(params, lr=lr, betas=ADAM_BETAS, weight_decay=wd)
-
-
-def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of cross-entropy over the (B, S) tokens; logits (B, S, V), or under tp a DTensor
-    sharded on V (then inside ``loss_context``)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
-
-
-def replicated_value(t: torch.Tensor) -> torch.Tensor:
-    """A loss as a plain tensor: under loss_parallel it is a DTensor replicated over tp."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def loss_context(plan) -> contextlib.AbstractContextManager:
-    """torch's loss_parallel when the LM head is tensor parallel (its logits are vocab-sharded
-    DTensors, see parallelize.apply_tp); forward and backward of the loss must both run inside."""
-    if plan.dims.tp > 1:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
-    return contextlib.nullcontext()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,7 +120,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
 
 def _set_up(job: Job, cfg: TrainConfig) -> _Run:
     """Process group, mesh, data, the parallelised model (or pipeline stages), optimizers, resume."""
-    plan = job.plan.with_defaults(job.model)
+    plan = job.full_plan
     d, training = plan.dims, job.training
     device = pick_device(job)
     if not dist.is_initialized():
@@ -341,7 +219,7 @@ def _step(run: _Run, step: int) -> torch.Tensor:
     for optimizer in run.optimizers:
         optimizer.zero_grad(set_to_none=True)
     if training.seq_len_dist is not None:  # pp = cp = 1 (targets.py)
-        local_loss = _accumulate_documents(run.modules[0], plan, run.source.rank_batch(step, dp_rank, d.dp),
+        local_loss = accumulate_documents(run.modules[0], plan, run.source.rank_batch(step, dp_rank, d.dp),
                                            device, run.autocast, run.amp_dtype)
     elif run.pipe is not None:
         tokens, targets = run.source.batch(step)
@@ -353,7 +231,7 @@ def _step(run: _Run, step: int) -> torch.Tensor:
     else:
         tokens, targets = run.source.batch(step)
         local_tokens = rows_per_rank * training.seq_len // d.cp
-        local_loss = _accumulate(run.modules[0], plan, tokens, targets, dp_rank, cp_rank,
+        local_loss = accumulate(run.modules[0], plan, tokens, targets, dp_rank, cp_rank,
                                  local_tokens, device, run.autocast, run.amp_dtype)
     kill_for_test(dist.get_rank(), step)
     grad_norm = (clip_gradients(run.modules, run.cfg.clip_grad, run.mesh["pp"].get_group() if d.pp > 1 else None)
@@ -424,57 +302,6 @@ def _stop(run: _Run, step: int, saved: Path | None, stops: StopRequests | None) 
     if dist.get_rank() == 0:
         log.info("%s", msg)  # the launcher prints it as the run's last line
     raise RunStopped(msg)
-
-
-def activation_offload(plan, device: torch.device) -> contextlib.AbstractContextManager:
-    """Tensors saved for backward go to host memory in the forward and come back in the backward
-    (``Offload.ACTIVATIONS``; torch.autograd.graph.save_on_cpu, pinned on a GPU so the copies can
-    be asynchronous). On a CPU run they are already on the host: the hooks run, nothing moves."""
-    if Offload.ACTIVATIONS not in plan.offload:
-        return contextlib.nullcontext()
-    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
-
-
-def _accumulate(model, plan, tokens, targets, dp_rank, cp_rank, local_tokens, device, autocast, amp_dtype):
-    """Forward/backward over this rank's micro-batches; returns the rank's mean loss (detached)."""
-    d = plan.dims
-    mbs = local_microbatches(tokens, targets, dp_rank=dp_rank, dp=d.dp, micro_batch=plan.micro_batch,
-                             cp_rank=cp_rank, cp=d.cp)
-    total = torch.zeros((), device=device)
-    for i, (x, y) in enumerate(mbs):
-        last = i == len(mbs) - 1
-        # zero 0/1: reduce once per step (like DDP no_sync / ZeRO-1); zero 2/3: every micro-batch.
-        set_accumulation(model, plan, last)
-        with loss_context(plan):
-            with (torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device),
-                  head_loss_context(model, y.to(device))):
-                out = model(x.to(device))  # the loss sum with a chunked LM head (runtime.osdp)
-            loss = (out if out.dim() == 0 else token_loss_sum(out, y.to(device))) / local_tokens
-            loss.backward()
-        total += replicated_value(loss.detach())
-    return total
-
-
-def _accumulate_documents(model, plan, batch, device, autocast, amp_dtype):
-    """``_accumulate`` for packed documents: each micro-batch's document layout is set on the
-    attention cores before its forward; the loss is over the targets of the whole global batch."""
-    from meshplan.runtime.packing import set_documents
-
-    per_rank_targets = batch.global_targets / plan.dims.dp  # the dp average makes it the global mean
-    rows = range(0, batch.tokens.shape[0], plan.micro_batch)
-    total = torch.zeros((), device=device)
-    for i, r in enumerate(rows):
-        set_accumulation(model, plan, i == len(rows) - 1)
-        set_documents(model, batch.documents[r:r + plan.micro_batch])
-        x, y = batch.tokens[r:r + plan.micro_batch], batch.targets[r:r + plan.micro_batch]
-        with loss_context(plan):
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=autocast), activation_offload(plan, device):
-                logits = model(x.to(device))
-            loss = token_loss_sum(logits, y.to(device)) / per_rank_targets
-            loss.backward()
-        total += replicated_value(loss.detach())
-    set_documents(model, None)
-    return total
 
 
 def _save_state(modules, job: Job, mesh, path: str) -> None:

@@ -56,7 +56,8 @@ def main(argv: list[str]) -> int:
 def run_file(path: str, stops: StopRequests | None) -> None:
     """Train every run of a RUNS.json file in this process (exceptions propagate)."""
     from meshplan.plan import Job
-    from meshplan.runtime.train import TrainConfig, train
+    from meshplan.runtime.train import train
+    from meshplan.runtime.train_config import TrainConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # torch's notices that do not apply here: we slice flattened dims of the root mesh on purpose

@@ -10,12 +10,12 @@ import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import StepPeak, compose_step_peak, even_lead, middle_rank, plan_terms, rank_cost
-from meshplan.cost.rank_layers import StackLayers
+from meshplan.cost.rank_layers import StackLayers, needs_rank_mix
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
 from meshplan.search.prune import EvenPoints, settle
-from meshplan.search.tables import CostContext, SharedLayerCost
+from meshplan.search.tables import CostContext, SharedLayerCost, _take_layer
 
 
 PRUNE_MIN_CONFIGS = 1 << 15
@@ -38,17 +38,37 @@ class EvenCost:
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray
     host_memory_bytes: np.ndarray
+    balanced_time_s: np.ndarray
+    """Per row, the balanced-rank bound's step time (:func:`balanced_slice`): no layer split of
+    the configuration (the even one included, its policy on every layer) is faster."""
     exact: np.ndarray | None = None
     """Rows scored in full; the others hold a lower bound that a scored plan beats even after
     the refinement test's shrink (:mod:`meshplan.search.prune`). None: every row."""
 
+    def near(self, even_front: Front, shrink: float) -> np.ndarray:
+        """Rows whose point, ``shrink`` times faster and leaner, ``even_front`` does not dominate:
+        the configurations near the frontier (what the OSDP pass starts from); a bounded row is
+        none (that is why it was not scored)."""
+        return self._undominated(even_front, shrink, balanced=False)
+
     def candidates(self, even_front: Front, shrink: float) -> np.ndarray:
-        """Rows whose point, ``shrink`` times faster and leaner, ``even_front`` does not
-        dominate (the refinement test); a bounded row is none (that is why it was not scored)."""
+        """The refinement test: rows whose point, ``shrink`` times faster (or at the balanced
+        bound's time where that is faster still) and ``shrink`` times leaner, ``even_front`` does
+        not dominate. The shrink covers what moving recomputed layers trades; the balanced bound
+        covers what moving layers between ranks (or spreading the head over them) can gain,
+        however out of balance the even split is (a heavy LM head on the last of two ranks). A
+        superset of :meth:`near`. A bounded row is none: its bound, shrunk, is beaten, and it is
+        below both the even point and the balanced time (:func:`balanced_slice`)."""
+        return self._undominated(even_front, shrink, balanced=True)
+
+    def _undominated(self, even_front: Front, shrink: float, balanced: bool) -> np.ndarray:
         rows = np.flatnonzero(self.exact) if self.exact is not None else slice(None)
         out = np.zeros(self.step_time_s.shape, dtype=bool)
+        time_s = self.step_time_s[rows] * shrink
+        if balanced:
+            time_s = np.minimum(time_s, self.balanced_time_s[rows])
         out[rows] = ~dominated_by(even_front.time_s, even_front.memory_bytes,
-                                  self.step_time_s[rows] * shrink, self.peak_memory_bytes[rows] * shrink)
+                                  time_s, self.peak_memory_bytes[rows] * shrink)
         return out
 
 
@@ -58,19 +78,30 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
     last rank bound the step and the peak), with the layer costs shared between rows; in
     slices of EVEN_CHUNK_ROWS, keeping only the two figures the search reads.
 
-    With ``prune_shrink`` (the refinement test's factor) the first rank is scored alone first
-    and configurations whose bound is beaten keep the bound (:mod:`meshplan.search.prune`).
-    Returns the points and how many configurations kept a bound."""
+    Every row also gets its balanced-rank bound (:func:`balanced_slice`), which the refinement
+    test reads. With ``prune_shrink`` (the refinement test's factor) that bound is the even
+    point's lower bound: configurations whose bound is beaten keep it, unscored
+    (:mod:`meshplan.search.prune`). Returns the points and how many configurations kept a bound."""
     n = len(plans)
     step, peak, host = np.empty(n), np.empty(n), np.zeros(n)
-    first_only = prune_shrink is not None
+    bound_only = prune_shrink is not None
+    mixed = needs_rank_mix(ctx.model)  # no balanced bound (:func:`balanced_slice`): the slack alone
+    balanced = np.full(n, np.inf)
     for i in range(0, n, EVEN_CHUNK_ROWS):
         rows = slice(i, i + EVEN_CHUNK_ROWS)
-        est = even_slice(ctx, plans.take(rows), shared.take(rows), first_only=first_only,
-                         stack=shared.take_stack(rows))
+        sub, sub_layer, stack = plans.take(rows), shared.take(rows), shared.take_stack(rows)
+        est = (balanced_slice(ctx, sub, sub_layer, stack) if bound_only
+               else even_slice(ctx, sub, sub_layer, stack=stack))
         step[rows], peak[rows], host[rows] = est.step_time_s, est.peak_memory_bytes, est.host_memory_bytes
-    if not first_only:
-        return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host), 0
+        if mixed:
+            continue
+        balanced[rows] = est.step_time_s  # the bound, or the even split: with one rank, the same
+        many = None if bound_only else np.flatnonzero(sub.pp > 1)
+        if many is not None and many.size:  # scored in full: a pipeline's rows need the bound's pass
+            balanced[i + many] = balanced_slice(ctx, sub.take(many), _take_layer(sub_layer, many)).step_time_s
+    if not bound_only:
+        return EvenCost(step_time_s=step, peak_memory_bytes=peak, host_memory_bytes=host,
+                        balanced_time_s=balanced), 0
 
     def exact(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = [even_slice(ctx, plans.take(r), shared.take(r), stack=shared.take_stack(r))
@@ -81,7 +112,8 @@ def even_estimate(ctx: CostContext, plans: PlanArrays, shared: SharedLayerCost, 
     bound = EvenPoints(step, peak, host, exact=plans.pp == 1)  # one rank: the bound is exact
     pts, _ = settle(bound, exact, shrink=prune_shrink, budget_bytes=budget_bytes, overwrite=True)  # our scratch
     return (EvenCost(step_time_s=pts.step_time_s, peak_memory_bytes=pts.peak_memory_bytes,
-                     host_memory_bytes=pts.host_memory_bytes, exact=pts.exact), int(np.count_nonzero(~pts.exact)))
+                     host_memory_bytes=pts.host_memory_bytes, balanced_time_s=balanced, exact=pts.exact),
+            int(np.count_nonzero(~pts.exact)))
 
 
 def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only: bool = False,
@@ -108,3 +140,40 @@ def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only
                              ctx.calib)
 
 
+def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost,
+                   stack: StackLayers | None = None) -> StepPeak:
+    """The balanced-rank bound: ``compose`` over one *mean rank*, the first pipeline rank holding
+    L / p layers (all recomputed under the plan's policy) and neither the embedding nor the LM
+    head; with one rank, the even split itself. Its step time is below every layer split's of
+    the configuration (policy on every layer), and its memory below the even split's.
+
+    Why (the cost model's own terms; tests/planner/test_search_bruteforce.py checks it against
+    every split of random small configurations). A rank's micro-batch time in ``rank_cost`` depends on
+    the rank only through its layers n, recomputed layers r and shares of the embedding and the
+    head. It is affine in (n, r) with non-negative coefficients (compute, exposed TP/CP/EP and
+    ZeRO-3 per-layer collectives, recompute) and non-decreasing in the shares (their compute w
+    and the exposed ZeRO-3 collective of their parameters c: ``w + exposed(c, o, w)`` grows with
+    both). So over any split (sum n_s = L) the slowest rank is at least the mean, which is at
+    least the mean rank's. The step's tail (exposed data-parallel reduction and optimizer) is
+    ``c(n) - min(o c(n), w(n))`` plus terms affine in n, c and w affine in n: convex in n (a max
+    of affine functions), and non-decreasing in the shares (more parameters to reduce). Every
+    split has ranks with at most and at least L / p layers, and a convex function on an interval
+    is at most its larger end: the largest tail is at least the mean rank's. ``compose`` is
+    increasing in both maxima (Narayanan et al. 2021, Sec. 2.2: m t + (p - 1) / v t), so the
+    bound holds for the step. Memory: the even split's first rank holds ceil(L / p) >= L / p
+    layers (``rank_layers_even``) and the embedding, and memory grows with both.
+
+    A model whose ranks are charged their own kinds of layers (leading dense layers, MTP modules:
+    ``cost.rank_layers.needs_rank_mix``) has no mean rank of one kind: there the bound is the even
+    split's first rank alone (``stack`` its kinds), below the even split only, and the
+    refinement test reads no balanced time (:func:`even_estimate`: the slack alone)."""
+    if needs_rank_mix(ctx.model):
+        return even_slice(ctx, plans, layer, first_only=True, stack=stack)
+    kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans,
+              calib=ctx.calib, layer=layer)
+    kw["terms"] = plan_terms(**kw)
+    kw["totals"] = False  # the search reads the step and the memory only
+    L, one = ctx.model.num_layers, plans.pp == 1
+    mean = np.where(one, L, L / plans.pp)
+    rank = rank_cost(**kw, rank=0, layers=mean, recomputed=mean, has_embedding=one, has_head=one)
+    return compose_step_peak(ctx.training, plans, [rank], ctx.calib)

@@ -103,7 +103,9 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     layers0 = np.where(legal, rank_layers_even(model.num_layers, 0, pair_pp, pair_v).reshape(legal.shape), np.inf)
     bubble = np.where(legal, bubble_time(1.0, pair_pp, pair_v, pair_s, calib).reshape(legal.shape), np.inf)
     at = np.searchsorted(pps, groups["pp"])
-    fewest = layers0.min(axis=1)[at]
+    # (below the configurations' own bound, the mean rank of even.balanced_slice: L / p layers,
+    # never more than the first rank's, and no embedding with a pipeline)
+    fewest = np.minimum(layers0.min(axis=1), model.num_layers / pps)[at]
     least_bubble = bubble.min(axis=1)[at]
 
     # Per micro-batch: every size dividing the global batch that divides the group's replica
@@ -159,7 +161,7 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     at_one = np.searchsorted(ks * s_n + si, key_of * s_n + 0) * c_n  # rows (key, size 1, set 0)
     layer = lc.take(at_one)
     first = rank_cost(model, ctx.cluster, training, probe, calib, layer, rank=0, layers=fewest, recomputed=0,
-                      has_embedding=True, has_head=groups["pp"] == 1, totals=False)
+                      has_embedding=groups["pp"] == 1, has_head=groups["pp"] == 1, totals=False)
     states = first.parameters_bytes + first.gradients_bytes + first.optimizer_bytes
     # Of the rest (cost.memory.rank_other): the communication buckets, the framework's overhead,
     # ZeRO-3's gathered layers (depend on no crossed choice but the zero-bubble schedule's, which

@@ -2,25 +2,27 @@
 already beats are never scored in full.
 
 TensorOpt's frontier tracking (Cai et al. 2021, Sec. 4) keeps only the non-dominated partial
-states. Here the partial state of a global configuration is the cost of its first pipeline rank
-alone: ``compose`` takes the slowest rank for the micro-batch time and the most loaded for the
-memory (a max over ranks, and the step is increasing in the micro-batch time), so the first rank
-on its own bounds the even split's step time and peak memory from below, and with one rank
-(``pp == 1``) it *is* the even split. The cost model is not restated: the bound is the cost
-model's own ``rank_cost`` and ``compose`` over fewer ranks.
+states. Here the partial state of a global configuration is the cost of one *mean rank*
+(:func:`meshplan.search.even.balanced_slice`: L / p layers, neither the embedding nor the LM
+head): ``compose`` takes the slowest rank for the micro-batch time and the most loaded for the
+memory (a max over ranks, and the step is increasing in the micro-batch time), and the mean rank
+is below the slowest rank of every layer split (the even one included) and below the even
+split's first rank in memory; with one rank (``pp == 1``) it *is* the even split. The cost model
+is not restated: the bound is the cost model's own ``rank_cost`` and ``compose`` over one rank.
 
 A configuration is dropped without its full estimate when a plan already scored exactly beats
 its bound made ``1 / (1 + REFINE_SLACK)`` faster and leaner, strictly (:func:`prunable`): its
 exact even point is then off the even-split frontier and is no refinement candidate either (the
-planner's refinement test is that point, so shrunk, against that frontier), so the frontier the
+planner's refinement test is that point so shrunk, or at the mean rank's step time where that is
+faster: both are at least the bound so shrunk, against that frontier), so the frontier the
 search returns is the one without pruning. A dropped configuration keeps its bound in place of
-its exact point: every consumer of the even points reads them only through those two tests and
-the offload pass's "held back" test, which the bound also decides (a dropped configuration is no
+its exact point: every consumer of the even points reads them only through those tests and the
+offload pass's "held back" test, which the bound also decides (a dropped configuration is no
 faster than a plan that fits; see :func:`prunable`).
 
 Adding a dimension to the space (a new column of ``PlanArrays``) needs nothing here as long as
-the first rank's ``rank_cost`` still bounds ``compose`` from below: the cost of a configuration
-stays a max over its ranks.
+the mean rank's ``rank_cost`` still bounds ``compose`` from below (tests/planner/
+test_search_bruteforce.py checks it against every split of small configurations).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ frontier grows and the remaining bounds are tested again."""
 @dataclass(frozen=True)
 class EvenPoints:
     """Per configuration: the even split's (step time, peak memory, host memory), exact where
-    ``exact`` and a lower bound (first rank alone) elsewhere."""
+    ``exact`` and a lower bound (the mean rank, :func:`meshplan.search.even.balanced_slice`)
+    elsewhere."""
 
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray

@@ -4,7 +4,8 @@ It changes only how the embedding and the LM head are spread over the pipeline r
 uneven layer split, it can at most remove the even split's stage imbalance (the first and last
 ranks' extra work and memory) and adds a synchronisation per micro-batch. So its variants are
 scored for the same configurations the layer-split search refines (those whose even-split point,
-improved by ``REFINE_SLACK`` in time and memory, the even-split frontier does not dominate), with
+improved by ``REFINE_SLACK`` in time and memory, or at the balanced-rank bound's time, the
+even-split frontier does not dominate), with
 an even layer split, and their points join the frontier.
 """
 
