@@ -44,7 +44,7 @@ def test_two_containers_of_one_plan(tmp_path):
     for base, tag in ((moe, "moe"), (dense, "dense")):
         for i, (source, framework) in enumerate((("Megatron-Bridge 26.04", "megatron-core"),
                                                  ("Megatron-Bridge 26.06.01", "megatron-core"),
-                                                 ("", "megatron-bridge 26.06"),     # the release as framework
+                                                 ("Megatron-Bridge", "megatron-bridge 26.06"),  # the release as framework
                                                  ("Megatron-Bridge 27.02", "megatron-core"))):  # not in the data
             rows.append({**base, "id": f"{tag}{i}", "source": source, "framework": framework})
     r = run("validate", "--runs", str(_write(tmp_path / "runs.csv", rows)), "--json")

@@ -1,6 +1,6 @@
 """An all-to-all across NVLink domains sends (g-1)/n of a rank's bytes over NVLink and (n-g)/n
 through its NIC share, concurrently (cost/comms.py); DeepEP's flex dispatcher sends one copy per
-destination domain over the NICs and forwards it over NVLink (cost/moe.py).
+destination domain over the NICs and forwards it over NVLink, once per picked rank (cost/moe.py).
 
 Golden values by hand: DGX H100 = 8 GPUs per node, NVLink 450 GB/s per direction, 8 x 400 Gb/s
 NICs (50 GB/s per GPU), alpha 3 us inside, 8 us across; GB200 NVL72 = 72 GPUs on one NVLink
@@ -8,6 +8,8 @@ switch at 900 GB/s per GPU. Default calibration: NVLink at 0.75, NICs at 0.80 of
 """
 
 from __future__ import annotations
+
+from math import comb
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.moe import dispatch_time
+from meshplan.cost.moe import dispatch_time, group_hit_share
 from meshplan.plan import ParallelDims, Plan
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.presets import model_preset
@@ -98,20 +100,47 @@ def _dispatch(system: str, nodes: int, ep: int, dispatcher: MoeDispatcher):
 
 
 def test_flex_dispatch_two_stage_golden():
-    """DeepEP on ep16 over two DGX H100 nodes, top-8: over the NIC one copy per token per remote
-    node picked, 1 - (1/2)^8 of a copy; over NVLink 7/16 of the 8 copies to the node's peers and
-    8/16 x 7/8 of them forwarded from the rail peer: the NIC part sets the time."""
+    """DeepEP on ep16 over two DGX H100 nodes, Qwen3-30B-A3B (E=128 experts, top-8, 8 per rank):
+    a token travels once per picked node and once per picked rank, not once per copy. Over the
+    NIC one copy per token if the other node's 64 experts hold one of its 8, 1 - C(64,8)/C(128,8);
+    over NVLink the picked ones of the 7 node peers and of the other node's 7 ranks forwarded from
+    the rail peer, 14 ranks each picked with 1 - C(120,8)/C(128,8): the NIC part sets the time."""
     t, model = _dispatch("dgx-h100", 2, 16, MoeDispatcher.FLEX)
+    assert (model.moe_num_experts, model.moe_top_k) == (128, 8)
     copy_b = 4096 * model.hidden_size * 2.0
-    inter_b = copy_b * (1 - 0.5 ** 8)
-    intra_b = copy_b * 8 * (7 / 16 + 8 / 16 * 7 / 8)
+    node_hit = 1 - comb(64, 8) / comb(128, 8)  # 0.99712
+    rank_hit = 1 - comb(120, 8) / comb(128, 8)  # 0.40406
+    inter_b = copy_b * node_hit
+    intra_b = copy_b * rank_hit * (7 + 8 * 7 / 8)
     one = max(intra_b / NVL_H100, inter_b / NIC) + 7 * 3e-6 + 8 * 8e-6
     assert t == pytest.approx(2.0 * one, rel=1e-12)  # dispatch + combine
     alltoall, _ = _dispatch("dgx-h100", 2, 16, MoeDispatcher.ALLTOALL)
-    assert t < alltoall  # 0.996 copies over the NIC instead of 4
+    assert t < alltoall  # 0.997 copies over the NIC instead of 4
 
 
-def test_flex_inside_one_domain_is_the_alltoall():
-    flex, _ = _dispatch("dgx-h100", 1, 8, MoeDispatcher.FLEX)
+def test_flex_inside_one_domain_sends_once_per_picked_rank():
+    """ep8 in one DGX H100 node, 16 of the 128 experts per rank, top-8: each of the 7 peers gets a
+    token with probability 1 - C(112,8)/C(128,8) = 0.6672, where alltoall sends it k/n = 1 time
+    per peer on average: flex moves 0.667 of alltoall's bytes; the latencies are the same."""
+    flex, model = _dispatch("dgx-h100", 1, 8, MoeDispatcher.FLEX)
     alltoall, _ = _dispatch("dgx-h100", 1, 8, MoeDispatcher.ALLTOALL)
-    assert flex == pytest.approx(alltoall, rel=1e-12)
+    copy_b = 4096 * model.hidden_size * 2.0
+    lat_s = 7 * 3e-6
+    rank_hit = 1 - comb(112, 8) / comb(128, 8)
+    assert flex == pytest.approx(2.0 * (7 * rank_hit * copy_b / NVL_H100 + lat_s), rel=1e-12)
+    assert alltoall == pytest.approx(2.0 * (7 / 8 * 8 * copy_b / NVL_H100 + lat_s), rel=1e-12)
+    assert (flex / 2 - lat_s) / (alltoall / 2 - lat_s) == pytest.approx(rank_hit, rel=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(experts_log2=st.integers(3, 9), groups_log2=st.integers(0, 6), k=st.integers(1, 16))
+def test_group_hit_share_between_with_replacement_and_the_union_bound(experts_log2, groups_log2, k):
+    """k distinct experts pick a group of E/m at least as often as k independent draws would,
+    1 - (1 - 1/m)^k, and at most k/m (union bound) or 1; one draw: exactly 1/m."""
+    E, m = 2.0 ** experts_log2, 2.0 ** groups_log2
+    if m > E or k > E:
+        return
+    h = float(group_hit_share(E, m, k))
+    assert 1 - (1 - 1 / m) ** k - 1e-12 <= h <= min(1.0, k / m) + 1e-12
+    assert float(group_hit_share(E, m, 1)) == pytest.approx(1 / m, rel=1e-12)
+    assert float(group_hit_share(E, 1.0, k)) == 1.0  # one group holds every expert

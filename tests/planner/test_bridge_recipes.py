@@ -135,7 +135,8 @@ def test_shipped_file_names_a_preset_file_and_commit_per_row():
     assert len(recipes) > 50
     for r in recipes.values():
         assert re.fullmatch(r"scripts/performance/configs/\w+/\w+\.py@[0-9a-f]{40}", r.source), r.source
-        assert r.megatron_fsdp or r.recompute_num_layers or r.recompute_modules or r.cpu_offloading_num_layers
+        assert (r.megatron_fsdp or r.recompute_num_layers or r.recompute_modules or r.cpu_offloading_num_layers
+                or r.moe_a2a_overlap is not None or r.moe_token_dispatcher_type)
 
 
 GOOD = ",".join(RECIPE_COLUMNS) + "\nllama3-70b,gb300,fp8,64,256,2,1,1,1,1,1,1,,,20,CFG,path.py@abc\n"

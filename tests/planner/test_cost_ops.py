@@ -4,6 +4,7 @@ the formulas of cost/precision.py, cost/mixers.py, cost/moe.py and cost/batch.py
 from __future__ import annotations
 
 from dataclasses import replace
+from math import comb
 
 import numpy as np
 import pytest
@@ -185,9 +186,11 @@ def test_dispatchers_by_hand(ep):
     np.testing.assert_allclose(t_ag / t_a2a, ep / 8.0)
 
 
-def test_flex_dedups_copies_per_node():
-    """ep 16 over two 8-GPU nodes, k = 8: DeepEP sends 2 x (1 - (1/2)^8) copies per token over
-    the NICs instead of 8; inside one node it is the all-to-all."""
+def test_flex_dedups_copies_per_node_and_rank():
+    """ep 16 over two 8-GPU nodes, k = 8 of E = 128 experts: DeepEP sends one copy per token to
+    the other node if its 64 experts hold one of the 8, 1 - C(64,8)/C(128,8), instead of
+    alltoall's 8 x 8/16 = 4 over the NICs; inside one node once per picked rank, 1 - C(112,8) /
+    C(128,8) of each of the 7 peers, instead of 8 x 7/8 = 7 copies."""
     model = model_preset("qwen3-30b-a3b")
     plan = Plan(dims=ParallelDims(dp_shard=16, ep=16), zero=1, micro_batch=1)
     train = _train("bf16")
@@ -195,12 +198,13 @@ def test_flex_dedups_copies_per_node():
     t_a2a = dispatch_time(model, NO_LATENCY, train, arrays, CALIB, T=T, ab=2.0, load=1.0)
     t_flex = dispatch_time(model, NO_LATENCY, _train("bf16", moe_dispatcher="flex"), arrays, CALIB,
                            T=T, ab=2.0, load=1.0)
-    np.testing.assert_allclose(t_flex / t_a2a, 2.0 * (1 - 0.5**8) / 8.0)
+    np.testing.assert_allclose(t_flex / t_a2a, (1 - comb(64, 8) / comb(128, 8)) / 4.0)
     one_node = Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, micro_batch=1)
     arrays, T = _moe_args(model, one_node, train)
     np.testing.assert_allclose(
-        dispatch_time(model, NO_LATENCY, _train("bf16", moe_dispatcher="flex"), arrays, CALIB, T=T, ab=2.0, load=1.0),
-        dispatch_time(model, NO_LATENCY, train, arrays, CALIB, T=T, ab=2.0, load=1.0))
+        dispatch_time(model, NO_LATENCY, _train("bf16", moe_dispatcher="flex"), arrays, CALIB, T=T, ab=2.0, load=1.0)
+        / dispatch_time(model, NO_LATENCY, train, arrays, CALIB, T=T, ab=2.0, load=1.0),
+        7 * (1 - comb(112, 8) / comb(128, 8)) / 7.0)
 
 
 def test_imbalance_capacity_and_permutation():

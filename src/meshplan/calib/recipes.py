@@ -22,6 +22,29 @@ the row leaves the field blank (:func:`overlay`):
 * ``cpu_offloading_num_layers=N`` -> activations of N layers in host memory
   (``Plan.offload_layers``).
 
+and, for its expert all-to-all (issue 14 items 2 and 6), Calibration values over the row's (the
+way a stack release's values are applied, ``Run.release_values``, so the fit sees them):
+
+* ``moe_a2a_overlap`` off (``WorkloadBaseConfig``'s default; on, the preset sets
+  ``comm_overlap.overlap_moe_expert_parallel_comm``) -> ``ep_overlap`` 0: the dispatch and combine
+  run exposed; on -> the stack's (fitted) overlap;
+* ``moe_token_dispatcher_type`` flex with the ``hybridep`` backend -> the training's
+  ``moe_dispatcher`` flex (``Overlay.moe_dispatcher``, not a Calibration value): a token travels
+  once per picked rank, not once per routed copy (cost/moe.py), and no per-layer host sync of the
+  token counts is charged (cost/layer.py charges it to the alltoall dispatcher only): HybridEP
+  sizes its buffers on the device (the presets that set it graph the router and the preprocess,
+  ``cuda_graph_scope`` moe_router/moe_preprocess). DeepEP's normal kernels send per rank too,
+  but their dispatch waits on the host for the received counts, which the flex dispatcher does
+  not charge: a ``deepep`` preset keeps alltoall, noted (no row runs one).
+* the ``hybridep`` backend also -> ``moe_dispatch_nvlink_efficiency`` HYBRIDEP_NVLINK_EFFICIENCY:
+  its dispatch and combine inside the NVLink domain run at HybridEP's bandwidth, not NCCL's
+  fitted ``intra_node_comm_efficiency``. Tokens travel in bf16 under fp8 presets too:
+  Megatron-Core's HybridEP path builds its buffer with ``fp8_dispatch = False`` ("Currently, we
+  do not support fp8 dispatch", megatron/core/transformer/moe/fused_a2a.py@02ad939), and the
+  combine is bf16 in every backend.
+
+Blank: the file was not read for it, the stack's value stands.
+
 A row whose own value contradicts the preset keeps its value; every setting taken, kept or left
 out is a line of ``Run.assumed``.
 """
@@ -33,10 +56,11 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
+from meshplan.spec.training import MoeDispatcher
 from meshplan.textfile import csv_records, read_text_file
 
 KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
@@ -47,6 +71,22 @@ layout ran another preset)."""
 SETTING_COLUMNS = ("megatron_fsdp", "recompute_num_layers", "recompute_modules",
                    "cpu_offloading_num_layers")
 RECIPE_COLUMNS = KEY_COLUMNS + SETTING_COLUMNS + ("config", "source")
+COMM_COLUMNS = ("moe_a2a_overlap", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend")
+"""The preset's expert all-to-all (optional columns: a file without them reads as all blank)."""
+DISPATCHERS = ("alltoall", "flex")
+"""``moe_token_dispatcher_type`` of a preset: Megatron-Bridge's set_workload_base_configs
+(scripts/performance/utils/overrides.py) sets flex when the preset names a flex backend, else
+alltoall."""
+FLEX_BACKENDS = ("deepep", "hybridep")
+SYNC_FREE_BACKENDS = frozenset({"hybridep"})
+"""Flex backends costed as meshplan's flex dispatcher: per-rank sends, no host sync of the token
+counts per MoE layer (module docstring)."""
+HYBRIDEP_NVLINK_EFFICIENCY = 1.0
+"""HybridEP's dispatch and combine inside one NVLink domain: TMA copies that saturate NVLink with
+4-16 SMs (NVIDIA Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with
+Hybrid Expert Parallel', 2026-02-02, https://developer.nvidia.com/blog/optimizing-communication-for-
+mixture-of-experts-training-with-hybrid-expert-parallel; DeepEP hybrid-ep docs: BF16 and FP8 paths,
+TMA intra-node). -> Calibration.moe_dispatch_nvlink_efficiency."""
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 RECOMPUTE_MODULES = frozenset(m.value for m in RecomputeModule)
 """Megatron-Core's ``recompute_modules`` names (TransformerConfig, megatron/core 0.14+)."""
@@ -66,6 +106,12 @@ class BridgeRecipe:
     recompute_num_layers: int | None
     recompute_modules: tuple[str, ...]
     cpu_offloading_num_layers: int | None
+    moe_a2a_overlap: bool | None = None
+    """``moe_a2a_overlap`` as the preset runs it; None: not read (the stack's overlap)."""
+    moe_token_dispatcher_type: str = ""
+    """'alltoall' or 'flex'; empty: not read."""
+    moe_flex_dispatcher_backend: str = ""
+    """Under flex: 'deepep' or 'hybridep'."""
     config: str
     """The preset's name(s) in the source file."""
     source: str
@@ -74,6 +120,10 @@ class BridgeRecipe:
     @property
     def label(self) -> str:
         return f"Megatron-Bridge preset {self.config}"
+
+    @property
+    def sync_free_dispatch(self) -> bool:
+        return self.moe_token_dispatcher_type == "flex" and self.moe_flex_dispatcher_backend in SYNC_FREE_BACKENDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,12 +138,17 @@ class Overlay:
     """Under selective recompute, the preset's modules (empty: the attention core alone)."""
     offload_layers: int | None = None
     """Activations of this many layers per pipeline rank in host memory; None: no offload."""
+    calibration_values: tuple[tuple[str, Any], ...] = ()
+    """Calibration fields the preset's expert all-to-all sets (module docstring), over the row's."""
+    moe_dispatcher: MoeDispatcher | None = None
+    """The training's token dispatcher the preset runs (module docstring); None: the default."""
     notes: tuple[str, ...] = ()
     """One line per setting taken, kept or not expressible (for ``Run.assumed``)."""
 
     @property
     def applied(self) -> bool:
-        return any(v is not None for v in (self.zero, self.recompute, self.offload_layers))
+        return bool(self.calibration_values) or any(
+            v is not None for v in (self.zero, self.recompute, self.offload_layers, self.moe_dispatcher))
 
     def recompute_layers(self, num_layers: int, num_stages: int, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
         """Layers recomputed per (virtual) stage: the first N of each (Megatron-Core's block method)."""
@@ -145,6 +200,18 @@ def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
         if unknown:
             raise MeshplanError(f"{where}: column recompute_modules: {unknown[0]!r} is not one of "
                                 f"{', '.join(sorted(RECOMPUTE_MODULES))}")
+        comm = {c: (row.get(c) or "").strip() for c in COMM_COLUMNS}
+        if comm["moe_a2a_overlap"] not in ("", "0", "1"):
+            raise MeshplanError(f"{where}: column moe_a2a_overlap: {comm['moe_a2a_overlap']!r} is not 0, 1 "
+                                "or blank")
+        if comm["moe_token_dispatcher_type"] not in ("", *DISPATCHERS):
+            raise MeshplanError(f"{where}: column moe_token_dispatcher_type: "
+                                f"{comm['moe_token_dispatcher_type']!r} is not one of {', '.join(DISPATCHERS)}")
+        flex = comm["moe_token_dispatcher_type"] == "flex"
+        if (comm["moe_flex_dispatcher_backend"] not in FLEX_BACKENDS) if flex else comm["moe_flex_dispatcher_backend"]:
+            raise MeshplanError(f"{where}: column moe_flex_dispatcher_backend: "
+                                f"{comm['moe_flex_dispatcher_backend']!r} is not one of {', '.join(FLEX_BACKENDS)}"
+                                + ("" if flex else " under moe_token_dispatcher_type flex (blank otherwise)"))
         if key in out:
             raise MeshplanError(f"{where}: repeats the key of line {first_line[key]} "
                                 f"({', '.join(map(str, key))}): one preset per layout")
@@ -155,6 +222,9 @@ def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
             recompute_modules=modules,
             cpu_offloading_num_layers=_optional_int(cells["cpu_offloading_num_layers"],
                                                     "cpu_offloading_num_layers", where, minimum=1),
+            moe_a2a_overlap=None if not comm["moe_a2a_overlap"] else comm["moe_a2a_overlap"] == "1",
+            moe_token_dispatcher_type=comm["moe_token_dispatcher_type"],
+            moe_flex_dispatcher_backend=comm["moe_flex_dispatcher_backend"],
             config=cells["config"], source=cells["source"])
         first_line[key] = n
     return MappingProxyType(out)
@@ -217,9 +287,42 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
     if offload_layers is not None:
         notes.append(f"offload: activations of {offload_layers} layers per rank ({label}: "
                      f"cpu_offloading_num_layers={offload_layers})")
+    values, comm_notes = alltoall_values(recipe)
+    dispatcher, dispatcher_note = preset_dispatcher(recipe)
     return Overlay(zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
                    recompute_modules=modules if recompute else (),
-                   offload_layers=offload_layers, notes=tuple(notes))
+                   offload_layers=offload_layers, calibration_values=values, moe_dispatcher=dispatcher,
+                   notes=(*notes, *comm_notes, *dispatcher_note))
+
+
+def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """The Calibration fields the preset's expert all-to-all sets, and a note per field (module
+    docstring); nothing for what the file was not read for."""
+    values: list[tuple[str, Any]] = []
+    notes: list[str] = []
+    if recipe.moe_a2a_overlap is False:
+        values.append(("ep_overlap", 0.0))
+        notes.append(f"ep_overlap: 0 ({recipe.label}: moe_a2a_overlap off, the expert all-to-all runs exposed)")
+    if recipe.moe_flex_dispatcher_backend == "hybridep" and recipe.sync_free_dispatch:
+        values.append(("moe_dispatch_nvlink_efficiency", HYBRIDEP_NVLINK_EFFICIENCY))
+        notes.append(f"moe_dispatch_nvlink_efficiency: {HYBRIDEP_NVLINK_EFFICIENCY:g} ({recipe.label}: HybridEP's "
+                     f"TMA dispatch saturates NVLink, in place of intra_node_comm_efficiency)")
+    return tuple(values), tuple(notes)
+
+
+def preset_dispatcher(recipe: BridgeRecipe) -> tuple[MoeDispatcher | None, tuple[str, ...]]:
+    """The token dispatcher the preset runs, as meshplan costs it, and its note (module docstring);
+    None where the file was not read for it or the default (alltoall) stands."""
+    backend = recipe.moe_flex_dispatcher_backend
+    if recipe.sync_free_dispatch:
+        note = (f"moe dispatcher: flex ({recipe.label}: moe_token_dispatcher_type flex, backend {backend}: "
+                "one send per picked rank, no host sync of the token counts)")
+        return MoeDispatcher.FLEX, (note,)
+    if recipe.moe_token_dispatcher_type == "flex":
+        note = (f"moe dispatcher: alltoall kept ({recipe.label}: backend {backend}'s dispatch waits on the "
+                "host, which the flex dispatcher does not charge)")
+        return None, (note,)
+    return None, ()
 
 
 def find_recipe(row: Mapping[str, str], key: RecipeKey,

@@ -46,7 +46,7 @@ from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.aliases import resolve_alias
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
-from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
 from meshplan.textfile import csv_records, read_text_file
 
 REQUIRED_COLUMNS = (
@@ -91,8 +91,10 @@ class Run:
     column, cost/device_memory.py); its error is taken against the prediction of the same figure."""
     release_values: Mapping[str, Any] = field(default_factory=dict)
     """Calibration fields the presets of the stack release the row ran set for it
-    (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs);
-    applied over the row's calibration, per row (rows of one fit may run different releases)."""
+    (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs)
+    and those its own preset's expert all-to-all sets (``calib/recipes.py``: moe_a2a_overlap off,
+    a sync-free dispatcher); applied over the row's calibration, per row (rows of one fit may run
+    different releases and presets)."""
 
 
 @dataclass(frozen=True)
@@ -344,12 +346,15 @@ def build_run(row: dict[str, str]) -> Run:
     )
     alias = resolve_alias(row.get("model") or "")  # a token-drop run's capacity (spec/aliases.py)
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe,
+                            moe_dispatcher=extra.moe_dispatcher or MoeDispatcher.ALLTOALL,
                             moe_capacity_factor=alias.moe_capacity_factor if alias is not None else None)
     plan.validate_for(model, training, cluster.num_gpus)
     release = release_of(fw.stack, row.get("framework"), row.get("source"))
     family = model_family(model.name, fw.architecture)
     release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset,
                                   precision=precision.value, moe=model.is_moe)
+    # the preset's expert all-to-all (calib/recipes.py): more specific than its release's presets
+    release_vals.update(extra.calibration_values)
     note = release_notes(fw.stack, release, release_vals)
     assumed += [note] if note else []
     metric, measured = None, None

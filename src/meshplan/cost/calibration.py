@@ -445,6 +445,13 @@ class Calibration:
     streams of its own, double-buffered, while the next layers compute (megatron/core/cpu_offload.py;
     Megatron-Bridge's CPU-offloading guide: "overlap computation with data transfer"), 1 for the
     megatron-core framework (spec/presets/frameworks.json). A stack-dependent field."""
+    moe_dispatch_nvlink_efficiency: float = 0.0
+    """Fraction of the NVLink bandwidth the expert dispatch and combine reach inside one scale-up
+    domain when its kernels are not NCCL's; 0: they are (``intra_node_comm_efficiency`` applies).
+    Set per row by a Megatron-Bridge preset that runs HybridEP (calib/recipes.py
+    HYBRIDEP_NVLINK_EFFICIENCY): TMA copies over NVLink that saturate it with 4-16 SMs (NVIDIA
+    Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with Hybrid Expert
+    Parallel', 2026-02-02)."""
     cuda_graph_full_iteration: bool = False
     """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
     ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
@@ -515,7 +522,8 @@ class Calibration:
                 raise MeshplanError(f"calibration {f} must be > 0, got {getattr(self, f)!r}")
         for f in ("tp_overlap", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                   "pp_p2p_overlap", "zero_bubble_residual", "unaligned_matmul_factor",
-                  "fp8_matmul_factor", "fp4_matmul_factor", "ring_nic_spread"):
+                  "fp8_matmul_factor", "fp4_matmul_factor", "ring_nic_spread",
+                  "moe_dispatch_nvlink_efficiency"):
             if not 0 <= getattr(self, f) <= 1:
                 raise MeshplanError(f"calibration {f} must be in [0, 1], got {getattr(self, f)!r}")
 

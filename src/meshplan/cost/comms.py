@@ -138,14 +138,6 @@ def domain_members(size, link: Link):
     return n if link.domain_members is None else np.minimum(link.domain_members, n)
 
 
-def peer_shares(size, link: Link):
-    """((g-1)/n, (n-g)/n): the shares of a rank's all-to-all bytes bound for its own domain's
-    peers and for the other domains' (a uniform spread over the n ranks)."""
-    n = np.maximum(np.asarray(size, dtype=float), 1.0)
-    g = domain_members(n, link)
-    return (g - 1.0) / n, (n - g) / n
-
-
 def split_send_time(intra_bytes, inter_bytes, size, link: Link):
     """Per-peer sends of ``intra_bytes`` to domain peers over NVLink and ``inter_bytes`` to the
     other domains over the NIC share, concurrently: the slower part sets the time; one alpha per

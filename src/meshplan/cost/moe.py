@@ -19,12 +19,18 @@ W the width tokens travel at (hidden, or the latent width of a LatentMoE).
 * Dispatch + combine (forward; the backward repeats them), ``TrainingSpec.moe_dispatcher``:
   alltoall: each token copy leaves for its expert's rank, (ep-1)/ep of T*k*W*b bytes each way;
   allgather: every rank all-gathers the group's T*ep tokens and reduce-scatters the outputs back
-  (Megatron MoEAllGatherTokenDispatcher), independent of k; flex (DeepEP normal kernels,
-  DeepSeek-V3 report Sec. 3.2.2): a token crosses the NICs once per destination domain, to the
-  GPU of the same in-domain index there, which forwards it over NVLink to the experts' GPUs: over
-  the NICs (N-1)(1 - (1 - 1/N)^k) copies for N domains and uniform routing, over NVLink the
-  copies for the own domain's peers, (g-1)/n of k, and the forwarded ones, (n-g)/n * (g-1)/g
-  of k; inside one scale-up domain the same bytes as alltoall.
+  (Megatron MoEAllGatherTokenDispatcher), independent of k; flex (DeepEP normal kernels and
+  HybridEP, DeepSeek-V3 report Sec. 3.2.2): a token travels once per destination *rank*, not
+  once per routed copy (the kernels take the token-to-rank layout, DeepEP
+  ``Buffer.get_dispatch_layout``'s ``is_token_in_rank``; HybridEP permutes on the receiving
+  rank, "permute + dispatch a2a + permute", Megatron-Core moe/fused_a2a.py), and the combine
+  sends back one sum per rank (the rank's own experts' outputs reduced first); across domains it
+  crosses the NICs once per destination domain, to the GPU of the same in-domain index there,
+  which forwards it over NVLink to the picked ranks. With the k experts distinct and uniform
+  (force-balanced routing), a group holding E/m of the E experts is picked with probability
+  h(m) = 1 - C(E - E/m, k) / C(E, k) (:func:`group_hit_share`); over the NICs (N-1) h(N)
+  copies for N domains, over NVLink the own domain's picked peers, (g-1) h(n), and the
+  forwarded ones, (n-g)(g-1)/g h(n): the alltoall's k/n per peer becomes h(n).
   The link is the EP group's (comms.group_link): an EP group spanning domains sends (g-1)/n of
   its copies over NVLink and (n-g)/n over the NICs at once (comms.all_to_all_time).
 """
@@ -71,6 +77,26 @@ def load_factor(training: TrainingSpec, calib: Calibration, model: ModelSpec | N
     return min(calib.moe_routing_imbalance, training.moe_capacity_factor)
 
 
+def group_hit_share(num_experts: float, groups, k: float):
+    """h(m): the chance that a token's k distinct experts, drawn uniformly from E, pick at least
+    one of a group's E/m (m equal groups: the EP ranks, or the scale-up domains they span):
+    1 - C(E - E/m, k) / C(E, k) = 1 - prod_{i<k} (E - E/m - i) / (E - i); k/m for k = 1."""
+    m = np.maximum(np.asarray(groups, dtype=float), 1.0)
+    outside = num_experts - num_experts / m  # experts not in the group
+    missed = np.ones_like(m)
+    for i in range(int(k)):
+        missed = missed * np.maximum(outside - i, 0.0) / (num_experts - i)
+    return 1.0 - missed
+
+
+def dispatch_calibration(calib: Calibration) -> Calibration:
+    """The calibration the expert dispatch's link is costed with: HybridEP's own NVLink
+    efficiency in place of NCCL's where a preset sets it (Calibration.moe_dispatch_nvlink_efficiency)."""
+    if calib.moe_dispatch_nvlink_efficiency <= 0:
+        return calib
+    return replace(calib, intra_node_comm_efficiency=calib.moe_dispatch_nvlink_efficiency)
+
+
 def dispatch_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,
                   calib: Calibration, *, T, ab: float, load: float):
     """Forward dispatch + combine time of one MoE layer (module docstring)."""
@@ -78,18 +104,18 @@ def dispatch_time(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     ep = plans.ep.astype(float)
     k = float(model.moe_top_k)
     width = float(model.moe_latent_size or model.hidden_size)  # tokens travel latent
-    link = comms.group_link(cluster, calib, plans.ep, plans.etp)  # ep ranks etp apart
+    link = comms.group_link(cluster, dispatch_calibration(calib), plans.ep, plans.etp)  # ep ranks etp apart
     tokens = T / t  # tokens this rank routes (its sequence shard of the TP group)
     if training.moe_dispatcher == MoeDispatcher.ALLGATHER:
         gathered = tokens * ep * width * ab
         return load * (comms.all_gather_time(gathered, ep, link) + comms.reduce_scatter_time(gathered, ep, link))
     copy_bytes = tokens * width * ab  # one copy of this rank's tokens
-    if training.moe_dispatcher == MoeDispatcher.FLEX:
-        local, remote = comms.peer_shares(ep, link)
+    if training.moe_dispatcher == MoeDispatcher.FLEX:  # once per picked rank / domain
+        E = float(model.moe_num_experts)
         g = comms.domain_members(ep, link)
         domains = ep / g  # scale-up domains the group spans
-        remote_domains = (domains - 1.0) * (1.0 - (1.0 - 1.0 / domains) ** k)
-        intra = copy_bytes * k * (local + remote * (g - 1.0) / g)
+        remote_domains = (domains - 1.0) * group_hit_share(E, domains, k)
+        intra = copy_bytes * group_hit_share(E, ep, k) * ((g - 1.0) + (ep - g) * (g - 1.0) / g)
         return load * 2.0 * comms.split_send_time(intra, copy_bytes * remote_domains, ep, link)
     return load * 2.0 * comms.all_to_all_time(copy_bytes * k, ep, link)
 

@@ -65,7 +65,7 @@ class MoeDispatcher(str, enum.Enum):
 
     ALLTOALL = "alltoall"  # each token copy sent to its expert's rank (all-to-all, dispatch + combine)
     ALLGATHER = "allgather"  # every rank gathers all tokens of its EP group, reduce-scatter back
-    FLEX = "flex"  # DeepEP (DeepSeek 2025): one copy per destination node over the NICs
+    FLEX = "flex"  # DeepEP / HybridEP: one copy per picked rank, per picked node over the NICs
 
 
 class Optimizer(str, enum.Enum):
