@@ -78,3 +78,35 @@ def test_score_splits_matches_estimate_for_uneven_splits():
         est = estimate(model, cluster, training, space.plan(int(i), layers, rec))
         assert got.step_time_s[j] == pytest.approx(est.step_time_s, rel=1e-12)
         assert got.peak_memory_bytes[j] == pytest.approx(est.peak_memory_gib * 2**30, rel=1e-12)
+
+
+def test_chunk_weights_equal_the_per_row_rule():
+    """The re-scoring's chunk weights (computed once per distinct rank layer count, rank and
+    micro-batch count) equal ``layout_chunk_weight`` of each row's own ``chunk_split`` layout."""
+    from meshplan.cost.batch import num_microbatches
+    from meshplan.cost.chunk_inflight import layout_chunk_weight
+    from meshplan.search.tables import _chunk_weights
+
+    model = model_preset("llama2-13b")  # 40 layers
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    space = enumerate_space(model, training, 16)
+    rng = np.random.default_rng(3)
+    for pp in (2, 4):
+        rows = np.flatnonzero(space.pp == pp)
+        sub = space.take(rng.choice(rows, min(rows.size, 400), replace=False))
+        v = sub.vpp[:, None]
+        # random splits with n >= v per rank summing to 40, even ones among them
+        n = v + rng.multinomial(40 - pp * int(v.max()), np.ones(pp) / pp, size=len(sub))
+        n[:, -1] += 40 - n.sum(axis=1)
+        n[::5] = 40 // pp
+        r = np.minimum(n, rng.integers(0, 3, size=n.shape))
+        got = _chunk_weights(training, sub, n, r)
+        m = np.broadcast_to(num_microbatches(training, sub), (len(sub),))
+        interleaved = (sub.schedule == 2) & (sub.vpp > 1)
+        assert interleaved.any() and (got != 1.0).any()
+        for i in range(len(sub)):
+            layers, _ = chunk_split(n[i], r[i], int(sub.vpp[i]))
+            for rnk in range(pp):
+                want = (layout_chunk_weight(layers, pp, int(sub.vpp[i]), rnk, int(m[i]))
+                        if interleaved[i] else 1.0)
+                assert got[i, rnk] == want

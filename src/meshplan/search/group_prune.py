@@ -109,16 +109,24 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     least_bubble = bubble.min(axis=1)[at]
 
     # Per micro-batch: every size dividing the global batch that divides the group's replica
-    # batch (a superset of the legal ones), with each module set searched. The layer's cost
-    # depends on the group through the layer-key columns only: it is computed once per distinct
-    # such row, size and module set, and read by every group that shares them.
-    key_cols = [k for k in LAYER_KEY_FIELDS if k in GROUP_COLUMNS]
+    # batch (a superset of the legal ones), with each module set searched. The layer's time and
+    # activations depend on the group through the layer-key columns only, and on dp_shard only
+    # through the layer's states (read from the probe below, not from this table) and the
+    # runtime's per-layer FSDP overhead ((dp_shard cp - 1) x fsdp_layer_overhead_s >= 0,
+    # ``cost.layer.framework_overhead_s``; the host's FSDP kernels need ZeRO-2/3 over more than
+    # one rank, which every group with ZeRO > 0 has); so the table is computed for the group of
+    # least dp_shard (exact when that overhead is 0, the default; below it otherwise), once per
+    # distinct other key columns, size and module set, and read by every group that shares them.
+    # Packed documents' attention depends on dp: then dp_shard stays in the key.
+    packed = training.seq_len_dist is not None
+    key_cols = [k for k in LAYER_KEY_FIELDS if k in GROUP_COLUMNS and (packed or k != "dp_shard")]
     key = np.zeros(g, dtype=np.int64)
     for k in key_cols:
         col = groups[k].astype(np.int64)
         key = key * (int(col.max(initial=0)) + 1) + col
-    _, first_of, key_of = np.unique(key, return_index=True, return_inverse=True)
-    key_of = key_of.reshape(-1)
+    by_shard = np.argsort(groups["dp_shard"], kind="stable")  # each key's first group: its least dp_shard
+    _, first_of, key_of = np.unique(key[by_shard], return_index=True, return_inverse=True)
+    first_of, key_of = by_shard[first_of], key_of.reshape(-1)[np.argsort(by_shard)]
     sizes = micro_batch_sizes(training)
     codes = np.concatenate(([0], module_codes(model, options))).astype(np.int64)
     k_n, s_n, c_n = first_of.size, sizes.size, codes.size
@@ -134,7 +142,7 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
                     {"schedule": np.full(ki.size, int(sched[0])), "vpp": np.ones(ki.size, dtype=np.int64),
                      "micro_batch": mb, "recompute": np.where(mod > 0, selective, RC_NONE),
                      "recompute_modules": mod})
-    lc = shared_layer_cost(ctx, rows)
+    lc = shared_layer_cost(ctx, rows, with_stack=False)  # (the bound reads the average layer only)
     # Per recompute choice v (policy, module set): the layer's time with its recompute, its
     # activations under the policy and without recompute (cost.plan_terms: rec_one, act_policy).
     policy, module = recompute_variants(model, options)
@@ -158,8 +166,7 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     base = {"schedule": np.full(g, int(sched[0])), "vpp": np.ones(g, dtype=np.int64),
             "micro_batch": np.ones(g, dtype=np.int64), "recompute": np.full(g, RC_NONE)}
     probe = _columns(groups, g, base)
-    at_one = np.searchsorted(ks * s_n + si, key_of * s_n + 0) * c_n  # rows (key, size 1, set 0)
-    layer = lc.take(at_one)
+    layer = shared_layer_cost(ctx, probe, with_stack=False).take(slice(None))  # the group's own states
     first = rank_cost(model, ctx.cluster, training, probe, calib, layer, rank=0, layers=fewest, recomputed=0,
                       has_embedding=groups["pp"] == 1, has_head=groups["pp"] == 1, totals=False)
     states = first.parameters_bytes + first.gradients_bytes + first.optimizer_bytes

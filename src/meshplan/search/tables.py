@@ -27,7 +27,7 @@ from meshplan.cost.rank_layers import StackLayers, lead_on_ranks, needs_rank_mix
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
 from meshplan.search.space import RECOMPUTES
 from meshplan.search.stages import StageTable
-from meshplan.plan import Recompute, Schedule
+from meshplan.plan import Recompute, Schedule, even_split
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -79,11 +79,13 @@ class SharedLayerCost:
         return None if self.stack is None else self.stack.take(self.row[idx])
 
 
-def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
+def shared_layer_cost(ctx: CostContext, plans: PlanArrays, with_stack: bool = True) -> SharedLayerCost:
     """``layer_cost`` for every plan, computed once per distinct LAYER_KEY_FIELDS row.
 
     Many global configurations differ only in pipeline, schedule, replication or recompute
     policy, which one layer's cost does not depend on; this evaluates ~40x fewer rows.
+    ``with_stack`` False leaves out the per-kind costs (``stack`` None) for a caller that reads
+    the average layer only (the group bounds: about half the work on DeepSeek-V3).
     """
     key = np.zeros(len(plans), dtype=np.int64)
     for f in LAYER_KEY_FIELDS:  # mixed-radix code of the key columns (1-D unique is fast)
@@ -102,7 +104,7 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays) -> SharedLayerCost:
     unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
                                                   (first.size,)) for f in fields(LayerCost)})
     stack = None
-    if needs_rank_mix(ctx.model):
+    if with_stack and needs_rank_mix(ctx.model):
         stack = stack_layers(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
         full = lambda c: None if c is None else LayerCost(**{  # noqa: E731
             f.name: np.broadcast_to(np.asarray(getattr(c, f.name), dtype=float), (first.size,))
@@ -233,21 +235,51 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
 def _chunk_weights(training: TrainingSpec, plans: PlanArrays, layers: np.ndarray,
                    recomputed: np.ndarray) -> np.ndarray:
     """(P, pp) interleaved chunk weights of the plans the search writes (:func:`chunk_split` of
-    each row), as ``estimate`` charges them (``cost.chunk_inflight.layout_chunk_weight``)."""
+    each row), as ``estimate`` charges them (``cost.chunk_inflight.layout_chunk_weight``).
+
+    That weight is 1 for an even layout (the virtual stages as ``plan.even_split`` makes them) and
+    otherwise depends on the rank only through its own chunks, i.e. its layer count n and v, and
+    on its index and the micro-batch count m: it is computed once per distinct (n, rank, v, m)
+    of the uneven rows (from the first such row's layout), not once per row and rank."""
     P, pp = layers.shape
     weights = np.ones((P, pp))
     interleaved = (plans.schedule == SCHEDULE_CODES.index(Schedule.INTERLEAVED_1F1B)) & (plans.vpp > 1)
-    m = num_microbatches(training, plans)
-    memo: dict[tuple, float] = {}
-    for i in np.flatnonzero(interleaved):
-        vpp = int(plans.vpp[i])
-        stage_layers, _ = chunk_split(layers[i], recomputed[i], vpp)
-        for rnk in range(pp):
-            key = (stage_layers, rnk, int(m[i]))
-            if key not in memo:
-                memo[key] = layout_chunk_weight(stage_layers, pp, vpp, rnk, int(m[i]))
-            weights[i, rnk] = memo[key]
+    rows = np.flatnonzero(interleaved)
+    if rows.size == 0:
+        return weights
+    m = np.broadcast_to(np.asarray(num_microbatches(training, plans), dtype=np.int64), (P,))
+    n = layers.astype(np.int64)
+    for vpp in np.unique(plans.vpp[rows]):
+        vpp = int(vpp)
+        sub = rows[plans.vpp[rows] == vpp]
+        stage = _stage_layers(n[sub], vpp)  # (R, vpp * pp), model order, as chunk_split
+        total = stage.sum(axis=1)
+        uneven = np.ones(sub.size, dtype=bool)
+        for tot in np.unique(total):
+            same = total == tot
+            if pp * vpp <= tot:
+                uneven[same] = np.any(stage[same] != np.asarray(even_split(int(tot), pp * vpp)), axis=1)
+        sub, stage = sub[uneven], stage[uneven]
+        if sub.size == 0:
+            continue
+        # one key per (row, rank): (n, rank, m) (v is this loop's)
+        key_n, key_r = n[sub].reshape(-1), np.tile(np.arange(pp), sub.size)
+        key_m = np.repeat(m[sub], pp)
+        code = (key_m * (int(key_n.max()) + 1) + key_n) * pp + key_r  # mixed radix: 1-D unique is fast
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        values = np.array([layout_chunk_weight(tuple(int(x) for x in stage[j // pp]), pp, vpp, int(key_r[j]),
+                                               int(key_m[j])) for j in first])
+        weights[sub] = values[inverse.reshape(-1)].reshape(sub.size, pp)
     return weights
+
+
+def _stage_layers(rank_layers: np.ndarray, vpp: int) -> np.ndarray:
+    """:func:`chunk_split`'s virtual-stage layer counts of many rows at once: (R, pp) per-rank
+    totals -> (R, vpp * pp), virtual stage ``ch * pp + rank`` (the remainder on the last chunks)."""
+    base, extra = np.divmod(rank_layers, vpp)  # (R, pp)
+    ch = np.arange(vpp)[None, :, None]  # (1, vpp, 1)
+    stage = base[:, None, :] + (ch >= vpp - extra[:, None, :])  # (R, vpp, pp)
+    return stage.reshape(rank_layers.shape[0], -1)
 
 
 def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
