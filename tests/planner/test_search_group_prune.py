@@ -153,3 +153,24 @@ def test_search_dropping_groups_equals_full_search_on_mixtral(monkeypatch):
                        TrainingSpec(seq_len=4096, global_batch=256),
                        SearchOptions(recompute_module_sets=MODULE_SETS), monkeypatch)
     assert res.pruned_configs > 0.5 * res.global_configs
+
+
+def test_group_bound_is_below_every_configuration_with_an_fsdp_layer_overhead():
+    # the bound's layer table is computed for each key's group of least dp_shard: with a
+    # per-layer FSDP overhead ((dp_shard cp - 1) x fsdp_layer_overhead_s) it is below the
+    # groups that shard over more ranks, never above
+    model = model_preset("mixtral-8x7b")
+    cluster = cluster_for_gpu("h100-sxm", gpus_per_node=8).with_gpus(32)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    options = SearchOptions(recompute_module_sets=MODULE_SETS)
+    calib = calibration_for(cluster.gpu).replace_fields(fsdp_layer_overhead_s=2e-4)
+    ctx = CostContext(model, cluster, training, calib)
+    groups = enumerate_groups(model, training, cluster.num_gpus, options)
+    assert np.unique(groups["dp_shard"][groups["zero"] >= 2]).size > 2
+    space = cross_groups(groups, model, training, options)
+    bound = group_bounds(ctx, groups, options)
+    first = even_slice(ctx, space, shared_layer_cost(ctx, space).take(slice(None)), first_only=True)
+    cell = _cell_of(space, groups, model, training, options)
+    tol = 1 - 1e-12
+    assert np.all(bound.time_s[cell] <= first.step_time_s / tol)
+    assert np.all(bound.memory_bytes[cell] <= first.peak_memory_bytes / tol)

@@ -142,3 +142,40 @@ def test_refinement_test_reads_the_balanced_time():
                        host_memory_bytes=np.zeros(2), balanced_time_s=np.array([1.5, 1.5]),
                        exact=np.array([True, False]))
     assert bounded.candidates(front, 1 / 1.1).tolist() == [True, False]
+
+
+@st.composite
+def moe_jobs(draw):
+    """MoE models as the MoE presets are built: experts over ep with their own tp, leading dense
+    layers and an MTP module (ranks charged their own kinds: cost/rank_layers.py), Megatron's
+    recompute module sets, every schedule (interleaved uneven chunks: the chunk weights)."""
+    from meshplan.plan import RecomputeModule, Schedule
+    from meshplan.search.space import SearchOptions
+
+    heads = draw(st.sampled_from([8, 16]))
+    hidden = heads * 64
+    layers = draw(st.integers(4, 24))
+    model = ModelSpec(
+        name="rand-moe", num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads // 4,
+        ffn_hidden_size=4 * hidden, gated_mlp=True, vocab_size=draw(st.sampled_from([32000, 151936])),
+        position=Position.ROPE, moe_num_experts=draw(st.sampled_from([8, 16, 32])),
+        moe_top_k=draw(st.sampled_from([2, 4])), moe_ffn_hidden_size=draw(st.sampled_from([hidden // 2, hidden])),
+        moe_dense_layers=draw(st.sampled_from([0, 1, 3])) % layers, mtp_num_layers=draw(st.sampled_from([0, 1])))
+    gpu = draw(st.sampled_from(["h100-sxm", "gb200"]))
+    cluster = cluster_for_gpu(gpu, gpus_per_node=8 if gpu != "gb200" else 4).with_gpus(draw(st.sampled_from([8, 16, 32])))
+    training = TrainingSpec(seq_len=draw(st.sampled_from([2048, 4096])), global_batch=draw(st.sampled_from([32, 128])))
+    sets = ((RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
+            (RecomputeModule.CORE_ATTN, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM))
+    options = SearchOptions(schedules=tuple(s for s in Schedule if s != Schedule.ZERO_BUBBLE),
+                            recompute_module_sets=draw(st.sampled_from([(), sets])))
+    return model, cluster, training, options
+
+
+@settings(max_examples=10, deadline=None)
+@given(moe_jobs())
+def test_pruned_search_equals_full_search_on_moe_models(job):
+    model, cluster, training, options = job
+    pruned = search(model, cluster, training, options=options, prune=True)
+    full = search(model, cluster, training, options=options, prune=False)
+    assert _frontier(pruned) == _frontier(full)
+    assert pruned.recommended == full.recommended
