@@ -174,3 +174,35 @@ def test_group_bound_is_below_every_configuration_with_an_fsdp_layer_overhead():
     tol = 1 - 1e-12
     assert np.all(bound.time_s[cell] <= first.step_time_s / tol)
     assert np.all(bound.memory_bytes[cell] <= first.peak_memory_bytes / tol)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-v3"])
+def test_layer_time_and_activations_ignore_what_the_bound_table_leaves_out(name):
+    # group_bounds computes its layer table once per key without dp_shard and with ZeRO-0 and
+    # ZeRO-1 as one, from the key's group of least dp_shard: exact only while the layer's time
+    # and activations (not its states) are the same across those (no FSDP layer overhead)
+    from dataclasses import fields, replace
+
+    from meshplan.cost.layer import LayerCost, layer_cost
+
+    model = model_preset(name)
+    cluster = cluster_for_gpu("h100-sxm", gpus_per_node=8).with_gpus(256)
+    training = TrainingSpec(seq_len=4096, global_batch=1024)
+    options = SearchOptions(recompute_module_sets=MODULE_SETS)
+    groups = enumerate_groups(model, training, cluster.num_gpus, options)
+    plans = cross_groups(take_groups(groups, np.random.default_rng(5).random(groups["pp"].size) < 0.02),
+                         model, training, options)
+    plans = plans.take(np.flatnonzero((plans.zero >= 1) & (plans.dp_shard > 1)))
+    assert len(plans) > 100
+    other = replace(plans, dp_shard=np.where(plans.dp_shard > 2, plans.dp_shard // 2, plans.dp_shard * 2))
+    zero1 = plans.take(np.flatnonzero(plans.zero == 1))
+    assert len(zero1) > 10
+    calib = calibration_for(cluster.gpu)
+    a, b = (layer_cost(model, cluster, training, p, calib) for p in (plans, other))
+    c, d = (layer_cost(model, cluster, training, p, calib)
+            for p in (zero1, replace(zero1, zero=np.zeros(len(zero1), dtype=np.int64))))
+    read = [f.name for f in fields(LayerCost) if f.name not in ("state_bytes", "params_per_gpu",
+                                                                "dense_params_per_gpu")]
+    for f in read:
+        for x, y, n in ((a, b, len(plans)), (c, d, len(zero1))):
+            assert np.array_equal(np.broadcast_to(getattr(x, f), (n,)), np.broadcast_to(getattr(y, f), (n,))), f

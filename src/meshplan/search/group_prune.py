@@ -110,19 +110,23 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
 
     # Per micro-batch: every size dividing the global batch that divides the group's replica
     # batch (a superset of the legal ones), with each module set searched. The layer's time and
-    # activations depend on the group through the layer-key columns only, and on dp_shard only
-    # through the layer's states (read from the probe below, not from this table) and the
-    # runtime's per-layer FSDP overhead ((dp_shard cp - 1) x fsdp_layer_overhead_s >= 0,
-    # ``cost.layer.framework_overhead_s``; the host's FSDP kernels need ZeRO-2/3 over more than
-    # one rank, which every group with ZeRO > 0 has); so the table is computed for the group of
-    # least dp_shard (exact when that overhead is 0, the default; below it otherwise), once per
-    # distinct other key columns, size and module set, and read by every group that shares them.
-    # Packed documents' attention depends on dp: then dp_shard stays in the key.
+    # activations depend on the group through the layer-key columns only, and on ZeRO's columns
+    # only through the layer's states (read from the probe below, not from this table), the
+    # host's FSDP kernels (ZeRO-2/3 over more than one rank, which every group with ZeRO > 0 has:
+    # ``cost.host.layer_kernels``) and the runtime's per-layer FSDP overhead (ZeRO-2/3,
+    # (dp_shard cp - 1) x fsdp_layer_overhead_s >= 0: ``cost.layer.framework_overhead_s``). So
+    # ZeRO-1 counts as ZeRO-0 (it shards the optimizer states only), and the table is computed
+    # for the group of least dp_shard (exact when that overhead is 0, the default; below it
+    # otherwise), once per distinct other key columns, size and module set, and read by every
+    # group that shares them. Packed documents' attention depends on dp: then dp_shard stays in
+    # the key.
     packed = training.seq_len_dist is not None
     key_cols = [k for k in LAYER_KEY_FIELDS if k in GROUP_COLUMNS and (packed or k != "dp_shard")]
     key = np.zeros(g, dtype=np.int64)
     for k in key_cols:
         col = groups[k].astype(np.int64)
+        if k == "zero":
+            col = np.maximum(col, 1)  # ZeRO-0 and ZeRO-1 share one key
         key = key * (int(col.max(initial=0)) + 1) + col
     by_shard = np.argsort(groups["dp_shard"], kind="stable")  # each key's first group: its least dp_shard
     _, first_of, key_of = np.unique(key[by_shard], return_index=True, return_inverse=True)
