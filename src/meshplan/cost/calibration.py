@@ -397,8 +397,8 @@ class Calibration:
     ``release_cached_blocks`` -> ``release_blocks`` -> ``unmap_block``; pytorch/pytorch PR
     #96995), where the default allocator can free only a segment with no live block. So the
     reserve is given back under pressure and what must fit the GPU is the allocated peak
-    (cost/device_memory.py: ``reclaimable_reserve_share``), up to the page rounding at the edges
-    of free blocks (2 MiB pages), left out. A run setting: Megatron-Bridge's performance
+    (cost/device_memory.py: ``held_peak_bytes``), up to the page rounding at the edges of free
+    blocks (2 MiB pages), left out. The search's reserved limit stays the conservative one. A run setting: Megatron-Bridge's performance
     launcher sets it for Llama 3.1 405B FP8 (cs, mx) and dropless DeepSeek-V3 BF16 on GB200 /
     GB300 ('OOM if not set'; scripts/performance/setup_experiment.py@0132842,
     spec/presets/stack_releases.json); its Slurm executor does not set it otherwise

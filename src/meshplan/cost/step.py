@@ -16,7 +16,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.chunk_inflight import plan_chunk_weight
-from meshplan.cost.device_memory import outside_allocator_bytes, required_bytes
+from meshplan.cost.device_memory import held_peak_bytes, outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
@@ -284,7 +284,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     peak_gib = _f(batch.peak_memory_bytes) / GIB
     outside_gib = _f(outside_allocator_bytes(arrays, calib)) / GIB
     device_gib = peak_gib + outside_gib
-    required_gib = required_bytes(peak_gib, calib) + outside_gib  # what "fits" compares (device_memory)
+    held_gib = held_peak_bytes(peak_gib, _f(batch.peak_allocated_bytes) / GIB, calib)  # what "fits" counts
+    required_gib = held_gib + outside_gib
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
     return Estimate(
