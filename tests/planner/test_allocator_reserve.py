@@ -10,13 +10,19 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from meshplan.calib.validate import build_run, load_runs, setting_calibration
+from meshplan.calib.validate import load_runs, setting_calibration
 from meshplan.cost import PlanArrays, estimate
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.device_memory import (device_fits, held_peak_bytes, outside_allocator_bound_bytes,
-                                         outside_allocator_bytes, reserved_limit_bytes)
+from meshplan.cost.device_memory import (
+    device_fits,
+    held_peak_bytes,
+    outside_allocator_bound_bytes,
+    outside_allocator_bytes,
+    reserved_limit_bytes,
+)
 from meshplan.data.published import runs_csv
 from meshplan.plan import ParallelDims, Plan, Recompute
 from meshplan.spec.cluster import GIB, system_preset
