@@ -7,7 +7,11 @@ import pytest
 
 from meshplan.cost.calib_records import FittedRecord, StackRecord
 from meshplan.cost.calibration import Calibration, calibration_for, fitted_records
-from meshplan.cost.generation_transfer import Transfer, carried_fields, generation_transfers
+from meshplan.cost.generation_transfer import (
+    Transfer,
+    carried_fields,
+    generation_transfers,
+)
 from meshplan.cost.stack_resolution import resolve_calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import gpu_preset

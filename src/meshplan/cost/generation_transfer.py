@@ -13,10 +13,11 @@ fit's 0.65 (whose GEMMs were cuBLAS too, without Transformer Engine).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from meshplan.cost.calib_records import FittedRecord
 from meshplan.errors import MeshplanError

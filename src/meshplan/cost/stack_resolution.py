@@ -11,8 +11,9 @@ mechanisms, then the pair's record.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from meshplan.cost.attention_kernels import kernel_efficiency
 from meshplan.cost.calib_records import FittedRecord, StackRecord, record_key
