@@ -12,7 +12,9 @@ Before / after: each case also runs ``search(..., prune=False)`` (every configur
 full, every stage grid walked whole: ``meshplan.search.prune``, ``stages._top``) and prints its CPU
 time and whether its frontier (times, memories, plans) is the pruned search's (the MoE cases
 skip it: their unpruned spaces of 10-20M configurations take minutes; their exactness is
-tests/golden/search/qwen3_30b_a3b_gb200x32_megatron.json's).
+tests/golden/search/qwen3_30b_a3b_gb200x32_megatron.json's and that of
+tests/planner/test_search_prune.py's random MoE models; a change to the search compares their
+frontiers with main's point by point, as docs/search.md's Speed section records).
 """
 
 from __future__ import annotations
