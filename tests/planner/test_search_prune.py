@@ -162,7 +162,8 @@ def moe_jobs(draw):
         moe_top_k=draw(st.sampled_from([2, 4])), moe_ffn_hidden_size=draw(st.sampled_from([hidden // 2, hidden])),
         moe_dense_layers=draw(st.sampled_from([0, 1, 3])) % layers, mtp_num_layers=draw(st.sampled_from([0, 1])))
     gpu = draw(st.sampled_from(["h100-sxm", "gb200"]))
-    cluster = cluster_for_gpu(gpu, gpus_per_node=8 if gpu != "gb200" else 4).with_gpus(draw(st.sampled_from([8, 16, 32])))
+    gpus = draw(st.sampled_from([8, 16, 32]))
+    cluster = cluster_for_gpu(gpu, gpus_per_node=8 if gpu != "gb200" else 4).with_gpus(gpus)
     training = TrainingSpec(seq_len=draw(st.sampled_from([2048, 4096])), global_batch=draw(st.sampled_from([32, 128])))
     sets = ((RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
             (RecomputeModule.CORE_ATTN, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM))
