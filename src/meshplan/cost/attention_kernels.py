@@ -89,6 +89,13 @@ def kernel_efficiency(generation: str, kernel: str) -> KernelEfficiency | None:
                                                                 if f in curve))
 
 
+def kernel_fields(generation: str, kernel: str) -> dict[str, float]:
+    """The Calibration fields of ``kernel`` on ``generation`` (efficiency and curve); empty where
+    the table has no entry (the caller keeps its values)."""
+    entry = kernel_efficiency(generation, kernel)
+    return entry.fields() if entry is not None else {}
+
+
 def kernels_with_figures() -> tuple[tuple[str, str], ...]:
     """(generation, kernel) of the entries that carry published figure points."""
     return tuple((gen, kernel) for gen, entries in _raw()["efficiency"].items()
