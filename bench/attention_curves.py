@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 from pathlib import Path
@@ -23,13 +22,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from meshplan.cost.attention_kernels import (BACKWARD_FLOP_RATIO, figure_points,  # noqa: E402
-                                             kernel_efficiency, kernels_with_figures)
-from meshplan.cost.calibration import Calibration  # noqa: E402
-from meshplan.cost.mixers import attention_core_efficiency  # noqa: E402
+from meshplan.cost.attention_kernels import (
+    BACKWARD_FLOP_RATIO,
+    figure_points,
+    kernel_efficiency,
+    kernels_with_figures,
+)
+from meshplan.cost.calibration import Calibration
+from meshplan.cost.mixers import attention_core_efficiency
 
 HALF_HEAD_DIMS = range(0, 132, 4)
 HALF_SEQS = range(0, 2010, 10)

@@ -11,7 +11,12 @@ import pytest
 
 import meshplan.cost.attention_kernels as ak
 from meshplan.calib.validate import setting_calibration
-from meshplan.cost.attention_kernels import BACKWARD_FLOP_RATIO, figure_points, kernel_efficiency, kernel_fields
+from meshplan.cost.attention_kernels import (
+    BACKWARD_FLOP_RATIO,
+    figure_points,
+    kernel_efficiency,
+    kernel_fields,
+)
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.mixers import attention_core_efficiency
 from meshplan.errors import MeshplanError
