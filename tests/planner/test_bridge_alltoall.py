@@ -82,17 +82,34 @@ def test_presets_whose_file_was_not_read_for_it_change_nothing():
     assert alltoall_values(llama) == ((), ()) and preset_dispatcher(llama) == (None, ())
 
 
-def test_deepep_preset_keeps_alltoall_with_a_note():
-    """DeepEP's normal dispatch waits on the host for the received counts (Megatron-Core
-    fused_a2a.py: 'the CPU will wait for GPU's signal to arrive'), which meshplan's flex
-    dispatcher does not charge: a DeepEP preset keeps alltoall, said so (the one shipped is
-    DeepSeek-V3's B200 FP8_MX_V2 @0426418, pp8 vpp2 ep32)."""
+def test_deepep_preset_runs_flex_with_the_host_sync():
+    """DeepEP's normal kernels send once per picked rank (flex), but their dispatch waits on the
+    host for the received counts (Megatron-Core fused_a2a.py: 'the CPU will wait for GPU's signal
+    to arrive'): the flex dispatcher with moe_flex_host_sync, at NCCL's NVLink efficiency (the one
+    shipped is DeepSeek-V3's B200 FP8_MX_V2 @0426418, pp8 vpp2 ep32)."""
     (r,) = parse_recipes(GOOD.replace(",hybridep", ",deepep"), "r.csv").values()
     shipped = shipped_recipes()[("deepseek-v3", "b200", "fp8", 256, 4096, 1, 1, 8, 1, 2, 32)]
     for r in (r, shipped):
         dispatcher, notes = preset_dispatcher(r)
-        assert dispatcher is None and "alltoall kept" in notes[0] and "deepep" in notes[0]
-        assert "moe_dispatch_nvlink_efficiency" not in dict(alltoall_values(r)[0])
+        assert dispatcher == MoeDispatcher.FLEX and "host sync" in notes[0] and "deepep" in notes[0]
+        values = dict(alltoall_values(r)[0])
+        assert values.get("moe_flex_host_sync") is True and "moe_dispatch_nvlink_efficiency" not in values
+    hybrid = dict(alltoall_values(parse_recipes(GOOD, "r.csv")[next(iter(parse_recipes(GOOD, "r.csv")))])[0])
+    assert "moe_flex_host_sync" not in hybrid
+
+
+def test_flex_host_sync_charges_the_sync_the_alltoall_dispatcher_pays():
+    run = build_run(ROW_378)  # HybridEP: flex, sync-free
+    calib = row_calibration(run, calibration_for(run.cluster.gpu, run.stack).replace_fields(
+        moe_alltoall_sync_s=0.1, cuda_graph_full_iteration=False))  # longer than any layer
+    free = estimate(run.model, run.cluster, run.training, run.plan, calib)
+    synced = estimate(run.model, run.cluster, run.training, run.plan, calib.replace_fields(moe_flex_host_sync=True))
+    # Qwen3-235B: every layer MoE; forward 1x and backward 2x the sync per layer and micro-batch,
+    # which the layer waits for (host-bound: max(device, host)), on the slowest rank's 12 layers
+    layers = max(s.layers for s in synced.stages)
+    bound = synced.time.num_microbatches * layers * 3 * 0.1
+    assert synced.time.compute_s == pytest.approx(bound, rel=0.01)
+    assert free.time.compute_s < 0.05 * bound
 
 
 GOOD = (",".join(RECIPE_COLUMNS + COMM_COLUMNS)
