@@ -33,7 +33,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.calib.validate import Run, load_runs, predicted_metric, setting_calibration
+from meshplan.calib.validate import (
+    Run,
+    load_runs,
+    predicted_metric,
+    setting_calibration,
+)
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.step import estimate
 from meshplan.data.published import runs_csv

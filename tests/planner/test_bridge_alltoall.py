@@ -87,9 +87,9 @@ def test_deepep_preset_runs_flex_with_the_host_sync():
     host for the received counts (Megatron-Core fused_a2a.py: 'the CPU will wait for GPU's signal
     to arrive'): the flex dispatcher with moe_flex_host_sync, at NCCL's NVLink efficiency (the one
     shipped is DeepSeek-V3's B200 FP8_MX_V2 @0426418, pp8 vpp2 ep32)."""
-    (r,) = parse_recipes(GOOD.replace(",hybridep", ",deepep"), "r.csv").values()
+    (parsed,) = parse_recipes(GOOD.replace(",hybridep", ",deepep"), "r.csv").values()
     shipped = shipped_recipes()[("deepseek-v3", "b200", "fp8", 256, 4096, 1, 1, 8, 1, 2, 32)]
-    for r in (r, shipped):
+    for r in (parsed, shipped):
         dispatcher, notes = preset_dispatcher(r)
         assert dispatcher == MoeDispatcher.FLEX and "host sync" in notes[0] and "deepep" in notes[0]
         values = dict(alltoall_values(r)[0])
