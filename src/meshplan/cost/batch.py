@@ -36,6 +36,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.cp_ring_memory import torch_ring_transient_bytes
 from meshplan.cost.device_memory import device_fits, held_peak_bytes
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
@@ -230,7 +231,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
                             head_share=head_share, logits_fraction=osdp.logits_fraction,
                             hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision),
-                            chunk_weight=chunk_weight)
+                            chunk_weight=chunk_weight,
+                            attention_transient_bytes=torch_ring_transient_bytes(
+                                model, calib, plans, tokens_per_microbatch=T, tp=terms.t,
+                                activation_bytes=activation_bytes(training.precision)))
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --

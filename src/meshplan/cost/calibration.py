@@ -406,6 +406,12 @@ class Calibration:
     Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
     PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
     ``PYTORCH_ALLOC_CONF``)."""
+    cp_ring_gathers_kv: bool = False
+    """Whether context parallel runs as torch's ring attention (torchtitan): it all-gathers the
+    whole sequence's K and V in each attention call and accumulates the backward's gradients in
+    fp32 (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py@f2127db,
+    rotate_method ALL_GATHER, convert_to_f32), a transient per attention layer charged by
+    cost/cp_ring_memory.py; False: Megatron-Core / TE's p2p ring, two K/V chunks in flight."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
@@ -553,7 +559,7 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
                 "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
-                "allocator_expandable_segments", "fp16_step_grad_copy_bytes_per_param",
+                "allocator_expandable_segments", "cp_ring_gathers_kv", "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the

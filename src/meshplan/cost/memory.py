@@ -101,13 +101,18 @@ class RankActivations:
 
 def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, terms: PlanTerms, *,
                      rank, layers, recomputed, head_share, logits_fraction,
-                     hidden_bytes_per_token: float = 0.0, chunk_weight=1.0) -> RankActivations:
+                     hidden_bytes_per_token: float = 0.0, chunk_weight=1.0,
+                     attention_transient_bytes=0.0) -> RankActivations:
     """Activations held on pipeline rank ``rank`` at its peak (Korthikanti et al. 2022, Sec. 4 per
     layer; in-flight chunks per schedule from cost.pipeline), ``head_share`` of the LM head's
     logits (``logits_fraction`` of them at once: OSDP's chunked head). ``hidden_bytes_per_token``
     (D x element bytes) is read where the stack keeps the LM head's gathered input
     (Calibration.sp_saves_gathered_inputs). ``chunk_weight``: the interleaved schedule's held
-    layers over an even mix of the rank's chunks (cost/chunk_inflight.py; 1 for equal chunks)."""
+    layers over an even mix of the rank's chunks (cost/chunk_inflight.py; 1 for equal chunks).
+    ``attention_transient_bytes``: what one layer's attention holds beyond its activations while
+    it runs (torch's ring attention, cost/cp_ring_memory.py): alive only inside a layer's
+    backward, which starts after the loss's backward has freed the logits, so the peak holds the
+    larger of the two."""
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, terms.pp_float, terms.v, terms.m_float, plans.schedule,  # floats: no re-conversion
@@ -126,7 +131,9 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
     if calib.sp_saves_gathered_inputs:  # the head's input gathered under SP: T x D, not T/t x D
         gathered = np.where(plans.sp, terms.tokens_per_microbatch * (1.0 - 1.0 / terms.t), 0.0) * hidden_bytes_per_token
         logits = logits + head_share * head_mbs * gathered
-    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
+    transient = logits if np.isscalar(attention_transient_bytes) and attention_transient_bytes == 0.0 \
+        else np.maximum(logits, attention_transient_bytes)
+    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + transient,
                            logits_bytes=logits)
 
 
