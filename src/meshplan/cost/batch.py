@@ -204,7 +204,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     stage = unsharded_stage(plans, calib)
     states = rank_states(training, calib, layer, terms, stage, layers=layers, dense_params=dense_p,
                          expert_params=expert_p, total_params=total_p, kept_weight_bytes=osdp.kept_weight_bytes,
-                         experts_on=experts_on)
+                         experts_on=experts_on, gpu=cluster.gpu)
     weights, grads, optim = states.weights_bytes, states.grads_bytes, states.optim_bytes
 
     # ---- data-parallel communication (cost.dp_comm) -----------------------------------------
@@ -260,7 +260,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                                         grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
     rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
-                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess)
+                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess,
+                      gpu=cluster.gpu)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape
