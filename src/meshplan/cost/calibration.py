@@ -150,7 +150,8 @@ class Calibration:
     fp8_weight_copy_bytes_per_param: float = 2.0
     """fp8 copies of each linear weight kept beside the bf16 weight: row-wise and the transposed
     copy TE caches for the backward (Float8Tensor transpose cache; MXFP8 keeps row- and
-    column-wise data the same way)."""
+    column-wise data the same way). Tensor-scaled fp8 on Blackwell keeps the row-wise copy
+    alone, half of this (cost/precision.py ``fp8_transpose_free``)."""
     fp4_weight_copy_bytes_per_param: float = 1.125
     """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
     fp8_param_gather: bool = False
@@ -405,7 +406,8 @@ class Calibration:
     scripts/performance/setup_experiment.py@0132842, spec/presets/stack_releases.json), its
     Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
     PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
-    ``PYTORCH_ALLOC_CONF``)."""
+    ``PYTORCH_ALLOC_CONF``); meshplan's own launcher for every rank (meshplan/launch_env.py, the
+    meshplan stack's value: cost/calib_records.py ``launcher_values``)."""
     cp_ring_gathers_kv: bool = False
     """Whether context parallel runs as torch's ring attention (torchtitan): it all-gathers the
     whole sequence's K and V in each attention call and accumulates the backward's gradients in
