@@ -21,6 +21,7 @@ from meshplan.cost.attention_kernels import check_kernel
 from meshplan.cost.calib_records import (DEFAULT_STACK, FITTED_FILE, FittedRecord, StackRecord, gpu_family,
                                          gpu_generation, lender_keys, read_fitted_records, read_stack_records,
                                          record_key)
+from meshplan.cost.generation_transfer import generation_transfers
 from meshplan.cost.stack_resolution import resolve_calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
@@ -596,10 +597,11 @@ def stack_names() -> tuple[str, ...]:
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
     defaults, then, when this pair has no record, the hardware fields of a record borrowed from
-    another stack of the same generation and the attention efficiency of the stack's kernel on
+    another stack of the same generation (else the GEMM fields carried from another generation's
+    record, cost/generation_transfer.py) and the attention efficiency of the stack's kernel on
     this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
     own record (cost/stack_resolution.py)."""
     resolved = resolve_calibration(gpu_generation(gpu), (stack or DEFAULT_STACK).lower(), fitted=fitted_records(),
                                    stacks=stack_records(), lenders=lender_keys(), stack_fields=STACK_FIELDS,
-                                   default_kernel=Calibration().attention_kernel)
+                                   default_kernel=Calibration().attention_kernel, transfers=generation_transfers())
     return Calibration().replace_fields(**{**resolved.values, "source": resolved.source})
