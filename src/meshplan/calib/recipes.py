@@ -62,7 +62,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
-from meshplan.spec.training import MoeDispatcher
+from meshplan.spec.training import MoeDispatcher, Recipe
 from meshplan.textfile import csv_records, read_text_file
 
 KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
@@ -144,6 +144,8 @@ class Overlay:
     """Calibration fields the preset's expert all-to-all sets (module docstring), over the row's."""
     moe_dispatcher: MoeDispatcher | None = None
     """The training's token dispatcher the preset runs (module docstring); None: the default."""
+    fp8_recipe: Recipe | None = None
+    """The fp8 recipe the preset was written for (:func:`preset_fp8_recipe`); None: not one."""
     notes: tuple[str, ...] = ()
     """One line per setting taken, kept or not expressible (for ``Run.assumed``)."""
 
@@ -248,6 +250,21 @@ def is_bridge_row(row: Mapping[str, str]) -> bool:
     return (row.get("source") or "").strip().startswith(SOURCE_FRAMEWORK)
 
 
+PRESET_FP8_RECIPES = (("FP8_CS", Recipe.TENSORWISE), ("FP8_MX", Recipe.MXFP8))
+"""The compute dtype a Megatron-Bridge workload config is named for (llama3_workload_base_configs.py
+and the other scripts/performance/configs: ``<MODEL>_PRETRAIN_CONFIG_<GPU>_<DTYPE>_<VERSION>``,
+the key its launcher looks up from ``--compute_dtype``): fp8_cs runs
+bf16_with_fp8_current_scaling_mixed (tensorwise current scaling), fp8_mx bf16_with_mxfp8_mixed
+(src/megatron/bridge/training/mixed_precision.py@0509780)."""
+
+
+def preset_fp8_recipe(recipe: BridgeRecipe) -> Recipe | None:
+    """The fp8 recipe of the preset's config name; None where it names none or both (a layout
+    shared by the CS and MX configs, written 'CS/FP8_MX' in the table: the run's is not known)."""
+    named = {r for tag, r in PRESET_FP8_RECIPES if tag in recipe.config}
+    return named.pop() if len(named) == 1 else None
+
+
 def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | None) -> Overlay:
     """What a row takes from ``recipe``, given the row's own ZeRO stage and recompute (None:
     blank). A value the row gives wins; the notes say which setting went where."""
@@ -291,7 +308,10 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
                      f"cpu_offloading_num_layers={offload_layers})")
     values, comm_notes = alltoall_values(recipe)
     dispatcher, dispatcher_note = preset_dispatcher(recipe)
-    return Overlay(zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
+    fp8_recipe = preset_fp8_recipe(recipe)
+    if fp8_recipe is not None:
+        notes.append(f"fp8 recipe: {fp8_recipe.value} ({label})")
+    return Overlay(fp8_recipe=fp8_recipe, zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
                    recompute_modules=modules if recompute else (),
                    offload_layers=offload_layers, calibration_values=values, moe_dispatcher=dispatcher,
                    notes=(*notes, *comm_notes, *dispatcher_note))
