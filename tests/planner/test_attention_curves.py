@@ -106,6 +106,12 @@ def test_a_curve_naming_another_field_is_one_clear_error(monkeypatch):
         kernel_efficiency("hopper", "fa2")
 
 
+def test_a_scaled_kernel_keeps_its_lenders_curve_at_the_published_ratio():
+    fa2, fa1 = kernel_efficiency("hopper", "fa2"), kernel_efficiency("hopper", "fa1-triton")
+    assert fa1.attention_efficiency == pytest.approx(0.21)  # 0.42 x 0.5 (Dao 2023: FA2 ~2x FA1)
+    assert fa1.curve == fa2.curve and fa1.kernel == "fa1-triton" and "Dao 2023" in fa1.source
+
+
 def test_points_of_a_kernel_without_a_figure_are_one_clear_error():
     with pytest.raises(MeshplanError, match="no published figure points for cudnn on hopper"):
         figure_points("hopper", "cudnn")

@@ -56,7 +56,8 @@ def test_every_entry_names_a_known_kernel_a_source_and_an_efficiency_in_0_1():
     for generation, entries in table()["efficiency"].items():
         for kernel, entry in entries.items():
             assert kernel in kernel_names(), (generation, kernel)
-            assert entry["source"] and 0 < entry["attention_efficiency"] <= 1
+            resolved = kernel_efficiency(generation, kernel)
+            assert entry["source"] and 0 < resolved.attention_efficiency <= 1
 
 
 def test_every_stack_names_its_kernel():

@@ -17,7 +17,7 @@ are FlashAttention-3's shape, for a stack running that kernel on that generation
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -60,7 +60,7 @@ def _raw() -> Mapping[str, Any]:
 
 
 def kernel_names() -> tuple[str, ...]:
-    """The attention kernels a stack may name ('fa2', 'fa3', 'fa4', 'cudnn')."""
+    """The attention kernels a stack may name ('fa2', 'fa3', 'fa4', 'fa1-triton', 'cudnn')."""
     return tuple(_raw()["kernels"])
 
 
@@ -79,6 +79,14 @@ def kernel_efficiency(generation: str, kernel: str) -> KernelEfficiency | None:
     entry = table.get(gen, {}).get(kernel)
     if entry is None:
         return None
+    if "scaled_from" in entry:  # another kernel's entry at a published speed ratio
+        ref = entry["scaled_from"]
+        base = kernel_efficiency(gen, ref["kernel"])
+        if base is None or "scaled_from" in table[gen][ref["kernel"]]:
+            raise MeshplanError(f"{KERNELS_FILE}: {gen}/{kernel} is scaled from {ref['kernel']}, "
+                                f"which needs an entry of its own on {gen}")
+        return replace(base, kernel=kernel, source=entry["source"],
+                       attention_efficiency=base.attention_efficiency * float(ref["rate_ratio"]))
     curve = entry.get("curve", {})
     unknown = sorted(set(curve) - set(CURVE_FIELDS))
     if unknown:
