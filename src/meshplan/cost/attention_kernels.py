@@ -17,9 +17,10 @@ are FlashAttention-3's shape, for a stack running that kernel on that generation
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.shipped import shipped_json
