@@ -51,6 +51,14 @@ def test_cp2_by_hand():
     np.testing.assert_allclose(got.bwd_exposed_s, [(send - 2.5 * step) + send])
 
 
+def test_compiled_merge_is_one_pass():
+    """torch.compile fuses the merge's cast and three fp32 ops: 2 + 4 + 4 = 10 B per element, not 42."""
+    eager = torch_cp_cost(c=np.array([2.0]), efficiency=_flat, **SHAPE)
+    fused = torch_cp_cost(c=np.array([2.0]), efficiency=_flat, eager=False, **SHAPE)
+    np.testing.assert_allclose(eager.core_s - fused.core_s, [(42 - 10) * 2.0**24 / 2e12])
+    np.testing.assert_allclose(fused.core_bwd_s, eager.core_bwd_s)
+
+
 def test_each_call_at_its_own_kv_length():
     seen = []
 

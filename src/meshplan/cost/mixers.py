@@ -192,7 +192,7 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
                            ab=ab, core_peak=core_peak, hbm=hbm, bwd_ratio=calib.attention_backward_ratio,
                            efficiency=lambda kv, causal_, bwd: attention_core_efficiency(
                                calib, head_dim, kv, causal_, backward=bwd),
-                           cp_link=cp_link)
+                           cp_link=cp_link, eager=calib.eager_memory_passes)
         t_core, t_bwd = np.where(torch_cp, tc.core_s, t_core), np.where(torch_cp, tc.core_bwd_s, t_bwd)
         cp_fwd, cp_bwd = np.where(torch_cp, tc.fwd_comm_s, cp_fwd), np.where(torch_cp, tc.bwd_comm_s, cp_bwd)
         fwd_exp, bwd_exp = tc.fwd_exposed_s, tc.bwd_exposed_s

@@ -17,7 +17,11 @@ every query head before SDPA):
 * **Merge** (``_SDPAMerger``, eager elementwise ops, memory-bound): each later step casts the
   block's output to fp32 and folds it into the running fp32 output, ``out - sigmoid(lse_b - lse)
   * (out - out_b)`` (MERGE_BYTES_PER_ELEMENT); the result is cast back once. The K/V buffer is
-  re-concatenated (``torch.cat``) before every step but the last.
+  re-concatenated (``torch.cat``) before every step but the last. Under torch.compile (a stack
+  without eager memory passes: torchtitan-compile) the ring's aten ops are traced with the block
+  (DTensor's SDPA handler runs at dispatch, under AOTAutograd's tracing) and TorchInductor fuses
+  the merge's pointwise chain into one pass (FUSED_MERGE_BYTES_PER_ELEMENT; Ansel et al. ASPLOS
+  2024 Sec. 4); the backward's adds and concatenations are counted as single passes either way.
 * **Rotation.** ``_AllGatherRotater`` all-gathers the local K and V once, issued before step 0
   and waited on at step 1: it hides behind step 0's SDPA only. The backward gathers K/V again the
   same way, and passes the fp32 dK / dV accumulators on through ``permute_tensor`` (the
@@ -45,6 +49,9 @@ MERGE_BYTES_PER_ELEMENT = CAST_TO_FP32_BYTES + 3.0 * 3.0 * FP32_BYTES
 """One later step's merge per output element: the cast, then three fp32 elementwise ops of two
 reads and a write each (``out - out_b``, its product with the sigmoid, ``out - that``; the lse
 terms are d times smaller and left out)."""
+FUSED_MERGE_BYTES_PER_ELEMENT = 2.0 + 2.0 * FP32_BYTES
+"""The same merge as one fused kernel: read the block's bf16 output and the running fp32 output,
+write the running output."""
 CAST_BACK_BYTES = 6.0
 """A final fp32 -> bf16 cast (read 4, write 2): the merged output; dQ; dK|dV."""
 CAT_BYTES_BF16 = 4.0
@@ -70,10 +77,12 @@ class TorchCpCost:
 
 
 def torch_cp_cost(*, c, micro_batch, seq_len: float, heads, dqk: float, dv: float, ab: float,
-                  core_peak: float, hbm: float, bwd_ratio: float, efficiency, cp_link) -> TorchCpCost:
+                  core_peak: float, hbm: float, bwd_ratio: float, efficiency, cp_link,
+                  eager: bool = True) -> TorchCpCost:
     """Ring attention of one causal layer on the costed rank c-1 (module docstring) for c > 1.
     ``heads``: h per rank after repeat_kv; ``efficiency(kv_len, causal, backward)``: the fused
-    kernel's fraction of peak; ``cp_link``: the CP group's link (cost/comms.py)."""
+    kernel's fraction of peak; ``cp_link``: the CP group's link (cost/comms.py); ``eager``: the
+    merge runs as separate aten ops (False: fused by torch.compile)."""
     c = np.asarray(c, dtype=float)
     rows = micro_batch * heads * seq_len / c  # b h S/c: rows of the local Q (and K, V)
     block = seq_len / c
@@ -87,7 +96,8 @@ def torch_cp_cost(*, c, micro_batch, seq_len: float, heads, dqk: float, dv: floa
     bwd_half = bwd_ratio * half_flops / (core_peak * efficiency(block / 2.0, False, True))
     q_el, k_el, v_el = rows * dqk, rows * dqk, rows * dv
     kv_el = k_el + v_el
-    merge_bytes = later * (MERGE_BYTES_PER_ELEMENT * v_el + CAT_BYTES_BF16 * kv_el) + CAST_BACK_BYTES * v_el
+    merge_per_element = MERGE_BYTES_PER_ELEMENT if eager else FUSED_MERGE_BYTES_PER_ELEMENT
+    merge_bytes = later * (merge_per_element * v_el + CAT_BYTES_BF16 * kv_el) + CAST_BACK_BYTES * v_el
     # Backward on rank c-1: zero-fill, step 0's three adds, each later step's half-chunk add and
     # re-concatenation of dK/dV, dK|dV concatenated to send, dQ added, the final casts.
     accum_bytes = (FP32_BYTES * (q_el + kv_el) + ADD_BF16_INTO_FP32_BYTES * (q_el + kv_el)
