@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshplan.cost import PlanArrays, estimate
+from meshplan.cost import estimate
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.comms import Link
 from meshplan.cost.torch_cp import torch_cp_cost
