@@ -95,3 +95,12 @@ def test_estimate_charges_it_only_for_torch_cp_plans():
     for plan in (_plan(1), _plan(4, CPMethod.ALL_TO_ALL)):  # no ring: unchanged
         assert estimate(MODEL, CLUSTER, TRAINING, plan, TORCH_CP).step_time_s == pytest.approx(
             estimate(MODEL, CLUSTER, TRAINING, plan, Calibration()).step_time_s)
+
+
+def test_target_torchtitan_runs_torchs_cp():
+    """``--target torchtitan`` estimates with the torchtitan framework's settings, torch's ring
+    attention among them; meshplan's runtime runs its own ring (runtime/parallelize.py)."""
+    from meshplan.calib.hardware import target_calibration
+
+    assert target_calibration(CLUSTER, "torchtitan").cp_ring_gathers_kv
+    assert not target_calibration(CLUSTER, "meshplan").cp_ring_gathers_kv
