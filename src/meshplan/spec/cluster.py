@@ -44,6 +44,12 @@ class GPUSpec:
     """The part's scale-up link (NVLink, Infinity Fabric), per GPU, one direction; 0: unknown.
     Systems give the bandwidth a collective sees (``ClusterSpec.intra_node_bandwidth_bytes_per_s``);
     this is the part's own figure, used for a GPU that has no system preset."""
+    sfu_exp_per_s: float = 0.0
+    """Exponentials per second the special function units issue (MUFU.EX2), the rate that bounds
+    an attention kernel's softmax: the datasheets' 'Attention acceleration (SFU EX2)' row (B200 /
+    GB200 5e12, B300 / GB300 10.7e12: Blackwell Ultra doubles the SFU rate, NVIDIA blog 'Inside
+    NVIDIA Blackwell Ultra', 2025). 0: unknown, the attention core is not rescaled
+    (cost/mixers.py attention_exp_factor)."""
     block_scaled_recipes: tuple[str, ...] = ()
     """Block-scaled recipes the tensor cores run natively (``Recipe.block_scaled``: mxfp8,
     nvfp4, mxfp4); empty before Blackwell / CDNA4."""
