@@ -31,13 +31,23 @@ def test_sfu_rate_golden(gpu, rate):
 
 
 def test_exp_factor_golden():
-    # forward: 1 - 0.40 + 0.40 x 5 / 10.7 = 0.6 + 0.186916 = 0.786916
-    assert attention_exp_factor(CAL, 10.7e12) == pytest.approx(0.786916, abs=1e-6)
+    # forward, head dim 128: 1 - 0.40 + 0.40 x 5 / 10.7 = 0.6 + 0.186916 = 0.786916
+    assert attention_exp_factor(CAL, 10.7e12, 128.0) == pytest.approx(0.786916, abs=1e-6)
     # backward: 1 - 0.21 + 0.21 x 5 / 10.7 = 0.79 + 0.098131 = 0.888131
-    assert attention_exp_factor(CAL, 10.7e12, backward=True) == pytest.approx(0.888131, abs=1e-6)
-    # at the reference rate, or with an unknown rate, nothing changes
-    assert attention_exp_factor(CAL, 5e12) == 1.0
-    assert attention_exp_factor(CAL, 0.0, backward=True) == 1.0
+    assert attention_exp_factor(CAL, 10.7e12, 128.0, backward=True) == pytest.approx(0.888131, abs=1e-6)
+    # at the reference rate and head dim, or with an unknown rate, nothing changes
+    assert attention_exp_factor(CAL, 5e12, 128.0) == 1.0
+    assert attention_exp_factor(CAL, 0.0, 64.0, backward=True) == 1.0
+
+
+def test_a_smaller_head_dim_has_more_exponentials_per_mma_flop():
+    # GPT-OSS head dim 64 on B200: 1 - 0.40 + 0.40 x 2 = 1.4 forward, 0.79 + 0.42 = 1.21 backward
+    assert attention_exp_factor(CAL, 5e12, 64.0) == pytest.approx(1.4)
+    assert attention_exp_factor(CAL, 5e12, 64.0, backward=True) == pytest.approx(1.21)
+    # on GB300 the doubled SFU rate takes back most of it: 0.6 + 0.8 x 5 / 10.7 = 0.973832
+    assert attention_exp_factor(CAL, 10.7e12, 64.0) == pytest.approx(0.973832, abs=1e-6)
+    # DeepSeek-V3's MLA, (192 + 128) / 2 = 160: 0.6 + 0.4 x 0.8 = 0.92
+    assert attention_exp_factor(CAL, 5e12, 160.0) == pytest.approx(0.92)
 
 
 def test_the_derived_shares_follow_the_blogs_speedup():

@@ -193,6 +193,10 @@ class Calibration:
     """SFU rate at which the attention efficiencies that apply to SFU-rated GPUs were measured:
     B200's 5 TeraExponentials/s (FlashAttention-4 and cuDNN on B200, attention_kernels.json;
     blackwell/megatron's fitted record on B200 / GB200 rows)."""
+    attention_exp_reference_head_dim: float = 128.0
+    """Head dim at which attention_exp_share and attention_backward_exp_share hold (the bf16
+    head-dim-128 kernel of their derivation): the exponentials per MMA FLOP scale as its ratio to
+    the layer's head dim (GPT-OSS's 64: twice the share of exponentials per score's MMA)."""
     attention_backward_half_seq: float = 128.0
     """The backward kernel's own sequence falloff, as attention_half_seq (the same FlashAttention-3
     figure by default: the backward then costs attention_backward_ratio x the forward at every S)."""
