@@ -98,8 +98,8 @@ def _mfu(p) -> str:
     return "" if mfu is None else f"{mfu:.1%}"
 
 
-def _attribution_table(att) -> str:
-    head = "<tr><th class='l'>term</th><th>yours s</th><th>recommended s</th><th>delta s</th></tr>"
+def _attribution_table(att, theirs: str = "recommended") -> str:
+    head = f"<tr><th class='l'>term</th><th>yours s</th><th>{html.escape(theirs)} s</th><th>delta s</th></tr>"
     body = [f"<tr><td class='l'>{html.escape(d.term)}</td><td>{d.yours_s:.3f}</td><td>{d.theirs_s:.3f}</td>"
             f"<td>{d.delta_s:+.3f}</td></tr>" for d in att.terms if d.yours_s or d.theirs_s]
     body.append(f"<tr class='chosen'><td class='l'>step</td><td>{sum(d.yours_s for d in att.terms):.3f}</td>"
@@ -156,15 +156,19 @@ def render_html(data: ReportInput) -> str:
         parts.append(f'<p class="summary" id="comparison">{html.escape(data.comparison.summary())}</p>')
         if data.comparison.attribution is not None:
             parts.append("<p>Where the step time goes, term by term (the deltas add up to the gap):</p>")
-            parts.append(_attribution_table(data.comparison.attribution))
+            theirs = "recommended" if data.comparison.recommended is not None else "fastest that fits"
+            parts.append(_attribution_table(data.comparison.attribution, theirs))
     if data.frontier:
         parts.append("<h2>Frontier: step time vs peak memory per GPU</h2>")
         if data.frontier_png:
             parts.append(_img(data.frontier_png, "frontier-plot", "frontier plot"))
         budget = "" if data.budget_gib is None else f" Memory budget {data.budget_gib:.1f} GiB per GPU."
-        mine = "" if data.yours is None else " Your plan (&#9670;) is listed where its step time falls."
-        parts.append(f'<p class="muted">Pareto-optimal plans, fastest first; the chosen plan is '
-                     f'highlighted.{mine}{html.escape(budget)}</p>')
+        if data.chosen_index is not None:
+            shown = " The plan charted below is highlighted."
+        else:  # yours is charted: it is off the frontier's rows, marked with its own row
+            shown = " Your plan (&#9670;, charted below) is listed where its step time falls."
+        parts.append(f'<p class="muted">Pareto-optimal plans, fastest first; &#9733; marks the recommended '
+                     f'plan.{shown}{html.escape(budget)}</p>')
         parts.append(_frontier_table(data))
     parts.append("<h2>Memory per GPU by pipeline rank (chosen plan)</h2>")
     parts.append(_img(memory_png(est), "memory-chart", "memory breakdown per pipeline rank"))
