@@ -181,8 +181,12 @@ def verdict(row: Row) -> tuple[str, str]:
     if run.model.is_moe and top == "compute" and row.recommended and (
             _micro_batch(row.recommended) > run.plan.micro_batch):
         calib = setting_calibration(run, None, run.settings)
-        return "unsupported", (f"larger micro-batch (mb{run.plan.micro_batch} -> mb{_micro_batch(row.recommended)}): "
-                               f"amortises the per-MoE-layer host sync ({calib.moe_alltoall_sync_s * 1e3:.0f} ms fitted)")
+        dropless = run.training.moe_capacity_factor is None and run.training.moe_dispatcher.value == "alltoall"
+        sync = (f", the dropless all-to-all's host sync {calib.moe_alltoall_sync_s * 1e3:.1f} ms per MoE layer"
+                if dropless and calib.moe_alltoall_sync_s else "")
+        return "unsupported", (f"larger micro-batch (mb{run.plan.micro_batch} -> mb{_micro_batch(row.recommended)}) "
+                               f"amortises the fixed costs per micro-batch: {calib.layer_overhead_s * 1e3:.1f} ms per "
+                               f"layer{sync} (fitted, cost/layer.py)")
     return "unsupported", f"largest term {top}"
 
 
