@@ -13,12 +13,18 @@ claims 34% faster"); for every ratio above 1.15 the terms that make the differen
     PYTHONPATH=src python bench/bench_experts.py --sample 40   # every k-th row, for a quick look
     PYTHONPATH=src python bench/bench_experts.py --runs megatron-bridge   # one set (to bench/results/)
 
-Rows of one job (same model, cluster, training and calibration: 417 rows are 155 jobs) share one
-search. Results are cached in bench/results/experts_cache.json under a hash of the planner's
-source (cost/, search/, spec/, calib/, targets.py, plan/), written after every job, so an
-unchanged model re-renders in seconds, an interrupted run resumes, and any change to the model
-re-runs every search (all 155 jobs: 700 CPU s of searching, 49 min wall with --workers 2
-on the shared 2-core machine, 2026-11-24).
+For every large gain a verdict (bench/experts_evidence.py): whether another measured layout of the
+same job shows it (same release, another release, or a row whose layout is not given), whether it
+comes from a technique the published run did not have, whether it disappears against the
+published run's measured step (the model's error on the published plan), or whether it rests on
+the model alone.
+
+Rows of one job (same model, cluster, training and calibration: 417 rows are 159 jobs) share one
+search, the largest searches first. Results are cached in bench/results/experts_cache.json under a
+hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/), written after
+every job, so an unchanged model re-renders in seconds (``--render-only``), an interrupted run
+resumes, and any change to the model re-runs every search (all 159 jobs: 573 CPU s of searching,
+29 min wall with --workers 2 on the shared 2-core machine at a load of ~9, 2026-11-24).
 """
 
 from __future__ import annotations
@@ -168,6 +174,12 @@ def _ident(csv: str, run: Run) -> str:
     return f"{csv}:{run.row_id}:{run.plan.notation()}:{run.cluster.num_gpus}"
 
 
+def _search_work(run: Run) -> float:
+    """A rough size of the job's search, to start the largest first: MoE jobs (expert degrees and
+    per-kind layer tables) far above dense ones, then more GPUs (more layouts)."""
+    return (1.0 + run.model.moe_num_experts) * run.cluster.num_gpus
+
+
 def _job(args: tuple[str, tuple[str, ...]]) -> tuple[list[Row], list[tuple[str, str, str]], float]:
     csv, ids = args
     runs = [_runs_by_id(csv)[i] for i in ids]
@@ -198,7 +210,9 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
             if all(_ident(csv, r) in cache for r in group):
                 rows += [Row(**cache[_ident(csv, r)]) for r in group]
             else:
-                todo.append((csv, tuple(r.row_id for r in group)))
+                todo.append((_search_work(group[0]), (csv, tuple(r.row_id for r in group))))
+    # the largest searches first: with a few workers, a big MoE job left for last runs alone
+    todo = [item for _, item in sorted(todo, key=lambda kv: -kv[0])]
     cpu_s = 0.0
     CACHE.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
@@ -213,6 +227,8 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
                      time.perf_counter() - start)
     stats = dict(wall_s=time.perf_counter() - start, cpu_s=cpu_s, jobs=jobs_total, searched=len(todo),
                  workers=workers)
+    if todo:  # the run that filled the cache, for --render-only to report
+        CACHE.write_text(json.dumps({"source_hash": key, "rows": cache, "stats": stats}, indent=1))
     return rows, skipped, stats
 
 
@@ -224,8 +240,10 @@ def render_cached(sets: tuple[str, ...] = tuple(PUBLISHED_RUNS)) -> tuple[list[R
     stale = data["source_hash"] != source_hash()
     jobs = {job_key(r, setting_calibration(r, None, r.settings)) for csv in sets
             for r in load_runs(runs_csv(csv))[0]}
-    return rows, skipped, dict(wall_s=0.0, cpu_s=0.0, jobs=len(jobs),
-                               searched=0, workers=0, stale=stale)
+    filled = data.get("stats", {})  # the run that filled the cache
+    return rows, skipped, dict(wall_s=filled.get("wall_s", 0.0), cpu_s=filled.get("cpu_s", 0.0), jobs=len(jobs),
+                               searched=filled.get("searched", 0), workers=filled.get("workers", 0), stale=stale,
+                               cached=True)
 
 
 class _Serial:
@@ -452,6 +470,7 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
         firsts[top] = firsts.get(top, 0) + 1
     for term, s in sorted(tally.items(), key=lambda kv: -kv[1]):
         out.append(f"| {term} | {s:.2f} | {firsts.get(term, 0)} |")
+    out += verdict_section(big)
     out += ["", f"## Ratios above {LARGE_GAIN}", "",
             "The last column: where the data holds another measured run of the same job with another layout, this "
             "run's measured step over the fastest such run (a gain the measurements themselves show).", "",
@@ -472,7 +491,7 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
             "row's ratio is not to be trusted: "
             + (", ".join(f"{r.csv} {r.row_id} ({r.model}, ratio {r.ratio:.2f}; against row {sib.row_id}: measured "
                          f"{sib.measured:.2f}, model {sib.model:.2f})" for r, sib in against) or "none") + "."]
-    out += verdict_section(big)
+
     out += _recompute_section(big)
     out += _over_budget_section(rows)
     outside = [r for r in rows if r.outside is not None]
@@ -495,7 +514,8 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
                 "(a plain run re-runs them)."]
     out += ["", f"Run time: {stats['wall_s']:.0f} s wall, {stats['cpu_s']:.0f} s CPU in searches, {stats['workers']} "
             f"worker(s); {len(rows)} rows in {stats['jobs']} distinct jobs (one search per job), "
-            f"{stats['searched']} searched this time (the rest cached)."]
+            + ("in the run that filled the cache (this page re-rendered from it with `--render-only`)."
+               if stats.get("cached") else f"{stats['searched']} searched this time (the rest cached).")]
     return "\n".join(out) + "\n"
 
 

@@ -217,7 +217,9 @@ def verdict_section(big: list[Row]) -> list[str]:
         cls, why = verdict(r)
         classes.setdefault(cls, []).append((r, why))
     out = ["", "## Verdict on the large gains", "",
-           f"Each of the {len(big)} ratios above {LARGE_GAIN} in one class, the first that applies:", "",
+           f"Each of the {len(big)} ratios above {LARGE_GAIN} (table below) in one class, the first that applies. "
+           "'Against the measured step': the ratio with the published run's measured step in place of the "
+           "model's estimate of it.", "",
            "| class | rows | what it means |", "|---|---:|---|"]
     out += [f"| {cls} | {len(classes.get(cls, []))} | {text} |" for cls, text in VERDICT_TEXT.items()]
     for cls in VERDICT_TEXT:
@@ -291,6 +293,6 @@ def _ep_domain_errors() -> list[str]:
             f"crosses the scale-up domain the model's step is {med(cross):+.1%} off the measured one (median; "
             f"{med(sides[False]):+.1%} on the {len(sides[False])} inside one domain), but "
             f"{len(worst)} are more than {LARGE_GAIN - 1:.0%} too slow: {', '.join(worst) or 'none'}. On those jobs "
-            "the model over-charges the cross-node all-to-all (or misses an overlap their presets ran), so gains "
-            "that move the expert group inside a node are overstated by as much: the column 'ratio against the "
-            "published run's measured step' takes that error out."]
+            "the model over-charges the cross-node all-to-all (or misses an overlap or dispatcher their presets ran), "
+            "so gains that move the expert group inside a node are overstated by as much: the table's column "
+            "'ratio against the published run's measured step' takes that error out."]
