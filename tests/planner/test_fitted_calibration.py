@@ -85,7 +85,10 @@ def test_only_the_listed_lenders_lend_their_hardware_fields():
     """The Hopper/Blackwell Megatron fits still absorb unmodelled fp8/MoE costs: not lent."""
     assert "hopper/megatron" in fitted_records() and "hopper/megatron" not in raw_file()["lenders"]
     mesh = calibration_for(gpu_preset("h100-sxm"), "meshplan")
-    assert mesh.matmul_efficiency == Calibration().matmul_efficiency
+    hopper = raw_file()["records"]["hopper/megatron"]["values"]
+    for field in ("intra_node_comm_efficiency", "comm_half_message_bytes", "mamba_scan_efficiency"):
+        assert getattr(mesh, field) == getattr(Calibration(), field) != hopper[field]
+    assert "hopper/megatron" not in mesh.source  # its GEMM fields come from Ampere's (test_generation_transfer.py)
     assert calibration_for(gpu_preset("a100-80gb"), "meshplan").matmul_efficiency == \
         raw_file()["records"]["ampere/megatron"]["values"]["matmul_efficiency"]
 

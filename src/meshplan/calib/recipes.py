@@ -325,9 +325,17 @@ def preset_dispatcher(recipe: BridgeRecipe) -> tuple[MoeDispatcher | None, tuple
     return None, ()
 
 
+PRESET_MODELS: Mapping[str, str] = MappingProxyType({"deepseek-v3-nomtp": "deepseek-v3"})
+"""Model presets whose published rows ran another model's Megatron-Bridge preset: the 25.11
+'DeepSeekV3 (w/o MTP)' rows ran the DeepSeek-V3 preset with its MTP block off (the row's name),
+its memory settings otherwise as they are."""
+
+
 def find_recipe(row: Mapping[str, str], key: RecipeKey,
                 recipes: Mapping[RecipeKey, BridgeRecipe] | None = None) -> BridgeRecipe | None:
-    """The preset a Megatron-Bridge row ran, or None (another source, or no preset of that key)."""
+    """The preset a Megatron-Bridge row ran, or None (another source, or no preset of that key);
+    the key's model read through :data:`PRESET_MODELS`."""
     if not is_bridge_row(row):
         return None
+    key = (PRESET_MODELS.get(key[0], key[0]), *key[1:])
     return (shipped_recipes() if recipes is None else recipes).get(key)

@@ -351,7 +351,7 @@ def build_run(row: dict[str, str]) -> Run:
     plan.validate_for(model, training, cluster.num_gpus)
     release = release_of(fw.stack, row.get("framework"), row.get("source"))
     family = model_family(model.name, fw.architecture)
-    release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset,
+    release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset, model=model.name,
                                   precision=precision.value, moe=model.is_moe)
     # the preset's expert all-to-all (calib/recipes.py): more specific than its release's presets
     release_vals.update(extra.calibration_values)

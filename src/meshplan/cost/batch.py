@@ -36,7 +36,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.device_memory import device_fits
+from meshplan.cost.device_memory import device_fits, held_peak_bytes
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, optimizer_state_bytes_per_param
@@ -387,13 +387,15 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     too with ``allocated``."""
     sp = compose_step_peak(training, plans, ranks, calib)
     step, bubble, peak, host = sp.step_time_s, sp.bubble_s, sp.peak_memory_bytes, sp.host_memory_bytes
-    peak_allocated = _most([r.allocated_bytes for r in ranks]) if allocated else None
+    need_allocated = allocated or calib.allocator_expandable_segments
+    peak_allocated = _most([r.allocated_bytes for r in ranks]) if need_allocated else None
+    held = held_peak_bytes(peak, peak_allocated, calib)  # what "fits" counts (cost/device_memory.py)
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
     host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
-                         peak_allocated_bytes=peak_allocated,
+                         peak_allocated_bytes=peak_allocated if allocated else None,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=device_fits(peak, plans, calib, cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)
+                         fits=device_fits(held, plans, calib, cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)

@@ -21,6 +21,7 @@ from meshplan.cost.attention_kernels import check_kernel
 from meshplan.cost.calib_records import (DEFAULT_STACK, FITTED_FILE, FittedRecord, StackRecord, gpu_family,
                                          gpu_generation, lender_keys, read_fitted_records, read_stack_records,
                                          record_key)
+from meshplan.cost.generation_transfer import generation_transfers
 from meshplan.cost.stack_resolution import resolve_calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
@@ -389,7 +390,23 @@ class Calibration:
     """Connections per channel whose buffers a rank holds: the ring's previous and next rank."""
     allocator_fragmentation: float = 0.05
     """Fraction of allocated memory lost to caching-allocator fragmentation (PyTorch CUDA
-    caching allocator notes)."""
+    caching allocator notes), charged on the states, activations and the optimizer step's copies
+    (cost/memory.py ``rank_other``): the reserve, the peak reserved less the peak allocated."""
+    allocator_expandable_segments: bool = False
+    """Whether the run set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. The peak
+    reserved is the same figure, but before the allocator reports out of memory it unmaps the
+    free pages of every expandable segment (c10/cuda/CUDACachingAllocator.cpp,
+    ``release_cached_blocks`` -> ``release_blocks`` -> ``unmap_block``; pytorch/pytorch PR
+    #96995), where the default allocator can free only a segment with no live block. So the
+    reserve is given back under pressure and what must fit the GPU is the allocated peak
+    (cost/device_memory.py: ``held_peak_bytes``), up to the page rounding at the edges of free
+    blocks (2 MiB pages), left out; the search's reserved limit stays the conservative one.
+    A run setting: Megatron-Bridge's performance launcher sets it for Llama 3.1 405B FP8 (cs,
+    mx) and dropless DeepSeek-V3 BF16 on GB200 / GB300 ('OOM if not set';
+    scripts/performance/setup_experiment.py@0132842, spec/presets/stack_releases.json), its
+    Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
+    PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
+    ``PYTORCH_ALLOC_CONF``)."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
@@ -537,7 +554,7 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
                 "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
-                "fp16_step_grad_copy_bytes_per_param",
+                "allocator_expandable_segments", "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
@@ -572,10 +589,11 @@ def stack_names() -> tuple[str, ...]:
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
     defaults, then, when this pair has no record, the hardware fields of a record borrowed from
-    another stack of the same generation and the attention efficiency of the stack's kernel on
+    another stack of the same generation (else the GEMM fields carried from another generation's
+    record, cost/generation_transfer.py) and the attention efficiency of the stack's kernel on
     this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
     own record (cost/stack_resolution.py)."""
     resolved = resolve_calibration(gpu_generation(gpu), (stack or DEFAULT_STACK).lower(), fitted=fitted_records(),
                                    stacks=stack_records(), lenders=lender_keys(), stack_fields=STACK_FIELDS,
-                                   default_kernel=Calibration().attention_kernel)
+                                   default_kernel=Calibration().attention_kernel, transfers=generation_transfers())
     return Calibration().replace_fields(**{**resolved.values, "source": resolved.source})
