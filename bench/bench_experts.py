@@ -23,8 +23,8 @@ Rows of one job (same model, cluster, training and calibration: 417 rows are 159
 search, the largest searches first. Results are cached in bench/results/experts_cache.json under a
 hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/), written after
 every job, so an unchanged model re-renders in seconds (``--render-only``), an interrupted run
-resumes, and any change to the model re-runs every search (all 159 jobs: 573 CPU s of searching,
-29 min wall with --workers 2 on the shared 2-core machine at a load of ~9, 2026-11-24).
+resumes, and any change to the model re-runs every search (all 159 jobs: 573-622 CPU s of searching,
+28-29 min wall with --workers 2 on the shared 2-core machine at a load of ~9, 2026-11-24).
 """
 
 from __future__ import annotations
