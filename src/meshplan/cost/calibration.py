@@ -151,7 +151,8 @@ class Calibration:
     fp8_weight_copy_bytes_per_param: float = 2.0
     """fp8 copies of each linear weight kept beside the bf16 weight: row-wise and the transposed
     copy TE caches for the backward (Float8Tensor transpose cache; MXFP8 keeps row- and
-    column-wise data the same way)."""
+    column-wise data the same way). Tensor-scaled fp8 on Blackwell keeps the row-wise copy
+    alone, half of this (cost/precision.py ``fp8_transpose_free``)."""
     fp4_weight_copy_bytes_per_param: float = 1.125
     """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
     fp8_param_gather: bool = False
@@ -406,7 +407,14 @@ class Calibration:
     scripts/performance/setup_experiment.py@0132842, spec/presets/stack_releases.json), its
     Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
     PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
-    ``PYTORCH_ALLOC_CONF``)."""
+    ``PYTORCH_ALLOC_CONF``); meshplan's own launcher for every rank (meshplan/launch_env.py, the
+    meshplan stack's value: cost/calib_records.py ``launcher_values``)."""
+    cp_ring_gathers_kv: bool = False
+    """Whether context parallel runs as torch's ring attention (torchtitan): it all-gathers the
+    whole sequence's K and V in each attention call and accumulates the backward's gradients in
+    fp32 (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py@f2127db,
+    rotate_method ALL_GATHER, convert_to_f32), a transient per attention layer charged by
+    cost/cp_ring_memory.py; False: Megatron-Core / TE's p2p ring, two K/V chunks in flight."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
@@ -469,6 +477,13 @@ class Calibration:
     HYBRIDEP_NVLINK_EFFICIENCY): TMA copies over NVLink that saturate it with 4-16 SMs (NVIDIA
     Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with Hybrid Expert
     Parallel', 2026-02-02)."""
+    moe_flex_host_sync: bool = False
+    """Under the flex dispatcher, the dispatch still waits on the host once per MoE layer for the
+    received token counts (``moe_alltoall_sync_s`` charged as for the dropless alltoall
+    dispatcher): DeepEP's normal kernels, whose notify step has "the CPU ... wait for GPU's signal
+    to arrive" (Megatron-Core moe/fused_a2a.py; DeepEP README, normal kernels: "CPU-GPU
+    synchronization"). False: HybridEP, which sizes its buffers on the device. Set per row by a
+    Megatron-Bridge preset that runs DeepEP (calib/recipes.py)."""
     cuda_graph_full_iteration: bool = False
     """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
     ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
@@ -554,7 +569,7 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
                 "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
-                "allocator_expandable_segments", "fp16_step_grad_copy_bytes_per_param",
+                "allocator_expandable_segments", "cp_ring_gathers_kv", "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
