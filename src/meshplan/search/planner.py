@@ -65,6 +65,13 @@ data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of
 read off at one or two layers and extrapolated, which can overstate a rank's time by a few
 percent; the margin keeps such configurations in the search."""
 
+SEARCH_MAX_LAYERS = 1024
+"""Deepest main stack the search takes. Its work grows with the layer count more than linearly
+(the stage walk's grids hold every layer count per rank, and interleaving offers up to L / pp
+virtual stages, each scored by a per-chunk loop): Llama-3-8B on 64 H100 searches in ~3 s at
+32 to 2048 layers and 70 s at 4096 (session 8, solid3). 1024 is 8x the deepest published stack
+(Megatron-LM's 1T model, 128 layers, Narayanan et al. 2021 Table 1); ``estimate`` takes any depth."""
+
 STAGE_POINTS_PER_CONFIG = 12
 """Most frontier points walked per configuration by the stage search (fastest first). A global
 frontier point rarely comes from deep in one configuration's staircase (the next configuration
@@ -159,6 +166,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     num_gpus = cluster.num_gpus
 
     check_model_takes(model, training)
+    if model.num_layers > SEARCH_MAX_LAYERS:
+        raise MeshplanError(f"{model.name} has {model.num_layers} layers: the search takes at most "
+                            f"{SEARCH_MAX_LAYERS} (estimate a plan of a deeper model with `meshplan estimate`)")
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
     groups = enumerate_groups(model, training, num_gpus, options)
     per_group = configurations_per_group(groups, model, training, options)
