@@ -9,11 +9,11 @@ argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_data_schedule, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule, format_layout
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
-from meshplan.spec.training import Precision, Recipe, TrainingSpec
+from meshplan.spec.training import MoeDispatcher, Precision, Recipe, TrainingSpec
 
 _PRECISION_FLAGS = {
     Precision.BF16: ["--bf16"],
@@ -40,6 +40,22 @@ def _precision_args(t: TrainingSpec) -> list[str]:
         raise MeshplanError(f"Megatron-Core has no {t.recipe.value} recipe (it runs "
                             f"{', '.join(r.value for r in _RECIPE_FLAGS)}); choose one of those")
     return _PRECISION_FLAGS[t.precision] + (_RECIPE_FLAGS[t.recipe] if t.recipe else [])
+
+
+def _moe_args(m: ModelSpec, t: TrainingSpec) -> list[list[str]]:
+    """How an MoE layer moves and drops tokens (megatron/training/arguments.py@000c4ac,
+    _add_moe_args). The dispatcher is always written: Megatron-LM's default is allgather, the
+    plan's is its own. A capacity factor is written with --moe-pad-expert-input-to-capacity, as
+    the cost model reads it (fixed-size expert inputs, no host sync: cost/layer.py)."""
+    if not m.is_moe:
+        return []
+    out = [["--moe-token-dispatcher-type", t.moe_dispatcher.value]]
+    if t.moe_dispatcher == MoeDispatcher.FLEX:  # "Only works with flex token dispatcher" (its help)
+        out.append(["--moe-enable-deepep"])
+    if t.moe_capacity_factor is not None:
+        out += [["--moe-expert-capacity-factor", str(float(t.moe_capacity_factor))],
+                ["--moe-pad-expert-input-to-capacity"]]
+    return out
 
 
 def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[str]]:
@@ -214,6 +230,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
     refuse_expert_placement(plan, "Megatron-LM")
+    refuse_data_schedule(job, "Megatron-LM")
     if plan.vocab_parallel:
         raise MeshplanError("Megatron-LM has no vocabulary parallelism over pipeline ranks (Yeung et al. "
                             "2024 is a fork of it); plan without --vocab-parallel")
@@ -222,6 +239,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                             f"per operator-group keeps and operator splits ({osdp_notation(plan)}) are not "
                             "expressible: plan without them")
     args += _offload_args(job)
+    args += _moe_args(job.model, t)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)
     if prec:
