@@ -143,3 +143,14 @@ DIST = SeqLenDist(lengths=(128, 4096), counts=(40, 6), source="x.csv")
 def test_no_stack_runs_the_runtime_s_data_schedule(target, training, says):
     with pytest.raises(MeshplanError, match=says):
         export_job(_job(**training), target)
+
+
+def test_megatron_runs_the_experts_as_grouped_gemms_once():
+    """The cost model prices grouped GEMMs (Calibration.moe_grouped_gemm_*); moe_act recompute needs
+    them too, and the flag is written once."""
+    from meshplan.plan import Recompute, RecomputeModule
+
+    job = replace(_job(), plan=Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, recompute=Recompute.SELECTIVE,
+                                    recompute_modules=(RecomputeModule.MOE_ACT,)))
+    assert _words(export_job(job, "megatron").text).count("--moe-grouped-gemm") == 1
+    assert _words(export_job(_job(), "megatron").text).count("--moe-grouped-gemm") == 1
