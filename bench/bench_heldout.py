@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/bench_heldout.py            # bench/data/runs_heldout.csv
     PYTHONPATH=src python bench/bench_heldout.py --runs my_runs.csv --json
+    PYTHONPATH=src python bench/bench_heldout.py --before old_summary.json   # + before / after by GPU, framework, precision
 
 Runs ``meshplan validate --runs <csv> --json`` through the real entry point (the estimate any user
 gets for those rows) and prints the median and 90th-percentile absolute throughput and memory
@@ -9,7 +10,9 @@ error, the median signed error by stack, by GPU, by source and by whether the ro
 group spans nodes, and the rows skipped with their reasons. The held-out CSV is the generalization
 check of issue 14: its rows are never used to fit anything (bench/fit_calibration.py reads the
 shipped CSVs only), so these figures are the honest error on stacks and teams the fit has not seen.
-Writes bench/results/heldout_<date>.json.
+Writes bench/results/heldout_<date>.json; ``--before`` takes such a file from an earlier checkout
+(``git show REV:bench/results/heldout_<date>.json``) and adds the median signed and absolute error
+per GPU, framework and precision before and after.
 """
 
 from __future__ import annotations
@@ -101,10 +104,38 @@ def _show(con: Console, title: str, by: dict[str, dict[str, dict[str, float]]]) 
     con.print(t)
 
 
+COMPARED = ("gpu", "framework", "precision")
+"""The groups a before / after table shows (issue 14's held-out report)."""
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group of ``COMPARED`` (and overall): rows and the median signed / absolute throughput
+    error of two summaries (``summarise``'s output); a group one summary lacks has None there."""
+    out = [{"by": "all", "group": "all", "before": before["throughput"], "after": after["throughput"]}]
+    for by in COMPARED:
+        b, a = before["throughput_by"].get(by, {}), after["throughput_by"].get(by, {})
+        out += [{"by": by, "group": g, "before": b.get(g), "after": a.get(g)} for g in sorted(set(b) | set(a))]
+    return out
+
+
+def _show_compare(con: Console, rows: list[dict[str, Any]]) -> None:
+    t = Table(title="Throughput error before / after (median signed; median |err|)")
+    for col in ("by", "group", "rows", "before", "after"):
+        t.add_column(col, justify="left" if col in ("by", "group") else "right")
+
+    def cell(s: dict[str, Any] | None) -> str:
+        return "-" if not s or not s.get("rows") else f"{s['median_signed_error']:+.1%}; {s['median_abs_error']:.1%}"
+    for r in rows:
+        n = "/".join(str((r[k] or {}).get("rows", 0)) for k in ("before", "after"))
+        t.add_row(r["by"], r["group"], n, cell(r["before"]), cell(r["after"]))
+    con.print(t)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=DEFAULT_RUNS)
     ap.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    ap.add_argument("--before", type=Path, help="a summary JSON of an earlier checkout to compare with")
     args = ap.parse_args(argv)
     with args.runs.open(newline="") as f:
         csv_rows = {r["id"]: r for r in csv.DictReader(f)}
@@ -112,8 +143,9 @@ def main(argv: list[str]) -> int:
     out["runs"] = str(args.runs)
     path = HERE / "results" / f"heldout_{dt.date.today().isoformat()}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
+    comparison = compare(json.loads(args.before.read_text()), out) if args.before else None
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps({**out, "compared": comparison} if comparison else out, indent=1))
         return 0
     con = Console(width=110)
     t = Table(title=f"Held-out published runs: {args.runs.name} ({out['rows']} estimated, {out['skipped']} skipped)")
@@ -128,6 +160,8 @@ def main(argv: list[str]) -> int:
     con.print(f"memory rows predicted > 5% below the measurement: {out['memory_optimistic_rows']}")
     _show(con, "Throughput error (predicted / measured - 1)", out["throughput_by"])
     _show(con, "Peak memory error (predicted / measured - 1)", out["memory_by"])
+    if comparison:
+        _show_compare(con, comparison)
     for reason, n in out["skipped_reasons"].items():
         con.print(f"skipped {n}: {reason}")
     con.print(f"wrote {path}")

@@ -11,6 +11,7 @@ import pytest
 
 from meshplan.cost.calibration import (FITTED_FILE, STACK_FIELDS, Calibration, calibration_for,
                                        fitted_records, gpu_generation, stack_records)
+from meshplan.cost.calib_records import read_stack_records
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import gpu_preset
 from meshplan.spec.frameworks import framework_defaults, framework_names
@@ -58,10 +59,10 @@ def test_a_pair_with_a_record_takes_its_values_over_the_stacks(gpu, stack):
     rec = raw_file()["records"][f"{gpu_generation(spec)}/{stack}"]
     calib = calibration_for(spec, stack)
     assert calib.source.startswith(rec["source"])
-    for field, value in {**raw_file()["stacks"][stack]["values"], **rec["values"]}.items():
+    stack_values = read_stack_records()[stack].values  # the file's, meshplan's with its launcher's
+    for field, value in {**stack_values, **rec["values"]}.items():
         assert getattr(calib, field) == value, field
-    untouched = (set(Calibration().to_dict()) - set(rec["values"]) - {"source"}
-                 - set(raw_file()["stacks"][stack]["values"]))
+    untouched = set(Calibration().to_dict()) - set(rec["values"]) - {"source"} - set(stack_values)
     assert all(getattr(calib, f) == getattr(Calibration(), f) for f in untouched)
 
 
@@ -85,7 +86,10 @@ def test_only_the_listed_lenders_lend_their_hardware_fields():
     """The Hopper/Blackwell Megatron fits still absorb unmodelled fp8/MoE costs: not lent."""
     assert "hopper/megatron" in fitted_records() and "hopper/megatron" not in raw_file()["lenders"]
     mesh = calibration_for(gpu_preset("h100-sxm"), "meshplan")
-    assert mesh.matmul_efficiency == Calibration().matmul_efficiency
+    hopper = raw_file()["records"]["hopper/megatron"]["values"]
+    for field in ("intra_node_comm_efficiency", "comm_half_message_bytes", "mamba_scan_efficiency"):
+        assert getattr(mesh, field) == getattr(Calibration(), field) != hopper[field]
+    assert "hopper/megatron" not in mesh.source  # its GEMM fields come from Ampere's (test_generation_transfer.py)
     assert calibration_for(gpu_preset("a100-80gb"), "meshplan").matmul_efficiency == \
         raw_file()["records"]["ampere/megatron"]["values"]["matmul_efficiency"]
 

@@ -21,7 +21,8 @@ from meshplan.spec.frameworks import (
     resolve_framework,
 )
 from meshplan.spec.gpu_names import resolve_gpu
-from meshplan.spec.presets import model_names
+from meshplan.spec.presets import model_names, model_preset
+from meshplan.spec.row_model import row_model
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "runs" / "frameworks.csv"
@@ -93,8 +94,9 @@ def test_model_keys_fold_separators_but_keep_names_apart():
     assert alias_key("meta-llama/Meta-Llama-3-8B-Instruct") == alias_key("LLAMA3_8B") == "llama38b"
     assert alias_key("DeepSeekV3 (w/o MTP)") != alias_key("DeepSeekV3")  # a '/' inside a name is no HF id
     assert "Llama 3.1" in resolve_alias("Llama-3.1-8B").note  # a later release of the same dimensions says so
-    for dims_only in ("GPT 1.7B", "GPT-3 175B", "BLOOM-176B", "MPT-7B"):  # rows that keep their dimensions
+    for dims_only in ("GPT 1.7B", "BLOOM-176B", "MPT-7B"):  # rows that keep their dimensions
         assert resolve_alias(dims_only) is None
+    assert resolve_alias("GPT-3 175B").frameworks == ("megatron-core",)  # NeMo's rows only (test below)
 
 
 @pytest.mark.parametrize("name, entry", [
@@ -177,9 +179,41 @@ def test_heldout_set_builds_every_row_with_its_source():
     for r in rows:
         assert r["source"] and r["framework"] and r["notes"] and r["reliability"] in ("high", "medium", "low"), r["id"]
     runs, skipped = load_runs(path)
-    # NeMo's GPT3 / Nemotron rows name models without a preset: skipped, saying so
-    assert all(s.row_id.startswith("nemo") and "not in the alias table" in s.reason for s in skipped)
-    assert len(runs) + len(skipped) == len(rows) and len(runs) >= 190
+    # NeMo's GPT3 / Nemotron rows name the NeMo configs' presets (model_aliases.json): none skipped
+    assert not skipped and len(runs) == len(rows)
+    models = {r.row_id: r.model.name for r in runs}
+    assert models["nemo-b200-gpt3"] == "gpt3-175b" and models["nemo2407-gpt3-5b"] == "gpt3-5b"
+    assert models["nemo2407-n8"] == "nemotron-8b" and models["nemo-gb200-n15"] == "nemotron4-15b"
+    assert models["nemo-gb200-n340"] == "nemotron4-340b"
+
+
+@pytest.mark.parametrize("preset, params", [
+    # 12 L D^2 (1 + 13/(12 D)) + (V + S) D for a GPT with biases and tied embeddings (Kaplan et al.
+    # 2020 Table 1's count): GPT-3 5B 24 x 4096 with 2048 positions, 50257 tokens
+    ("gpt3-5b", 24 * (12 * 4096**2 + 13 * 4096) + (50257 + 2048) * 4096 + 2 * 4096),
+    # Nemotron: no biases, GQA, squared-ReLU MLP (2 matrices), LayerNorm (2 D per norm), untied
+    # embeddings: L (D (D + 2 K H) + D^2 + 2 D F + 4 D) + 2 V D + 2 D (final norm)
+    ("nemotron-8b", 32 * (4096 * (4096 + 2 * 4096) + 4096**2 + 2 * 4096 * 16384 + 4 * 4096) + 2 * 256000 * 4096 + 2 * 4096),
+    ("nemotron4-15b", 32 * (6144 * (6144 + 2 * 8 * 128) + 6144**2 + 2 * 6144 * 24576 + 4 * 6144) + 2 * 256000 * 6144 + 2 * 6144),
+    ("nemotron4-340b", 96 * (18432 * (18432 + 2 * 8 * 192) + 18432**2 + 2 * 18432 * 73728 + 4 * 18432)
+     + 2 * 256000 * 18432 + 2 * 18432),
+])
+def test_nemo_model_presets_have_their_published_size(preset, params):
+    """The presets behind NeMo's performance-table names, counted by hand from their configs
+    (NeMo GPTConfig5B, Nemotron3Config8B, Nemotron4Config15B / 340B): 5.0B, 8.5B, 15.6B, 341B."""
+    assert model_preset(preset).num_params() == params
+
+
+def test_an_alias_scoped_to_frameworks_leaves_other_rows_their_dimensions():
+    """'GPT3-175B' of a NeMo table is NeMo's GPT-3 config; a Megatron-LM row of that name (the
+    calibration set's 'GPT-3 175B', vocabulary 51200 padded) keeps the dimensions it states."""
+    dims = {"num_layers": 96, "hidden_size": 12288, "num_heads": 96, "vocab_size": 51200}
+    model, assumed = row_model("GPT-3 175B", dims, 2048, framework_defaults("megatron-lm"))
+    assert model.vocab_size == 51200 and "GPT-style" in assumed[0]
+    model, assumed = row_model("GPT3-175B", {}, 2048, framework_defaults("megatron-core"))
+    assert model.name == "gpt3-175b" and "GPTConfig175B" in assumed[0]
+    with pytest.raises(MeshplanError, match="vocab_size=51200 in the row, but preset gpt3-175b has 50257"):
+        row_model("GPT3-175B", dims, 2048, framework_defaults("megatron-core"))
 
 
 

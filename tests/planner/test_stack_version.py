@@ -59,22 +59,26 @@ def test_an_unnamed_release_or_another_stack_selects_nothing():
 
 BF16_ADAM = {"adam_bytes_per_param": 4.0}
 """DeepSeek-V3's recipe: precision-aware optimizer, Adam moments in bf16 (stack_releases.json)."""
+TE_LOSS = {"logits_bytes_per_element": 2.0}
+"""Every performance preset: TE's fused cross entropy keeps the bf16 logits only (stack_releases.json)."""
+EXPANDABLE = {"allocator_expandable_segments": True}
+"""The launcher's PYTORCH_CUDA_ALLOC_CONF for Llama 3.1 405B FP8 and DeepSeek-V3 BF16 on GB200/GB300."""
 
 
 @pytest.mark.parametrize("release, family, gpu, precision, moe, values", [
-    ("26.04", "qwen", "gb200", "fp8", True, {}),                                  # before the presets
-    ("26.06", "qwen", "gb200", "fp8", True, {**GRAPHED, "fp8_attention": True}),  # PR #4249
-    ("26.08", "qwen", "b300", "fp8", True, {**GRAPHED, "fp8_attention": True}),   # carried on; PR #4606
-    ("26.06", "qwen", "h100-sxm", "fp8", True, {}),                               # Hopper presets: partial graphs
-    ("26.06", "qwen", "gb200", "bf16", True, {}),                                 # MXFP8 presets only
-    ("26.06", "qwen", "gb200", "fp8", False, {}),                                 # a dense Qwen3
-    ("26.06", "deepseek", "gb300", "fp8", True, {**GRAPHED, **BF16_ADAM}),        # PR #3983 / #4226: no FP8 DPA
-    ("26.06", "deepseek", "b300", "fp8", True, BF16_ADAM),
-    ("25.09", "deepseek", "h100-sxm", "bf16", True, BF16_ADAM),                   # the recipe's optimizer
-    ("25.09", "llama", "h100-sxm", "bf16", False, {}),
-    ("26.06", "gpt", "gb200", "fp8", True, {}),                                   # GPT-OSS presets: unchanged
-    ("26.06", "nemotron", "gb200", "fp8", True, {}),                              # hybrid Mamba: per-layer graphs
-    ("26.06", "llama", "gb200", "fp8", False, {}),
+    ("26.04", "qwen", "gb200", "fp8", True, TE_LOSS),                                  # before the presets
+    ("26.06", "qwen", "gb200", "fp8", True, {**GRAPHED, "fp8_attention": True, **TE_LOSS}),  # PR #4249
+    ("26.08", "qwen", "b300", "fp8", True, {**GRAPHED, "fp8_attention": True, **TE_LOSS}),   # carried on; PR #4606
+    ("26.06", "qwen", "h100-sxm", "fp8", True, TE_LOSS),                               # Hopper presets: partial graphs
+    ("26.06", "qwen", "gb200", "bf16", True, TE_LOSS),                                 # MXFP8 presets only
+    ("26.06", "qwen", "gb200", "fp8", False, TE_LOSS),                                 # a dense Qwen3
+    ("26.06", "deepseek", "gb300", "fp8", True, {**GRAPHED, **BF16_ADAM, **TE_LOSS}),  # PR #3983 / #4226: no FP8 DPA
+    ("26.06", "deepseek", "b300", "fp8", True, {**BF16_ADAM, **TE_LOSS}),
+    ("25.09", "deepseek", "h100-sxm", "bf16", True, {**BF16_ADAM, **TE_LOSS}),        # the recipe's optimizer
+    ("25.09", "llama", "h100-sxm", "bf16", False, TE_LOSS),
+    ("26.06", "gpt", "gb200", "fp8", True, TE_LOSS),                                   # GPT-OSS presets: unchanged
+    ("26.06", "nemotron", "gb200", "fp8", True, TE_LOSS),                              # hybrid Mamba: per-layer graphs
+    ("26.06", "llama", "gb200", "fp8", False, TE_LOSS),
 ])
 def test_release_presets_by_family_gpu_and_precision(release, family, gpu, precision, moe, values):
     got = release_values("megatron", release, family=family, gpu=gpu, precision=precision, moe=moe)
@@ -82,6 +86,22 @@ def test_release_presets_by_family_gpu_and_precision(release, family, gpu, preci
     assert Calibration().replace_fields(**got)  # every value is a Calibration field
     note = release_notes("megatron", release, got)
     assert note.startswith(f"release: megatron {release}") and all(k in note for k in got)
+
+
+@pytest.mark.parametrize("model, family, gpu, precision, moe, expandable", [
+    ("llama3.1-405b", "llama", "gb200", "fp8", False, True),   # setup_experiment.py: 405B fp8 cs/mx
+    ("llama3.1-405b", "llama", "gb300", "fp8", False, True),
+    ("llama3.1-405b", "llama", "gb200", "fp4", False, False),  # NVFP4: not set
+    ("llama3.1-405b", "llama", "b200", "fp8", False, False),   # GB200 / GB300 only
+    ("llama3-70b", "llama", "gb200", "fp8", False, False),     # another Llama: not set
+    ("deepseek-v3", "deepseek", "gb200", "bf16", True, True),  # dropless BF16: 'OOM if not set'
+    ("deepseek-v3-nomtp", "deepseek", "gb300", "bf16", True, True),
+    ("deepseek-v3", "deepseek", "gb200", "fp8", True, False),
+    (None, "llama", "gb200", "fp8", False, False),             # an entry naming models needs the model
+])
+def test_the_launchers_allocator_setting_by_model(model, family, gpu, precision, moe, expandable):
+    got = release_values("megatron", "26.02", family=family, gpu=gpu, precision=precision, moe=moe, model=model)
+    assert got.get("allocator_expandable_segments", False) is expandable
 
 
 # ---- the mechanism on a small MoE case ---------------------------------------------------------

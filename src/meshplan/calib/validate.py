@@ -295,9 +295,6 @@ def build_run(row: dict[str, str]) -> Run:
         return value
 
     precision = Precision(default("precision", fw.precision.value))
-    recipe = fw.fp8_recipe(cluster.gpu) if precision == Precision.FP8 else None  # fp4: NVFP4
-    if recipe is not None:
-        assumed.append(f"fp8 recipe: {recipe.value} ({fw.name} default on {cluster.gpu.name})")
     gbs = _need(row, "global_batch_size")
     tp, pp, cp = (_num(row, k, _int, 1) for k in ("tp", "pp", "cp"))
     ep, vpp = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1)
@@ -311,6 +308,11 @@ def build_run(row: dict[str, str]) -> Run:
     extra = Overlay() if preset is None else overlay(
         preset, row_zero=_num(row, "zero", _int), row_recompute=(row.get("recompute") or "").strip() or None)
     assumed += extra.notes
+    recipe = None  # fp4: NVFP4
+    if precision == Precision.FP8:  # the preset's recipe, else the framework's on this GPU
+        recipe = extra.fp8_recipe or fw.fp8_recipe(cluster.gpu)
+        if extra.fp8_recipe is None:
+            assumed.append(f"fp8 recipe: {recipe.value} ({fw.name} default on {cluster.gpu.name})")
     zero = extra.zero if extra.zero is not None else default("zero", fw.zero, _int)
     recompute = extra.recompute or Recompute(default("recompute", fw.recompute))
     sp = default("sequence_parallel", int(fw.sequence_parallel_with_tp and tp > 1), _int)
@@ -351,7 +353,7 @@ def build_run(row: dict[str, str]) -> Run:
     plan.validate_for(model, training, cluster.num_gpus)
     release = release_of(fw.stack, row.get("framework"), row.get("source"))
     family = model_family(model.name, fw.architecture)
-    release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset,
+    release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset, model=model.name,
                                   precision=precision.value, moe=model.is_moe)
     # the preset's expert all-to-all (calib/recipes.py): more specific than its release's presets
     release_vals.update(extra.calibration_values)

@@ -36,7 +36,8 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.device_memory import device_fits
+from meshplan.cost.cp_ring_memory import torch_ring_transient_bytes
+from meshplan.cost.device_memory import device_fits, held_peak_bytes
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, optimizer_state_bytes_per_param
@@ -203,7 +204,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     stage = unsharded_stage(plans, calib)
     states = rank_states(training, calib, layer, terms, stage, layers=layers, dense_params=dense_p,
                          expert_params=expert_p, total_params=total_p, kept_weight_bytes=osdp.kept_weight_bytes,
-                         experts_on=experts_on)
+                         experts_on=experts_on, gpu=cluster.gpu)
     weights, grads, optim = states.weights_bytes, states.grads_bytes, states.optim_bytes
 
     # ---- data-parallel communication (cost.dp_comm) -----------------------------------------
@@ -230,7 +231,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
                             head_share=head_share, logits_fraction=osdp.logits_fraction,
                             hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision),
-                            chunk_weight=chunk_weight)
+                            chunk_weight=chunk_weight,
+                            attention_transient_bytes=torch_ring_transient_bytes(
+                                model, calib, plans, tokens_per_microbatch=T, tp=terms.t,
+                                activation_bytes=activation_bytes(training.precision)))
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
@@ -256,7 +260,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                                         grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
     rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
-                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess)
+                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess,
+                      gpu=cluster.gpu)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape
@@ -387,13 +392,15 @@ def compose(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plan
     too with ``allocated``."""
     sp = compose_step_peak(training, plans, ranks, calib)
     step, bubble, peak, host = sp.step_time_s, sp.bubble_s, sp.peak_memory_bytes, sp.host_memory_bytes
-    peak_allocated = _most([r.allocated_bytes for r in ranks]) if allocated else None
+    need_allocated = allocated or calib.allocator_expandable_segments
+    peak_allocated = _most([r.allocated_bytes for r in ranks]) if need_allocated else None
+    held = held_peak_bytes(peak, peak_allocated, calib)  # what "fits" counts (cost/device_memory.py)
     gpus = plans.world_size
     tokens_per_gpu = training.tokens_per_step / step / gpus
     tflops = tokens_per_gpu * model_flops_per_token(model, training.seq_len) / 1e12
     mfu = tflops * 1e12 / cluster.gpu.peak_flops(training.precision)
     host_fits = (host == 0) | (host <= host_budget_bytes(cluster))
     return BatchEstimate(step_time_s=step, bubble_s=bubble, peak_memory_bytes=peak,
-                         peak_allocated_bytes=peak_allocated,
+                         peak_allocated_bytes=peak_allocated if allocated else None,
                          tokens_per_s_per_gpu=tokens_per_gpu, tflops_per_gpu=tflops, mfu=mfu,
-                         fits=device_fits(peak, plans, calib, cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)
+                         fits=device_fits(held, plans, calib, cluster.gpu.memory_bytes) & host_fits, host_memory_bytes=host)

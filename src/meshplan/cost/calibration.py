@@ -21,6 +21,7 @@ from meshplan.cost.attention_kernels import check_kernel
 from meshplan.cost.calib_records import (DEFAULT_STACK, FITTED_FILE, FittedRecord, StackRecord, gpu_family,
                                          gpu_generation, lender_keys, read_fitted_records, read_stack_records,
                                          record_key)
+from meshplan.cost.generation_transfer import generation_transfers
 from meshplan.cost.stack_resolution import resolve_calibration
 from meshplan.errors import MeshplanError
 from meshplan.spec.cluster import GPUSpec
@@ -150,7 +151,8 @@ class Calibration:
     fp8_weight_copy_bytes_per_param: float = 2.0
     """fp8 copies of each linear weight kept beside the bf16 weight: row-wise and the transposed
     copy TE caches for the backward (Float8Tensor transpose cache; MXFP8 keeps row- and
-    column-wise data the same way)."""
+    column-wise data the same way). Tensor-scaled fp8 on Blackwell keeps the row-wise copy
+    alone, half of this (cost/precision.py ``fp8_transpose_free``)."""
     fp4_weight_copy_bytes_per_param: float = 1.125
     """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
     fp8_param_gather: bool = False
@@ -389,7 +391,30 @@ class Calibration:
     """Connections per channel whose buffers a rank holds: the ring's previous and next rank."""
     allocator_fragmentation: float = 0.05
     """Fraction of allocated memory lost to caching-allocator fragmentation (PyTorch CUDA
-    caching allocator notes)."""
+    caching allocator notes), charged on the states, activations and the optimizer step's copies
+    (cost/memory.py ``rank_other``): the reserve, the peak reserved less the peak allocated."""
+    allocator_expandable_segments: bool = False
+    """Whether the run set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. The peak
+    reserved is the same figure, but before the allocator reports out of memory it unmaps the
+    free pages of every expandable segment (c10/cuda/CUDACachingAllocator.cpp,
+    ``release_cached_blocks`` -> ``release_blocks`` -> ``unmap_block``; pytorch/pytorch PR
+    #96995), where the default allocator can free only a segment with no live block. So the
+    reserve is given back under pressure and what must fit the GPU is the allocated peak
+    (cost/device_memory.py: ``held_peak_bytes``), up to the page rounding at the edges of free
+    blocks (2 MiB pages), left out; the search's reserved limit stays the conservative one.
+    A run setting: Megatron-Bridge's performance launcher sets it for Llama 3.1 405B FP8 (cs,
+    mx) and dropless DeepSeek-V3 BF16 on GB200 / GB300 ('OOM if not set';
+    scripts/performance/setup_experiment.py@0132842, spec/presets/stack_releases.json), its
+    Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
+    PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
+    ``PYTORCH_ALLOC_CONF``); meshplan's own launcher for every rank (meshplan/launch_env.py, the
+    meshplan stack's value: cost/calib_records.py ``launcher_values``)."""
+    cp_ring_gathers_kv: bool = False
+    """Whether context parallel runs as torch's ring attention (torchtitan): it all-gathers the
+    whole sequence's K and V in each attention call and accumulates the backward's gradients in
+    fp32 (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py@f2127db,
+    rotate_method ALL_GATHER, convert_to_f32), a transient per attention layer charged by
+    cost/cp_ring_memory.py; False: Megatron-Core / TE's p2p ring, two K/V chunks in flight."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
@@ -452,6 +477,13 @@ class Calibration:
     HYBRIDEP_NVLINK_EFFICIENCY): TMA copies over NVLink that saturate it with 4-16 SMs (NVIDIA
     Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with Hybrid Expert
     Parallel', 2026-02-02)."""
+    moe_flex_host_sync: bool = False
+    """Under the flex dispatcher, the dispatch still waits on the host once per MoE layer for the
+    received token counts (``moe_alltoall_sync_s`` charged as for the dropless alltoall
+    dispatcher): DeepEP's normal kernels, whose notify step has "the CPU ... wait for GPU's signal
+    to arrive" (Megatron-Core moe/fused_a2a.py; DeepEP README, normal kernels: "CPU-GPU
+    synchronization"). False: HybridEP, which sizes its buffers on the device. Set per row by a
+    Megatron-Bridge preset that runs DeepEP (calib/recipes.py)."""
     cuda_graph_full_iteration: bool = False
     """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
     ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
@@ -537,7 +569,7 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
                 "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
-                "fp16_step_grad_copy_bytes_per_param",
+                "allocator_expandable_segments", "cp_ring_gathers_kv", "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
@@ -572,10 +604,11 @@ def stack_names() -> tuple[str, ...]:
 def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
     defaults, then, when this pair has no record, the hardware fields of a record borrowed from
-    another stack of the same generation and the attention efficiency of the stack's kernel on
+    another stack of the same generation (else the GEMM fields carried from another generation's
+    record, cost/generation_transfer.py) and the attention efficiency of the stack's kernel on
     this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
     own record (cost/stack_resolution.py)."""
     resolved = resolve_calibration(gpu_generation(gpu), (stack or DEFAULT_STACK).lower(), fitted=fitted_records(),
                                    stacks=stack_records(), lenders=lender_keys(), stack_fields=STACK_FIELDS,
-                                   default_kernel=Calibration().attention_kernel)
+                                   default_kernel=Calibration().attention_kernel, transfers=generation_transfers())
     return Calibration().replace_fields(**{**resolved.values, "source": resolved.source})

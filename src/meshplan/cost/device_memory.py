@@ -15,7 +15,10 @@ prediction a measurement is compared with.
 **What "fits" means** (one definition for ``estimate``, ``plan`` and ``validate``): a plan fits a
 GPU when its *device* peak, the figure the GPU must hold, is at most the GPU's memory
 (:data:`FITS_BASIS`, :func:`device_fits`); the reserved peak alone would call a plan fitting that
-leaves no room for the CUDA context and NCCL's buffers. The search compares the reserved peaks of
+leaves no room for the CUDA context and NCCL's buffers. Under expandable segments the allocator
+gives its reserve back before it fails an allocation, so there the device peak that must fit
+counts the allocated peak, not the reserved (:func:`held_peak_bytes`); the reserved peak, the
+figure a run logs, is the same either way. The search compares the reserved peaks of
 many plans with one limit, :func:`reserved_limit_bytes`: the memory less the most any plan holds
 outside the allocator (:func:`outside_allocator_bound_bytes`), so that every plan the search keeps
 is one ``estimate`` calls fitting. Arrays over plans (``PlanArrays``), as the rest of the
@@ -93,16 +96,26 @@ def outside_allocator_bound_bytes(calib: Calibration) -> float:
     return calib.cuda_context_gib * GIB + NCCL_AXES * per_communicator
 
 
-def device_fits(reserved_bytes, plans: PlanArrays, calib: Calibration, memory_bytes: float) -> np.ndarray:
-    """Whether each plan's device peak (its reserved peak + what lies outside the allocator) is
-    within ``memory_bytes``: the one test of "fits" (:data:`FITS_BASIS`)."""
-    return reserved_bytes + outside_allocator_bytes(plans, calib) <= memory_bytes
+def held_peak_bytes(reserved_bytes, allocated_bytes, calib: Calibration):
+    """What of a peak the GPU must hold: the reserved peak with the default allocator, which frees
+    only segments with no live block left; the allocated peak under expandable segments, whose
+    free pages the allocator unmaps before it reports out of memory
+    (Calibration.allocator_expandable_segments)."""
+    return allocated_bytes if calib.allocator_expandable_segments else reserved_bytes
+
+
+def device_fits(held_bytes, plans: PlanArrays, calib: Calibration, memory_bytes: float) -> np.ndarray:
+    """Whether each plan's device peak (what it must hold of its peak, :func:`held_peak_bytes`,
+    + what lies outside the allocator) is within ``memory_bytes``: the one test of "fits"
+    (:data:`FITS_BASIS`)."""
+    return held_bytes + outside_allocator_bytes(plans, calib) <= memory_bytes
 
 
 def reserved_limit_bytes(memory_bytes: float, calib: Calibration) -> float:
     """The reserved peak any plan may reach and still fit ``memory_bytes`` of device memory (the
     search's limit): ``memory_bytes`` less :func:`outside_allocator_bound_bytes`. A plan within it
-    passes :func:`device_fits`; one with fewer communicators may fit a little above it."""
+    passes :func:`device_fits`; one with fewer communicators may fit a little above it, and so may
+    one under expandable segments, which holds its allocated peak only."""
     return max(memory_bytes - outside_allocator_bound_bytes(calib), 0.0)
 
 

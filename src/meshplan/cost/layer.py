@@ -255,8 +255,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # its all-to-all splits are fixed (Megatron-Core's alltoall dispatcher with
     # --moe-pad-expert-input-to-capacity, which Megatron-Bridge's token-drop runs set, leaves its
     # cuda_sync_point at "no_sync"); a capacity factor is read as padded.
+    syncs = training.moe_dispatcher == MoeDispatcher.ALLTOALL or (
+        training.moe_dispatcher == MoeDispatcher.FLEX and calib.moe_flex_host_sync)  # DeepEP: Calibration
     if (moe and calib.moe_alltoall_sync_s and training.moe_capacity_factor is None
-            and training.moe_dispatcher == MoeDispatcher.ALLTOALL and not calib.cuda_graph_full_iteration):
+            and syncs and not calib.cuda_graph_full_iteration):
         # The dropless all-to-all's host sync of the token counts drains the launch queue once
         # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
         # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's

@@ -3,17 +3,21 @@ line that says where they came from: a pure function of the calibration data
 (:mod:`meshplan.cost.calib_records`), applied by ``calibration.calibration_for``.
 
 Order, later wins: the hardware fields of a record borrowed from another stack of the same
-generation and the attention efficiency of the stack's kernel on this generation (both only
-when the pair has no record of its own), then the stack's mechanisms, then the pair's record.
+generation, or, where the generation has no such lender, the GEMM fields carried from a record of
+another generation (cost/generation_transfer.py), and the attention efficiency of the stack's
+kernel on this generation (all only when the pair has no record of its own), then the stack's
+mechanisms, then the pair's record.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from meshplan.cost.attention_kernels import kernel_efficiency
 from meshplan.cost.calib_records import FittedRecord, StackRecord, record_key
+from meshplan.cost.generation_transfer import Transfer, carried_fields
 from meshplan.errors import MeshplanError
 
 
@@ -26,10 +30,11 @@ class ResolvedCalibration:
 
 def resolve_calibration(generation: str, stack: str, *, fitted: Mapping[str, FittedRecord],
                         stacks: Mapping[str, StackRecord], lenders: tuple[str, ...],
-                        stack_fields: tuple[str, ...], default_kernel: str) -> ResolvedCalibration:
+                        stack_fields: tuple[str, ...], default_kernel: str,
+                        transfers: Mapping[str, Transfer] | None = None) -> ResolvedCalibration:
     """The fields of ``stack`` on ``generation`` (see the module's docstring); ``stack_fields``
     are never borrowed from a lender, ``default_kernel`` is the attention kernel of a stack that
-    names none."""
+    names none, ``transfers`` the cross-generation GEMM transfers by target generation."""
     if stack not in stacks:
         raise MeshplanError(f"unknown stack {stack!r}; known: {', '.join(stacks)}")
     values: dict[str, Any] = {}
@@ -40,6 +45,10 @@ def resolve_calibration(generation: str, stack: str, *, fitted: Mapping[str, Fit
         if lender is not None:
             values.update({k: v for k, v in lender.values.items() if k not in stack_fields})
             sources.append(f"{lender.source} (hardware fields of {lender.key})")
+        elif transfers and generation in transfers:
+            carried = carried_fields(transfers[generation], fitted)
+            values.update({k: v for k, v in carried.values.items() if k not in stack_fields})
+            sources.append(carried.source)
         kernel = stacks[stack].values.get("attention_kernel", default_kernel)
         entry = kernel_efficiency(generation, kernel)
         if entry is not None:  # the kernel's efficiency, not another stack's kernel's (the lender's)

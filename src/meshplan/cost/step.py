@@ -16,7 +16,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.chunk_inflight import plan_chunk_weight
-from meshplan.cost.device_memory import outside_allocator_bytes
+from meshplan.cost.device_memory import held_peak_bytes, outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
 from meshplan.cost.pipeline import in_flight_chunks
@@ -165,10 +165,11 @@ class Estimate:
     """Peak reserved (allocated + allocator reserve)."""
     gpu_memory_gib: float
     fits: bool
-    """``peak_device_gib`` is at most ``gpu_memory_gib`` (cost/device_memory.py: what "fits"
-    means), and offloaded tensors fit the host's share."""
+    """The device peak the GPU must hold is at most ``gpu_memory_gib`` (cost/device_memory.py:
+    what "fits" means; ``peak_device_gib`` less the reserve an expandable-segments allocator
+    gives back), and offloaded tensors fit the host's share."""
     memory_shortfall_gib: float
-    """``peak_device_gib`` beyond ``gpu_memory_gib`` (0 when it fits the GPU)."""
+    """That device peak beyond ``gpu_memory_gib`` (0 when it fits the GPU)."""
     time: TimeBreakdown
     memory: MemoryBreakdown
     stages: tuple[StageCost, ...]
@@ -281,14 +282,17 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         osdp_compute_s=m * _f(rs.osdp_compute_s * np.ones(1)),
         osdp_gather_latency_s=m * _f(rs.osdp_gather_latency_s * np.ones(1)))
     peak_gib = _f(batch.peak_memory_bytes) / GIB
-    device_gib = peak_gib + _f(outside_allocator_bytes(arrays, calib)) / GIB
+    outside_gib = _f(outside_allocator_bytes(arrays, calib)) / GIB
+    device_gib = peak_gib + outside_gib
+    held_gib = held_peak_bytes(peak_gib, _f(batch.peak_allocated_bytes) / GIB, calib)  # what "fits" counts
+    required_gib = held_gib + outside_gib
     gpu_gib = cluster.gpu.memory_gib
     step = _f(batch.step_time_s)
     return Estimate(
         plan=plan, step_time_s=step, tokens_per_s=training.tokens_per_step / step,
         tokens_per_s_per_gpu=_f(batch.tokens_per_s_per_gpu), tflops_per_gpu=_f(batch.tflops_per_gpu),
         mfu=_f(batch.mfu), peak_memory_gib=peak_gib, gpu_memory_gib=gpu_gib,
-        fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, device_gib - gpu_gib),
+        fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, required_gib - gpu_gib),
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
         peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
         peak_device_gib=device_gib,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_data_schedule, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
+from meshplan.launch_env import env_assignments
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule, format_layout
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import MoeDispatcher, Precision, Recipe, TrainingSpec
@@ -287,7 +288,7 @@ def export_megatron(job: Job) -> Export:
     args, warnings = megatron_args(job)
     lines = [f"# meshplan plan: {job.plan.notation()} on {job.cluster.num_gpus} GPUs "
              f"({job.cluster.num_nodes} nodes x {job.cluster.gpus_per_node})",
-             f"# launch: torchrun --nnodes {job.cluster.num_nodes} --nproc-per-node "
+             f"# launch: {env_assignments()} torchrun --nnodes {job.cluster.num_nodes} --nproc-per-node "
              f"{job.cluster.gpus_per_node} pretrain_gpt.py <these arguments> <data, tokenizer, lr...>"]
     lines += [" ".join(a) + " \\" for a in args]
     lines[-1] = lines[-1].removesuffix(" \\")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget
 from meshplan.export.megatron import _model_args, megatron_args
+from meshplan.launch_env import env_assignments
 from meshplan.plan import Job
 from meshplan.spec.model import ModelSpec
 
@@ -157,7 +158,9 @@ def export_megatron_bridge(job: Job) -> Export:
     recipe = RECIPES.get(job.model.name, PLACEHOLDER_RECIPE)
     lines = [f"# meshplan plan: {job.plan.notation()} on {c.num_gpus} GPUs ({c.num_nodes} nodes x {c.gpus_per_node})",
              f"# Megatron-Bridge {BRIDGE_VERSION}: build the recipe, then apply the overrides below "
-             "(Hydra syntax: megatron.bridge.training.utils.omegaconf_utils.parse_hydra_overrides)"]
+             "(Hydra syntax: megatron.bridge.training.utils.omegaconf_utils.parse_hydra_overrides)",
+             f"# job environment: {env_assignments()} (its launcher sets it only for the runs "
+             "it names 'OOM if not set': scripts/performance/setup_experiment.py)"]
     if recipe == PLACEHOLDER_RECIPE:
         lines.append(f"# Megatron-Bridge {BRIDGE_VERSION} has no recipe for {job.model.name}: "
                      f"replace {PLACEHOLDER_RECIPE} with a recipe that builds this model "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget
 from meshplan.export.torchtitan import export_torchtitan, torchtitan_sections
+from meshplan.launch_env import env_assignments
 from meshplan.plan import Job
 
 CURRENT_VERSION = "0.3.0"
@@ -164,7 +165,8 @@ def export_torchtitan_cli(job: Job, version: str = CURRENT_VERSION) -> Export:
                      f"{PLACEHOLDER_MODULE}/{PLACEHOLDER_CONFIG} with one that builds this model")
         warnings.append(f"torchtitan has no registry entry for {job.model.name}: the command names "
                         f"{PLACEHOLDER_MODULE}/{PLACEHOLDER_CONFIG} placeholders")
-    words = [f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node} -m torchtitan.train"]
+    # the allocator setting torchtitan's run_train.sh gives, which a bare torchrun would not
+    words = [f"{env_assignments()} torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node} -m torchtitan.train"]
     words += [f"--module {cmd.module} --config {cmd.config}"]
     words += [f"--{opt}" + (f" {_quote(v)}" if v else "") for opt, v in cmd.overrides]
     words += [f"activation_checkpoint:{cmd.ac_mode}"]

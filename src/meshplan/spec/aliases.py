@@ -24,6 +24,10 @@ class Alias:
     moe_capacity_factor: float | None = None
     """The run's expert capacity (TrainingSpec.moe_capacity_factor) where the name says it dropped
     tokens ('(tokendrop)'); None: dropless."""
+    frameworks: tuple[str, ...] = ()
+    """The frameworks (frameworks.json names) whose rows mean the preset by this name; () every
+    framework. 'GPT3-175B' of a NeMo table is NeMo's GPT-3 config, while a Megatron-LM 2020-22 row
+    of the same name keeps its own dimensions (its padded vocabulary)."""
 
 
 def normalise(name: str) -> str:
@@ -58,7 +62,7 @@ def alias_key(name: str) -> str:
 def _table() -> dict[str, Alias]:
     table: dict[str, Alias] = {}
     for k, v in _data()["aliases"].items():
-        key, alias = alias_key(k), Alias(**v)
+        key, alias = alias_key(k), Alias(**{**v, "frameworks": tuple(v.get("frameworks", ()))})
         if table.get(key, alias) != alias:  # two spellings of one key must agree (a data error)
             raise MeshplanError(f"model_aliases.json: {k!r} and another name share the key {key!r}")
         table[key] = alias

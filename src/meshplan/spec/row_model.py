@@ -23,6 +23,8 @@ def row_model(name: str | None, dims: Mapping[str, int | None], seq_len: int,
     why the row cannot be built (no preset, a dimension that disagrees, too little given)."""
     name = (name or "").strip()
     alias = resolve_alias(name) if name else None
+    if alias is not None and alias.frameworks and fw.name not in alias.frameworks:
+        alias = None  # the name means the preset for other frameworks' rows only
     if alias is not None:
         if alias.preset not in model_names():
             raise MeshplanError(f"no preset {alias.preset!r} (the alias of {name!r}) in this build")

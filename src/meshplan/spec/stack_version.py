@@ -86,16 +86,18 @@ def _since(release: str, since: str) -> bool:
 
 
 def release_values(stack: str, release: str | None, *, family: str, gpu: str, precision: str,
-                   moe: bool) -> dict[str, Any]:
+                   moe: bool, model: str | None = None) -> dict[str, Any]:
     """Calibration field values the presets of ``release`` set for a run of this model family
-    (``moe``: a mixture-of-experts model) on this GPU preset in this precision; {} for an unnamed
-    release, another stack, or a run no preset of the release covers."""
+    (``moe``: a mixture-of-experts model; ``model``: the model preset, read by entries that name
+    ``models``) on this GPU preset in this precision; {} for an unnamed release, another stack,
+    or a run no preset of the release covers."""
     if not known_release(stack, release):
         return {}
     out: dict[str, Any] = {}
     for entry in _data()[stack].get("presets", ()):
         if (_since(release, entry["since"]) and family in entry["families"] and gpu in entry["gpus"]
-                and precision in entry["precisions"] and moe == entry.get("moe", moe)):
+                and precision in entry["precisions"] and moe == entry.get("moe", moe)
+                and ("models" not in entry or model in entry["models"])):
             out.update(entry["values"])
     return out
 
