@@ -137,3 +137,18 @@ def test_a_plan_file_from_elsewhere_is_refused(tmp_path, top, says):
     for reader in READERS[:3]:
         code, err = fast_or_refused([*reader, str(path)])
         assert code == 2 and says in err
+
+
+@pytest.mark.parametrize("family", ["llama3-8b", "deepseek-v3", "gpt-oss-20b"])
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", 10**8), ("vocab_size", 10**12),
+                                          ("hidden_size", 10**9), ("num_hidden_layers", "many"),
+                                          ("num_hidden_layers", -3), ("num_hidden_layers", None)])
+def test_a_huge_or_wrong_hugging_face_config(family, field, value, tmp_path):
+    """A config.json with an impossible size or a wrong type: answered at once or refused."""
+    from _fuzz_harness import FIXTURES
+
+    good = json.loads((FIXTURES / "hf" / family / "config.json").read_text())
+    path = write(tmp_path, "config.json", json.dumps({**good, field: value}))
+    code, _ = fast_or_refused(ESTIMATE + ["--model", str(path)])
+    if field == "num_hidden_layers" and value == 10**8:
+        assert code == 0  # estimated, at once
