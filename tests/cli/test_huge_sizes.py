@@ -152,3 +152,16 @@ def test_a_huge_or_wrong_hugging_face_config(family, field, value, tmp_path):
     code, _ = fast_or_refused(ESTIMATE + ["--model", str(path)])
     if field == "num_hidden_layers" and value == 10**8:
         assert code == 0  # estimated, at once
+
+
+def test_a_report_of_ten_million_micro_batches_leaves_the_timeline_out(tmp_path):
+    """The report's timeline draws every micro-batch; 5 * 10^6 of them (global batch 10^7 over dp 2)
+    hung it. Past TIMELINE_MAX_MICROBATCHES the section says why it is not drawn."""
+    from meshplan.report.html import TIMELINE_MAX_MICROBATCHES
+
+    path = _deep_job(tmp_path, training={"global_batch": 10**7})
+    out = tmp_path / "r.html"
+    code, _ = assert_clean(["report", "--plan", str(path), "--out", str(out)])
+    assert code == 0
+    text = out.read_text()
+    assert "timeline-left-out" in text and f"{TIMELINE_MAX_MICROBATCHES:,}" in text and "timeline-chart" not in text
