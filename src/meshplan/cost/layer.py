@@ -294,7 +294,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # make the step faster. EP's all-to-all overlaps another micro-batch's whole layer, its wait
     # for the host included (1F1B A2A overlap, Calibration.ep_overlap).
     tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_device)
-    cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
+    cp_exp = np.where(mix.torch_cp, mix.cp_fwd_exposed_s, comms.exposed(cp_fwd, cp_overlap, t_attn))
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
     fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
     fwd_comm_total = tp_comm + cp_fwd + ep_fwd + framework / 3.0
@@ -307,7 +307,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     tp_bwd = tp_backward(calib, sp=sp, parts=parts, act_msg_bytes=act_msg, tp=t, tp_link=tp_link,
                          bwd_device_s=bwd_device, gemm_s=mix.gemm_s + t_mlp)
     tp_exp_bwd = tp_bwd.exposed_s
-    cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
+    cp_exp_bwd = np.where(mix.torch_cp, mix.cp_bwd_exposed_s, comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s))
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
     op_sel = (op_selective(model, kind, tokens=T, tokens_replicated=T_rep, tp=t, sp=sp, ab=ab)

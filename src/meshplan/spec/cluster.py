@@ -13,12 +13,12 @@ import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count, check_finite
+from meshplan.shipped import shipped_json, shipped_text
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 from meshplan.textfile import read_text_file
 
@@ -286,9 +286,8 @@ def _checked_fields(what: str, data: dict[str, Any], spec: type) -> dict[str, An
 
 
 @lru_cache(maxsize=1)
-def _preset_data() -> dict[str, Any]:
-    text = resources.files("meshplan.spec").joinpath("presets/clusters.json").read_text()
-    return json.loads(text)
+def _preset_data() -> Mapping[str, Any]:
+    return shipped_json("meshplan.spec", "presets/clusters.json")
 
 
 def gpu_names() -> list[str]:
@@ -335,7 +334,7 @@ def cluster_for_gpu(gpu_name: str, *, num_nodes: int = 1, gpus_per_node: int = 8
 
 def example_cluster_yaml() -> str:
     """The commented example cluster file (``meshplan clusters --example``; docs/clusters.md)."""
-    return resources.files("meshplan.spec").joinpath("presets/cluster_example.yaml").read_text()
+    return shipped_text("meshplan.spec", "presets/cluster_example.yaml")
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:
