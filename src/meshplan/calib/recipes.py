@@ -33,9 +33,11 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
   once per picked rank, not once per routed copy (cost/moe.py), and no per-layer host sync of the
   token counts is charged (cost/layer.py charges it to the alltoall dispatcher only): HybridEP
   sizes its buffers on the device (the presets that set it graph the router and the preprocess,
-  ``cuda_graph_scope`` moe_router/moe_preprocess). DeepEP's normal kernels send per rank too,
-  but their dispatch waits on the host for the received counts, which the flex dispatcher does
-  not charge: a ``deepep`` preset keeps alltoall, noted (no row runs one).
+  ``cuda_graph_scope`` moe_router/moe_preprocess). DeepEP's normal kernels send per rank too
+  (and across nodes once per destination node, forwarded over NVLink: DeepSeek-V3 report Sec.
+  3.2.2), but their dispatch waits on the host for the received counts: a ``deepep`` preset runs
+  the flex dispatcher with ``moe_flex_host_sync`` (the per-layer sync charged as for alltoall)
+  and NCCL's fitted NVLink efficiency (DeepSeek-V3's B200 ``FP8_MX_V2`` preset, pp8 ep32).
 * the ``hybridep`` backend also -> ``moe_dispatch_nvlink_efficiency`` HYBRIDEP_NVLINK_EFFICIENCY:
   its dispatch and combine inside the NVLink domain run at HybridEP's bandwidth, not NCCL's
   fitted ``intra_node_comm_efficiency``. Tokens travel in bf16 under fp8 presets too:
@@ -53,14 +55,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
-from meshplan.spec.training import MoeDispatcher
+from meshplan.shipped import shipped_path
+from meshplan.spec.training import MoeDispatcher, Recipe
 from meshplan.textfile import csv_records, read_text_file
 
 KEY_COLUMNS = ("model", "gpu", "precision", "num_gpus", "global_batch_size", "micro_batch_size",
@@ -79,8 +81,8 @@ DISPATCHERS = ("alltoall", "flex")
 alltoall."""
 FLEX_BACKENDS = ("deepep", "hybridep")
 SYNC_FREE_BACKENDS = frozenset({"hybridep"})
-"""Flex backends costed as meshplan's flex dispatcher: per-rank sends, no host sync of the token
-counts per MoE layer (module docstring)."""
+"""Flex backends with no host sync of the token counts per MoE layer (module docstring); the
+others (DeepEP) are costed as the flex dispatcher with ``Calibration.moe_flex_host_sync``."""
 HYBRIDEP_NVLINK_EFFICIENCY = 1.0
 """HybridEP's dispatch and combine inside one NVLink domain: TMA copies that saturate NVLink with
 4-16 SMs (NVIDIA Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with
@@ -142,6 +144,8 @@ class Overlay:
     """Calibration fields the preset's expert all-to-all sets (module docstring), over the row's."""
     moe_dispatcher: MoeDispatcher | None = None
     """The training's token dispatcher the preset runs (module docstring); None: the default."""
+    fp8_recipe: Recipe | None = None
+    """The fp8 recipe the preset was written for (:func:`preset_fp8_recipe`); None: not one."""
     notes: tuple[str, ...] = ()
     """One line per setting taken, kept or not expressible (for ``Run.assumed``)."""
 
@@ -238,12 +242,27 @@ def load_recipes(path: str | Path) -> Mapping[RecipeKey, BridgeRecipe]:
 @lru_cache(maxsize=1)
 def shipped_recipes() -> Mapping[RecipeKey, BridgeRecipe]:
     """The presets shipped with meshplan (read once)."""
-    return load_recipes(Path(str(resources.files("meshplan.data").joinpath(SHIPPED))))
+    return load_recipes(shipped_path("meshplan.data", SHIPPED))
 
 
 # ---- applying --------------------------------------------------------------------------------
 def is_bridge_row(row: Mapping[str, str]) -> bool:
     return (row.get("source") or "").strip().startswith(SOURCE_FRAMEWORK)
+
+
+PRESET_FP8_RECIPES = (("FP8_CS", Recipe.TENSORWISE), ("FP8_MX", Recipe.MXFP8))
+"""The compute dtype a Megatron-Bridge workload config is named for (llama3_workload_base_configs.py
+and the other scripts/performance/configs: ``<MODEL>_PRETRAIN_CONFIG_<GPU>_<DTYPE>_<VERSION>``,
+the key its launcher looks up from ``--compute_dtype``): fp8_cs runs
+bf16_with_fp8_current_scaling_mixed (tensorwise current scaling), fp8_mx bf16_with_mxfp8_mixed
+(src/megatron/bridge/training/mixed_precision.py@0509780)."""
+
+
+def preset_fp8_recipe(recipe: BridgeRecipe) -> Recipe | None:
+    """The fp8 recipe of the preset's config name; None where it names none or both (a layout
+    shared by the CS and MX configs, written 'CS/FP8_MX' in the table: the run's is not known)."""
+    named = {r for tag, r in PRESET_FP8_RECIPES if tag in recipe.config}
+    return named.pop() if len(named) == 1 else None
 
 
 def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | None) -> Overlay:
@@ -289,7 +308,10 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
                      f"cpu_offloading_num_layers={offload_layers})")
     values, comm_notes = alltoall_values(recipe)
     dispatcher, dispatcher_note = preset_dispatcher(recipe)
-    return Overlay(zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
+    fp8_recipe = preset_fp8_recipe(recipe)
+    if fp8_recipe is not None:
+        notes.append(f"fp8 recipe: {fp8_recipe.value} ({label})")
+    return Overlay(fp8_recipe=fp8_recipe, zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
                    recompute_modules=modules if recompute else (),
                    offload_layers=offload_layers, calibration_values=values, moe_dispatcher=dispatcher,
                    notes=(*notes, *comm_notes, *dispatcher_note))
@@ -307,6 +329,10 @@ def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], 
         values.append(("moe_dispatch_nvlink_efficiency", HYBRIDEP_NVLINK_EFFICIENCY))
         notes.append(f"moe_dispatch_nvlink_efficiency: {HYBRIDEP_NVLINK_EFFICIENCY:g} ({recipe.label}: HybridEP's "
                      f"TMA dispatch saturates NVLink, in place of intra_node_comm_efficiency)")
+    if recipe.moe_token_dispatcher_type == "flex" and not recipe.sync_free_dispatch:
+        values.append(("moe_flex_host_sync", True))
+        notes.append(f"moe_flex_host_sync: on ({recipe.label}: backend {recipe.moe_flex_dispatcher_backend}'s "
+                     "dispatch waits on the host for the received token counts, once per MoE layer)")
     return tuple(values), tuple(notes)
 
 
@@ -319,9 +345,9 @@ def preset_dispatcher(recipe: BridgeRecipe) -> tuple[MoeDispatcher | None, tuple
                 "one send per picked rank, no host sync of the token counts)")
         return MoeDispatcher.FLEX, (note,)
     if recipe.moe_token_dispatcher_type == "flex":
-        note = (f"moe dispatcher: alltoall kept ({recipe.label}: backend {backend}'s dispatch waits on the "
-                "host, which the flex dispatcher does not charge)")
-        return None, (note,)
+        note = (f"moe dispatcher: flex ({recipe.label}: moe_token_dispatcher_type flex, backend {backend}: "
+                "one send per picked rank, with a host sync of the token counts per MoE layer)")
+        return MoeDispatcher.FLEX, (note,)
     return None, ()
 
 

@@ -32,6 +32,7 @@ from collections import Counter
 
 from meshplan.calib.layouts import find_layout
 from meshplan.calib.recipes import Overlay, find_recipe, overlay
+from meshplan.cost.attention_kernels import kernel_fields
 from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
 from meshplan.cost.flops import reported_flops_per_token
@@ -295,9 +296,6 @@ def build_run(row: dict[str, str]) -> Run:
         return value
 
     precision = Precision(default("precision", fw.precision.value))
-    recipe = fw.fp8_recipe(cluster.gpu) if precision == Precision.FP8 else None  # fp4: NVFP4
-    if recipe is not None:
-        assumed.append(f"fp8 recipe: {recipe.value} ({fw.name} default on {cluster.gpu.name})")
     gbs = _need(row, "global_batch_size")
     tp, pp, cp = (_num(row, k, _int, 1) for k in ("tp", "pp", "cp"))
     ep, vpp = _num(row, "ep", _int, 1), _num(row, "vpp", _int, 1)
@@ -311,6 +309,11 @@ def build_run(row: dict[str, str]) -> Run:
     extra = Overlay() if preset is None else overlay(
         preset, row_zero=_num(row, "zero", _int), row_recompute=(row.get("recompute") or "").strip() or None)
     assumed += extra.notes
+    recipe = None  # fp4: NVFP4
+    if precision == Precision.FP8:  # the preset's recipe, else the framework's on this GPU
+        recipe = extra.fp8_recipe or fw.fp8_recipe(cluster.gpu)
+        if extra.fp8_recipe is None:
+            assumed.append(f"fp8 recipe: {recipe.value} ({fw.name} default on {cluster.gpu.name})")
     zero = extra.zero if extra.zero is not None else default("zero", fw.zero, _int)
     recompute = extra.recompute or Recompute(default("recompute", fw.recompute))
     sp = default("sequence_parallel", int(fw.sequence_parallel_with_tp and tp > 1), _int)
@@ -439,6 +442,9 @@ def predicted_metric(run: Run, step_time_s: float) -> float | None:
 def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[str, Any],
                         stack: str | None = None) -> Calibration:
     calib = base or calibration_for(run.cluster.gpu, stack or run.stack)
+    kernel = settings.get("attention_kernel")
+    if kernel is not None and kernel != calib.attention_kernel:  # a framework's own kernel: its rate on this GPU
+        settings = {**kernel_fields(gpu_generation(run.cluster.gpu), kernel), **settings}
     return calib.replace_fields(**settings) if settings else calib
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
+from meshplan.cost.cp_ring_memory import torch_ring_transient_bytes
 from meshplan.cost.device_memory import device_fits, held_peak_bytes
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.flops import model_flops_per_token
@@ -203,7 +204,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     stage = unsharded_stage(plans, calib)
     states = rank_states(training, calib, layer, terms, stage, layers=layers, dense_params=dense_p,
                          expert_params=expert_p, total_params=total_p, kept_weight_bytes=osdp.kept_weight_bytes,
-                         experts_on=experts_on)
+                         experts_on=experts_on, gpu=cluster.gpu)
     weights, grads, optim = states.weights_bytes, states.grads_bytes, states.optim_bytes
 
     # ---- data-parallel communication (cost.dp_comm) -----------------------------------------
@@ -230,7 +231,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
                             head_share=head_share, logits_fraction=osdp.logits_fraction,
                             hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision),
-                            chunk_weight=chunk_weight)
+                            chunk_weight=chunk_weight,
+                            attention_transient_bytes=torch_ring_transient_bytes(
+                                model, calib, plans, tokens_per_microbatch=T, tp=terms.t,
+                                activation_bytes=activation_bytes(training.precision)))
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
@@ -256,7 +260,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                                         grads_bytes=grads, grad_bytes_per_param=gb, activations_bytes=acts)
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
     rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
-                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess)
+                      allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess,
+                      gpu=cluster.gpu)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape

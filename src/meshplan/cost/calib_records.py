@@ -12,6 +12,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from meshplan.launch_env import LAUNCHER_SOURCE, launcher_env, sets_expandable_segments
 from meshplan.shipped import shipped_json
 from meshplan.spec.cluster import GPUSpec
 
@@ -60,9 +61,22 @@ def read_fitted_records() -> dict[str, FittedRecord]:
 
 
 def read_stack_records() -> dict[str, StackRecord]:
-    """The file's 'stacks', by stack name."""
-    return {stack: StackRecord(stack=stack, source=rec["source"], values=MappingProxyType(dict(rec["values"])))
-            for stack, rec in calibration_file()["stacks"].items()}
+    """The file's 'stacks', by stack name; meshplan's own stack with its launcher's allocator
+    setting (:func:`launcher_values`)."""
+    records = {}
+    for stack, rec in calibration_file()["stacks"].items():
+        values, source = dict(rec["values"]), rec["source"]
+        if stack == DEFAULT_STACK:
+            values.update(launcher_values())
+            source = f"{source}; {LAUNCHER_SOURCE}"
+        records[stack] = StackRecord(stack=stack, source=source, values=MappingProxyType(values))
+    return records
+
+
+def launcher_values() -> dict[str, Any]:
+    """The Calibration fields meshplan's launcher sets for its own runs (meshplan/launch_env.py):
+    read from the environment it gives the ranks, not written down a second time."""
+    return {"allocator_expandable_segments": sets_expandable_segments(launcher_env())}
 
 
 def lender_keys() -> tuple[str, ...]:

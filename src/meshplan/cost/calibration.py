@@ -151,7 +151,8 @@ class Calibration:
     fp8_weight_copy_bytes_per_param: float = 2.0
     """fp8 copies of each linear weight kept beside the bf16 weight: row-wise and the transposed
     copy TE caches for the backward (Float8Tensor transpose cache; MXFP8 keeps row- and
-    column-wise data the same way)."""
+    column-wise data the same way). Tensor-scaled fp8 on Blackwell keeps the row-wise copy
+    alone, half of this (cost/precision.py ``fp8_transpose_free``)."""
     fp4_weight_copy_bytes_per_param: float = 1.125
     """NVFP4 row- and column-wise weight copies: 2 x (0.5 + 1/16 scale) bytes per parameter."""
     fp8_param_gather: bool = False
@@ -177,6 +178,25 @@ class Calibration:
     """Backward over forward time of the attention core at large S (at equal efficiency): 2.0, the
     FLOP ratio the cost model uses for every op (Narayanan et al. 2021 Sec. 5.1). A hardware
     profile measures it (calib/hwcalib.py: the causal SDPA sweep, forward and backward)."""
+    attention_exp_share: float = 0.40
+    """Share of the fused attention kernel's forward time that waits on the softmax exponentials
+    at attention_exp_reference_per_s (BMM2 waits for the SFUs: NVIDIA blog 'Making Softmax More
+    Efficient with NVIDIA Blackwell Ultra', 2026). Derived: GB300's 2x SFU rate gives ~1.35x fp8
+    forward on DeepSeek-V3's MLA, 1 / (1 - s + s / 2) = 1.35, s = 0.52 at 640 FLOPs per score at
+    the fp8 rate; a bf16 head-dim-128 kernel does 512 FLOPs per score at half that rate (1.6x the
+    MMA time), so 0.52 / (0.48 x 1.6 + 0.52) = 0.40. Used only on GPUs with an SFU rate
+    (GPUSpec.sfu_exp_per_s); a GPU at the reference rate keeps its efficiency unchanged."""
+    attention_backward_exp_share: float = 0.21
+    """The same for the backward kernel, which recomputes one exponential per score (P) but runs
+    2.5x the forward's MMA FLOPs (Dao 2023, Algorithm 2): 0.52 / (2.5 x 0.48 x 1.6 + 0.52)."""
+    attention_exp_reference_per_s: float = 5e12
+    """SFU rate at which the attention efficiencies that apply to SFU-rated GPUs were measured:
+    B200's 5 TeraExponentials/s (FlashAttention-4 and cuDNN on B200, attention_kernels.json;
+    blackwell/megatron's fitted record on B200 / GB200 rows)."""
+    attention_exp_reference_head_dim: float = 128.0
+    """Head dim at which attention_exp_share and attention_backward_exp_share hold (the bf16
+    head-dim-128 kernel of their derivation): the exponentials per MMA FLOP scale as its ratio to
+    the layer's head dim (GPT-OSS's 64: twice the share of exponentials per score's MMA)."""
     attention_backward_half_seq: float = 128.0
     """The backward kernel's own sequence falloff, as attention_half_seq (the same FlashAttention-3
     figure by default: the backward then costs attention_backward_ratio x the forward at every S)."""
@@ -406,7 +426,14 @@ class Calibration:
     scripts/performance/setup_experiment.py@0132842, spec/presets/stack_releases.json), its
     Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
     PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
-    ``PYTORCH_ALLOC_CONF``)."""
+    ``PYTORCH_ALLOC_CONF``); meshplan's own launcher for every rank (meshplan/launch_env.py, the
+    meshplan stack's value: cost/calib_records.py ``launcher_values``)."""
+    cp_ring_gathers_kv: bool = False
+    """Whether context parallel runs as torch's ring attention (torchtitan): it all-gathers the
+    whole sequence's K and V in each attention call and accumulates the backward's gradients in
+    fp32 (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py@f2127db,
+    rotate_method ALL_GATHER, convert_to_f32), a transient per attention layer charged by
+    cost/cp_ring_memory.py; False: Megatron-Core / TE's p2p ring, two K/V chunks in flight."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
@@ -469,6 +496,13 @@ class Calibration:
     HYBRIDEP_NVLINK_EFFICIENCY): TMA copies over NVLink that saturate it with 4-16 SMs (NVIDIA
     Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with Hybrid Expert
     Parallel', 2026-02-02)."""
+    moe_flex_host_sync: bool = False
+    """Under the flex dispatcher, the dispatch still waits on the host once per MoE layer for the
+    received token counts (``moe_alltoall_sync_s`` charged as for the dropless alltoall
+    dispatcher): DeepEP's normal kernels, whose notify step has "the CPU ... wait for GPU's signal
+    to arrive" (Megatron-Core moe/fused_a2a.py; DeepEP README, normal kernels: "CPU-GPU
+    synchronization"). False: HybridEP, which sizes its buffers on the device. Set per row by a
+    Megatron-Bridge preset that runs DeepEP (calib/recipes.py)."""
     cuda_graph_full_iteration: bool = False
     """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
     ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
@@ -526,6 +560,9 @@ class Calibration:
             if not isinstance(v, (int, float)) or v < 0:
                 raise MeshplanError(f"calibration {f.name} must be a non-negative number, got {v!r}")
         check_kernel(self.attention_kernel)
+        for share in ("attention_exp_share", "attention_backward_exp_share"):
+            if getattr(self, share) > 1:
+                raise MeshplanError(f"calibration {share} must be a share in [0, 1], got {getattr(self, share)!r}")
         if self.fp8_matmul_factor <= 0 or self.fp4_matmul_factor <= 0:
             raise MeshplanError("calibration fp8_matmul_factor and fp4_matmul_factor must be > 0")
         if self.moe_routing_imbalance < 1:
@@ -554,7 +591,7 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "fp8_weight_copy_bytes_per_param", "fp8_saved_input_bytes_per_element", "fp8_param_gather",
                 "attention_kernel",
                 "pp_preallocated_recv_buffers", "cuda_graph_full_iteration", "moe_fused_grouped_mlp",
-                "allocator_expandable_segments", "fp16_step_grad_copy_bytes_per_param",
+                "allocator_expandable_segments", "cp_ring_gathers_kv", "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the

@@ -18,8 +18,8 @@ from meshplan.cost.layer import LayerCost, activation_bytes, optimizer_state_byt
 from meshplan.cost.osdp import OsdpCost
 from meshplan.cost.pipeline import head_microbatches_held, in_flight_chunks, recv_buffers_held
 from meshplan.cost.plan_terms import PlanTerms
-from meshplan.cost.precision import fp8_primary_weights, weight_copy_bytes_per_param
-from meshplan.spec.cluster import GIB
+from meshplan.cost.precision import fp8_primary_weights, gathered_bytes_per_param, weight_copy_bytes_per_param
+from meshplan.spec.cluster import GIB, GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -61,7 +61,7 @@ class RankStates:
 
 def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, terms: PlanTerms,
                 stage: UnshardedStage, *, layers, dense_params, expert_params, total_params,
-                kept_weight_bytes, experts_on: bool) -> RankStates:
+                kept_weight_bytes, experts_on: bool, gpu: GPUSpec | None = None) -> RankStates:
     """Weights (ZeRO-3 shards them, OSDP keeps ``kept_weight_bytes`` beyond the shards),
     gradients (ZeRO-2) and optimizer states (ZeRO-1) of a rank holding ``dense_params`` +
     ``expert_params`` parameters before sharding (``total_params`` their sum)."""
@@ -69,7 +69,7 @@ def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, te
     weights = sharded_bytes(terms, experts_on, dense_params * wb, expert_params * wb, 3)
     weights = weights + kept_weight_bytes
     # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
-    copy_b = weight_copy_bytes_per_param(training, calib)
+    copy_b = weight_copy_bytes_per_param(training, calib, gpu)
     if copy_b:
         # fp8 primary weights (--fp8-param-gather): the copies replace the bf16 linear weights
         copy_b = copy_b - wb if fp8_primary_weights(training, calib) else copy_b
@@ -101,13 +101,18 @@ class RankActivations:
 
 def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, terms: PlanTerms, *,
                      rank, layers, recomputed, head_share, logits_fraction,
-                     hidden_bytes_per_token: float = 0.0, chunk_weight=1.0) -> RankActivations:
+                     hidden_bytes_per_token: float = 0.0, chunk_weight=1.0,
+                     attention_transient_bytes=0.0) -> RankActivations:
     """Activations held on pipeline rank ``rank`` at its peak (Korthikanti et al. 2022, Sec. 4 per
     layer; in-flight chunks per schedule from cost.pipeline), ``head_share`` of the LM head's
     logits (``logits_fraction`` of them at once: OSDP's chunked head). ``hidden_bytes_per_token``
     (D x element bytes) is read where the stack keeps the LM head's gathered input
     (Calibration.sp_saves_gathered_inputs). ``chunk_weight``: the interleaved schedule's held
-    layers over an even mix of the rank's chunks (cost/chunk_inflight.py; 1 for equal chunks)."""
+    layers over an even mix of the rank's chunks (cost/chunk_inflight.py; 1 for equal chunks).
+    ``attention_transient_bytes``: what one layer's attention holds beyond its activations while
+    it runs (torch's ring attention, cost/cp_ring_memory.py): alive only inside a layer's
+    backward, which starts after the loss's backward has freed the logits, so the peak holds the
+    larger of the two."""
     act_policy = terms.act_policy
     per_mb = recomputed * act_policy + (layers - recomputed) * layer.act_none_bytes
     held = in_flight_chunks(rank, terms.pp_float, terms.v, terms.m_float, plans.schedule,  # floats: no re-conversion
@@ -126,7 +131,9 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
     if calib.sp_saves_gathered_inputs:  # the head's input gathered under SP: T x D, not T/t x D
         gathered = np.where(plans.sp, terms.tokens_per_microbatch * (1.0 - 1.0 / terms.t), 0.0) * hidden_bytes_per_token
         logits = logits + head_share * head_mbs * gathered
-    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + logits,
+    transient = logits if np.isscalar(attention_transient_bytes) and attention_transient_bytes == 0.0 \
+        else np.maximum(logits, attention_transient_bytes)
+    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + transient,
                            logits_bytes=logits)
 
 
@@ -142,7 +149,7 @@ class RankOther:
 
 def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, calib: Calibration,
                terms: PlanTerms, stage: UnshardedStage, osdp: OsdpCost, *, rank, layers,
-               allocated_bytes, step_excess_bytes=0.0) -> RankOther:
+               allocated_bytes, step_excess_bytes=0.0, gpu: GPUSpec | None = None) -> RankOther:
     """What a rank holds beyond its states and activations; ``allocated_bytes`` (weights + grads +
     optimizer + activations left on the GPU) and ``step_excess_bytes`` (what the optimizer step's
     peak adds over the backward's, cost/step_memory.py) set the allocator's reserve."""
@@ -159,7 +166,7 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
         if osdp.active:
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
     z3_buffers = np.where(z >= 3, gathered * gathered_p
-                          * calib.weight_bytes_per_param * (1.0 - 1.0 / terms.zero_ranks), 0.0)
+                          * gathered_bytes_per_param(training, calib, gpu) * (1.0 - 1.0 / terms.zero_ranks), 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:
         allocated_bytes = allocated_bytes + step_excess_bytes

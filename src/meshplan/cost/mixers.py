@@ -30,6 +30,7 @@ from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency
 from meshplan.cost.packing import DocAttention
+from meshplan.cost.torch_cp import torch_cp_cost
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.layers import (
     LayerKind,
@@ -60,6 +61,11 @@ class MixerCost:
     cp_fwd_s: np.ndarray | float
     cp_bwd_s: np.ndarray | float
     cp_overlap: np.ndarray | float
+    torch_cp: np.ndarray | bool = False
+    """Plans whose CP runs as torch's ring attention (cost/torch_cp.py): their exposed CP time is
+    cp_fwd_exposed_s / cp_bwd_exposed_s, as torch issues the collectives, not cp_overlap's."""
+    cp_fwd_exposed_s: np.ndarray | float = 0.0
+    cp_bwd_exposed_s: np.ndarray | float = 0.0
 
 
 def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
@@ -92,6 +98,21 @@ def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causa
     half_seq = attention_half_seq(calib, causal, backward)
     return (calib.attention_efficiency * head_dim / (head_dim + calib.attention_half_head_dim)
             * kv_len / (kv_len + half_seq) * aligned)
+
+
+def attention_exp_factor(calib: Calibration, sfu_exp_per_s: float, head_dim: float, backward: bool = False):
+    """The attention core's time on a GPU of SFU rate ``sfu_exp_per_s`` at ``head_dim`` over its
+    time at Calibration.attention_exp_reference_per_s and head dim 128. A kernel computes one
+    exponential per score (P = exp(S - m)) and 4 x head_dim FLOPs of MMA per score (QK^T, PV:
+    Dao 2023 Algorithm 1), so the exponentials' time over the MMA's, s / (1 - s) at the reference,
+    scales with 128 / head_dim and with reference / rate: 1 - s + s x (128 / head_dim) x
+    (reference / rate) (NVIDIA blog 'Making Softmax More Efficient with NVIDIA Blackwell Ultra',
+    2026: BMM2 waits for the SFUs). 1 where either rate is unknown (0)."""
+    if sfu_exp_per_s <= 0 or calib.attention_exp_reference_per_s <= 0:
+        return 1.0
+    share = calib.attention_backward_exp_share if backward else calib.attention_exp_share
+    per_score = calib.attention_exp_reference_head_dim / head_dim  # exps per MMA FLOP, relative
+    return 1.0 - share + share * per_score * calib.attention_exp_reference_per_s / sfu_exp_per_s
 
 
 def attention_half_seq(calib: Calibration, causal: bool, backward: bool = False) -> float:
@@ -147,8 +168,10 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
     if calib.fused_attention:
         # KV length of one kernel call: ring CP runs c blocks of S/c keys, Ulysses the whole S
         kv_len = np.where(is_ring & (c > 1), np.minimum(s_eff, S / c), s_eff)
-        t_core = core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
-        t_bwd = calib.attention_backward_ratio * (
+        sfu = cluster.gpu.sfu_exp_per_s
+        t_core = (core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
+                  * attention_exp_factor(calib, sfu, head_dim))
+        t_bwd = calib.attention_backward_ratio * attention_exp_factor(calib, sfu, head_dim, backward=True) * (
             core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal, backward=True)))
         softmax_bytes, score_bytes = 0.0, 0.0
     else:  # two batched GEMMs over the full s x s scores + a softmax pass (Megatron masks, not skips)
@@ -176,11 +199,25 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
         t_core = t_core * cp_causal_imbalance(calib, c, is_causal)
         t_bwd = t_bwd * cp_causal_imbalance(calib, c, is_causal)
     ring, ulysses = ring * cp_share, ulysses * cp_share
+    cp_fwd, cp_bwd = np.where(is_ring, ring, ulysses), np.where(is_ring, 2 * ring, ulysses)
+    torch_cp, fwd_exp, bwd_exp = False, 0.0, 0.0
+    if calib.cp_ring_gathers_kv and calib.fused_attention and is_causal and docs is None:
+        # torch's ring attention (torchtitan): its blocks, merge, fp32 accumulation and
+        # collectives as it issues them (cost/torch_cp.py), on causal full sequences.
+        torch_cp = is_ring & (c > 1)
+        tc = torch_cp_cost(c=c, micro_batch=plans.micro_batch, seq_len=S, heads=heads_local, dqk=dqk, dv=dv,
+                           ab=ab, core_peak=core_peak, hbm=hbm, bwd_ratio=calib.attention_backward_ratio,
+                           efficiency=lambda kv, causal_, bwd: attention_core_efficiency(
+                               calib, head_dim, kv, causal_, backward=bwd),
+                           cp_link=cp_link, eager=calib.eager_memory_passes)
+        t_core, t_bwd = np.where(torch_cp, tc.core_s, t_core), np.where(torch_cp, tc.core_bwd_s, t_bwd)
+        cp_fwd, cp_bwd = np.where(torch_cp, tc.fwd_comm_s, cp_fwd), np.where(torch_cp, tc.bwd_comm_s, cp_bwd)
+        fwd_exp, bwd_exp = tc.fwd_exposed_s, tc.bwd_exposed_s
     return MixerCost(
         gemm_s=t_in + t_out, core_s=t_core, core_bwd_s=t_bwd, softmax_bytes=softmax_bytes,
-        kept_bytes=kept, score_bytes=score_bytes,
-        cp_fwd_s=np.where(is_ring, ring, ulysses), cp_bwd_s=np.where(is_ring, 2 * ring, ulysses),
-        cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0))
+        kept_bytes=kept, score_bytes=score_bytes, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
+        cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0), torch_cp=torch_cp,
+        cp_fwd_exposed_s=fwd_exp, cp_bwd_exposed_s=bwd_exp)
 
 
 def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time, core_peak) -> MixerCost:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost.calibration import Calibration
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, GPUSpec
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 
 LOW_PRECISIONS = (Precision.FP8, Precision.FP4)
@@ -89,10 +89,31 @@ def saved_input_bytes(training: TrainingSpec, calib: Calibration, ab: float) -> 
     return ab
 
 
-def weight_copy_bytes_per_param(training: TrainingSpec, calib: Calibration) -> float:
+TENSOR_SCALED_FP8 = (Recipe.DELAYED, Recipe.TENSORWISE)
+"""fp8 recipes with one scale per tensor: TE's Float8Tensor (row-wise data and its transpose)."""
+FP8_COPIES_WITH_TRANSPOSE = 2.0
+"""Row-wise data and transpose: what ``Calibration.fp8_weight_copy_bytes_per_param`` counts."""
+
+
+def fp8_transpose_free(training: TrainingSpec, gpu: GPUSpec | None) -> bool:
+    """Whether TE keeps a tensor-scaled fp8 weight without its transpose on this GPU: its
+    quantizers create the transpose only where fp8 GEMMs must be TN (NVIDIA/TransformerEngine
+    transformer_engine/pytorch/csrc/quantizer.cpp@ad3f651, Float8Quantizer and
+    Float8CurrentScalingQuantizer ``create_tensor``: ``with_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()``); cuBLASLt takes fp8 operands in any layout from
+    Blackwell on, the GPUs whose tensor cores also run block-scaled MXFP8 (GPUSpec
+    .block_scaled_recipes). ROCm's TE is not read: CDNA4 counts as Blackwell here."""
+    return (gpu is not None and training.precision == Precision.FP8 and training.recipe in TENSOR_SCALED_FP8
+            and Recipe.MXFP8.value in gpu.block_scaled_recipes)
+
+
+def weight_copy_bytes_per_param(training: TrainingSpec, calib: Calibration, gpu: GPUSpec | None = None) -> float:
     """Low-precision copies of each linear weight kept beside the bf16 weight (row-wise and the
-    transposed / column-wise copy TE caches for the backward), 0 for bf16/fp16/fp32."""
+    transposed / column-wise copy TE caches for the backward; the row-wise one alone where TE
+    needs no transpose on ``gpu``: :func:`fp8_transpose_free`), 0 for bf16/fp16/fp32."""
     if training.precision == Precision.FP8:
+        if fp8_transpose_free(training, gpu):
+            return calib.fp8_weight_copy_bytes_per_param / FP8_COPIES_WITH_TRANSPOSE
         return calib.fp8_weight_copy_bytes_per_param
     if training.precision == Precision.FP4:
         return calib.fp4_weight_copy_bytes_per_param
@@ -108,3 +129,13 @@ def fp8_primary_weights(training: TrainingSpec, calib: Calibration) -> bool:
     """Whether the layers' linear weights are held only as their fp8 copies (no bf16 weight)."""
     return (calib.fp8_param_gather and training.precision == Precision.FP8
             and training.recipe in FP8_PARAM_GATHER_RECIPES)
+
+
+def gathered_bytes_per_param(training: TrainingSpec, calib: Calibration, gpu: GPUSpec | None = None) -> float:
+    """Bytes per parameter of a layer ZeRO-3 gathers: its fp8 copies where the weights are fp8
+    primary weights (``--fp8-param-gather`` all-gathers them in fp8; Megatron FSDP's overrides in
+    Megatron-Bridge's performance scripts drop the transpose cache, ``keep_fp8_transpose_cache
+    False``, helpers.py@0132842), else the working weights."""
+    if fp8_primary_weights(training, calib) and calib.fp8_weight_copy_bytes_per_param:
+        return weight_copy_bytes_per_param(training, calib, gpu)
+    return calib.weight_bytes_per_param

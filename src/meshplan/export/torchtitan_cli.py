@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget
 from meshplan.export.torchtitan import export_torchtitan, torchtitan_sections
+from meshplan.launch_env import env_assignments
 from meshplan.plan import Job
 
 CURRENT_VERSION = "0.3.0"
@@ -44,6 +45,10 @@ PLACEHOLDER_CONFIG = "CONFIG"
 FIRST_STAGE_MODULES = ("tok_embeddings",)
 LAST_STAGE_MODULES = ("norm", "lm_head")
 """Module names around the blocks (torchtitan/distributed/pipeline_parallel.py, 0.3.0)."""
+
+MAX_ARG_BYTES = 131072
+"""Longest single word of a command line Linux passes to a program: MAX_ARG_STRLEN = 32 pages
+of 4 KiB (include/uapi/linux/binfmts.h). One stage's module names are one word."""
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -70,7 +75,14 @@ def uses_command_line(version: str) -> bool:
 
 
 def stage_modules(stage_layers: tuple[int, ...]) -> list[list[str]]:
-    """Module names of every (virtual) stage, in order: embeddings first, norm and head last."""
+    """Module names of every (virtual) stage, in order: embeddings first, norm and head last.
+    A stage whose names cannot be one command-line word (:data:`MAX_ARG_BYTES`) is refused
+    before any name is built (``layers.J,`` is 9 bytes at least)."""
+    widest = max(stage_layers, default=0)
+    if widest * len("layers.0,") > MAX_ARG_BYTES:
+        raise MeshplanError(f"a pipeline stage of {widest} layers: torchtitan's module_fqns_per_model_part "
+                            f"names each, more than one command-line word holds ({MAX_ARG_BYTES} bytes, "
+                            "Linux MAX_ARG_STRLEN); plan more pipeline stages")
     parts, start = [], 0
     for i, n in enumerate(stage_layers):
         names = [f"layers.{j}" for j in range(start, start + n)]
@@ -153,7 +165,8 @@ def export_torchtitan_cli(job: Job, version: str = CURRENT_VERSION) -> Export:
                      f"{PLACEHOLDER_MODULE}/{PLACEHOLDER_CONFIG} with one that builds this model")
         warnings.append(f"torchtitan has no registry entry for {job.model.name}: the command names "
                         f"{PLACEHOLDER_MODULE}/{PLACEHOLDER_CONFIG} placeholders")
-    words = [f"torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node} -m torchtitan.train"]
+    # the allocator setting torchtitan's run_train.sh gives, which a bare torchrun would not
+    words = [f"{env_assignments()} torchrun --nnodes {c.num_nodes} --nproc-per-node {c.gpus_per_node} -m torchtitan.train"]
     words += [f"--module {cmd.module} --config {cmd.config}"]
     words += [f"--{opt}" + (f" {_quote(v)}" if v else "") for opt, v in cmd.overrides]
     words += [f"activation_checkpoint:{cmd.ac_mode}"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from meshplan.ckpt_meta import latest_checkpoint
 from meshplan.errors import MeshplanError
+from meshplan.launch_env import with_launcher_env
 from meshplan.plan import Job
 from meshplan.runtime.lifecycle import (
     EXIT_INTERRUPTED,
@@ -141,7 +142,9 @@ def launch(runs: list[tuple[Job, "TrainConfig"]], *, timeout_s: float | None = N
 
 
 def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
+    """This process's environment for the ranks: meshplan on the path, one OpenMP thread, the
+    launcher's allocator settings (meshplan/launch_env.py) where the user set none."""
+    env = with_launcher_env(os.environ)
     src = str(Path(__file__).resolve().parents[2])  # so workers import this meshplan
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", str(THREADS_PER_CPU_RANK))

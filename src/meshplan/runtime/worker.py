@@ -17,6 +17,7 @@ import sys
 import warnings
 
 from meshplan.errors import MeshplanError
+from meshplan.launch_env import with_launcher_env
 from meshplan.runtime.lifecycle import (
     EXIT_FAILED, EXIT_INTERRUPTED, RUN_DIR_ENV, RunStopped, StopRequests, die_with_parent,
     exit_quietly_on_interrupt, write_error_report,
@@ -72,7 +73,11 @@ def run_file(path: str, stops: StopRequests | None) -> None:
 
 def run_in_place(path: str) -> None:
     """Under an external torchrun: this process is a rank; it dies with torchrun's agent, and
-    errors, stop requests and Ctrl-C propagate to the CLI (one line, its exit code)."""
+    errors, stop requests and Ctrl-C propagate to the CLI (one line, its exit code). The
+    launcher's allocator settings (meshplan/launch_env.py) go into this process's environment
+    first, where torchrun's caller set none: the allocator reads them when CUDA initialises, which
+    the run's device set-up does later."""
+    os.environ.update(with_launcher_env(os.environ))
     import torch.distributed as dist
 
     die_with_parent()

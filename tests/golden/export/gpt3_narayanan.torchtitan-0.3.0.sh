@@ -1,7 +1,7 @@
 # meshplan plan: dp24 tp8 pp8(interleaved-1f1b,v3) cp1 mb1 ckpt=full:all on 1536 GPUs (192 nodes x 8)
 # torchtitan 0.3.0: --module/--config name a config_registry function; the options below override it
 # torchtitan 0.3.0 has no config function for gpt3-175b: replace MODULE/CONFIG with one that builds this model
-torchrun --nnodes 192 --nproc-per-node 8 -m torchtitan.train \
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes 192 --nproc-per-node 8 -m torchtitan.train \
   --module MODULE --config CONFIG \
   --training.seq_len 2048 \
   --training.global_batch_size 1536 \

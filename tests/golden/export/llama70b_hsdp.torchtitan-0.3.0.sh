@@ -1,6 +1,6 @@
 # meshplan plan: dp8 zero1x4 tp8sp pp4(interleaved-1f1b,v2) cp1 mb1 ckpt=sel:all on 256 GPUs (32 nodes x 8)
 # torchtitan 0.3.0: --module/--config name a config_registry function; the options below override it
-torchrun --nnodes 32 --nproc-per-node 8 -m torchtitan.train \
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes 32 --nproc-per-node 8 -m torchtitan.train \
   --module llama3 --config llama3_70b \
   --training.seq_len 8192 \
   --training.global_batch_size 256 \

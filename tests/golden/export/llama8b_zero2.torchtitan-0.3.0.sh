@@ -1,6 +1,6 @@
 # meshplan plan: dp16 zero2x16 tp1 pp1 cp1 mb2 ckpt=full:all on 16 GPUs (2 nodes x 8)
 # torchtitan 0.3.0: --module/--config name a config_registry function; the options below override it
-torchrun --nnodes 2 --nproc-per-node 8 -m torchtitan.train \
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes 2 --nproc-per-node 8 -m torchtitan.train \
   --module llama3 --config llama3_8b \
   --training.seq_len 4096 \
   --training.global_batch_size 64 \

@@ -1,7 +1,7 @@
 # meshplan plan: dp8 fsdp8 tp2sp pp2(1f1b) cp1 ep8 mb1 layers=15,17 on 32 GPUs (4 nodes x 8)
 # torchtitan 0.3.0: --module/--config name a config_registry function; the options below override it
 # torchtitan 0.3.0 has no config function for mixtral-8x7b: replace MODULE/CONFIG with one that builds this model
-torchrun --nnodes 4 --nproc-per-node 8 -m torchtitan.train \
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nnodes 4 --nproc-per-node 8 -m torchtitan.train \
   --module MODULE --config CONFIG \
   --training.seq_len 4096 \
   --training.global_batch_size 64 \
