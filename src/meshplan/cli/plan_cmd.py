@@ -247,7 +247,6 @@ def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     leanest = min((p for r in results for p in r.frontier), key=lambda p: p.peak_memory_bytes, default=None)
     budget_gib = results[0].budget_bytes / GIB
     where = (f"--memory-gib {memory_gib:g}" if memory_gib is not None else "the GPU's memory")
-    where += " less the CUDA context and NCCL buffers"
     if leanest is None:
         return f"no plan for {model_name} at all on {results[0].num_gpus} GPUs"
     helps = ["more GPUs (more pipeline/tensor/sharding ways)"]
@@ -256,7 +255,8 @@ def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     helps.append("a shorter sequence or a smaller global batch")
     if leanest.plan.recompute != Recompute.FULL:
         helps.append("full recompute")
-    return (f"no plan fits {budget_gib:.1f} GiB reserved per GPU ({where}); the leanest plan needs "
+    return (f"no plan fits {budget_gib:.1f} GiB per GPU ({where}, with the CUDA context and NCCL buffers); "
+            "the leanest plan needs "
             f"{leanest.peak_memory_gib:.1f} GiB ({leanest.plan.notation()} on {leanest.num_gpus} GPUs). "
             f"What would help: {', '.join(helps)}")
 
