@@ -63,6 +63,12 @@ def _stats(values: list[float]) -> dict[str, float]:
             "p90_abs_error": float(np.percentile(np.abs(a), 90)), "median_signed_error": float(np.median(a))}
 
 
+def seq_bucket(row: dict[str, str]) -> str:
+    """The row's sequence length as a bucket: up to 8k, 16-32k, 64k and longer."""
+    seq = int(float(row["seq_len"]))
+    return "<=8k" if seq <= 8192 else "16k-32k" if seq <= 32768 else ">=64k"
+
+
 def grouped(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], str], metric: str) -> dict[str, dict[str, float]]:
     groups: dict[str, list[float]] = {}
     for r in rows:
@@ -81,6 +87,8 @@ def summarise(report: dict[str, Any], csv_rows: dict[str, dict[str, str]]) -> di
         "precision": lambda r: r["precision"],
         "source": lambda r: csv_rows[r["row_id"]]["source"].split()[0],
         "memory_basis": lambda r: r.get("memory_basis", "reserved"),
+        "seq_len": lambda r: seq_bucket(csv_rows[r["row_id"]]),
+        "cp": lambda r: f"cp{int(float(csv_rows[r['row_id']].get('cp') or 1))}",
     }
     return {
         "throughput": _stats([r["error"] for r in rows if r["error"] is not None]),
@@ -104,7 +112,7 @@ def _show(con: Console, title: str, by: dict[str, dict[str, dict[str, float]]]) 
     con.print(t)
 
 
-COMPARED = ("gpu", "framework", "precision")
+COMPARED = ("gpu", "framework", "precision", "seq_len", "cp")
 """The groups a before / after table shows (issue 14's held-out report)."""
 
 

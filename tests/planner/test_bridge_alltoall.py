@@ -4,7 +4,9 @@ applied per row as Calibration values (calib/recipes.py: alltoall_values).
 
 Golden values are read off the preset files named in bridge_recipes.csv's source column
 (NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py
-@1e7adfa, scripts/performance/configs/qwen/qwen3_workload_base_configs.py@f29a269): a preset that
+@1e7adfa and @07eea52, scripts/performance/configs/qwen/qwen3_workload_base_configs.py@f29a269 and
+@01b2977, nemotronh/nemotron_3_workload_base_configs.py@f601ba9,
+deepseek/deepseek_workload_base_configs.py@0426418): a preset that
 does not set moe_a2a_overlap runs WorkloadBaseConfig's default (False); one that names no flex
 backend runs the alltoall dispatcher (scripts/performance/utils/overrides.py)."""
 
@@ -33,7 +35,11 @@ from meshplan.spec.training import MoeDispatcher
 GOLDEN = [
     # GPT-OSS 120B: no preset sets moe_a2a_overlap or a flex backend
     (("gpt-oss-120b", "gb300", "bf16", 64, 1280, 4, 1, 1, 1, 1, 64), (False, "alltoall", "")),
-    (("gpt-oss-120b", "gb200", "fp8", 64, 1280, 4, 1, 1, 1, 1, 64), (False, "alltoall", "")),
+    (("gpt-oss-120b", "b200", "bf16", 64, 1280, 4, 1, 1, 1, 1, 8), (False, "alltoall", "")),
+    # GPT-OSS 120B V2 @07eea52: fp8 on HybridEP with moe_a2a_overlap=True on GB200 / GB300 / B300
+    (("gpt-oss-120b", "gb200", "fp8", 64, 1280, 4, 1, 1, 1, 1, 64), (True, "flex", "hybridep")),
+    (("gpt-oss-120b", "gb300", "fp8", 64, 1280, 4, 1, 1, 1, 1, 16), (True, "flex", "hybridep")),
+    (("gpt-oss-120b", "b300", "bf16", 64, 1280, 4, 1, 1, 1, 1, 8), (False, "flex", "hybridep")),
     (("gpt-oss-120b", "b300", "bf16", 64, 512, 4, 1, 1, 1, 1, 64), (False, "alltoall", "")),
     (("gpt-oss-120b", "h100-sxm", "bf16", 64, 1280, 1, 1, 4, 1, 1, 8), (False, "alltoall", "")),
     # Qwen3 235B V2: HybridEP on GB200/GB300, moe_a2a_overlap=True on B300 and H100, False on B200
@@ -42,6 +48,16 @@ GOLDEN = [
     (("qwen3-235b-a22b", "b300", "fp8", 256, 8192, 1, 1, 8, 1, 4, 8), (True, "alltoall", "")),
     (("qwen3-235b-a22b", "b200", "fp8", 256, 8192, 1, 1, 8, 1, 1, 8), (False, "alltoall", "")),
     (("qwen3-235b-a22b", "h100-sxm", "fp8", 256, 8192, 1, 2, 8, 1, 4, 32), (True, "alltoall", "")),
+    # Qwen3 235B FP8_MX_V2 @01b2977: the 26.04 tables' vpp 3 (GB200) and vpp 12 (GB300) layouts
+    (("qwen3-235b-a22b", "gb200", "fp8", 256, 8192, 1, 1, 8, 1, 3, 32), (False, "flex", "hybridep")),
+    (("qwen3-235b-a22b", "gb300", "fp8", 256, 8192, 2, 1, 4, 1, 12, 32), (False, "flex", "hybridep")),
+    # Nemotron 3 @f601ba9: BASE_NEMOTRON_3_{SUPER,NANO}_CONFIG name HybridEP for every GPU
+    (("nemotron-3-super", "b200", "fp8", 64, 512, 1, 1, 1, 1, 1, 64), (False, "flex", "hybridep")),
+    (("nemotron-3-super", "gb200", "fp4", 64, 512, 1, 2, 1, 1, 1, 64), (False, "flex", "hybridep")),
+    (("nemotron-3-nano", "b300", "fp8", 8, 512, 4, 1, 1, 1, 1, 8), (False, "flex", "hybridep")),
+    # DeepSeek-V3 @0426418: HybridEP with moe_a2a_overlap=False (B200 pp16), =True (GB200 FP8_MX)
+    (("deepseek-v3", "b200", "fp8", 256, 4096, 1, 1, 16, 1, 1, 8), (False, "flex", "hybridep")),
+    (("deepseek-v3", "gb200", "fp8", 256, 4096, 1, 1, 4, 1, 4, 64), (True, "flex", "hybridep")),
     # Qwen3 30B: HybridEP everywhere but B200; H100 says moe_a2a_overlap=False itself
     (("qwen3-30b-a3b", "gb300", "fp8", 8, 512, 8, 1, 1, 1, 1, 8), (False, "flex", "hybridep")),
     (("qwen3-30b-a3b", "b200", "fp8", 8, 512, 1, 1, 1, 1, 1, 8), (False, "alltoall", "")),
@@ -66,14 +82,34 @@ def test_presets_whose_file_was_not_read_for_it_change_nothing():
     assert alltoall_values(llama) == ((), ()) and preset_dispatcher(llama) == (None, ())
 
 
-def test_deepep_preset_keeps_alltoall_with_a_note():
-    """DeepEP's normal dispatch waits on the host for the received counts (Megatron-Core
-    fused_a2a.py: 'the CPU will wait for GPU's signal to arrive'), which meshplan's flex
-    dispatcher does not charge: no row runs one, and one would keep alltoall, said so."""
-    (r,) = parse_recipes(GOOD.replace(",hybridep", ",deepep"), "r.csv").values()
-    dispatcher, notes = preset_dispatcher(r)
-    assert dispatcher is None and "alltoall kept" in notes[0] and "deepep" in notes[0]
-    assert "moe_dispatch_nvlink_efficiency" not in dict(alltoall_values(r)[0])
+def test_deepep_preset_runs_flex_with_the_host_sync():
+    """DeepEP's normal kernels send once per picked rank (flex), but their dispatch waits on the
+    host for the received counts (Megatron-Core fused_a2a.py: 'the CPU will wait for GPU's signal
+    to arrive'): the flex dispatcher with moe_flex_host_sync, at NCCL's NVLink efficiency (the one
+    shipped is DeepSeek-V3's B200 FP8_MX_V2 @0426418, pp8 vpp2 ep32)."""
+    (parsed,) = parse_recipes(GOOD.replace(",hybridep", ",deepep"), "r.csv").values()
+    shipped = shipped_recipes()[("deepseek-v3", "b200", "fp8", 256, 4096, 1, 1, 8, 1, 2, 32)]
+    for r in (parsed, shipped):
+        dispatcher, notes = preset_dispatcher(r)
+        assert dispatcher == MoeDispatcher.FLEX and "host sync" in notes[0] and "deepep" in notes[0]
+        values = dict(alltoall_values(r)[0])
+        assert values.get("moe_flex_host_sync") is True and "moe_dispatch_nvlink_efficiency" not in values
+    hybrid = dict(alltoall_values(parse_recipes(GOOD, "r.csv")[next(iter(parse_recipes(GOOD, "r.csv")))])[0])
+    assert "moe_flex_host_sync" not in hybrid
+
+
+def test_flex_host_sync_charges_the_sync_the_alltoall_dispatcher_pays():
+    run = build_run(ROW_378)  # HybridEP: flex, sync-free
+    calib = row_calibration(run, calibration_for(run.cluster.gpu, run.stack).replace_fields(
+        moe_alltoall_sync_s=0.1, cuda_graph_full_iteration=False))  # longer than any layer
+    free = estimate(run.model, run.cluster, run.training, run.plan, calib)
+    synced = estimate(run.model, run.cluster, run.training, run.plan, calib.replace_fields(moe_flex_host_sync=True))
+    # Qwen3-235B: every layer MoE; forward 1x and backward 2x the sync per layer and micro-batch,
+    # which the layer waits for (host-bound: max(device, host)), on the slowest rank's 12 layers
+    layers = max(s.layers for s in synced.stages)
+    bound = synced.time.num_microbatches * layers * 3 * 0.1
+    assert synced.time.compute_s == pytest.approx(bound, rel=0.01)
+    assert free.time.compute_s < 0.05 * bound
 
 
 GOOD = (",".join(RECIPE_COLUMNS + COMM_COLUMNS)
@@ -178,3 +214,30 @@ def test_hybridep_row_moves_its_tokens_at_nvlink_bandwidth_by_hand():
 def test_dispatch_efficiency_out_of_range_is_one_clear_line():
     with pytest.raises(MeshplanError, match="moe_dispatch_nvlink_efficiency must be in"):
         Calibration(moe_dispatch_nvlink_efficiency=1.5)
+
+
+# runs_megatron_bridge.csv rows 378 / 380 (container 26.04.01): Qwen3 235B-A22B fp8 on 256 GB200
+# (pp8 vpp3 ep32, preset QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 @01b2977: HybridEP, router
+# and preprocess CUDA-graphed) and on 256 B200 (pp8 ep8, FP8_CS_V2/FP8_MX_V2: the alltoall dispatcher).
+ROW_378 = dict(id="378", source="Megatron-Bridge 26.04.01", model="Qwen3_235B_a22B", seq_len="4096", gpu="gb200",
+               num_gpus="256", gpus_per_node="8", global_batch_size="8192", micro_batch_size="1", tp="1",
+               pp="8", cp="1", ep="32", vpp="3", precision="fp8", measured_tokens_per_s_per_gpu="7000",
+               framework="megatron-core")
+ROW_380 = {**ROW_378, "id": "380", "gpu": "b200", "ep": "8", "vpp": "1"}
+
+
+def test_gb200_preset_is_sync_free_where_the_b200_preset_syncs():
+    """Why GB200 rows show none of the MoE host sync B200 rows show: their presets differ. The
+    GB200 preset runs HybridEP (buffers sized on the device, no per-layer sync of the token
+    counts); the B200 one the dropless alltoall dispatcher, which syncs once per MoE layer."""
+    gb200, b200 = build_run(ROW_378), build_run(ROW_380)
+    assert gb200.training.moe_dispatcher == MoeDispatcher.FLEX
+    assert any("GB200_FP8_MX_V2" in a and "hybridep" in a for a in gb200.assumed)
+    assert b200.training.moe_dispatcher == MoeDispatcher.ALLTOALL
+    for run, synced in ((gb200, False), (b200, True)):
+        calib = row_calibration(run, calibration_for(run.cluster.gpu, run.stack).replace_fields(
+            moe_alltoall_sync_s=0.1, cuda_graph_full_iteration=False))  # longer than any layer
+        base = estimate(run.model, run.cluster, run.training, run.plan, calib).step_time_s
+        free = estimate(run.model, run.cluster, run.training, run.plan,
+                        calib.replace_fields(moe_alltoall_sync_s=0.0)).step_time_s
+        assert (base > free) == synced

@@ -28,12 +28,14 @@ from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.training import Precision
 
 FP32_BYTES = 4.0
-TARGET_FRAMEWORKS: dict[str, str] = {"megatron": "megatron-core"}
+TARGET_FRAMEWORKS: dict[str, str] = {"megatron": "megatron-core", "torchtitan": "torchtitan"}
 """The framework a ``--target`` stack stands for where the stack also covers older ones: the
 megatron stack's published rows include Megatron-LM of 2020-22, but ``--target megatron`` exports
 for today's Megatron-Core (export/megatron.py: ``--cpu-offloading``, ``--recompute-modules``),
 whose settings (spec/presets/frameworks.json, e.g. activation offload copies overlapped with the
-next layers' compute) apply on top of the stack's calibration, as they do for its published rows."""
+next layers' compute) apply on top of the stack's calibration, as they do for its published rows.
+``--target torchtitan`` exports for torchtitan's default (eager) framework, whose settings (torch's
+ring attention for context parallel: cost/torch_cp.py, cost/cp_ring_memory.py) apply likewise."""
 CPU_DEVICE = "cpu"
 """The GPU name of the ``cpu`` cluster preset: local CPU processes of meshplan's runtime."""
 

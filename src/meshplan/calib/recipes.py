@@ -33,9 +33,11 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
   once per picked rank, not once per routed copy (cost/moe.py), and no per-layer host sync of the
   token counts is charged (cost/layer.py charges it to the alltoall dispatcher only): HybridEP
   sizes its buffers on the device (the presets that set it graph the router and the preprocess,
-  ``cuda_graph_scope`` moe_router/moe_preprocess). DeepEP's normal kernels send per rank too,
-  but their dispatch waits on the host for the received counts, which the flex dispatcher does
-  not charge: a ``deepep`` preset keeps alltoall, noted (no row runs one).
+  ``cuda_graph_scope`` moe_router/moe_preprocess). DeepEP's normal kernels send per rank too
+  (and across nodes once per destination node, forwarded over NVLink: DeepSeek-V3 report Sec.
+  3.2.2), but their dispatch waits on the host for the received counts: a ``deepep`` preset runs
+  the flex dispatcher with ``moe_flex_host_sync`` (the per-layer sync charged as for alltoall)
+  and NCCL's fitted NVLink efficiency (DeepSeek-V3's B200 ``FP8_MX_V2`` preset, pp8 ep32).
 * the ``hybridep`` backend also -> ``moe_dispatch_nvlink_efficiency`` HYBRIDEP_NVLINK_EFFICIENCY:
   its dispatch and combine inside the NVLink domain run at HybridEP's bandwidth, not NCCL's
   fitted ``intra_node_comm_efficiency``. Tokens travel in bf16 under fp8 presets too:
@@ -79,8 +81,8 @@ DISPATCHERS = ("alltoall", "flex")
 alltoall."""
 FLEX_BACKENDS = ("deepep", "hybridep")
 SYNC_FREE_BACKENDS = frozenset({"hybridep"})
-"""Flex backends costed as meshplan's flex dispatcher: per-rank sends, no host sync of the token
-counts per MoE layer (module docstring)."""
+"""Flex backends with no host sync of the token counts per MoE layer (module docstring); the
+others (DeepEP) are costed as the flex dispatcher with ``Calibration.moe_flex_host_sync``."""
 HYBRIDEP_NVLINK_EFFICIENCY = 1.0
 """HybridEP's dispatch and combine inside one NVLink domain: TMA copies that saturate NVLink with
 4-16 SMs (NVIDIA Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with
@@ -327,6 +329,10 @@ def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], 
         values.append(("moe_dispatch_nvlink_efficiency", HYBRIDEP_NVLINK_EFFICIENCY))
         notes.append(f"moe_dispatch_nvlink_efficiency: {HYBRIDEP_NVLINK_EFFICIENCY:g} ({recipe.label}: HybridEP's "
                      f"TMA dispatch saturates NVLink, in place of intra_node_comm_efficiency)")
+    if recipe.moe_token_dispatcher_type == "flex" and not recipe.sync_free_dispatch:
+        values.append(("moe_flex_host_sync", True))
+        notes.append(f"moe_flex_host_sync: on ({recipe.label}: backend {recipe.moe_flex_dispatcher_backend}'s "
+                     "dispatch waits on the host for the received token counts, once per MoE layer)")
     return tuple(values), tuple(notes)
 
 
@@ -339,9 +345,9 @@ def preset_dispatcher(recipe: BridgeRecipe) -> tuple[MoeDispatcher | None, tuple
                 "one send per picked rank, no host sync of the token counts)")
         return MoeDispatcher.FLEX, (note,)
     if recipe.moe_token_dispatcher_type == "flex":
-        note = (f"moe dispatcher: alltoall kept ({recipe.label}: backend {backend}'s dispatch waits on the "
-                "host, which the flex dispatcher does not charge)")
-        return None, (note,)
+        note = (f"moe dispatcher: flex ({recipe.label}: moe_token_dispatcher_type flex, backend {backend}: "
+                "one send per picked rank, with a host sync of the token counts per MoE layer)")
+        return MoeDispatcher.FLEX, (note,)
     return None, ()
 
 

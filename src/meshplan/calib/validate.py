@@ -32,6 +32,7 @@ from collections import Counter
 
 from meshplan.calib.layouts import find_layout
 from meshplan.calib.recipes import Overlay, find_recipe, overlay
+from meshplan.cost.attention_kernels import kernel_fields
 from meshplan.cost.calibration import DEFAULT_STACK, Calibration, calibration_for, gpu_generation
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
 from meshplan.cost.flops import reported_flops_per_token
@@ -441,6 +442,9 @@ def predicted_metric(run: Run, step_time_s: float) -> float | None:
 def setting_calibration(run: Run, base: Calibration | None, settings: Mapping[str, Any],
                         stack: str | None = None) -> Calibration:
     calib = base or calibration_for(run.cluster.gpu, stack or run.stack)
+    kernel = settings.get("attention_kernel")
+    if kernel is not None and kernel != calib.attention_kernel:  # a framework's own kernel: its rate on this GPU
+        settings = {**kernel_fields(gpu_generation(run.cluster.gpu), kernel), **settings}
     return calib.replace_fields(**settings) if settings else calib
 
 

@@ -477,6 +477,13 @@ class Calibration:
     HYBRIDEP_NVLINK_EFFICIENCY): TMA copies over NVLink that saturate it with 4-16 SMs (NVIDIA
     Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with Hybrid Expert
     Parallel', 2026-02-02)."""
+    moe_flex_host_sync: bool = False
+    """Under the flex dispatcher, the dispatch still waits on the host once per MoE layer for the
+    received token counts (``moe_alltoall_sync_s`` charged as for the dropless alltoall
+    dispatcher): DeepEP's normal kernels, whose notify step has "the CPU ... wait for GPU's signal
+    to arrive" (Megatron-Core moe/fused_a2a.py; DeepEP README, normal kernels: "CPU-GPU
+    synchronization"). False: HybridEP, which sizes its buffers on the device. Set per row by a
+    Megatron-Bridge preset that runs DeepEP (calib/recipes.py)."""
     cuda_graph_full_iteration: bool = False
     """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
     ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py

@@ -255,8 +255,10 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # its all-to-all splits are fixed (Megatron-Core's alltoall dispatcher with
     # --moe-pad-expert-input-to-capacity, which Megatron-Bridge's token-drop runs set, leaves its
     # cuda_sync_point at "no_sync"); a capacity factor is read as padded.
+    syncs = training.moe_dispatcher == MoeDispatcher.ALLTOALL or (
+        training.moe_dispatcher == MoeDispatcher.FLEX and calib.moe_flex_host_sync)  # DeepEP: Calibration
     if (moe and calib.moe_alltoall_sync_s and training.moe_capacity_factor is None
-            and training.moe_dispatcher == MoeDispatcher.ALLTOALL and not calib.cuda_graph_full_iteration):
+            and syncs and not calib.cuda_graph_full_iteration):
         # The dropless all-to-all's host sync of the token counts drains the launch queue once
         # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
         # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's
@@ -292,7 +294,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # make the step faster. EP's all-to-all overlaps another micro-batch's whole layer, its wait
     # for the host included (1F1B A2A overlap, Calibration.ep_overlap).
     tp_exp = comms.exposed(tp_comm, calib.tp_overlap, fwd_device)
-    cp_exp = comms.exposed(cp_fwd, cp_overlap, t_attn)
+    cp_exp = np.where(mix.torch_cp, mix.cp_fwd_exposed_s, comms.exposed(cp_fwd, cp_overlap, t_attn))
     ep_exp = comms.exposed(ep_fwd, calib.ep_overlap, fwd_compute)
     fwd_comm_exposed = tp_exp + cp_exp + ep_exp + framework / 3.0
     fwd_comm_total = tp_comm + cp_fwd + ep_fwd + framework / 3.0
@@ -305,7 +307,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     tp_bwd = tp_backward(calib, sp=sp, parts=parts, act_msg_bytes=act_msg, tp=t, tp_link=tp_link,
                          bwd_device_s=bwd_device, gemm_s=mix.gemm_s + t_mlp)
     tp_exp_bwd = tp_bwd.exposed_s
-    cp_exp_bwd = comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s)
+    cp_exp_bwd = np.where(mix.torch_cp, mix.cp_bwd_exposed_s, comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s))
     ep_exp_bwd = comms.exposed(ep_fwd, calib.ep_overlap, bwd_compute)
     bwd_comm_exposed = tp_exp_bwd + cp_exp_bwd + ep_exp_bwd + framework * (2.0 / 3.0)
     op_sel = (op_selective(model, kind, tokens=T, tokens_replicated=T_rep, tp=t, sp=sp, ab=ab)

@@ -30,6 +30,7 @@ from meshplan.cost.arrays import CP_RING, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency
 from meshplan.cost.packing import DocAttention
+from meshplan.cost.torch_cp import torch_cp_cost
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.layers import (
     LayerKind,
@@ -60,6 +61,11 @@ class MixerCost:
     cp_fwd_s: np.ndarray | float
     cp_bwd_s: np.ndarray | float
     cp_overlap: np.ndarray | float
+    torch_cp: np.ndarray | bool = False
+    """Plans whose CP runs as torch's ring attention (cost/torch_cp.py): their exposed CP time is
+    cp_fwd_exposed_s / cp_bwd_exposed_s, as torch issues the collectives, not cp_overlap's."""
+    cp_fwd_exposed_s: np.ndarray | float = 0.0
+    cp_bwd_exposed_s: np.ndarray | float = 0.0
 
 
 def mixer_cost(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans: PlanArrays,
@@ -176,11 +182,25 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
         t_core = t_core * cp_causal_imbalance(calib, c, is_causal)
         t_bwd = t_bwd * cp_causal_imbalance(calib, c, is_causal)
     ring, ulysses = ring * cp_share, ulysses * cp_share
+    cp_fwd, cp_bwd = np.where(is_ring, ring, ulysses), np.where(is_ring, 2 * ring, ulysses)
+    torch_cp, fwd_exp, bwd_exp = False, 0.0, 0.0
+    if calib.cp_ring_gathers_kv and calib.fused_attention and is_causal and docs is None:
+        # torch's ring attention (torchtitan): its blocks, merge, fp32 accumulation and
+        # collectives as it issues them (cost/torch_cp.py), on causal full sequences.
+        torch_cp = is_ring & (c > 1)
+        tc = torch_cp_cost(c=c, micro_batch=plans.micro_batch, seq_len=S, heads=heads_local, dqk=dqk, dv=dv,
+                           ab=ab, core_peak=core_peak, hbm=hbm, bwd_ratio=calib.attention_backward_ratio,
+                           efficiency=lambda kv, causal_, bwd: attention_core_efficiency(
+                               calib, head_dim, kv, causal_, backward=bwd),
+                           cp_link=cp_link, eager=calib.eager_memory_passes)
+        t_core, t_bwd = np.where(torch_cp, tc.core_s, t_core), np.where(torch_cp, tc.core_bwd_s, t_bwd)
+        cp_fwd, cp_bwd = np.where(torch_cp, tc.fwd_comm_s, cp_fwd), np.where(torch_cp, tc.bwd_comm_s, cp_bwd)
+        fwd_exp, bwd_exp = tc.fwd_exposed_s, tc.bwd_exposed_s
     return MixerCost(
         gemm_s=t_in + t_out, core_s=t_core, core_bwd_s=t_bwd, softmax_bytes=softmax_bytes,
-        kept_bytes=kept, score_bytes=score_bytes,
-        cp_fwd_s=np.where(is_ring, ring, ulysses), cp_bwd_s=np.where(is_ring, 2 * ring, ulysses),
-        cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0))
+        kept_bytes=kept, score_bytes=score_bytes, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
+        cp_overlap=np.where(is_ring, calib.cp_overlap, 0.0), torch_cp=torch_cp,
+        cp_fwd_exposed_s=fwd_exp, cp_bwd_exposed_s=bwd_exp)
 
 
 def _mamba(model, cluster, plans, calib, *, S, peak, ab, gemm_time, core_peak) -> MixerCost:

@@ -5,7 +5,7 @@ line that says where they came from: a pure function of the calibration data
 Order, later wins: the hardware fields of a record borrowed from another stack of the same
 generation, or, where the generation has no such lender, the GEMM fields carried from a record of
 another generation (cost/generation_transfer.py), and the attention efficiency of the stack's
-kernel on this generation (all only when the pair has no record of its own), then the stack's
+kernel on this generation with its published rate curve where the table has one (all only when the pair has no record of its own), then the stack's
 mechanisms, then the pair's record.
 """
 
@@ -51,9 +51,10 @@ def resolve_calibration(generation: str, stack: str, *, fitted: Mapping[str, Fit
             sources.append(carried.source)
         kernel = stacks[stack].values.get("attention_kernel", default_kernel)
         entry = kernel_efficiency(generation, kernel)
-        if entry is not None:  # the kernel's efficiency, not another stack's kernel's (the lender's)
-            values["attention_efficiency"] = entry.attention_efficiency
-            sources.append(f"attention_efficiency of {kernel} on {entry.generation} (attention kernel table)")
+        if entry is not None:  # the kernel's efficiency and curve, not another stack's kernel's (the lender's)
+            values.update(entry.fields())
+            curve = " and its published curve" if entry.curve else ""
+            sources.append(f"attention_efficiency{curve} of {kernel} on {entry.generation} (attention kernel table)")
     values.update(stacks[stack].values)
     sources.append(f"{stack} stack mechanisms")
     if own is not None:
