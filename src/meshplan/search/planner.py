@@ -87,6 +87,11 @@ class ScoredPlan:
     def peak_memory_gib(self) -> float:
         return self.peak_memory_bytes / GIB
 
+    @property
+    def fit_memory_gib(self) -> float:
+        """What ``Estimate.fit_memory_gib`` reports for the plan: the frontier's memory figure."""
+        return self.peak_memory_gib
+
     def gpu_hours_per_billion_tokens(self, training: TrainingSpec) -> float:
         return self.num_gpus * self.step_time_s / 3600.0 / (training.tokens_per_step / 1e9)
 
