@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
 from meshplan.calib.fit import MEMORY_GRID, TIME_GRID, FitResult
 from meshplan.cost.calibration import FITTED_FILE
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_path
 from meshplan.textfile import check_writable, read_text_file
 
 
 def fitted_file() -> Path:
     """The data file in the installed package (a source checkout: src/meshplan/spec/presets)."""
-    return Path(str(resources.files("meshplan.spec").joinpath(FITTED_FILE)))
+    return shipped_path("meshplan.spec", FITTED_FILE)
 
 
 def record(res: FitResult, runs_name: str, today: str) -> dict[str, Any]:

@@ -158,12 +158,6 @@ def plan_cmd(
         except OSError as exc:
             raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
         written = str(out)
-    if plot is not None:
-        from meshplan.report.frontier_plot import plot_frontier
-
-        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}",
-                      recommended=[None if c is None else c.index for c in choices])
-
     comparison = None
     if mine is not None:  # meshplan.report.compare (export helper's module)
         from meshplan.report.compare import compare_job
@@ -171,7 +165,14 @@ def plan_cmd(
         at = next((i for i, r in enumerate(results) if r.num_gpus == mine.cluster.num_gpus), chosen_idx)
         res = results[at]
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
-                                 num_gpus=res.num_gpus, hardware=hardware[at])
+                                 num_gpus=res.num_gpus, hardware=hardware[at],
+                                 recommended=None if choices[at] is None else choices[at].index)
+    if plot is not None:
+        from meshplan.report.frontier_plot import plot_frontier
+
+        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}",
+                      recommended=[None if c is None else c.index for c in choices],
+                      yours=None if comparison is None else comparison.yours)
     data = _data_aware(spec, training, chosen, choices[chosen_idx], chosen_cluster, hardware[chosen_idx])
     if json_out:
         print_json({**_to_json(results, choices, training, written, str(plot) if plot else None),
@@ -184,8 +185,9 @@ def plan_cmd(
         if comparison.attribution is not None:
             from meshplan.report.attribution import attribution_table
 
-            con.print(attribution_table(comparison.attribution, "Why the recommended plan is faster: step time "
-                                        "per term (yours vs recommended)"))
+            theirs = "recommended" if comparison.recommended is not None else "fastest that fits"
+            con.print(attribution_table(comparison.attribution, f"Where the step times differ: step time per term "
+                                        f"(yours vs {theirs})", theirs=theirs))
     for res, cl, choice in zip(results, clusters, choices):
         _print_frontier(con, res, cl, training, top, choice)
     if len(results) > 1:

@@ -64,6 +64,13 @@ data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of
 read off at one or two layers and extrapolated, which can overstate a rank's time by a few
 percent; the margin keeps such configurations in the search."""
 
+SEARCH_MAX_LAYERS = 1024
+"""Deepest main stack the search takes. Its work grows with the layer count more than linearly
+(the stage walk's grids hold every layer count per rank, and interleaving offers up to L / pp
+virtual stages, each scored by a per-chunk loop): Llama-3-8B on 64 H100 searches in ~3 s at
+32 to 2048 layers and 70 s at 4096 (session 8, solid3). 1024 is 8x the deepest published stack
+(Megatron-LM's 1T model, 128 layers, Narayanan et al. 2021 Table 1); ``estimate`` takes any depth."""
+
 STAGE_POINTS_PER_CONFIG = 12
 """Most frontier points walked per configuration by the stage search (fastest first). A global
 frontier point rarely comes from deep in one configuration's staircase (the next configuration
@@ -167,6 +174,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     num_gpus = cluster.num_gpus
 
     check_model_takes(model, training)
+    if model.num_layers > SEARCH_MAX_LAYERS:
+        raise MeshplanError(f"{model.name} has {model.num_layers} layers: the search takes at most "
+                            f"{SEARCH_MAX_LAYERS} (estimate a plan of a deeper model with `meshplan estimate`)")
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
     groups = enumerate_groups(model, training, num_gpus, options)
     per_group = configurations_per_group(groups, model, training, options)
@@ -237,23 +247,23 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
         if k >= OSDP_KEY_BASE:
-            plan = osdp_space.plan(k - OSDP_KEY_BASE).with_defaults(model)
+            plan = osdp_space.plan(k - OSDP_KEY_BASE)
         elif k >= EXPERT_KEY_BASE:
-            plan = expert_space.plan(k - EXPERT_KEY_BASE).with_defaults(model)
+            plan = expert_space.plan(k - EXPERT_KEY_BASE)
         elif k >= VOCAB_KEY_BASE:
-            plan = vocab_space.plan(k - VOCAB_KEY_BASE).with_defaults(model)
+            plan = vocab_space.plan(k - VOCAB_KEY_BASE)
         elif k >= OFFLOAD_KEY_BASE:
-            plan = off_space.plan(k - OFFLOAD_KEY_BASE).with_defaults(model)
+            plan = off_space.plan(k - OFFLOAD_KEY_BASE)
         elif k < 0:
-            plan = space.plan(-1 - k).with_defaults(model)
+            plan = space.plan(-1 - k)
         else:
             i = int(np.searchsorted(split_start, k, side="right")) - 1
             j = k - int(split_start[i])
             n, r, cfg = splits[i][0][j], splits[i][1][j], int(splits[i][2][j])
-            layers, rec = chunk_split(n, r, int(space.vpp[cfg]))
-            plan = space.plan(cfg, layers, rec)
-            if not any(rec):
-                plan = _without_recompute(plan)
+            plan = space.plan(cfg, *chunk_split(n, r, int(space.vpp[cfg])))
+        # the one place a frontier plan is completed: the even split where none was searched, and
+        # recomputing zero layers written as no recompute (Plan.with_defaults's canonical form)
+        plan = plan.with_defaults(model)
         tok = training.tokens_per_step / t / num_gpus
         scored.append(ScoredPlan(plan=plan, num_gpus=num_gpus, step_time_s=float(t),
                                  peak_memory_bytes=float(m), tokens_per_s_per_gpu=float(tok),
@@ -312,11 +322,7 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, can
     """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
     rows = vocab_rows(candidate, space.pp)
     variants, src = _allowed(vocab_variants(space, rows), rows, options)
-    if len(variants) == 0:
-        return variants, Front.empty(), 0
-    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
-    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
-                              VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
+    return _even_variants(ctx, variants, _SharedRows(layer, src), VOCAB_KEY_BASE)
 
 
 OSDP_KEY_BASE = 1 << 43
@@ -331,11 +337,18 @@ def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even
     rows = osdp_rows(space.zero, candidate, even.step_time_s, even.peak_memory_bytes, budget,
                      float(fitting.min()) if fitting.size else np.inf)
     variants, src = _allowed(*osdp_variants(ctx.model, ctx.training, space, rows), options)
+    return _even_variants(ctx, variants, _SharedRows(layer, src), OSDP_KEY_BASE)
+
+
+def _even_variants(ctx: CostContext, variants: PlanArrays, layer: _SharedRows,
+                   key_base: int) -> tuple[PlanArrays, Front, int]:
+    """Variants of known configurations under their even split: the variants, their front keyed
+    from ``key_base`` on, and how many were scored."""
     if len(variants) == 0:
         return variants, Front.empty(), 0
-    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
-    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
-                              OSDP_KEY_BASE + np.arange(len(variants))), len(variants)
+    est, _ = _even_estimate(ctx, variants, layer)
+    keys = key_base + np.arange(len(variants))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes, keys), len(variants)
 
 
 EXPERT_KEY_BASE = 1 << 42
@@ -374,13 +387,6 @@ class _SharedRows:
 
     def take_stack(self, idx):
         return self.layer.take_stack(self.src[idx])
-
-
-def _without_recompute(plan: Plan) -> Plan:
-    from dataclasses import replace
-
-    return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers),
-                   recompute_modules=())
 
 
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
