@@ -315,7 +315,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int,
     title = (f"Pareto frontier: {res.num_gpus} x {cl.gpu.name}, budget {res.budget_bytes / GIB:.1f} GiB/GPU "
              f"({len(res.frontier)} plans; {res.plans_evaluated:,} evaluated in {res.elapsed_s:.2f} s)")
     t = Table(title=title)
-    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "mem GiB", "plan"):
+    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "GiB to fit", "plan"):
         t.add_column(col, justify="left" if col in ("", "plan") else "right")
     rows = list(enumerate(res.frontier))
     if top and len(rows) > top:

@@ -202,6 +202,7 @@ class Estimate:
             "peak_reserved_gib": self.peak_memory_gib,
             "peak_allocated_gib": self.peak_allocated_gib,
             "peak_device_gib": self.peak_device_gib,
+            "fit_memory_gib": self.fit_memory_gib,
             "gpu_memory_gib": self.gpu_memory_gib,
             "fits": self.fits,
             "memory_shortfall_gib": self.memory_shortfall_gib,
