@@ -249,7 +249,6 @@ def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     leanest = min((p for r in results for p in r.frontier), key=lambda p: p.peak_memory_bytes, default=None)
     budget_gib = results[0].budget_bytes / GIB
     where = (f"--memory-gib {memory_gib:g}" if memory_gib is not None else "the GPU's memory")
-    where += " less the CUDA context and NCCL buffers"
     if leanest is None:
         return f"no plan for {model_name} at all on {results[0].num_gpus} GPUs"
     helps = ["more GPUs (more pipeline/tensor/sharding ways)"]
@@ -258,7 +257,8 @@ def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     helps.append("a shorter sequence or a smaller global batch")
     if leanest.plan.recompute != Recompute.FULL:
         helps.append("full recompute")
-    return (f"no plan fits {budget_gib:.1f} GiB reserved per GPU ({where}); the leanest plan needs "
+    return (f"no plan fits {budget_gib:.1f} GiB per GPU ({where}, with the CUDA context and NCCL buffers); "
+            "the leanest plan needs "
             f"{leanest.peak_memory_gib:.1f} GiB ({leanest.plan.notation()} on {leanest.num_gpus} GPUs). "
             f"What would help: {', '.join(helps)}")
 
@@ -315,7 +315,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int,
     title = (f"Pareto frontier: {res.num_gpus} x {cl.gpu.name}, budget {res.budget_bytes / GIB:.1f} GiB/GPU "
              f"({len(res.frontier)} plans; {res.plans_evaluated:,} evaluated in {res.elapsed_s:.2f} s)")
     t = Table(title=title)
-    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "mem GiB", "plan"):
+    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "GiB to fit", "plan"):
         t.add_column(col, justify="left" if col in ("", "plan") else "right")
     rows = list(enumerate(res.frontier))
     if top and len(rows) > top:

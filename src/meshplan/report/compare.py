@@ -29,6 +29,11 @@ class CostPoint(Protocol):
     @property
     def peak_memory_gib(self) -> float: ...
 
+    @property
+    def fit_memory_gib(self) -> float:
+        """The device peak "fits" compares with the budget (cost.device_memory.fit_bytes)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -51,7 +56,7 @@ class Comparison:
 
     @property
     def yours_fits(self) -> bool:
-        return self.yours.peak_memory_gib <= self.budget_gib
+        return self.yours.fit_memory_gib <= self.budget_gib
 
     @property
     def speedup(self) -> float | None:
@@ -64,11 +69,11 @@ class Comparison:
     def memory_saving_gib(self) -> float | None:
         if self.leanest_as_fast is None:
             return None
-        return self.yours.peak_memory_gib - self.leanest_as_fast.peak_memory_gib
+        return self.yours.fit_memory_gib - self.leanest_as_fast.fit_memory_gib
 
     def summary(self) -> str:
         y = self.yours
-        text = f"yours: {y.tokens_per_s_per_gpu:,.0f} tok/s/GPU, {y.peak_memory_gib:.0f} GiB"
+        text = f"yours: {y.tokens_per_s_per_gpu:,.0f} tok/s/GPU, {y.fit_memory_gib:.0f} GiB"
         if not self.yours_fits:
             text += f" (over the {self.budget_gib:.0f} GiB budget)"
         if self.best is None:
@@ -78,11 +83,11 @@ class Comparison:
             text += "; yours is on the frontier (no plan that fits is faster)"
             lean = self.leanest_as_fast
             if lean is not None and self.memory_saving_gib and self.memory_saving_gib > 0.5:
-                text += f"; as fast with {lean.peak_memory_gib:.0f} GiB: {lean.plan.notation()}"
+                text += f"; as fast with {lean.fit_memory_gib:.0f} GiB: {lean.plan.notation()}"
             return text
         label = "recommended" if self.recommended is not None else "best that fits"
         text += (f"; {label}: {r.tokens_per_s_per_gpu:,.0f} tok/s/GPU "
-                 f"({self.speedup:+.0%}), {r.peak_memory_gib:.0f} GiB: {r.plan.notation()}")
+                 f"({self.speedup:+.0%}), {r.fit_memory_gib:.0f} GiB: {r.plan.notation()}")
         if self.attribution is not None:
             gap = self.attribution.gap_s
             text += (f"; it gains on {self.attribution.explain()}" if gap < 0
@@ -110,10 +115,10 @@ def compare(yours: CostPoint, frontier: Sequence[CostPoint], budget_gib: float,
             recommended: int | None = None) -> Comparison:
     """Compare ``yours`` with the frontier points under a memory budget per GPU (GiB), and with
     frontier point ``recommended`` (the robust recommendation) when given."""
-    fitting = [p for p in frontier if p.peak_memory_gib <= budget_gib]
+    fitting = [p for p in frontier if p.fit_memory_gib <= budget_gib]
     best = max(fitting, key=lambda p: p.tokens_per_s_per_gpu, default=None)
     as_fast = [p for p in frontier if p.tokens_per_s_per_gpu >= yours.tokens_per_s_per_gpu * (1 - 1e-9)]
-    leanest = min(as_fast, key=lambda p: p.peak_memory_gib, default=None)
+    leanest = min(as_fast, key=lambda p: p.fit_memory_gib, default=None)
     return Comparison(yours=yours, budget_gib=budget_gib, best=best, leanest_as_fast=leanest,
                       recommended=None if recommended is None else frontier[recommended])
 

@@ -25,7 +25,6 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.device_memory import reserved_limit_bytes
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
@@ -80,7 +79,9 @@ with more recompute or sharding takes over); tests walk every point to check exa
 
 @dataclass(frozen=True)
 class ScoredPlan:
-    """One frontier point: a plan and its cost under the cost model."""
+    """One frontier point: a plan and its cost under the cost model. ``peak_memory_bytes`` is the
+    device peak "fits" reads (cost.device_memory.fit_bytes: the held peak, the CUDA context and
+    NCCL's buffers), not the reserved peak ``estimate`` reports beside it."""
 
     plan: Plan
     num_gpus: int
@@ -93,6 +94,11 @@ class ScoredPlan:
     def peak_memory_gib(self) -> float:
         return self.peak_memory_bytes / GIB
 
+    @property
+    def fit_memory_gib(self) -> float:
+        """What ``Estimate.fit_memory_gib`` reports for the plan: the frontier's memory figure."""
+        return self.peak_memory_gib
+
     def gpu_hours_per_billion_tokens(self, training: TrainingSpec) -> float:
         return self.num_gpus * self.step_time_s / 3600.0 / (training.tokens_per_step / 1e9)
 
@@ -104,7 +110,7 @@ class SearchResult:
     num_gpus: int
     frontier: tuple[ScoredPlan, ...]
     budget_bytes: float
-    """The reserved peak a plan may reach to fit (:func:`reserved_budget_bytes`): what
+    """The device peak a plan may reach to fit (:func:`fit_budget_bytes`): what
     ``peak_memory_bytes`` is compared with."""
     global_configs: int
     refined_configs: int
@@ -136,12 +142,11 @@ class SearchResult:
         return min((p.peak_memory_bytes for p in self.frontier), default=float("inf"))
 
 
-def reserved_budget_bytes(cluster: ClusterSpec, calib: Calibration, memory_bytes: float | None = None) -> float:
-    """The reserved peak a plan may reach to fit ``memory_bytes`` of GPU memory (default: all of
-    the GPU's), as ``estimate``'s ``fits`` decides it (cost/device_memory.py: the device peak, the
-    CUDA context and NCCL's buffers on top of the reserved, within the memory)."""
-    memory = cluster.gpu.memory_bytes if memory_bytes is None else float(memory_bytes)
-    return reserved_limit_bytes(memory, calib)
+def fit_budget_bytes(cluster: ClusterSpec, memory_bytes: float | None = None) -> float:
+    """The device peak a plan may reach to fit ``memory_bytes`` of GPU memory (default: all of
+    the GPU's): the memory itself, compared with the figure ``estimate``'s ``fits`` reads
+    (cost/device_memory.py: ``fit_bytes``, the held peak and what lies outside the allocator)."""
+    return cluster.gpu.memory_bytes if memory_bytes is None else float(memory_bytes)
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -154,11 +159,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     (:mod:`meshplan.search.prune` drops dominated configurations unscored, ``stage_frontier``
     cuts its grids short; the frontier is the same: tests compare the two); None prunes spaces
     of more than PRUNE_MIN_CONFIGS configurations. ``budget_bytes``: GPU memory per GPU a plan
-    may use (default: the GPU's), turned into the reserved limit :func:`reserved_budget_bytes`."""
+    may use (default: the GPU's, :func:`fit_budget_bytes`). Every memory figure of the search, the
+    frontier's ``peak_memory_bytes`` included, is the device peak ``fits`` reads
+    (cost.device_memory.fit_bytes), so a plan is kept as fitting exactly when ``estimate`` calls
+    it fitting, under either allocator setting."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
-    budget = reserved_budget_bytes(cluster, calib, budget_bytes)
+    budget = fit_budget_bytes(cluster, budget_bytes)
     # Uneven splits are searched up to this memory (plans above the GPU memory cannot run; the
     # even-split points above it stay on the frontier for the plot).
     cap = max(budget, cluster.gpu.memory_bytes) if memory_cap_bytes is None else float(memory_cap_bytes)
