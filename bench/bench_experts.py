@@ -13,12 +13,18 @@ claims 34% faster"); for every ratio above 1.15 the terms that make the differen
     PYTHONPATH=src python bench/bench_experts.py --sample 40   # every k-th row, for a quick look
     PYTHONPATH=src python bench/bench_experts.py --runs megatron-bridge   # one set (to bench/results/)
 
-Rows of one job (same model, cluster, training and calibration: 417 rows are 155 jobs) share one
-search. Results are cached in bench/results/experts_cache.json under a hash of the planner's
-source (cost/, search/, spec/, calib/, targets.py, plan/), written after every job, so an
-unchanged model re-renders in seconds, an interrupted run resumes, and any change to the model
-re-runs every search (all 155 jobs: 700 CPU s of searching, 49 min wall with --workers 2
-on the shared 2-core machine, 2026-11-24).
+For every large gain a verdict (bench/experts_evidence.py): whether another measured layout of the
+same job shows it (same release, another release, or a row whose layout is not given), whether it
+comes from a technique the published run did not have, whether it disappears against the
+published run's measured step (the model's error on the published plan), or whether it rests on
+the model alone.
+
+Rows of one job (same model, cluster, training and calibration: 417 rows are 159 jobs) share one
+search, the largest searches first. Results are cached in bench/results/experts_cache.json under a
+hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/), written after
+every job, so an unchanged model re-renders in seconds (``--render-only``), an interrupted run
+resumes, and any change to the model re-runs every search (all 159 jobs: 573-622 CPU s of searching,
+28-29 min wall with --workers 2 on the shared 2-core machine at a load of ~9, 2026-11-24).
 """
 
 from __future__ import annotations
@@ -32,13 +38,11 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 
 from meshplan.calib.validate import (
     Run,
     load_runs,
-    predicted_metric,
     setting_calibration,
 )
 from meshplan.cost import estimate
@@ -52,14 +56,23 @@ from meshplan.search.robust import model_error, robust_choice
 from meshplan.search.space import why_outside
 from meshplan.targets import Target, search_options
 
+from experts_evidence import (  # bench/ is the script's directory, on sys.path
+    LARGE_GAIN,
+    _runs_by_id,
+    contradicted,
+    measured_ratio,
+    measured_sibling,
+    measured_sibling_ratio,
+    measured_step_s,
+    verdict_section,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "meshplan"
 CACHE = ROOT / "bench" / "results" / "experts_cache.json"
 DOC = ROOT / "docs" / "experts.md"
 HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan")
 log = logging.getLogger("bench_experts")
-LARGE_GAIN = 1.15
-"""Ratios above this get their terms listed (the issue's threshold)."""
 TOP_TERMS = 3
 STACK = Target.MEGATRON
 
@@ -161,10 +174,10 @@ def _ident(csv: str, run: Run) -> str:
     return f"{csv}:{run.row_id}:{run.plan.notation()}:{run.cluster.num_gpus}"
 
 
-@cache
-def _runs_by_id(csv: str) -> dict[str, Run]:
-    """The CSV's buildable runs by row id (each worker process reads them once: runs do not pickle)."""
-    return {r.row_id: r for r in load_runs(runs_csv(csv))[0]}
+def _search_work(run: Run) -> float:
+    """A rough size of the job's search, to start the largest first: MoE jobs (expert degrees and
+    per-kind layer tables) far above dense ones, then more GPUs (more layouts)."""
+    return (1.0 + run.model.moe_num_experts) * run.cluster.num_gpus
 
 
 def _job(args: tuple[str, tuple[str, ...]]) -> tuple[list[Row], list[tuple[str, str, str]], float]:
@@ -197,7 +210,9 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
             if all(_ident(csv, r) in cache for r in group):
                 rows += [Row(**cache[_ident(csv, r)]) for r in group]
             else:
-                todo.append((csv, tuple(r.row_id for r in group)))
+                todo.append((_search_work(group[0]), (csv, tuple(r.row_id for r in group))))
+    # the largest searches first: with a few workers, a big MoE job left for last runs alone
+    todo = [item for _, item in sorted(todo, key=lambda kv: -kv[0])]
     cpu_s = 0.0
     CACHE.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
@@ -212,6 +227,8 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
                      time.perf_counter() - start)
     stats = dict(wall_s=time.perf_counter() - start, cpu_s=cpu_s, jobs=jobs_total, searched=len(todo),
                  workers=workers)
+    if todo:  # the run that filled the cache, for --render-only to report
+        CACHE.write_text(json.dumps({"source_hash": key, "rows": cache, "stats": stats}, indent=1))
     return rows, skipped, stats
 
 
@@ -223,8 +240,10 @@ def render_cached(sets: tuple[str, ...] = tuple(PUBLISHED_RUNS)) -> tuple[list[R
     stale = data["source_hash"] != source_hash()
     jobs = {job_key(r, setting_calibration(r, None, r.settings)) for csv in sets
             for r in load_runs(runs_csv(csv))[0]}
-    return rows, skipped, dict(wall_s=0.0, cpu_s=0.0, jobs=len(jobs),
-                               searched=0, workers=0, stale=stale)
+    filled = data.get("stats", {})  # the run that filled the cache
+    return rows, skipped, dict(wall_s=filled.get("wall_s", 0.0), cpu_s=filled.get("cpu_s", 0.0), jobs=len(jobs),
+                               searched=filled.get("searched", 0), workers=filled.get("workers", 0), stale=stale,
+                               cached=True)
 
 
 class _Serial:
@@ -241,21 +260,16 @@ class _Serial:
         return map(fn, items)
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def _quantiles(xs: list[float]) -> str:
     xs = sorted(xs)
     if not xs:
         return "-"
     q = lambda f: xs[min(len(xs) - 1, int(f * (len(xs) - 1) + 0.5))]
     return f"median {statistics.median(xs):.2f}, p10 {q(0.1):.2f}, p90 {q(0.9):.2f}, max {xs[-1]:.2f}"
-
-
-def measured_step_s(run: Run, est_step_s: float) -> float | None:
-    """The step time the row's measured metric stands for (throughput metrics scale as 1/step)."""
-    if run.measured is None or run.metric is None:
-        return None
-    if run.metric == "step_time_s":
-        return run.measured
-    return est_step_s * predicted_metric(run, est_step_s) / run.measured
 
 
 def recompute_pairs() -> list[tuple[str, str, str, float, float, float, float]]:
@@ -295,35 +309,6 @@ def peak_without_recompute_gib(row: Row) -> float:
     run = _runs_by_id(row.csv)[row.row_id]
     plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=())
     return estimate(run.model, run.cluster, run.training, plan, setting_calibration(run, None, run.settings)).peak_memory_gib
-
-
-def _steps_of(run: Run) -> tuple[float, float | None]:
-    """(model step time, measured step time) of a published run."""
-    est = estimate(run.model, run.cluster, run.training, run.plan, setting_calibration(run, None, run.settings))
-    return est.step_time_s, measured_step_s(run, est.step_time_s)
-
-
-def measured_sibling_ratio(row: Row) -> str:
-    """``measured_sibling`` as a table cell."""
-    sib = measured_sibling(row)
-    return "-" if sib is None else f"{sib[0]:.2f} (row {sib[1]}; model {sib[2]:.2f})"
-
-
-def measured_sibling(row: Row) -> tuple[float, str, float] | None:
-    """This run's measured step over the fastest measured run of the same job (model, GPU, GPU
-    count, sequence, batch) with another layout in the same CSV: a gain the data itself shows."""
-    runs = _runs_by_id(row.csv)
-    me = runs[row.row_id]
-    job = lambda r: (r.model.name, r.cluster.gpu.name, r.cluster.num_gpus, r.training.seq_len,
-                     r.training.global_batch, r.training.precision)
-    sibs = [r for r in runs.values() if job(r) == job(me) and r.plan.notation() != me.plan.notation()]
-    est_mine, mine = _steps_of(me)
-    measured = [(_steps_of(r), r) for r in sibs]
-    best = min(((st, r) for st, r in measured if st[1] is not None), default=None, key=lambda sr: sr[0][1])
-    if mine is None or best is None:
-        return None
-    (est_best, meas_best), r = best
-    return mine / meas_best, r.row_id, est_mine / est_best
 
 
 def _recompute_section(big: list[Row]) -> list[str]:
@@ -485,31 +470,39 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
         firsts[top] = firsts.get(top, 0) + 1
     for term, s in sorted(tally.items(), key=lambda kv: -kv[1]):
         out.append(f"| {term} | {s:.2f} | {firsts.get(term, 0)} |")
+    out += verdict_section(big)
     out += ["", f"## Ratios above {LARGE_GAIN}", "",
             "The last column: where the data holds another measured run of the same job with another layout, this "
             "run's measured step over the fastest such run (a gain the measurements themselves show).", "",
-            "| set | row | model | GPUs | seq x batch | published | recommended | GiB / budget | ratio | largest savings "
+            "| set | row | model | GPUs | seq x batch | published | recommended | GiB / budget | ratio "
+            "| ratio against the published run's measured step | largest savings "
             "| measured: this / fastest other layout of the same job (model's ratio) |",
-            "|---|---|---|---:|---|---|---|---:|---:|---|---|"]
+            "|---|---|---|---:|---|---|---|---:|---:|---:|---|---|"]
     for r in big:
         out.append(f"| {r.csv} | {r.row_id} | {r.model} | {r.gpus} x {r.gpu} | {r.seq} x {r.batch} | "
                    f"`{r.published}`{'' if r.published_fits else ' (over budget)'} | `{r.recommended}` | "
                    f"{r.recommended_gib:.1f} / {r.budget_gib:.1f} | "
-                   f"{r.ratio:.2f} | {r.terms} | {measured_sibling_ratio(r)} |")
+                   f"{r.ratio:.2f} | {_fmt(measured_ratio(r))} | {r.terms} | {measured_sibling_ratio(r)} |")
     shown = [(r, sib) for r in big if (sib := measured_sibling(r)) is not None]
-    against = [(r, sib) for r, sib in shown if (sib[0] < 1) != (sib[2] < 1) and abs(sib[2] - sib[0]) > LARGE_GAIN - 1]
+    against = [(r, sib) for r, sib in shown if contradicted(sib)]
     out += ["", f"{len(shown)} of the {len(big)} large gains have another measured run of the same job in the data. "
             f"In {len(against)} of them the model ranks the two measured layouts the other way round from the "
             f"measurements, by more than {LARGE_GAIN - 1:.0%}: a term of the model is wrong for that job, and the "
             "row's ratio is not to be trusted: "
-            + (", ".join(f"{r.csv} {r.row_id} ({r.model}, ratio {r.ratio:.2f}; against row {sib[1]}: measured "
-                         f"{sib[0]:.2f}, model {sib[2]:.2f})" for r, sib in against) or "none") + "."]
+            + (", ".join(f"{r.csv} {r.row_id} ({r.model}, ratio {r.ratio:.2f}; against row {sib.row_id}: measured "
+                         f"{sib.measured:.2f}, model {sib.model:.2f})" for r, sib in against) or "none") + "."]
+
     out += _recompute_section(big)
     out += _over_budget_section(rows)
     outside = [r for r in rows if r.outside is not None]
     out += ["", "## Published plans outside the search space", "",
-            "The search cannot propose these layouts (the rule of `search/space.py` each one breaks):", "",
-            "| set | row | published | why |", "|---|---|---|---|"]
+            "The search cannot propose these layouts (the rule of `search/space.py` each one breaks).", ""]
+    reasons: dict[str, list[Row]] = {}
+    for r in outside:
+        reasons.setdefault(r.outside, []).append(r)
+    out += [f"- {len(rs)} x {why}: " + ", ".join(f"{r.csv} {r.row_id} ({r.model})" for r in rs)
+            for why, rs in sorted(reasons.items(), key=lambda kv: -len(kv[1]))]
+    out += ["", "| set | row | published | why |", "|---|---|---|---|"]
     out += [f"| {r.csv} | {r.row_id} | `{r.published}` | {r.outside} |" for r in outside] or ["| - | - | - | none |"]
     nothing = [r for r in rows if r.ratio is None]
     if nothing or skipped:
@@ -521,7 +514,8 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
                 "(a plain run re-runs them)."]
     out += ["", f"Run time: {stats['wall_s']:.0f} s wall, {stats['cpu_s']:.0f} s CPU in searches, {stats['workers']} "
             f"worker(s); {len(rows)} rows in {stats['jobs']} distinct jobs (one search per job), "
-            f"{stats['searched']} searched this time (the rest cached)."]
+            + ("in the run that filled the cache (this page re-rendered from it with `--render-only`)."
+               if stats.get("cached") else f"{stats['searched']} searched this time (the rest cached).")]
     return "\n".join(out) + "\n"
 
 

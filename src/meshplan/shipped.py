@@ -19,6 +19,11 @@ def shipped_path(package: str, name: str) -> Path:
     return Path(str(resources.files(package).joinpath(name)))
 
 
+def shipped_text(package: str, name: str) -> str:
+    """The text of the shipped file ``name`` of ``package``."""
+    return resources.files(package).joinpath(name).read_text()
+
+
 def shipped_json(package: str, name: str) -> Mapping[str, Any]:
     """The shipped JSON file ``name`` of ``package``, parsed, its top level read-only."""
-    return MappingProxyType(json.loads(resources.files(package).joinpath(name).read_text()))
+    return MappingProxyType(json.loads(shipped_text(package, name)))

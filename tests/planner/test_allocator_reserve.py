@@ -18,10 +18,9 @@ from meshplan.cost import PlanArrays, estimate
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.device_memory import (
     device_fits,
+    fit_bytes,
     held_peak_bytes,
-    outside_allocator_bound_bytes,
     outside_allocator_bytes,
-    reserved_limit_bytes,
 )
 from meshplan.data.published import runs_csv
 from meshplan.plan import ParallelDims, Plan, Recompute
@@ -58,15 +57,17 @@ def test_a_plan_between_allocated_and_reserved_fits_only_under_expandable_segmen
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.floats(0.0, 0.2), st.booleans(), st.floats(2.0, 300.0))  # above the 1.02 GiB outside bound
-def test_a_reserved_peak_within_the_search_limit_fits(frag, expandable, memory_gib):
-    """The search's limit on the reserved peak keeps only plans that fit, with a communicator on
-    every axis, under either allocator (the allocated peak is at most the reserved)."""
+@given(st.floats(0.0, 0.2), st.booleans(), st.floats(1.0, 300.0), st.floats(0.5, 1.5))
+def test_the_search_figure_fits_exactly_when_device_fits_does(frag, expandable, memory_gib, share):
+    """The figure the search compares with the memory (fit_bytes) is within it exactly when
+    device_fits says the plan fits, under either allocator (one test of "fits")."""
     calib = Calibration().replace_fields(allocator_fragmentation=frag, allocator_expandable_segments=expandable)
+    arrays = PlanArrays.from_plans([PLAN.with_defaults(MODEL)])
     memory = memory_gib * GIB
-    limit = reserved_limit_bytes(memory, calib)
-    held = held_peak_bytes(limit, limit / (1.0 + frag), calib)
-    assert held + outside_allocator_bound_bytes(calib) <= memory * (1 + 1e-12)
+    reserved = np.array([memory * share])
+    allocated = reserved / (1.0 + frag)
+    fits = device_fits(held_peak_bytes(reserved, allocated, calib), arrays, calib, memory)
+    assert (fit_bytes(reserved, reserved - allocated, arrays, calib) <= memory)[0] == fits[0]
 
 
 def test_estimate_holds_the_allocated_peak_under_expandable_segments():

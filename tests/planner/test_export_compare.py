@@ -15,6 +15,10 @@ class Point:
     tokens_per_s_per_gpu: float
     peak_memory_gib: float
 
+    @property
+    def fit_memory_gib(self) -> float:
+        return self.peak_memory_gib
+
 
 def pt(tp: int, tok: float, mem: float) -> Point:
     return Point(Plan(dims=ParallelDims(tp=tp)), 1.0 / tok, tok, mem)

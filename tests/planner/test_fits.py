@@ -1,6 +1,6 @@
 """What "fits" means, one definition for estimate, plan and validate (cost/device_memory.py): the
-device peak (reserved + CUDA context + NCCL buffers) within the GPU's memory; the search compares
-reserved peaks with the memory less the most any plan holds outside the allocator. Golden numbers
+device peak (reserved + CUDA context + NCCL buffers) within the GPU's memory; the search ranks
+plans on that same figure (fit_bytes) and compares it with the memory itself. Golden numbers
 worked by hand."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import pytest
 
 from meshplan.cost import PlanArrays, estimate
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.device_memory import (FITS_BASIS, MemoryBasis, device_fits, outside_allocator_bound_bytes,
-                                         reserved_limit_bytes)
+from meshplan.cost.device_memory import FITS_BASIS, MemoryBasis, device_fits, fit_bytes
 from meshplan.plan import ParallelDims, Plan, Recompute
-from meshplan.search.planner import reserved_budget_bytes, search
+from meshplan.search.planner import fit_budget_bytes, search
 from meshplan.spec.cluster import GIB, system_preset
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
@@ -30,12 +29,15 @@ def with_memory(cluster, memory_gib: float):
     return dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, memory_gib=memory_gib))
 
 
-def test_bound_and_limit_by_hand():
+def test_fit_bytes_by_hand():
     calib = Calibration()
-    # context 0.27 GiB + 6 axes x 16 channels x 2 peers x 4 MiB (128 MiB per communicator) = 0.27 GiB + 768 MiB
-    assert outside_allocator_bound_bytes(calib) == pytest.approx(0.27 * GIB + 768 * MIB)
-    assert reserved_limit_bytes(80 * GIB, calib) == pytest.approx(80 * GIB - 0.27 * GIB - 768 * MIB)
-    assert reserved_limit_bytes(0.5 * GIB, calib) == 0.0  # less than the context and buffers: nothing fits
+    # tp 8, pp 4, dp_shard 2: three communicators of 16 channels x 2 peers x 4 MiB (128 MiB each)
+    arrays = PlanArrays.from_plans([PLAN.with_defaults(MODEL)])
+    got = fit_bytes(40 * GIB, 4 * GIB, arrays, calib)[0]
+    assert got == pytest.approx(40 * GIB + 0.27 * GIB + 3 * 128 * MIB)  # the reserved peak held
+    expandable = calib.replace_fields(allocator_expandable_segments=True)
+    got = fit_bytes(40 * GIB, 4 * GIB, arrays, expandable)[0]
+    assert got == pytest.approx(36 * GIB + 0.27 * GIB + 3 * 128 * MIB)  # the allocated peak held
     assert FITS_BASIS == MemoryBasis.DEVICE
 
 
@@ -61,13 +63,13 @@ def test_search_keeps_only_plans_that_estimate_calls_fitting():
     cluster = with_memory(system_preset("dgx-h100", 1), 30.0)
     train = TrainingSpec(seq_len=2048, global_batch=16, precision="bf16")
     res = search(MODEL, cluster, train, calib=calib)
-    assert res.budget_bytes == pytest.approx(reserved_budget_bytes(cluster, calib))
-    assert res.budget_bytes == pytest.approx(30 * GIB - outside_allocator_bound_bytes(calib))
+    assert res.budget_bytes == fit_budget_bytes(cluster) == 30 * GIB
     assert res.fitting, "a 8B model fits 8 x 30 GiB"
     for p in res.fitting:
         est = estimate(MODEL, cluster, train, p.plan, calib)
         assert est.fits, p.plan.notation()
         assert est.peak_device_gib * GIB <= 30 * GIB
+        assert p.peak_memory_bytes == pytest.approx(est.fit_memory_gib * GIB, rel=1e-9)
     # a smaller budget (--memory-gib) is a device total too
     small = search(MODEL, cluster, train, calib=calib, budget_bytes=20 * GIB)
-    assert small.budget_bytes == pytest.approx(20 * GIB - outside_allocator_bound_bytes(calib))
+    assert small.budget_bytes == 20 * GIB

@@ -48,3 +48,24 @@ def test_gib_has_one_definition():
                   if isinstance(node, ast.Assign) and any(getattr(t, "id", "").upper() in ("GIB", "BYTES_PER_GIB")
                                                           for t in node.targets))
     assert [d.split(":")[0] for d in defs] == ["spec/cluster.py"], defs
+
+
+def test_shipped_files_are_read_through_one_loader():
+    """A data file shipped in the package is found and read by meshplan/shipped.py only: no other
+    module imports importlib.resources (session 8; calib/recipes.py and eleven more read their own)."""
+    readers = sorted(f"{p.relative_to(SRC)}:{node.lineno}" for p in SRC.rglob("*.py")
+                     for node in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(node, (ast.Import, ast.ImportFrom))
+                     and ("importlib.resources" in [a.name for a in node.names] if isinstance(node, ast.Import)
+                          else node.module == "importlib" and "resources" in [a.name for a in node.names]
+                          or node.module == "importlib.resources"))
+    assert [r.split(":")[0] for r in readers] == ["shipped.py"], readers
+
+
+def test_the_search_completes_its_plans_in_one_place():
+    """Every frontier plan of the search is completed by one ``with_defaults`` call (session 7's
+    review found five, one per kind of plan, and the uneven splits' own copy of its zero-recompute
+    rule)."""
+    tree = ast.parse((SRC / "search" / "planner.py").read_text())
+    calls = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "with_defaults"]
+    assert len(calls) == 1, calls

@@ -144,7 +144,7 @@ def test_score_splits_matches_estimate_with_dense_first_layers_and_mtp():
         layers, rec = chunk_split(n[j], r[j], int(space.vpp[i]))
         est = estimate(m, cluster, training, space.plan(int(i), layers, rec))
         assert got.step_time_s[j] == pytest.approx(est.step_time_s, rel=1e-12)
-        assert got.peak_memory_bytes[j] == pytest.approx(est.peak_memory_gib * 2**30, rel=1e-12)
+        assert got.peak_memory_bytes[j] == pytest.approx(est.fit_memory_gib * 2**30, rel=1e-12)
 
 
 def test_stage_table_time_is_exact_with_dense_first_layers():

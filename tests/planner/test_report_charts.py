@@ -136,3 +136,27 @@ def test_long_step_elides_the_steady_state():
     assert w > 600 and _not_blank(png)
     short = simulate([StageTimes(1, 2)] * 4, 4, 1, 8, Schedule.ONE_F_ONE_B)
     assert elided_window(type(step)(timeline=short, tail_s=0.0)) is None
+
+
+@pytest.mark.parametrize("pp", [1, 2, 8])
+def test_timeline_legend_never_covers_the_axis_labels(pp):
+    """The legend, the axis label and the tick labels lie in separate bands at any number of
+    ranks (a one-rank chart once drew its legend over "seconds into the step")."""
+    import matplotlib.pyplot as plt
+
+    from meshplan.report.timeline import StepTimeline, timeline_figure
+
+    tl = simulate([StageTimes(1, 2)] * pp, pp, 1, 64, Schedule.ONE_F_ONE_B)
+    fig = timeline_figure(StepTimeline(timeline=tl, tail_s=1.0))
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legend = fig.legends[0].get_window_extent(renderer)
+        for ax in fig.axes:
+            label = ax.xaxis.label.get_window_extent(renderer)
+            assert legend.y1 <= label.y0, (pp, legend, label)
+            assert label.y1 <= ax.get_window_extent(renderer).y0
+        title = fig.texts[0].get_window_extent(renderer)
+        assert title.y0 >= max(a.get_window_extent(renderer).y1 for a in fig.axes)
+    finally:
+        plt.close(fig)

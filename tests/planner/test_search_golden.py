@@ -5,7 +5,10 @@ change to the search's or the cost model's internals that moves any frontier poi
 the recommendation fails here. The jobs stay inside one NVLink domain and use the code's default
 ``Calibration()`` (not the fitted presets), so that a refit or a change to cross-node
 collectives leaves them alone. Set MESHPLAN_UPDATE_GOLDEN=1 to rewrite them after a deliberate
-change to the cost model (then say why in the commit).
+change to the cost model (then say why in the commit). Rewritten by branch membudget (round 3):
+the frontier's memory is the device peak "fits" reads (reserved + CUDA context + NCCL buffers,
+cost.device_memory.fit_bytes), so plans with fewer communicators moved down and some points were
+replaced; every recommendation is the same.
 """
 
 import json

@@ -55,13 +55,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
+from meshplan.shipped import shipped_path
 from meshplan.spec.training import MoeDispatcher, Recipe
 from meshplan.textfile import csv_records, read_text_file
 
@@ -242,7 +242,7 @@ def load_recipes(path: str | Path) -> Mapping[RecipeKey, BridgeRecipe]:
 @lru_cache(maxsize=1)
 def shipped_recipes() -> Mapping[RecipeKey, BridgeRecipe]:
     """The presets shipped with meshplan (read once)."""
-    return load_recipes(Path(str(resources.files("meshplan.data").joinpath(SHIPPED))))
+    return load_recipes(shipped_path("meshplan.data", SHIPPED))
 
 
 # ---- applying --------------------------------------------------------------------------------

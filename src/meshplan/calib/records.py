@@ -11,26 +11,28 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshplan.calib.fit import MEMORY_GRID, TIME_GRID, FitResult
+from meshplan.calib.fit import FIT_RESTARTS, FIT_ROUNDS, MEMORY_GRID, TIME_GRID, FitResult
+from meshplan.calib.fit_search import FIT_SEED
 from meshplan.cost.calibration import FITTED_FILE
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_path
 from meshplan.textfile import check_writable, read_text_file
 
 
 def fitted_file() -> Path:
     """The data file in the installed package (a source checkout: src/meshplan/spec/presets)."""
-    return Path(str(resources.files("meshplan.spec").joinpath(FITTED_FILE)))
+    return shipped_path("meshplan.spec", FITTED_FILE)
 
 
 def record(res: FitResult, runs_name: str, today: str) -> dict[str, Any]:
     fixed = ", ".join(f"{k}={v}" for k, v in sorted(res.settings.items()))
     return {
         "source": f"fitted on {runs_name} ({res.key} rows) by meshplan validate --fit --write-calibration, {today}",
-        "how": (f"coordinate descent over grids (calib/fit.py) minimising the mean absolute log error of "
+        "how": (f"coordinate descent over grids with perturbed restarts (calib/fit.py, calib/fit_search.py: "
+                f"{FIT_ROUNDS} sweeps at most per descent, {FIT_RESTARTS} restarts, seed {FIT_SEED}) minimising the mean absolute log error of "
                 f"throughput over {res.throughput_rows} rows (median error {res.throughput_error_before:.1%} "
                 f"-> {res.throughput_error_after:.1%}) and the mean absolute error of peak memory over "
                 f"{res.memory_rows} rows; "

@@ -116,6 +116,8 @@ def _render(est, model_name: str, clus) -> None:
                  ("peak memory reserved", f"{est.peak_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
                  ("peak memory allocated", f"{est.peak_allocated_gib:.1f} GiB"),
                  ("peak on the device (+ CUDA context, NCCL)", f"{est.peak_device_gib:.1f} GiB"),
+                 ("must fit (held peak + CUDA context, NCCL)",
+                  f"{est.fit_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
                  ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
     if est.plan.offload:

@@ -158,12 +158,6 @@ def plan_cmd(
         except OSError as exc:
             raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
         written = str(out)
-    if plot is not None:
-        from meshplan.report.frontier_plot import plot_frontier
-
-        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}",
-                      recommended=[None if c is None else c.index for c in choices])
-
     comparison = None
     if mine is not None:  # meshplan.report.compare (export helper's module)
         from meshplan.report.compare import compare_job
@@ -171,7 +165,14 @@ def plan_cmd(
         at = next((i for i, r in enumerate(results) if r.num_gpus == mine.cluster.num_gpus), chosen_idx)
         res = results[at]
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
-                                 num_gpus=res.num_gpus, hardware=hardware[at])
+                                 num_gpus=res.num_gpus, hardware=hardware[at],
+                                 recommended=None if choices[at] is None else choices[at].index)
+    if plot is not None:
+        from meshplan.report.frontier_plot import plot_frontier
+
+        plot_frontier(results, plot, title=f"{spec.name}, seq {training.seq_len}, batch {training.global_batch}",
+                      recommended=[None if c is None else c.index for c in choices],
+                      yours=None if comparison is None else comparison.yours)
     data = _data_aware(spec, training, chosen, choices[chosen_idx], chosen_cluster, hardware[chosen_idx])
     if json_out:
         print_json({**_to_json(results, choices, training, written, str(plot) if plot else None),
@@ -184,8 +185,9 @@ def plan_cmd(
         if comparison.attribution is not None:
             from meshplan.report.attribution import attribution_table
 
-            con.print(attribution_table(comparison.attribution, "Why the recommended plan is faster: step time "
-                                        "per term (yours vs recommended)"))
+            theirs = "recommended" if comparison.recommended is not None else "fastest that fits"
+            con.print(attribution_table(comparison.attribution, f"Where the step times differ: step time per term "
+                                        f"(yours vs {theirs})", theirs=theirs))
     for res, cl, choice in zip(results, clusters, choices):
         _print_frontier(con, res, cl, training, top, choice)
     if len(results) > 1:
@@ -247,7 +249,6 @@ def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     leanest = min((p for r in results for p in r.frontier), key=lambda p: p.peak_memory_bytes, default=None)
     budget_gib = results[0].budget_bytes / GIB
     where = (f"--memory-gib {memory_gib:g}" if memory_gib is not None else "the GPU's memory")
-    where += " less the CUDA context and NCCL buffers"
     if leanest is None:
         return f"no plan for {model_name} at all on {results[0].num_gpus} GPUs"
     helps = ["more GPUs (more pipeline/tensor/sharding ways)"]
@@ -256,7 +257,8 @@ def _nothing_fits(results, model_name: str, memory_gib: float | None) -> str:
     helps.append("a shorter sequence or a smaller global batch")
     if leanest.plan.recompute != Recompute.FULL:
         helps.append("full recompute")
-    return (f"no plan fits {budget_gib:.1f} GiB reserved per GPU ({where}); the leanest plan needs "
+    return (f"no plan fits {budget_gib:.1f} GiB per GPU ({where}, with the CUDA context and NCCL buffers); "
+            "the leanest plan needs "
             f"{leanest.peak_memory_gib:.1f} GiB ({leanest.plan.notation()} on {leanest.num_gpus} GPUs). "
             f"What would help: {', '.join(helps)}")
 
@@ -313,7 +315,7 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int,
     title = (f"Pareto frontier: {res.num_gpus} x {cl.gpu.name}, budget {res.budget_bytes / GIB:.1f} GiB/GPU "
              f"({len(res.frontier)} plans; {res.plans_evaluated:,} evaluated in {res.elapsed_s:.2f} s)")
     t = Table(title=title)
-    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "mem GiB", "plan"):
+    for col in ("#", "", "step s", "tok/s/GPU", "MFU", "GiB to fit", "plan"):
         t.add_column(col, justify="left" if col in ("", "plan") else "right")
     rows = list(enumerate(res.frontier))
     if top and len(rows) > top:

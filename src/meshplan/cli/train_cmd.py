@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,6 +17,7 @@ from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
 from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S
+from meshplan.shipped import shipped_path
 from meshplan.spec.model import parse_overrides
 from meshplan.textfile import check_text_file
 
@@ -32,7 +32,7 @@ def resolve_data(data: str | None, tokenized: bool = False) -> str | None:
     if data is None:
         return None
     if data == SAMPLE_DATA and not Path(data).exists():
-        return str(resources.files("meshplan.data").joinpath("sample.txt"))
+        return str(shipped_path("meshplan.data", "sample.txt"))
     if tokenized and Path(data).is_dir():  # a saved `datasets` directory
         return data
     if tokenized:  # jsonl, parquet (binary) or text, read by the tokenizing loader

@@ -178,6 +178,25 @@ class Calibration:
     """Backward over forward time of the attention core at large S (at equal efficiency): 2.0, the
     FLOP ratio the cost model uses for every op (Narayanan et al. 2021 Sec. 5.1). A hardware
     profile measures it (calib/hwcalib.py: the causal SDPA sweep, forward and backward)."""
+    attention_exp_share: float = 0.40
+    """Share of the fused attention kernel's forward time that waits on the softmax exponentials
+    at attention_exp_reference_per_s (BMM2 waits for the SFUs: NVIDIA blog 'Making Softmax More
+    Efficient with NVIDIA Blackwell Ultra', 2026). Derived: GB300's 2x SFU rate gives ~1.35x fp8
+    forward on DeepSeek-V3's MLA, 1 / (1 - s + s / 2) = 1.35, s = 0.52 at 640 FLOPs per score at
+    the fp8 rate; a bf16 head-dim-128 kernel does 512 FLOPs per score at half that rate (1.6x the
+    MMA time), so 0.52 / (0.48 x 1.6 + 0.52) = 0.40. Used only on GPUs with an SFU rate
+    (GPUSpec.sfu_exp_per_s); a GPU at the reference rate keeps its efficiency unchanged."""
+    attention_backward_exp_share: float = 0.21
+    """The same for the backward kernel, which recomputes one exponential per score (P) but runs
+    2.5x the forward's MMA FLOPs (Dao 2023, Algorithm 2): 0.52 / (2.5 x 0.48 x 1.6 + 0.52)."""
+    attention_exp_reference_per_s: float = 5e12
+    """SFU rate at which the attention efficiencies that apply to SFU-rated GPUs were measured:
+    B200's 5 TeraExponentials/s (FlashAttention-4 and cuDNN on B200, attention_kernels.json;
+    blackwell/megatron's fitted record on B200 / GB200 rows)."""
+    attention_exp_reference_head_dim: float = 128.0
+    """Head dim at which attention_exp_share and attention_backward_exp_share hold (the bf16
+    head-dim-128 kernel of their derivation): the exponentials per MMA FLOP scale as its ratio to
+    the layer's head dim (GPT-OSS's 64: twice the share of exponentials per score's MMA)."""
     attention_backward_half_seq: float = 128.0
     """The backward kernel's own sequence falloff, as attention_half_seq (the same FlashAttention-3
     figure by default: the backward then costs attention_backward_ratio x the forward at every S)."""
@@ -541,6 +560,9 @@ class Calibration:
             if not isinstance(v, (int, float)) or v < 0:
                 raise MeshplanError(f"calibration {f.name} must be a non-negative number, got {v!r}")
         check_kernel(self.attention_kernel)
+        for share in ("attention_exp_share", "attention_backward_exp_share"):
+            if getattr(self, share) > 1:
+                raise MeshplanError(f"calibration {share} must be a share in [0, 1], got {getattr(self, share)!r}")
         if self.fp8_matmul_factor <= 0 or self.fp4_matmul_factor <= 0:
             raise MeshplanError("calibration fp8_matmul_factor and fp4_matmul_factor must be > 0")
         if self.moe_routing_imbalance < 1:

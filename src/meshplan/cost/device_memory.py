@@ -18,11 +18,11 @@ GPU when its *device* peak, the figure the GPU must hold, is at most the GPU's m
 leaves no room for the CUDA context and NCCL's buffers. Under expandable segments the allocator
 gives its reserve back before it fails an allocation, so there the device peak that must fit
 counts the allocated peak, not the reserved (:func:`held_peak_bytes`); the reserved peak, the
-figure a run logs, is the same either way. The search compares the reserved peaks of
-many plans with one limit, :func:`reserved_limit_bytes`: the memory less the most any plan holds
-outside the allocator (:func:`outside_allocator_bound_bytes`), so that every plan the search keeps
-is one ``estimate`` calls fitting. Arrays over plans (``PlanArrays``), as the rest of the
-vectorised cost model, so that a fit scores many rows at once.
+figure a run logs, is the same either way. The search ranks plans on that same figure
+(:func:`fit_bytes`: a rank's held peak + what lies outside the allocator) and compares it with the
+memory itself, so that the plans it keeps are exactly the ones ``estimate`` calls fitting, under
+either allocator setting. Arrays over plans (``PlanArrays``), as the rest of the vectorised cost
+model, so that a fit scores many rows at once.
 """
 
 from __future__ import annotations
@@ -81,19 +81,8 @@ def outside_allocator_bytes(plans: PlanArrays, calib: Calibration) -> np.ndarray
     return calib.cuda_context_gib * GIB + nccl_buffer_bytes(plans, calib)
 
 
-NCCL_AXES = 6
-"""Parallel axes that can each hold a communicator (:func:`nccl_communicators`: tensor, context,
-sharded data, replicated data, expert, pipeline)."""
-
 FITS_BASIS = MemoryBasis.DEVICE
 """The peak ``fits`` compares with the GPU's memory (module docstring)."""
-
-
-def outside_allocator_bound_bytes(calib: Calibration) -> float:
-    """The most :func:`outside_allocator_bytes` reaches on any plan: the CUDA context and a
-    communicator on every parallel axis."""
-    per_communicator = calib.nccl_channels * calib.nccl_peers_per_channel * calib.nccl_buffer_bytes
-    return calib.cuda_context_gib * GIB + NCCL_AXES * per_communicator
 
 
 def held_peak_bytes(reserved_bytes, allocated_bytes, calib: Calibration):
@@ -111,12 +100,20 @@ def device_fits(held_bytes, plans: PlanArrays, calib: Calibration, memory_bytes:
     return held_bytes + outside_allocator_bytes(plans, calib) <= memory_bytes
 
 
-def reserved_limit_bytes(memory_bytes: float, calib: Calibration) -> float:
-    """The reserved peak any plan may reach and still fit ``memory_bytes`` of device memory (the
-    search's limit): ``memory_bytes`` less :func:`outside_allocator_bound_bytes`. A plan within it
-    passes :func:`device_fits`; one with fewer communicators may fit a little above it, and so may
-    one under expandable segments, which holds its allocated peak only."""
-    return max(memory_bytes - outside_allocator_bound_bytes(calib), 0.0)
+def held_fragmentation(calib: Calibration) -> float:
+    """The allocator's reserve a plan must hold, per byte it allocates (cost.memory.rank_other's
+    reserve): ``allocator_fragmentation``, none under expandable segments (:func:`held_peak_bytes`)."""
+    return 0.0 if calib.allocator_expandable_segments else calib.allocator_fragmentation
+
+
+def fit_bytes(reserved_bytes, reserve_bytes, plans: PlanArrays, calib: Calibration):
+    """The device peak "fits" compares with the GPU's memory, of a rank whose reserved peak is
+    ``reserved_bytes``, ``reserve_bytes`` of it the allocator's reserve: its held peak
+    (:func:`held_peak_bytes`) + what lies outside the allocator. What the search ranks plans on: a
+    plan fits ``memory_bytes`` exactly when its ranks' largest ``fit_bytes`` is within it
+    (:func:`device_fits`)."""
+    held = held_peak_bytes(reserved_bytes, reserved_bytes - reserve_bytes, calib)
+    return held + outside_allocator_bytes(plans, calib)
 
 
 def predicted_bytes(basis: MemoryBasis, *, allocated_bytes, reserved_bytes, plans: PlanArrays,

@@ -100,6 +100,21 @@ def attention_core_efficiency(calib: Calibration, head_dim: float, kv_len, causa
             * kv_len / (kv_len + half_seq) * aligned)
 
 
+def attention_exp_factor(calib: Calibration, sfu_exp_per_s: float, head_dim: float, backward: bool = False):
+    """The attention core's time on a GPU of SFU rate ``sfu_exp_per_s`` at ``head_dim`` over its
+    time at Calibration.attention_exp_reference_per_s and head dim 128. A kernel computes one
+    exponential per score (P = exp(S - m)) and 4 x head_dim FLOPs of MMA per score (QK^T, PV:
+    Dao 2023 Algorithm 1), so the exponentials' time over the MMA's, s / (1 - s) at the reference,
+    scales with 128 / head_dim and with reference / rate: 1 - s + s x (128 / head_dim) x
+    (reference / rate) (NVIDIA blog 'Making Softmax More Efficient with NVIDIA Blackwell Ultra',
+    2026: BMM2 waits for the SFUs). 1 where either rate is unknown (0)."""
+    if sfu_exp_per_s <= 0 or calib.attention_exp_reference_per_s <= 0:
+        return 1.0
+    share = calib.attention_backward_exp_share if backward else calib.attention_exp_share
+    per_score = calib.attention_exp_reference_head_dim / head_dim  # exps per MMA FLOP, relative
+    return 1.0 - share + share * per_score * calib.attention_exp_reference_per_s / sfu_exp_per_s
+
+
 def attention_half_seq(calib: Calibration, causal: bool, backward: bool = False) -> float:
     """KV length at which the forward (backward) attention kernel reaches half its efficiency."""
     if backward:
@@ -153,8 +168,10 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
     if calib.fused_attention:
         # KV length of one kernel call: ring CP runs c blocks of S/c keys, Ulysses the whole S
         kv_len = np.where(is_ring & (c > 1), np.minimum(s_eff, S / c), s_eff)
-        t_core = core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
-        t_bwd = calib.attention_backward_ratio * (
+        sfu = cluster.gpu.sfu_exp_per_s
+        t_core = (core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
+                  * attention_exp_factor(calib, sfu, head_dim))
+        t_bwd = calib.attention_backward_ratio * attention_exp_factor(calib, sfu, head_dim, backward=True) * (
             core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal, backward=True)))
         softmax_bytes, score_bytes = 0.0, 0.0
     else:  # two batched GEMMs over the full s x s scores + a softmax pass (Megatron masks, not skips)

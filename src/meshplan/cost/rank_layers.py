@@ -20,7 +20,6 @@ stack, as they interleave.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +31,7 @@ from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, state_b
 from meshplan.cost.precision import op_rates
 from meshplan.cost.pipeline import rank_of_layer_even
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.layers import layer_kind, mtp_kind
+from meshplan.spec.layers import layer_kind_counts, mtp_kind
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -76,16 +75,12 @@ def stack_layers(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     d = lead_layers(model)
     lead = None
     if d:
-        lead = layer_cost(model, cluster, training, plans, calib, _counts(model, range(d)))
-        rest = layer_cost(model, cluster, training, plans, calib, _counts(model, range(d, model.num_layers)))
+        lead = layer_cost(model, cluster, training, plans, calib, layer_kind_counts(model, 0, d))
+        rest = layer_cost(model, cluster, training, plans, calib, layer_kind_counts(model, d))
     else:
         rest = layer_cost(model, cluster, training, plans, calib)
     mtp = _mtp_cost(model, cluster, training, plans, calib) if model.mtp_num_layers else None
     return StackLayers(lead_layers=d, lead=lead, rest=rest, mtp=mtp)
-
-
-def _counts(model: ModelSpec, layers) -> tuple:
-    return tuple(sorted(Counter(layer_kind(model, i) for i in layers).items()))
 
 
 def _mtp_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, plans: PlanArrays,

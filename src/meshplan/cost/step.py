@@ -178,6 +178,10 @@ class Estimate:
     peak_device_gib: float = 0.0
     """What the GPU has in use at the peak (nvidia-smi): the peak reserved plus the CUDA context
     and NCCL's buffers, outside the caching allocator (cost/device_memory.py)."""
+    fit_memory_gib: float = 0.0
+    """The device peak ``fits`` compares with ``gpu_memory_gib``: the held peak (reserved, or
+    allocated under expandable segments) plus the CUDA context and NCCL's buffers
+    (cost.device_memory.fit_bytes); the search's ``peak_memory_bytes`` of the same plan."""
     host_memory_gib: float = 0.0
     """Host memory of the GPU whose offloaded tensors take the most."""
     host_memory_budget_gib: float = 0.0
@@ -198,6 +202,7 @@ class Estimate:
             "peak_reserved_gib": self.peak_memory_gib,
             "peak_allocated_gib": self.peak_allocated_gib,
             "peak_device_gib": self.peak_device_gib,
+            "fit_memory_gib": self.fit_memory_gib,
             "gpu_memory_gib": self.gpu_memory_gib,
             "fits": self.fits,
             "memory_shortfall_gib": self.memory_shortfall_gib,
@@ -295,7 +300,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         fits=bool(batch.fits[0]), memory_shortfall_gib=max(0.0, required_gib - gpu_gib),
         time=time, memory=stages[heavy].memory, stages=tuple(stages),
         peak_allocated_gib=_f(batch.peak_allocated_bytes) / GIB,
-        peak_device_gib=device_gib,
+        peak_device_gib=device_gib, fit_memory_gib=required_gib,
         host_memory_gib=_f(batch.host_memory_bytes) / GIB,
         host_memory_budget_gib=host_budget_bytes(cluster) / GIB if plan.offload else 0.0,
         expert_load=_expert_load(model, training, plan))

@@ -7,10 +7,10 @@ The CSVs travel inside the package (``src/meshplan/data``, package data in pypro
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_path
 
 PUBLISHED_RUNS: dict[str, str] = {
     "calibration": "runs_calibration.csv",
@@ -29,7 +29,7 @@ def runs_csv(name_or_path: str) -> Path:
     if path.is_file():
         return path
     if name_or_path in PUBLISHED_RUNS:
-        return Path(str(resources.files("meshplan.data").joinpath(PUBLISHED_RUNS[name_or_path])))
+        return shipped_path("meshplan.data", PUBLISHED_RUNS[name_or_path])
     if path.is_dir():
         raise MeshplanError(f"{path}: is a directory, expected a runs CSV")
     if path.exists():  # a device or a FIFO: reading it may never end

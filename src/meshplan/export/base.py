@@ -56,3 +56,31 @@ def refuse_recompute_modules(plan, stack: str) -> None:
         raise MeshplanError(f"{stack} cannot recompute module {plan.recompute_modules[0].value!r} (Megatron-Core's "
                             "--recompute-modules): plan selective recompute without --recompute-modules, "
                             "or full, or export to megatron")
+
+
+def refuse_moe_routing(job, stack: str, *, dispatchers: tuple[str, ...], drops_tokens: bool) -> None:
+    """One line when an MoE plan's dispatcher (``TrainingSpec.moe_dispatcher``) is not among those
+    ``stack`` runs, or its capacity factor asks for dropped tokens that ``stack`` cannot drop."""
+    if not job.model.is_moe:
+        return
+    t = job.training
+    if t.moe_dispatcher.value not in dispatchers:
+        raise MeshplanError(f"{stack} dispatches MoE tokens by {' or '.join(dispatchers)}, not "
+                            f"{t.moe_dispatcher.value}: plan with --moe-dispatcher {dispatchers[0]}, "
+                            "or export to megatron")
+    if t.moe_capacity_factor is not None and not drops_tokens:
+        raise MeshplanError(f"{stack}'s MoE is dropless (no expert capacity): the plan drops tokens beyond "
+                            f"capacity {t.moe_capacity_factor:g}; plan dropless (no --moe-capacity-factor), "
+                            "or export to megatron")
+
+
+def refuse_data_schedule(job, stack: str) -> None:
+    """One line when the plan's training runs ByteScale's per-bucket context parallel or balances
+    documents over the data-parallel ranks (``TrainingSpec.cp_buckets``, ``doc_balance``): the
+    meshplan runtime's data loader does both, and no exported stack's config has either."""
+    t = job.training
+    if t.cp_buckets:
+        raise MeshplanError(f"{stack} has no per-bucket context parallel (--cp-buckets): plan with --no-cp-buckets")
+    if t.doc_balance.value != "stream":
+        raise MeshplanError(f"{stack} feeds documents in data order: plan with --doc-balance stream, not "
+                            f"{t.doc_balance.value}")

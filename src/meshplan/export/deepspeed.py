@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import (Export, ExportTarget, refuse_expert_placement, refuse_recompute_modules,
-                                  uniform_recompute)
+from meshplan.export.base import (Export, ExportTarget, refuse_data_schedule, refuse_expert_placement,
+                                  refuse_moe_routing, refuse_recompute_modules, uniform_recompute)
 from meshplan.export.osdp import persistence_config
 from meshplan.plan import Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision
@@ -74,8 +74,14 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
         )
     if d.etp and d.etp != d.tp:
         raise MeshplanError("DeepSpeed-MoE has no expert tensor parallel of its own (etp must equal tp)")
-    if d.ep > 1:
-        warnings.append(f"expert parallel is set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep})")
+    # deepspeed/moe/layer.py@639460a: MoE(..., ep_size=1, capacity_factor=1.0, drop_tokens=True):
+    # tokens move by all-to-all (sharded_moe.py), padded to capacity where they are dropped
+    refuse_moe_routing(job, "DeepSpeed-MoE", dispatchers=("alltoall",), drops_tokens=True)
+    refuse_data_schedule(job, "DeepSpeed")
+    if job.model.is_moe:
+        cf = t.moe_capacity_factor
+        routing = "drop_tokens=False" if cf is None else f"capacity_factor={cf:g}, drop_tokens=True"
+        warnings.append(f"MoE layers are set in code: deepspeed.moe.layer.MoE(..., ep_size={d.ep}, {routing})")
     refuse_recompute_modules(plan, "DeepSpeed")
     if plan.recompute == Recompute.SELECTIVE:
         raise MeshplanError("DeepSpeed checkpoints whole layers; selective (attention-core) "

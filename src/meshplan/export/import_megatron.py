@@ -15,7 +15,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
                            data_parallel_degree, parse_layout)
 from meshplan.spec.model import ModelSpec, Norm, Position
-from meshplan.spec.training import Precision, TrainingSpec
+from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,11 @@ def _parser() -> argparse.ArgumentParser:
                  "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                  "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
-                 "--optimizer-cpu-offload", "--cpu-offloading"):
+                 "--optimizer-cpu-offload", "--cpu-offloading", "--moe-enable-deepep",
+                 "--moe-pad-expert-input-to-capacity"):
         add(name, action="store_true")
+    add("--moe-token-dispatcher-type", choices=[d.value for d in MoeDispatcher], default=None)
+    add("--moe-expert-capacity-factor", type=float, default=None)
     add("--optimizer-offload-fraction", type=float, default=None)
     add("--recompute-granularity", choices=["full", "selective"], default=None)
     add("--recompute-method", choices=["uniform", "block"], default=None)
@@ -324,7 +327,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
-                            recipe=recipe)
+                            recipe=recipe, **_moe_fields(a))
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
         dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),
@@ -345,6 +348,20 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+
+
+def _moe_fields(a) -> dict[str, object]:
+    """The dispatcher and capacity factor, where the arguments give them (else meshplan's defaults);
+    a capacity without padding to it is not what the cost model prices (cost/layer.py)."""
+    out: dict[str, object] = {}
+    if a.moe_token_dispatcher_type is not None:
+        out["moe_dispatcher"] = MoeDispatcher(a.moe_token_dispatcher_type)
+    if a.moe_expert_capacity_factor is not None:
+        if not a.moe_pad_expert_input_to_capacity:
+            raise MeshplanError("--moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity: "
+                                "meshplan prices token-drop MoE padded to capacity; add it")
+        out["moe_capacity_factor"] = a.moe_expert_capacity_factor
+    return out
 
 
 def _modules(a) -> tuple[RecomputeModule, ...]:

@@ -9,12 +9,12 @@ argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import Export, ExportTarget, refuse_expert_placement, uniform_recompute
+from meshplan.export.base import Export, ExportTarget, refuse_data_schedule, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.launch_env import env_assignments
-from meshplan.plan import CPMethod, Job, Offload, Recompute, RecomputeModule, Schedule, format_layout
+from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule, format_layout
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
-from meshplan.spec.training import Precision, Recipe, TrainingSpec
+from meshplan.spec.training import MoeDispatcher, Precision, Recipe, TrainingSpec
 
 _PRECISION_FLAGS = {
     Precision.BF16: ["--bf16"],
@@ -41,6 +41,25 @@ def _precision_args(t: TrainingSpec) -> list[str]:
         raise MeshplanError(f"Megatron-Core has no {t.recipe.value} recipe (it runs "
                             f"{', '.join(r.value for r in _RECIPE_FLAGS)}); choose one of those")
     return _PRECISION_FLAGS[t.precision] + (_RECIPE_FLAGS[t.recipe] if t.recipe else [])
+
+
+def _moe_args(m: ModelSpec, t: TrainingSpec) -> list[list[str]]:
+    """How an MoE layer runs its experts, moves and drops tokens (megatron/training/
+    arguments.py@000c4ac, _add_moe_args). The dispatcher is always written: Megatron-LM's default
+    is allgather, the plan's is its own. A capacity factor is written with
+    --moe-pad-expert-input-to-capacity, as the cost model reads it (fixed-size expert inputs, no
+    host sync: cost/layer.py)."""
+    if not m.is_moe:
+        return []
+    # the experts as grouped GEMMs (TEGroupedMLP), as the cost model prices them
+    # (Calibration.moe_grouped_gemm_*); Megatron-LM's default is one GEMM per local expert
+    out = [["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", t.moe_dispatcher.value]]
+    if t.moe_dispatcher == MoeDispatcher.FLEX:  # "Only works with flex token dispatcher" (its help)
+        out.append(["--moe-enable-deepep"])
+    if t.moe_capacity_factor is not None:
+        out += [["--moe-expert-capacity-factor", str(float(t.moe_capacity_factor))],
+                ["--moe-pad-expert-input-to-capacity"]]
+    return out
 
 
 def _model_args(m: ModelSpec, seq_len: int, warnings: list[str]) -> list[list[str]]:
@@ -148,13 +167,10 @@ def _recompute_args(job: Job) -> list[list[str]]:
                 f"{list(plan.recompute_layers)} of {list(plan.stage_layers)} layers per stage"
             )
         if plan.recompute_modules:  # Megatron-Core's default is core_attn alone, the plan's empty set
-            out = [["--recompute-granularity", "selective"],
-                   ["--recompute-modules", *(m.value for m in plan.recompute_modules)]]
-            if RecomputeModule.MOE_ACT in plan.recompute_modules:
-                # TransformerConfig: "moe_act in recompute_modules is only supported with
-                # moe_grouped_gemm" (the experts as grouped GEMMs, as the cost model has them)
-                out.append(["--moe-grouped-gemm"])
-            return out
+            # moe_act needs --moe-grouped-gemm (TransformerConfig: "moe_act in recompute_modules is
+            # only supported with moe_grouped_gemm"), which _moe_args writes for every MoE model
+            return [["--recompute-granularity", "selective"],
+                    ["--recompute-modules", *(m.value for m in plan.recompute_modules)]]
         return [["--recompute-granularity", "selective"]]
     if every:
         # uniform with 1 layer per group: every layer's input kept, every layer recomputed
@@ -215,6 +231,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
     refuse_expert_placement(plan, "Megatron-LM")
+    refuse_data_schedule(job, "Megatron-LM")
     if plan.vocab_parallel:
         raise MeshplanError("Megatron-LM has no vocabulary parallelism over pipeline ranks (Yeung et al. "
                             "2024 is a fork of it); plan without --vocab-parallel")
@@ -223,6 +240,7 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                             f"per operator-group keeps and operator splits ({osdp_notation(plan)}) are not "
                             "expressible: plan without them")
     args += _offload_args(job)
+    args += _moe_args(job.model, t)
     args += _model_args(job.model, t.seq_len, warnings)
     prec = _precision_args(t)
     if prec:

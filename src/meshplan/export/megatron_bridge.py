@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget
-from meshplan.export.megatron import megatron_args
+from meshplan.export.megatron import _model_args, megatron_args
 from meshplan.launch_env import env_assignments
 from meshplan.plan import Job
 from meshplan.spec.model import ModelSpec
@@ -55,6 +55,12 @@ FIELDS = {
     "--optimizer-offload-fraction": "optimizer.optimizer_offload_fraction",
     "--cpu-offloading": "model.cpu_offloading",  # TransformerConfig.cpu_offloading(_num_layers)
     "--cpu-offloading-num-layers": "model.cpu_offloading_num_layers",
+    "--expert-tensor-parallel-size": "model.expert_tensor_parallel_size",
+    "--moe-grouped-gemm": "model.moe_grouped_gemm",
+    "--moe-token-dispatcher-type": "model.moe_token_dispatcher_type",  # TransformerConfig.moe_*
+    "--moe-enable-deepep": "model.moe_enable_deepep",
+    "--moe-expert-capacity-factor": "model.moe_expert_capacity_factor",
+    "--moe-pad-expert-input-to-capacity": "model.moe_pad_expert_input_to_capacity",
 }
 MODULES_FLAG, MODULES_FIELD = "--recompute-modules", "model.recompute_modules"
 """A list flag (nargs='*'): written as a Hydra list; under selective recompute without it,
@@ -76,6 +82,13 @@ ABSENT = {
     "--use-torch-fsdp2": "false",
     "--cpu-offloading": "false",
 }
+MOE_ABSENT = {
+    "--moe-enable-deepep": "false",
+    "--moe-expert-capacity-factor": "null",
+    "--moe-pad-expert-input-to-capacity": "false",
+}
+"""Written for an MoE model when the Megatron-LM export leaves the flag out (dropless, no DeepEP),
+since an MoE recipe may set its own (a token-drop recipe sets a capacity factor)."""
 VPP_FLAG, VPP_FIELD = "--num-layers-per-virtual-pipeline-stage", "model.virtual_pipeline_model_parallel_size"
 DATASET_SEQ_FIELD = "dataset.sequence_length"
 PRECISION_FIELD = "mixed_precision"
@@ -83,6 +96,7 @@ PRECISION_FIELD = "mixed_precision"
 # 'hybrid' is Megatron-LM's default delayed-scaling recipe
 PRECISIONS = {("--bf16",): "bf16_mixed", ("--fp16",): "fp16_mixed",
               ("--bf16", "--fp8-format"): "bf16_with_fp8_delayed_scaling_mixed"}
+PRECISION_FLAGS = ("--bf16", "--fp16", "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe")
 SHAPE_FLAGS = ("--num-layers",)  # the recipe builds the model; only the layer count is needed here
 
 
@@ -92,9 +106,11 @@ def bridge_overrides(job: Job) -> tuple[list[tuple[str, str]], list[str]]:
     words = [w for a in args for w in a]
     flags = {w: (words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true")
              for i, w in enumerate(words) if w.startswith("--")}
+    _refuse_unmapped(job, flags)
+    absent = {**ABSENT, **(MOE_ABSENT if job.model.is_moe else {})}
     out: list[tuple[str, str]] = []
     for flag, field in FIELDS.items():
-        value = flags.get(flag, ABSENT.get(flag))
+        value = flags.get(flag, absent.get(flag))
         if value is not None:
             out.append((field, value))
     if flags.get("--recompute-granularity") == "selective":
@@ -107,12 +123,28 @@ def bridge_overrides(job: Job) -> tuple[list[tuple[str, str]], list[str]]:
     elif "--pipeline-model-parallel-layout" not in flags:
         out.append((VPP_FIELD, "null"))
     out.append((DATASET_SEQ_FIELD, flags["--seq-length"]))
+    if "--fp4-format" in flags or flags.get("--fp8-recipe", "delayed") != "delayed":
+        recipe = flags.get("--fp4-recipe", flags.get("--fp8-recipe"))
+        raise MeshplanError(f"Megatron-Bridge {BRIDGE_VERSION} registers the mixed_precision recipes "
+                            f"{', '.join(PRECISIONS.values())} (training/mixed_precision.py), none for "
+                            f"{job.training.precision.value} {recipe}: export to megatron, or plan fp8 delayed")
     key = tuple(f for f in ("--bf16", "--fp16", "--fp8-format") if f in flags)
     if key:
         out.append((PRECISION_FIELD, PRECISIONS[key]))
     else:
         out.append((PRECISION_FIELD, "null"))  # fp32
     return out, warnings
+
+
+def _refuse_unmapped(job: Job, flags: dict[str, str]) -> None:
+    """Every Megatron-LM argument of the plan has its override here, or is the model's shape (the
+    recipe's) or its precision (a mixed_precision recipe): one the Bridge form would drop is refused."""
+    shape = {a[0] for a in _model_args(job.model, job.training.seq_len, [])}
+    known = {*FIELDS, VPP_FLAG, MODULES_FLAG, *PRECISION_FLAGS, *shape}
+    dropped = sorted(f for f in flags if f not in known)
+    if dropped:
+        raise MeshplanError(f"the plan needs Megatron-LM's {', '.join(dropped)}, which this Megatron-Bridge "
+                            "export has no override for: export to megatron")
 
 
 def _value(v: str) -> str:

@@ -10,8 +10,8 @@ FSDP2 is ZeRO-3 when parameters are resharded after forward and ZeRO-2 when they
 from __future__ import annotations
 
 from meshplan.errors import MeshplanError
-from meshplan.export.base import (Export, ExportTarget, refuse_expert_placement, refuse_recompute_modules,
-                                  uniform_recompute)
+from meshplan.export.base import (Export, ExportTarget, refuse_data_schedule, refuse_expert_placement,
+                                  refuse_moe_routing, refuse_recompute_modules, uniform_recompute)
 from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule
 from meshplan.spec.training import Precision, Recipe
@@ -103,6 +103,10 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
             warnings.append("torchtitan's context parallel is ring attention; 'alltoall' only "
                             "changes how K/V shards rotate (not Ulysses head/sequence all-to-all)")
     par["expert_parallel_degree"] = d.ep
+    # torchtitan/models/moe/moe.py@08dc75a: token-choice MoEArgs with no capacity (dropless grouped
+    # GEMMs); tokens move by all-to-all (DeepEP is a model-args switch, which no override reaches)
+    refuse_moe_routing(job, "torchtitan", dispatchers=("alltoall",), drops_tokens=False)
+    refuse_data_schedule(job, "torchtitan")
     if d.etp and d.etp != d.tp:  # torchtitan's ETP is 1 or the dense tp
         if d.etp != 1:
             raise MeshplanError(f"torchtitan's expert tensor parallel degree is 1 or tp={d.tp}, not {d.etp}")

@@ -46,6 +46,10 @@ FIRST_STAGE_MODULES = ("tok_embeddings",)
 LAST_STAGE_MODULES = ("norm", "lm_head")
 """Module names around the blocks (torchtitan/distributed/pipeline_parallel.py, 0.3.0)."""
 
+MAX_ARG_BYTES = 131072
+"""Longest single word of a command line Linux passes to a program: MAX_ARG_STRLEN = 32 pages
+of 4 KiB (include/uapi/linux/binfmts.h). One stage's module names are one word."""
+
 
 def parse_version(version: str) -> tuple[int, ...]:
     """'0.3.0' -> (0, 3, 0); a version that is not dotted integers is bad input."""
@@ -71,7 +75,14 @@ def uses_command_line(version: str) -> bool:
 
 
 def stage_modules(stage_layers: tuple[int, ...]) -> list[list[str]]:
-    """Module names of every (virtual) stage, in order: embeddings first, norm and head last."""
+    """Module names of every (virtual) stage, in order: embeddings first, norm and head last.
+    A stage whose names cannot be one command-line word (:data:`MAX_ARG_BYTES`) is refused
+    before any name is built (``layers.J,`` is 9 bytes at least)."""
+    widest = max(stage_layers, default=0)
+    if widest * len("layers.0,") > MAX_ARG_BYTES:
+        raise MeshplanError(f"a pipeline stage of {widest} layers: torchtitan's module_fqns_per_model_part "
+                            f"names each, more than one command-line word holds ({MAX_ARG_BYTES} bytes, "
+                            "Linux MAX_ARG_STRLEN); plan more pipeline stages")
     parts, start = [], 0
     for i, n in enumerate(stage_layers):
         names = [f"layers.{j}" for j in range(start, start + n)]

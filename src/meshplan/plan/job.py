@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
 
+_SECTIONS = ("model", "training", "cluster", "plan")
+"""The sections of a plan file, beside its ``meshplan_plan_version``."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
@@ -70,7 +73,11 @@ class Job:
                 f"plan file version {version!r} is not supported (this meshplan reads "
                 f"{', '.join(map(str, READABLE_PLAN_VERSIONS))})"
             )
-        for key in ("model", "training", "cluster", "plan"):
+        unknown = sorted(set(data) - {"meshplan_plan_version", *_SECTIONS})
+        if unknown:
+            raise MeshplanError(f"unknown plan file field(s): {', '.join(map(str, unknown))} (a plan file holds "
+                                f"meshplan_plan_version, {', '.join(_SECTIONS)})")
+        for key in _SECTIONS:
             if key not in data:
                 raise MeshplanError(f"plan file has no '{key}' section")
             if not isinstance(data[key], dict):

@@ -44,6 +44,11 @@ class Attribution:
         """The ``count`` terms with the largest saving (most negative delta) first."""
         return tuple(sorted((t for t in self.terms if t.delta_s < 0), key=lambda t: t.delta_s)[:count])
 
+    def reversed(self) -> "Attribution":
+        """The same gap seen from the other plan (where yours is faster than theirs)."""
+        return Attribution(terms=tuple(TermDelta(t.term, t.theirs_s, t.yours_s) for t in self.terms),
+                           yours_memory_gib=self.theirs_memory_gib, theirs_memory_gib=self.yours_memory_gib)
+
     def explain(self, count: int = 3) -> str:
         """One line: where the other plan gains (e.g. "exposed TP -0.21 s, bubble -0.08 s")."""
         saved = self.largest(count)

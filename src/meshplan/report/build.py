@@ -78,10 +78,10 @@ def build_report(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     yours_est = None
     if yours is not None:
         yours_est = est if pick is None else estimate(model, cluster, training, yours, calib)
-        comparison = compare(yours_est, frontier, budget)
-        if comparison.best is not None:
-            best_est = estimate(model, cluster, training, comparison.best.plan, calib)
-            comparison = replace(comparison, attribution=attribute(yours_est, best_est))
+        comparison = compare(yours_est, frontier, budget, recommended_index)
+        if comparison.target is not None:
+            target_est = estimate(model, cluster, training, comparison.target.plan, calib)
+            comparison = replace(comparison, attribution=attribute(yours_est, target_est))
     job = Job(model=model, training=training, cluster=cluster, plan=plan)
     notes = [f"Search: {result.global_configs:,} global configurations, {result.plans_evaluated:,} "
              f"plans evaluated in {result.elapsed_s:.1f} s."]

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from meshplan.plan import Job
     from meshplan.report.compare import Comparison, CostPoint
 
+TIMELINE_MAX_MICROBATCHES = 256
+"""Most micro-batches per step the timeline draws: each is a labelled bar per stage and pass, and
+drawing them costs ~0.04 s per micro-batch on 4 pipeline ranks (a Llama-3-8B pp4 report: 5.5 s at
+32 micro-batches, 13.6 s at 256, 48 s at 1024, 200 s at 4096; 10^7 hung it; session 8). 256 covers
+the published pipelined runs (GPT-3 175B, Narayanan 2021: 192). Above it the section says so; the
+cost model's step time stands."""
+
 CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2em auto; max-width: 1200px;
        color: #222; padding: 0 1em; }
@@ -98,8 +105,8 @@ def _mfu(p) -> str:
     return "" if mfu is None else f"{mfu:.1%}"
 
 
-def _attribution_table(att) -> str:
-    head = "<tr><th class='l'>term</th><th>yours s</th><th>recommended s</th><th>delta s</th></tr>"
+def _attribution_table(att, theirs: str = "recommended") -> str:
+    head = f"<tr><th class='l'>term</th><th>yours s</th><th>{html.escape(theirs)} s</th><th>delta s</th></tr>"
     body = [f"<tr><td class='l'>{html.escape(d.term)}</td><td>{d.yours_s:.3f}</td><td>{d.theirs_s:.3f}</td>"
             f"<td>{d.delta_s:+.3f}</td></tr>" for d in att.terms if d.yours_s or d.theirs_s]
     body.append(f"<tr class='chosen'><td class='l'>step</td><td>{sum(d.yours_s for d in att.terms):.3f}</td>"
@@ -135,7 +142,8 @@ def _stage_table(est: "Estimate") -> str:
 def render_html(data: ReportInput) -> str:
     job, est = data.job, data.estimate
     m, c, t = job.model, job.cluster, job.training
-    step = step_timeline(est)
+    m_step = est.time.num_microbatches
+    step = step_timeline(est) if m_step <= TIMELINE_MAX_MICROBATCHES else None
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{html.escape(data.title)}</title><style>{CSS}</style></head><body>",
              f"<h1>{html.escape(data.title)}</h1>",
@@ -156,25 +164,34 @@ def render_html(data: ReportInput) -> str:
         parts.append(f'<p class="summary" id="comparison">{html.escape(data.comparison.summary())}</p>')
         if data.comparison.attribution is not None:
             parts.append("<p>Where the step time goes, term by term (the deltas add up to the gap):</p>")
-            parts.append(_attribution_table(data.comparison.attribution))
+            theirs = "recommended" if data.comparison.recommended is not None else "fastest that fits"
+            parts.append(_attribution_table(data.comparison.attribution, theirs))
     if data.frontier:
         parts.append("<h2>Frontier: step time vs peak memory per GPU</h2>")
         if data.frontier_png:
             parts.append(_img(data.frontier_png, "frontier-plot", "frontier plot"))
         budget = "" if data.budget_gib is None else f" Memory budget {data.budget_gib:.1f} GiB per GPU."
-        mine = "" if data.yours is None else " Your plan (&#9670;) is listed where its step time falls."
-        parts.append(f'<p class="muted">Pareto-optimal plans, fastest first; the chosen plan is '
-                     f'highlighted.{mine}{html.escape(budget)}</p>')
+        if data.chosen_index is not None:
+            shown = " The plan charted below is highlighted."
+        else:  # yours is charted: it is off the frontier's rows, marked with its own row
+            shown = " Your plan (&#9670;, charted below) is listed where its step time falls."
+        parts.append(f'<p class="muted">Pareto-optimal plans, fastest first; &#9733; marks the recommended '
+                     f'plan.{shown}{html.escape(budget)}</p>')
         parts.append(_frontier_table(data))
     parts.append("<h2>Memory per GPU by pipeline rank (chosen plan)</h2>")
     parts.append(_img(memory_png(est), "memory-chart", "memory breakdown per pipeline rank"))
     parts.append(_stage_table(est))
     parts.append("<h2>One training step per pipeline rank (chosen plan)</h2>")
-    parts.append(_img(timeline_png(step), "timeline-chart", "step timeline"))
-    parts.append(f'<p class="muted">Simulated step {step.step_s:.3f} s (cost model: {est.step_time_s:.3f} s); '
-                 f"bubble on rank 0: {step.timeline.bubble_s(0):.3f} s. Numbers on bars are micro-batch "
-                 "indices. Per-stage forward/backward times come from the cost model's per-rank "
-                 "times split by layers (backward = 2 x forward, plus recompute).</p>")
+    if step is None:
+        parts.append(f'<p class="muted" id="timeline-left-out">Not drawn: {m_step:,} micro-batches per step, '
+                     f"more than the {TIMELINE_MAX_MICROBATCHES:,} the timeline draws (cost model: "
+                     f"{est.step_time_s:.3f} s per step).</p>")
+    else:
+        parts.append(_img(timeline_png(step), "timeline-chart", "step timeline"))
+        parts.append(f'<p class="muted">Simulated step {step.step_s:.3f} s (cost model: {est.step_time_s:.3f} s); '
+                     f"bubble on rank 0: {step.timeline.bubble_s(0):.3f} s. Numbers on bars are micro-batch "
+                     "indices. Per-stage forward/backward times come from the cost model's per-rank "
+                     "times split by layers (backward = 2 x forward, plus recompute).</p>")
     for note in data.notes:
         parts.append(f'<p class="muted">{html.escape(note)}</p>')
     parts.append("</body></html>")

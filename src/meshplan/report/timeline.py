@@ -80,6 +80,15 @@ again) is cut out of the chart: the warm-up and the cool-down, where the bubble 
 KEPT_MICROBATCHES = 2
 """Micro-batches beyond the pipeline's warm-up kept on each side of an elided steady state."""
 
+RANK_ROW_IN = 0.55
+"""Height of one pipeline rank's row in the chart (inches)."""
+
+LEGEND_MARGIN_IN = 0.95
+"""Below the rows: tick labels, the axis label and the legend (inches, at 7-8 pt)."""
+
+TITLE_MARGIN_IN = 0.4
+"""Above the rows: the title and the elision note (inches)."""
+
 
 def elided_window(step: StepTimeline) -> tuple[float, float] | None:
     """(start, end) seconds of the steady state to leave out of the chart, or None to draw it all:
@@ -122,6 +131,17 @@ def _draw(ax, step: StepTimeline, label_min_s: float) -> None:
 def timeline_png(step: StepTimeline, title: str = "") -> bytes:
     """Gantt chart (one row per pipeline rank) as PNG bytes; a long step's steady state is
     elided (:func:`elided_window`), drawn as two panels with the cut marked."""
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(step, title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def timeline_figure(step: StepTimeline, title: str = ""):
+    """The matplotlib figure :func:`timeline_png` renders (the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,7 +151,9 @@ def timeline_png(step: StepTimeline, title: str = "") -> bytes:
     tl = step.timeline
     end = step.step_s
     cut = elided_window(step)
-    height = 1.0 + 0.55 * tl.pp
+    # margins in inches, so the tick labels, the axis label and the legend below never overlap
+    # whatever the number of ranks (a figure-fraction margin shrinks with a one-rank chart)
+    height = RANK_ROW_IN * max(tl.pp, 1) + LEGEND_MARGIN_IN + TITLE_MARGIN_IN
     if cut is None:
         fig, ax = plt.subplots(figsize=(12, height), dpi=110)
         axes = [ax]
@@ -166,9 +188,6 @@ def timeline_png(step: StepTimeline, title: str = "") -> bytes:
         handles.insert(2, Patch(color=COLORS[OpKind.WEIGHT_GRAD], label="weight gradient (W)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     # room for the legend below and the title above (tight_layout cannot place two shared panels)
-    fig.subplots_adjust(left=0.07, right=0.99, top=0.86, bottom=0.34 if tl.pp < 4 else 0.2,
-                        wspace=0.04)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    fig.subplots_adjust(left=0.07, right=0.99, top=1 - TITLE_MARGIN_IN / height,
+                        bottom=LEGEND_MARGIN_IN / height, wspace=0.04)
+    return fig

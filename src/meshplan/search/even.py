@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.batch import StepPeak, compose_step_peak, even_lead, middle_rank, plan_terms, rank_cost
+from meshplan.cost.batch import StepPeak, even_lead, middle_rank, plan_terms, rank_cost
 from meshplan.cost.rank_layers import StackLayers, needs_rank_mix
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.pipeline import rank_layers_even
 from meshplan.search.frontier import Front, dominated_by
 from meshplan.search.prune import EvenPoints, settle
-from meshplan.search.tables import CostContext, SharedLayerCost, _take_layer
+from meshplan.search.tables import CostContext, SharedLayerCost, _take_layer, fit_step_peak
 
 
 PRUNE_MIN_CONFIGS = 1 << 15
@@ -132,12 +132,11 @@ def even_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost, first_only
     first = rank_cost(**kw, rank=0, layers=l0, recomputed=l0, has_embedding=True, has_head=plans.pp == 1,
                       **even_lead(ctx.model, kw, 0, plans))
     if first_only:
-        return compose_step_peak(ctx.training, plans, [first], ctx.calib)
+        return fit_step_peak(ctx, plans, [first])
     ll = rank_layers_even(L, last, plans.pp, plans.vpp)
     final = rank_cost(**kw, rank=last, layers=ll, recomputed=ll, has_embedding=plans.pp == 1, has_head=True,
                       **even_lead(ctx.model, kw, last, plans))
-    return compose_step_peak(ctx.training, plans, [first, final, *middle_rank(ctx.model, plans, ctx.calib, kw)],
-                             ctx.calib)
+    return fit_step_peak(ctx, plans, [first, final, *middle_rank(ctx.model, plans, ctx.calib, kw)])
 
 
 def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost,
@@ -176,4 +175,4 @@ def balanced_slice(ctx: CostContext, plans: PlanArrays, layer: LayerCost,
     L, one = ctx.model.num_layers, plans.pp == 1
     mean = np.where(one, L, L / plans.pp)
     rank = rank_cost(**kw, rank=0, layers=mean, recomputed=mean, has_embedding=one, has_head=one)
-    return compose_step_peak(ctx.training, plans, [rank], ctx.calib)
+    return fit_step_peak(ctx, plans, [rank])

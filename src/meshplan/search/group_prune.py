@@ -19,9 +19,10 @@ al. 2021 Sec. 2.2: step = m t + bubble):
   embedding / head only add to it. ``m = B / (dp mb)``; the bubble's factor is its least over the
   group's schedules; the tail holds at least the optimizer step (states only). All at the fewest
   layers any of the group's virtual-stage counts puts on the first rank.
-* memory: at least the first rank's weights, gradients and optimizer states, the allocator's
-  reserve on those and on the activations, the communication buckets, the framework's overhead
-  and ZeRO-3's gathered layers (receive buffers, logits and the optimizer step's excess are
+* memory (the device peak "fits" reads, ``cost.device_memory.fit_bytes``): at least the CUDA
+  context and NCCL's buffers, the first rank's weights, gradients and optimizer states, the
+  allocator's reserve on those and on the activations (none held under expandable segments), the
+  communication buckets, the framework's overhead and ZeRO-3's gathered layers (receive buffers, logits and the optimizer step's excess are
   non-negative; the zero-bubble schedule's unsharded gradients and stage only add), and the
   activations of ``min(pp, m)`` micro-batches of the fewest layers under the policy (every
   schedule holds at least that many on the first rank: ``pipeline.in_flight_chunks``) plus the
@@ -45,6 +46,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_FULL, RC_NONE, PlanArrays
 from meshplan.cost.batch import rank_cost
+from meshplan.cost.device_memory import held_fragmentation, outside_allocator_bytes
 from meshplan.cost.pipeline import bubble_time, rank_layers_even
 from meshplan.plan import Recompute
 from meshplan.search.frontier import Front, pareto_indices
@@ -176,9 +178,12 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     states = first.parameters_bytes + first.gradients_bytes + first.optimizer_bytes
     # Of the rest (cost.memory.rank_other): the communication buckets, the framework's overhead,
     # ZeRO-3's gathered layers (depend on no crossed choice but the zero-bubble schedule's, which
-    # keeps more) and the allocator's reserve on the states alone.
-    memory = (states * (1.0 + calib.allocator_fragmentation) + first.gathered_weight_bytes
-              + calib.comm_bucket_bytes + calib.framework_overhead_gib * GIB)
+    # keeps more), the allocator's reserve on the states alone (none held under expandable
+    # segments) and what lies outside the allocator: the device peak "fits" reads
+    # (cost.device_memory.fit_bytes).
+    reserve = 1.0 + held_fragmentation(calib)
+    memory = (states * reserve + first.gathered_weight_bytes + calib.comm_bucket_bytes
+              + calib.framework_overhead_gib * GIB + outside_allocator_bytes(probe, calib))
     tail = first.optimizer_s
 
     # (groups, sizes, choices)
@@ -191,7 +196,7 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     held = np.minimum(groups["pp"][:, None, None].astype(float), m)
     acts = held * fewest[:, None, None] * act_policy[key_of] + np.where(
         policy != RC_NONE, act_none - act_policy, 0.0)[key_of]
-    memory = np.where(legal_mb[:, :, None], memory[:, None, None] + acts * (1.0 + calib.allocator_fragmentation),
+    memory = np.where(legal_mb[:, :, None], memory[:, None, None] + acts * reserve,
                       np.inf)
     return GroupBounds(time_s=time_s, memory_bytes=memory)
 

@@ -25,7 +25,6 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.device_memory import reserved_limit_bytes
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
@@ -65,6 +64,13 @@ data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of
 read off at one or two layers and extrapolated, which can overstate a rank's time by a few
 percent; the margin keeps such configurations in the search."""
 
+SEARCH_MAX_LAYERS = 1024
+"""Deepest main stack the search takes. Its work grows with the layer count more than linearly
+(the stage walk's grids hold every layer count per rank, and interleaving offers up to L / pp
+virtual stages, each scored by a per-chunk loop): Llama-3-8B on 64 H100 searches in ~3 s at
+32 to 2048 layers and 70 s at 4096 (session 8, solid3). 1024 is 8x the deepest published stack
+(Megatron-LM's 1T model, 128 layers, Narayanan et al. 2021 Table 1); ``estimate`` takes any depth."""
+
 STAGE_POINTS_PER_CONFIG = 12
 """Most frontier points walked per configuration by the stage search (fastest first). A global
 frontier point rarely comes from deep in one configuration's staircase (the next configuration
@@ -73,7 +79,9 @@ with more recompute or sharding takes over); tests walk every point to check exa
 
 @dataclass(frozen=True)
 class ScoredPlan:
-    """One frontier point: a plan and its cost under the cost model."""
+    """One frontier point: a plan and its cost under the cost model. ``peak_memory_bytes`` is the
+    device peak "fits" reads (cost.device_memory.fit_bytes: the held peak, the CUDA context and
+    NCCL's buffers), not the reserved peak ``estimate`` reports beside it."""
 
     plan: Plan
     num_gpus: int
@@ -86,6 +94,11 @@ class ScoredPlan:
     def peak_memory_gib(self) -> float:
         return self.peak_memory_bytes / GIB
 
+    @property
+    def fit_memory_gib(self) -> float:
+        """What ``Estimate.fit_memory_gib`` reports for the plan: the frontier's memory figure."""
+        return self.peak_memory_gib
+
     def gpu_hours_per_billion_tokens(self, training: TrainingSpec) -> float:
         return self.num_gpus * self.step_time_s / 3600.0 / (training.tokens_per_step / 1e9)
 
@@ -97,7 +110,7 @@ class SearchResult:
     num_gpus: int
     frontier: tuple[ScoredPlan, ...]
     budget_bytes: float
-    """The reserved peak a plan may reach to fit (:func:`reserved_budget_bytes`): what
+    """The device peak a plan may reach to fit (:func:`fit_budget_bytes`): what
     ``peak_memory_bytes`` is compared with."""
     global_configs: int
     refined_configs: int
@@ -129,12 +142,11 @@ class SearchResult:
         return min((p.peak_memory_bytes for p in self.frontier), default=float("inf"))
 
 
-def reserved_budget_bytes(cluster: ClusterSpec, calib: Calibration, memory_bytes: float | None = None) -> float:
-    """The reserved peak a plan may reach to fit ``memory_bytes`` of GPU memory (default: all of
-    the GPU's), as ``estimate``'s ``fits`` decides it (cost/device_memory.py: the device peak, the
-    CUDA context and NCCL's buffers on top of the reserved, within the memory)."""
-    memory = cluster.gpu.memory_bytes if memory_bytes is None else float(memory_bytes)
-    return reserved_limit_bytes(memory, calib)
+def fit_budget_bytes(cluster: ClusterSpec, memory_bytes: float | None = None) -> float:
+    """The device peak a plan may reach to fit ``memory_bytes`` of GPU memory (default: all of
+    the GPU's): the memory itself, compared with the figure ``estimate``'s ``fits`` reads
+    (cost/device_memory.py: ``fit_bytes``, the held peak and what lies outside the allocator)."""
+    return cluster.gpu.memory_bytes if memory_bytes is None else float(memory_bytes)
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -147,11 +159,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     (:mod:`meshplan.search.prune` drops dominated configurations unscored, ``stage_frontier``
     cuts its grids short; the frontier is the same: tests compare the two); None prunes spaces
     of more than PRUNE_MIN_CONFIGS configurations. ``budget_bytes``: GPU memory per GPU a plan
-    may use (default: the GPU's), turned into the reserved limit :func:`reserved_budget_bytes`."""
+    may use (default: the GPU's, :func:`fit_budget_bytes`). Every memory figure of the search, the
+    frontier's ``peak_memory_bytes`` included, is the device peak ``fits`` reads
+    (cost.device_memory.fit_bytes), so a plan is kept as fitting exactly when ``estimate`` calls
+    it fitting, under either allocator setting."""
     start = time.perf_counter()
     calib = calib or calibration_for(cluster.gpu)
     ctx = CostContext(model, cluster, training, calib)
-    budget = reserved_budget_bytes(cluster, calib, budget_bytes)
+    budget = fit_budget_bytes(cluster, budget_bytes)
     # Uneven splits are searched up to this memory (plans above the GPU memory cannot run; the
     # even-split points above it stay on the frontier for the plot).
     cap = max(budget, cluster.gpu.memory_bytes) if memory_cap_bytes is None else float(memory_cap_bytes)
@@ -159,6 +174,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     num_gpus = cluster.num_gpus
 
     check_model_takes(model, training)
+    if model.num_layers > SEARCH_MAX_LAYERS:
+        raise MeshplanError(f"{model.name} has {model.num_layers} layers: the search takes at most "
+                            f"{SEARCH_MAX_LAYERS} (estimate a plan of a deeper model with `meshplan estimate`)")
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
     groups = enumerate_groups(model, training, num_gpus, options)
     per_group = configurations_per_group(groups, model, training, options)
@@ -229,23 +247,23 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
         if k >= OSDP_KEY_BASE:
-            plan = osdp_space.plan(k - OSDP_KEY_BASE).with_defaults(model)
+            plan = osdp_space.plan(k - OSDP_KEY_BASE)
         elif k >= EXPERT_KEY_BASE:
-            plan = expert_space.plan(k - EXPERT_KEY_BASE).with_defaults(model)
+            plan = expert_space.plan(k - EXPERT_KEY_BASE)
         elif k >= VOCAB_KEY_BASE:
-            plan = vocab_space.plan(k - VOCAB_KEY_BASE).with_defaults(model)
+            plan = vocab_space.plan(k - VOCAB_KEY_BASE)
         elif k >= OFFLOAD_KEY_BASE:
-            plan = off_space.plan(k - OFFLOAD_KEY_BASE).with_defaults(model)
+            plan = off_space.plan(k - OFFLOAD_KEY_BASE)
         elif k < 0:
-            plan = space.plan(-1 - k).with_defaults(model)
+            plan = space.plan(-1 - k)
         else:
             i = int(np.searchsorted(split_start, k, side="right")) - 1
             j = k - int(split_start[i])
             n, r, cfg = splits[i][0][j], splits[i][1][j], int(splits[i][2][j])
-            layers, rec = chunk_split(n, r, int(space.vpp[cfg]))
-            plan = space.plan(cfg, layers, rec)
-            if not any(rec):
-                plan = _without_recompute(plan)
+            plan = space.plan(cfg, *chunk_split(n, r, int(space.vpp[cfg])))
+        # the one place a frontier plan is completed: the even split where none was searched, and
+        # recomputing zero layers written as no recompute (Plan.with_defaults's canonical form)
+        plan = plan.with_defaults(model)
         tok = training.tokens_per_step / t / num_gpus
         scored.append(ScoredPlan(plan=plan, num_gpus=num_gpus, step_time_s=float(t),
                                  peak_memory_bytes=float(m), tokens_per_s_per_gpu=float(tok),
@@ -304,11 +322,7 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, can
     """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
     rows = vocab_rows(candidate, space.pp)
     variants, src = _allowed(vocab_variants(space, rows), rows, options)
-    if len(variants) == 0:
-        return variants, Front.empty(), 0
-    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
-    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
-                              VOCAB_KEY_BASE + np.arange(len(variants))), len(variants)
+    return _even_variants(ctx, variants, _SharedRows(layer, src), VOCAB_KEY_BASE)
 
 
 OSDP_KEY_BASE = 1 << 43
@@ -323,11 +337,18 @@ def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even
     rows = osdp_rows(space.zero, candidate, even.step_time_s, even.peak_memory_bytes, budget,
                      float(fitting.min()) if fitting.size else np.inf)
     variants, src = _allowed(*osdp_variants(ctx.model, ctx.training, space, rows), options)
+    return _even_variants(ctx, variants, _SharedRows(layer, src), OSDP_KEY_BASE)
+
+
+def _even_variants(ctx: CostContext, variants: PlanArrays, layer: _SharedRows,
+                   key_base: int) -> tuple[PlanArrays, Front, int]:
+    """Variants of known configurations under their even split: the variants, their front keyed
+    from ``key_base`` on, and how many were scored."""
     if len(variants) == 0:
         return variants, Front.empty(), 0
-    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, src))
-    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
-                              OSDP_KEY_BASE + np.arange(len(variants))), len(variants)
+    est, _ = _even_estimate(ctx, variants, layer)
+    keys = key_base + np.arange(len(variants))
+    return variants, Front.of(est.step_time_s, est.peak_memory_bytes, keys), len(variants)
 
 
 EXPERT_KEY_BASE = 1 << 42
@@ -366,13 +387,6 @@ class _SharedRows:
 
     def take_stack(self, idx):
         return self.layer.take_stack(self.src[idx])
-
-
-def _without_recompute(plan: Plan) -> Plan:
-    from dataclasses import replace
-
-    return replace(plan, recompute=Recompute.NONE, recompute_layers=tuple(0 for _ in plan.stage_layers),
-                   recompute_modules=())
 
 
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:

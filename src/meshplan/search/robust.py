@@ -23,13 +23,12 @@ The output says why it was chosen over a nominally faster plan.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from meshplan.plan import CPMethod, Plan, Recompute, Schedule
+from meshplan.shipped import shipped_json
 
 if TYPE_CHECKING:
     from meshplan.search.planner import ScoredPlan
@@ -95,8 +94,8 @@ class ModelError:
 
 
 @lru_cache(maxsize=1)
-def _record() -> dict:
-    return json.loads(resources.files("meshplan.data").joinpath("model_error.json").read_text())
+def _record() -> Mapping[str, Any]:
+    return shipped_json("meshplan.data", "model_error.json")
 
 
 def model_error(is_moe: bool, precision: str, gpu_family: str) -> ModelError:

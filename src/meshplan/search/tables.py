@@ -22,6 +22,7 @@ from meshplan.cost.arrays import SCHEDULE_CODES, PlanArrays
 from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.chunk_inflight import layout_chunk_weight
+from meshplan.cost.device_memory import fit_bytes
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.cost.rank_layers import StackLayers, lead_on_ranks, needs_rank_mix, stack_layers
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
@@ -160,7 +161,8 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
                    has_embedding=col(3, bool), has_head=col(4, bool), totals=False, **mix)
     return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C),
                        extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C),
-                       memory_bytes=np.asarray(rc.memory_bytes * np.ones(K * C)).reshape(K, C), lead=d)
+                       memory_bytes=np.asarray(rank_fit_bytes(rc, sp, ctx.calib) * np.ones(K * C)).reshape(K, C),
+                       lead=d)
 
 
 def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
@@ -209,6 +211,27 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
         num_layers=ctx.model.num_layers, chunks=vpp, recompute_jump_bytes=jump)
 
 
+def rank_fit_bytes(rc, plans: PlanArrays, calib: Calibration) -> np.ndarray:
+    """The memory figure the search ranks a rank on: the device peak "fits" compares with the GPU's
+    memory (cost.device_memory.fit_bytes), for the ``RankCost`` ``rc`` of ``plans``."""
+    return fit_bytes(rc.memory_bytes, rc.reserve_bytes, plans, calib)
+
+
+def fit_step_peak(ctx: CostContext, plans: PlanArrays, ranks: list) -> StepPeak:
+    """``compose_step_peak`` of the ranks, with the peak the largest :func:`rank_fit_bytes`:
+    step time and the memory figure the search compares with the GPU's memory."""
+    def most(values):
+        out = np.asarray(values[0])
+        for x in values[1:]:
+            out = np.maximum(out, x)
+        return out
+
+    return compose_maxima(ctx.training, plans, ctx.calib, microbatch_s=most([r.microbatch_s for r in ranks]),
+                          step_extra_s=most([r.step_extra_s for r in ranks]),
+                          memory_bytes=most([rank_fit_bytes(r, plans, ctx.calib) for r in ranks]),
+                          host_bytes=most([r.host_bytes for r in ranks]))
+
+
 def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
                  layer: LayerCost | None = None, stack: StackLayers | None = None) -> StepPeak:
     """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp): what
@@ -228,7 +251,7 @@ def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomp
         return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
 
     return compose_maxima(ctx.training, plans, ctx.calib, microbatch_s=most(rc.microbatch_s),
-                          step_extra_s=most(rc.step_extra_s), memory_bytes=most(rc.memory_bytes),
+                          step_extra_s=most(rc.step_extra_s), memory_bytes=most(rank_fit_bytes(rc, sp, ctx.calib)),
                           host_bytes=most(rc.host_bytes))
 
 

@@ -6,14 +6,13 @@ Face id) and 'llama3 8b' are one key (``alias_key``); the table maps keys to pre
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from typing import Any
+from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_json
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,8 @@ def normalise(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _data() -> dict[str, Any]:
-    return json.loads(resources.files("meshplan.spec").joinpath("presets/model_aliases.json").read_text())
+def _data() -> Mapping[str, Any]:
+    return shipped_json("meshplan.spec", "presets/model_aliases.json")
 
 
 _HF_ORG = re.compile(r"^[\w.\-]+/(?=[\w.\-]+$)")

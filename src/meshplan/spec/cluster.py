@@ -13,12 +13,12 @@ import json
 import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
 from meshplan.numbers import check_count, check_finite
+from meshplan.shipped import shipped_json, shipped_text
 from meshplan.spec.training import Precision, Recipe, TrainingSpec
 from meshplan.textfile import read_text_file
 
@@ -44,6 +44,12 @@ class GPUSpec:
     """The part's scale-up link (NVLink, Infinity Fabric), per GPU, one direction; 0: unknown.
     Systems give the bandwidth a collective sees (``ClusterSpec.intra_node_bandwidth_bytes_per_s``);
     this is the part's own figure, used for a GPU that has no system preset."""
+    sfu_exp_per_s: float = 0.0
+    """Exponentials per second the special function units issue (MUFU.EX2), the rate that bounds
+    an attention kernel's softmax: the datasheets' 'Attention acceleration (SFU EX2)' row (B200 /
+    GB200 5e12, B300 / GB300 10.7e12: Blackwell Ultra doubles the SFU rate, NVIDIA blog 'Inside
+    NVIDIA Blackwell Ultra', 2025). 0: unknown, the attention core is not rescaled
+    (cost/mixers.py attention_exp_factor)."""
     block_scaled_recipes: tuple[str, ...] = ()
     """Block-scaled recipes the tensor cores run natively (``Recipe.block_scaled``: mxfp8,
     nvfp4, mxfp4); empty before Blackwell / CDNA4."""
@@ -280,9 +286,8 @@ def _checked_fields(what: str, data: dict[str, Any], spec: type) -> dict[str, An
 
 
 @lru_cache(maxsize=1)
-def _preset_data() -> dict[str, Any]:
-    text = resources.files("meshplan.spec").joinpath("presets/clusters.json").read_text()
-    return json.loads(text)
+def _preset_data() -> Mapping[str, Any]:
+    return shipped_json("meshplan.spec", "presets/clusters.json")
 
 
 def gpu_names() -> list[str]:
@@ -329,7 +334,7 @@ def cluster_for_gpu(gpu_name: str, *, num_nodes: int = 1, gpus_per_node: int = 8
 
 def example_cluster_yaml() -> str:
     """The commented example cluster file (``meshplan clusters --example``; docs/clusters.md)."""
-    return resources.files("meshplan.spec").joinpath("presets/cluster_example.yaml").read_text()
+    return shipped_text("meshplan.spec", "presets/cluster_example.yaml")
 
 
 def load_cluster_file(path: str | Path) -> ClusterSpec:

@@ -7,14 +7,13 @@ them), so no row is silently a GPT-style fp16 model.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from typing import Any
+from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_json
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.training import Precision, Recipe
 
@@ -66,8 +65,8 @@ class FrameworkDefaults:
 
 
 @lru_cache(maxsize=1)
-def _file() -> dict[str, Any]:
-    return json.loads(resources.files("meshplan.spec").joinpath("presets/frameworks.json").read_text())
+def _file() -> Mapping[str, Any]:
+    return shipped_json("meshplan.spec", "presets/frameworks.json")
 
 
 def _data() -> dict[str, Any]:

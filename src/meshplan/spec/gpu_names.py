@@ -9,14 +9,13 @@ candidates named (a run on a GPU without a preset cannot be estimated: no peak, 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from typing import Any
+from typing import Any, Mapping
 
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_json
 from meshplan.spec.cluster import gpu_names
 
 
@@ -39,8 +38,8 @@ class _Entry:
 
 
 @lru_cache(maxsize=1)
-def _data() -> dict[str, Any]:
-    return json.loads(resources.files("meshplan.spec").joinpath("presets/gpu_aliases.json").read_text())
+def _data() -> Mapping[str, Any]:
+    return shipped_json("meshplan.spec", "presets/gpu_aliases.json")
 
 
 @lru_cache(maxsize=1)

@@ -120,10 +120,52 @@ def mtp_kind(model: ModelSpec) -> LayerKind:
     return LayerKind(Mixer.ATTENTION, Ffn.MOE if model.is_moe else Ffn.DENSE)
 
 
-def layer_kind_counts(model: ModelSpec) -> tuple[tuple[LayerKind, int], ...]:
-    """Distinct kinds of the main stack with how many layers hold each, in a fixed order."""
-    counts = Counter(layer_kind(model, i) for i in range(model.num_layers))
-    return tuple(sorted(counts.items()))
+def layer_kind_counts(model: ModelSpec, start: int = 0, stop: int | None = None
+                      ) -> tuple[tuple[LayerKind, int], ...]:
+    """Distinct kinds of layers ``start`` to ``stop`` (default: the whole main stack) with how many
+    layers hold each, in a fixed order; kinds no layer holds are left out.
+
+    Counted per run of the pattern, not per layer, so a stack of 10^9 layers costs what one of 10
+    does: a plain stack is a dense run then an MoE run (``moe_dense_layers``), each split by the
+    sliding-window period; a hybrid pattern is counted letter by letter with ``str.count``."""
+    stop = model.num_layers if stop is None else stop
+    counts: Counter[LayerKind] = Counter()
+    if model.hybrid_pattern:
+        for letter, (mixer, ffn) in PATTERN_CHARS.items():
+            attention = mixer == Mixer.ATTENTION
+            full = _full_attention_letters(model, letter, start, stop) if attention else 0
+            total = model.hybrid_pattern.count(letter, start, stop)
+            counts[LayerKind(mixer, ffn, attention and bool(model.sliding_window))] += total - full
+            counts[LayerKind(mixer, ffn, False)] += full
+    else:
+        moe_from = model.moe_dense_layers if model.is_moe else stop
+        for ffn, lo, hi in ((Ffn.DENSE, start, min(stop, max(start, moe_from))),
+                            (Ffn.MOE, max(start, moe_from), stop)):
+            full = _full_attention_layers(model, lo, hi) if model.sliding_window else max(hi - lo, 0)
+            counts[LayerKind(Mixer.ATTENTION, ffn, True)] += max(hi - lo, 0) - full
+            counts[LayerKind(Mixer.ATTENTION, ffn, False)] += full
+    return tuple(sorted((kind, n) for kind, n in counts.items() if n > 0))
+
+
+def _full_attention_layers(model: ModelSpec, lo: int, hi: int) -> int:
+    """Layers i in [lo, hi) that keep full attention under a sliding window (is_sliding): those
+    with (i + 1) a multiple of ``full_attention_period``, none without a period."""
+    period = model.full_attention_period
+    if hi <= lo or not period:
+        return 0
+    return hi // period - lo // period
+
+
+def _full_attention_letters(model: ModelSpec, letter: str, lo: int, hi: int) -> int:
+    """Letters ``letter`` at layers i in [lo, hi) of the hybrid pattern that keep full attention
+    (every attention layer without a sliding window; else those with (i + 1) % period == 0)."""
+    if not model.sliding_window:
+        return model.hybrid_pattern.count(letter, lo, hi)
+    period = model.full_attention_period
+    if not period or hi <= lo:
+        return 0
+    first = (lo // period + 1) * period - 1  # the first i >= lo with (i + 1) % period == 0
+    return model.hybrid_pattern[first:hi:period].count(letter)
 
 
 # ---- parameters of each part -------------------------------------------------------------

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from meshplan.errors import MeshplanError
+from meshplan.shipped import shipped_json
 from meshplan.spec.model import ModelSpec
 
 
 @lru_cache(maxsize=1)
 def _model_data() -> dict[str, Any]:
-    text = resources.files("meshplan.spec").joinpath("presets/models.json").read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    return {k: v for k, v in shipped_json("meshplan.spec", "presets/models.json").items() if not k.startswith("_")}
 
 
 def model_names() -> list[str]:

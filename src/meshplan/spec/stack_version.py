@@ -12,13 +12,13 @@ defaults, with no error.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from functools import lru_cache
-from importlib import resources
 from types import MappingProxyType
 from typing import Any
+
+from meshplan.shipped import shipped_json
 
 RELEASES_FILE = "presets/stack_releases.json"
 
@@ -33,7 +33,7 @@ _SOURCE = re.compile(r"(megatron[\s_-]*bridge|nemo(?:[\s_-]*framework)?)\D{0,40}
 
 @lru_cache(maxsize=1)
 def _data() -> Mapping[str, Any]:
-    raw = json.loads(resources.files("meshplan.spec").joinpath(RELEASES_FILE).read_text())
+    raw = shipped_json("meshplan.spec", RELEASES_FILE)
     return MappingProxyType({k: v for k, v in raw.items() if not k.startswith("_")})
 
 

@@ -1,0 +1,57 @@
+"""bench/experts_evidence.py: what the measurements say about a gain of bench_experts (issue 15
+item 5), checked by hand on the shipped CSVs."""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import experts_evidence as ev  # noqa: E402
+
+
+@dataclass(frozen=True)
+class FakeRow:
+    """The fields of bench_experts.Row the helpers read."""
+
+    csv: str
+    row_id: str
+    ratio: float = 2.0
+    term_deltas: dict = field(default_factory=dict)
+
+
+def test_release_is_the_container_for_bridge_rows_and_the_paper_otherwise():
+    assert ev.release("Megatron-Bridge 26.04.01") != ev.release("Megatron-Bridge 26.04")
+    assert ev.release("Korthikanti2022 Table 5 (full recompute)") == ev.release("Korthikanti2022 Table 5 (present work)")
+
+
+def test_unbuilt_sibling_is_the_same_jobs_ptd_p_row():
+    """Narayanan et al. 2021 Table 2: GPT-3 175B on 1536 A100s, ZeRO-3 (row 14) 44 TFLOP/s per GPU,
+    PTD-P (row 20, its layout not given, so the model cannot build it) 141: 141 / 44 = 3.2045."""
+    sib = ev.measured_sibling(FakeRow("calibration", "14"))
+    assert sib is not None and sib.row_id == "20" and sib.model is None and sib.same_release
+    assert sib.measured == pytest.approx(141 / 44)
+    assert "layout not given" in sib.cell()
+
+
+def test_measured_sibling_prefers_the_same_release():
+    """Korthikanti et al. 2022 Table 5, the 22B job on 8 A100s: full recompute (row 24) against
+    selective + sequence parallel (row 25), the same publication: a measured gain."""
+    sib = ev.measured_sibling(FakeRow("calibration", "24"))
+    assert sib is not None and sib.row_id == "25" and sib.same_release and sib.measured > 1.2
+    assert sib.model is not None and sib.model > 1  # the model orders them as measured
+
+
+def test_contradicted_needs_opposite_order_beyond_the_threshold():
+    assert ev.contradicted(ev.Sibling(measured=0.85, row_id="x", model=1.37, same_release=True))
+    assert not ev.contradicted(ev.Sibling(measured=1.3, row_id="x", model=1.4, same_release=True))
+    assert not ev.contradicted(ev.Sibling(measured=0.98, row_id="x", model=1.05, same_release=True))
+    assert not ev.contradicted(ev.Sibling(measured=0.5, row_id="x", model=None, same_release=True))
+
+
+def test_measured_ratio_swaps_in_the_published_runs_measured_step():
+    run = ev._runs_by_id("calibration")["24"]
+    est, measured = ev._steps_of(run)
+    assert measured == pytest.approx(1.42)  # Table 5: 1.42 s per iteration (step_time_s)
+    assert ev.measured_ratio(FakeRow("calibration", "24", ratio=1.5)) == pytest.approx(1.5 * 1.42 / est)
