@@ -167,11 +167,11 @@ def moe_jobs(draw):
     training = TrainingSpec(seq_len=draw(st.sampled_from([2048, 4096])), global_batch=draw(st.sampled_from([32, 128])))
     sets = ((RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
             (RecomputeModule.CORE_ATTN, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM))
-    # osdp=False: with the OSDP pass on, --hypothesis-seed=191065269169500597249773634097286983462
-    # finds a pruned frontier whose OSDP point (pp1 cp8 tp4 ZeRO-3, head_splits 8) differs from the
-    # unpruned one's (3.3124 s vs 3.3138 s, session 8, open: the OSDP pass's rows are a work bound)
+    # OSDP pass on: the mismatch seen in session 8 (an OSDP point, pp1 cp8 tp4 ZeRO-3 head_splits 8,
+    # 3.3124 s pruned vs 3.3138 s full, seed 191065269169500597249773634097286983462) reproduced
+    # on 6a8e6f5 once, not on 1472020 (that seed, and 60 more examples); cause not pinned.
     options = SearchOptions(schedules=tuple(s for s in Schedule if s != Schedule.ZERO_BUBBLE),
-                            recompute_module_sets=draw(st.sampled_from([(), sets])), osdp=False)
+                            recompute_module_sets=draw(st.sampled_from([(), sets])), osdp=True)
     return model, cluster, training, options
 
 
