@@ -49,9 +49,10 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     # a row's stack release selects what its presets run (spec/stack_version.py: full-iteration
     # CUDA graphs and fused grouped MLPs in the 26.06 Qwen3 / DeepSeek-V3 presets); issue 14 aims at 8%;
     # 7.0% when more presets' dispatchers were read (HybridEP / DeepEP) on the fit made before
-    # them, 6.1% / 18.1% after a refit (docs/accuracy.md, session 8): tighten to 0.062 with the refit)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.071
-    assert d["summary"]["throughput_p90_abs_error"] <= 0.29
+    # them; 4.2% / 18.4% after the fit's restarted descent (calib/fit_search.py) refit on all of
+    # session 8's mechanisms (docs/accuracy.md, session 8)
+    assert d["summary"]["throughput_median_abs_error"] <= 0.05
+    assert d["summary"]["throughput_p90_abs_error"] <= 0.20
 
 
 def test_target_replaces_each_rows_stack():
