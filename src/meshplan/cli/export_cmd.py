@@ -105,4 +105,4 @@ def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None, p
                f"{top.plan.notation()} that {target.value} cannot express" if i != res.recommended_index else
                ", the recommended plan"))
     return {"index": i, "plan": point.plan.notation(), "tokens_per_s_per_gpu": point.tokens_per_s_per_gpu,
-            "peak_memory_gib": point.peak_memory_gib, "summary": summary, "export": export}
+            "peak_memory_gib": point.peak_memory_gib, "fit_memory_gib": point.fit_memory_gib, "summary": summary, "export": export}

@@ -267,7 +267,8 @@ def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
     return {
         "plan": p.plan.notation(), "flags": plan_argv(p.plan), "step_time_s": p.step_time_s,
         "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu, "mfu": p.mfu,
-        "peak_memory_gib": p.peak_memory_gib, "fits": p.peak_memory_bytes <= budget_bytes,
+        "peak_memory_gib": p.peak_memory_gib, "fit_memory_gib": p.fit_memory_gib,
+        "fits": p.peak_memory_bytes <= budget_bytes,
         "gpu_hours_per_billion_tokens": p.gpu_hours_per_billion_tokens(training),
         "plan_detail": p.plan.to_dict(),
     }

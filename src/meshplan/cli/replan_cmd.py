@@ -104,7 +104,7 @@ def replan(
             "checkpoint": str(ckpt), "step": meta.step,
             "old": {"num_gpus": meta.world_size, "plan": old.plan.notation()},
             "new": {"num_gpus": gpus, "plan": best.plan.notation(), "step_time_s": best.step_time_s,
-                    "peak_memory_gib": best.peak_memory_gib},
+                    "peak_memory_gib": best.peak_memory_gib, "fit_memory_gib": best.fit_memory_gib},
             "plan_file": str(out), "command": command,
             "skipped_unrunnable": [{"plan": p.notation(), "reason": why} for p, why in skipped],
             "resumes_from_latest": latest == ckpt,
