@@ -21,7 +21,7 @@ def check_runnable(job: Job, text_data: bool = False) -> None:
         raise MeshplanError(f"--data needs vocab_size >= {BYTE_VOCAB} (byte tokenizer), "
                             f"{model.name} has {model.vocab_size}")
     if d.pp > 1:
-        from meshplan.runtime.pipeline_check import stage_layer_keys
+        from meshplan.runtime.pipeline_check import stage_layer_ranges
 
-        stage_layer_keys(plan, model.num_layers)  # the split must cover the model exactly
+        stage_layer_ranges(plan, model.num_layers)  # the split must cover the model exactly
     check_runs(Target.MESHPLAN, model, job.training, plan)  # the rules the search applies too
