@@ -130,7 +130,8 @@ def test_a_hundred_million_layers(tmp_path):
     out = _layout(tmp_path, job)
     assert out["ranks"][1]["stages"][0]["layers"] == f"{10**8 - 6250000}-{10**8 - 1}"
     code, err = assert_clean(["train", "--plan", str(tmp_path / "job.json"), "--dry-run", "--simulate"])
-    assert code == 2 and "--simulate builds every layer's module" in err
+    assert code == 2 and "this runtime builds every layer's module on every rank" in err
+    assert "at most 1,024" in out["runtime_refuses"]
 
 
 @pytest.mark.parametrize("extra, says", [

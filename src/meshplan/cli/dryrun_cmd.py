@@ -22,17 +22,11 @@ MAX_LISTED_RANKS = 4096
 MAX_SIMULATED_RANKS = 16
 """Ranks one ``--simulate`` runs: each takes 2 to 6 minutes on a 2-core CPU (docs/dryrun.md, "Real
 sizes on this CPU": 117 to 371 s per rank), so 16 is already about an hour."""
-MAX_SIMULATED_LAYERS = 1024
-"""Layers ``--simulate`` builds: every rank builds the whole model's module list on the meta device
-before cutting its stage (runtime/pipeline.build_pipeline); the deepest published stacks have a
-few hundred layers, and 10^8 layers never finished."""
 
 
 def check_simulation(job: Job, ranks: list[int]) -> None:
-    """Refuse, before any worker starts, what a simulation could not finish."""
-    if job.model.num_layers > MAX_SIMULATED_LAYERS:
-        raise MeshplanError(f"--simulate builds every layer's module; {job.model.num_layers:,} layers is more than "
-                            f"{MAX_SIMULATED_LAYERS:,} (the layout without --simulate answers at once)")
+    """Refuse, before any worker starts, what a simulation could not finish (the runtime's own
+    limits, support.check_runnable, come first: the layer count among them)."""
     if len(ranks) > MAX_SIMULATED_RANKS:
         raise MeshplanError(f"--simulate runs one process of minutes per rank; {len(ranks):,} ranks is more than "
                             f"{MAX_SIMULATED_RANKS} (name a few with --ranks, e.g. first,last)")

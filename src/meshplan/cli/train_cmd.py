@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
@@ -110,6 +111,8 @@ def train(
         return
     check_runnable(job, text_data=text_data)
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
+    if job.cluster.gpu.name == "cpu" and not under_torchrun():
+        _check_host_memory(job, cluster_profile)
     if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
         raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
     if cluster_profile:  # a bad profile fails now, not after training
@@ -196,7 +199,27 @@ def _check_loop_flags(job: Job, data: str | None, tokenizer: Path | None, eval_e
         raise MeshplanError(f"--weight-decay needs the adamw optimizer, the plan uses {job.training.optimizer.value}")
 
 
-def _is_rank0() -> bool:
-    import os
+def host_memory_bytes() -> int:
+    """This machine's physical memory (POSIX sysconf)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+
+def _check_host_memory(job: Job, cluster_profile: str | None) -> None:
+    """The ranks of a CPU run share this machine's memory: refuse a plan whose ranks together need
+    more than it has (the cost model's peak of each rank's pipeline stage), before any is started."""
+    from meshplan.calib.hardware import resolve_hardware
+    from meshplan.cost import estimate
+
+    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile, "meshplan")
+    est = estimate(job.model, hw.cluster, job.training, job.plan, hw.calib)
+    d = job.plan.dims
+    need = sum(s.memory.total_bytes for s in est.stages) * (d.world_size // d.pp)
+    have = host_memory_bytes()
+    if need > have:
+        raise MeshplanError(f"{job.model.name} on {d.world_size} CPU processes needs about {need / 2**30:,.1f} GiB "
+                            f"(the cost model's peak of each rank) and this machine has {have / 2**30:,.1f} GiB: "
+                            f"plan a smaller model, or check the plan with --dry-run")
+
+
+def _is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
