@@ -74,7 +74,8 @@ def test_full_scale_layout_at_once_and_as_the_cost_model_counts(name, tmp_path):
     layers = sum(s["num_layers"] for r in (first, last) for s in r["stages"])
     assert 0 < layers <= job.model.num_layers
     for r in out["ranks"]:
-        assert r["layout_weight_bytes"] == pytest.approx(r["cost_model_memory"]["parameters_bytes"], rel=1e-9)
+        assert r["layout_weight_bytes"] == pytest.approx(r["cost_model_memory"]["weight_shard_bytes"], rel=1e-9)
+        assert r["cost_model_memory"]["weight_shard_bytes"] == r["cost_model_memory"]["parameters_bytes"]
         assert r["cost_model_memory"]["total_bytes"] > r["cost_model_memory"]["parameters_bytes"] > 0
 
 

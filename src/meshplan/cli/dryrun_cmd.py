@@ -85,7 +85,7 @@ def _render_layout(job: Job, est, builds) -> Group:
     title = (f"meshplan train --dry-run: {job.model.name}  {plan.notation()}  world {plan.dims.world_size:,}  "
              f"(layout: nothing built; --simulate runs the steps)")
     t = Table(title=title)
-    for col in ("rank", "pp", "stages: layers", "params held", "weights GiB layout / model", "grads GiB",
+    for col in ("rank", "pp", "stages: layers", "params held", "weight shards GiB layout / model", "grads GiB",
                 "optimizer GiB", "activations GiB", "other GiB", "reserved GiB", f"reserved vs {est.gpu_memory_gib:.0f} GiB"):
         t.add_column(col, justify="right")
     for b in builds:
@@ -93,7 +93,7 @@ def _render_layout(job: Job, est, builds) -> Group:
         stages = "; ".join(f"{s.stage}: {s.layers_text()}" + ("+E" if s.embedding else "") + ("+H" if s.head else "")
                            + (f"+{s.mtp_modules}mtp" if s.mtp_modules else "") for s in b.stages)
         t.add_row(str(b.rank), str(b.coords["pp"]), stages, f"{b.held_params / 1e9:,.3f} B",
-                  f"{_gib(b.layout_weight_bytes)} / {_gib(m['parameters_bytes'])}", _gib(m["gradients_bytes"]),
+                  f"{_gib(b.layout_weight_bytes)}{' (host)' if b.weights_on_host else ''} / {_gib(m['weight_shard_bytes'])}", _gib(m["gradients_bytes"]),
                   _gib(m["optimizer_bytes"]), _gib(m["activations_bytes"]), _gib(m["other_bytes"]),
                   _gib(m["total_bytes"]), "within" if b.fits else "[red]over[/red]")
     g = Table(title="mesh groups per rank (torch.arange(world).view(pp, dp_replicate, dp_shard, cp, tp))")
@@ -108,7 +108,8 @@ def _render_layout(job: Job, est, builds) -> Group:
            f"CUDA context + NCCL; meshplan estimate's fit_memory_gib) of {est.gpu_memory_gib:.0f}: {verdict}")
     note = ("[dim]E: embedding, H: final norm + head + loss. Memory: the cost model's figure for the rank's "
             "pipeline stage (meshplan estimate --plan); 'weights layout' counts the stage's parameters as the "
-            "runtime splits them (tp, ep x etp, ZeRO-3 over dp_shard x cp).[/dim]")
+            "runtime splits them (tp, ep x etp, ZeRO-3 over dp_shard x cp), next to the model's weights less OSDP's "
+            "groups kept gathered.[/dim]")
     return Group(t, fit, g, note)
 
 

@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 from meshplan.cost import Calibration, estimate
 from meshplan.cost.step import Estimate
-from meshplan.plan import Job, Plan
+from meshplan.plan import Job, Offload, Plan
 from meshplan.plan.choices import MESH_AXIS_ORDER
 from meshplan.runtime.pipeline_check import stage_layer_ranges
 from meshplan.spec.cluster import GIB
 from meshplan.spec.layers import Ffn, kind_params, layer_kind_counts, moe_params, mtp_kind
 from meshplan.spec.model import ModelSpec
 
-EXPERT_AXES = ("pp", "dp_replicate", "edp", "ep", "tp")
-"""Axes of the expert mesh, outermost first (runtime/mesh.build_ep_mesh)."""
+EXPERT_AXES = ("pp", "dp_replicate", "edp", "ep", "etp")
+"""Axes of the expert mesh, outermost first: a stage's dp_shard x cp x tp ranks seen as
+edp x ep x etp (ParallelDims.etp; runtime/mesh.build_ep_mesh, where etp is tp)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class StageBuild:
     embedding: bool
     head: bool
     mtp_modules: int
-    params: int
+    params: float
     """Its parameters, unsharded (embedding, layers, MTP modules, final norm and head)."""
     expert_params: int
     """Of ``params``: the routed experts (split by ep x etp, not tp)."""
@@ -95,8 +96,13 @@ class RankBuild:
     under tp, are counted divided: a few hidden_size vectors per layer)."""
     layout_weight_bytes: float
     """``held_params`` at the calibration's weight bytes per parameter."""
+    weights_on_host: bool
+    """The plan offloads the parameter shards (``Offload.PARAMS``): they live in host memory, and
+    the cost model's device weights are then only what is gathered."""
     model_memory: dict[str, float]
-    """The cost model's breakdown for this rank's pipeline stage, bytes (estimate().stages)."""
+    """The cost model's breakdown for this rank's pipeline stage, bytes (estimate().stages);
+    ``weight_shard_bytes`` is its weights less OSDP's groups kept gathered beyond their shards
+    (``kept_weight_bytes``): the like-for-like figure of ``layout_weight_bytes``."""
     gpu_memory_bytes: float
 
     @property
@@ -107,6 +113,7 @@ class RankBuild:
         return {"rank": self.rank, "world_size": self.world_size, "coords": self.coords,
                 "groups": [g.to_dict() for g in self.groups], "stages": [s.to_dict() for s in self.stages],
                 "held_params": self.held_params, "layout_weight_bytes": self.layout_weight_bytes,
+                "weights_on_host": self.weights_on_host,
                 "cost_model_memory": self.model_memory, "gpu_memory_bytes": self.gpu_memory_bytes,
                 "fits": self.fits}
 
@@ -133,12 +140,14 @@ def _groups(rank: int, names: tuple[str, ...], shape: tuple[int, ...]) -> list[A
 
 
 def rank_groups(plan: Plan, rank: int) -> tuple[AxisGroup, ...]:
-    """The rank's group on every mesh axis, then on the expert mesh's edp and ep when ep > 1."""
+    """The rank's group on every mesh axis, then on the expert mesh's edp and ep (and etp when it
+    is not tp) when ep > 1."""
     d = plan.dims
     groups = _groups(rank, tuple(a.value for a in MESH_AXIS_ORDER), d.mesh_shape)
     if d.ep > 1:
-        shape = (d.pp, d.dp_replicate, d.dp_shard * d.cp // d.ep, d.ep, d.tp)
-        groups += [g for g in _groups(rank, EXPERT_AXES, shape) if g.axis in ("edp", "ep")]
+        shape = (d.pp, d.dp_replicate, d.expert_dp, d.ep, d.expert_tp)
+        expert = ("edp", "ep") + (("etp",) if d.expert_tp != d.tp else ())
+        groups += [g for g in _groups(rank, EXPERT_AXES, shape) if g.axis in expert]
     return tuple(groups)
 
 
@@ -170,7 +179,7 @@ def stage_builds(job: Job, stages: list[int]) -> list[StageBuild]:
             params += model.mtp_params()
             experts += mtp * moe_params(model, False)[1] if mtp_kind(model).ffn == Ffn.MOE else 0
         if plan.vocab_parallel:  # Lamy-Poirier et al. 2023 / runtime/vocab_parallel.py: 1/pp of each
-            params += (model.embedding_params() + model.head_params()) // plan.num_stages
+            params += (model.embedding_params() + model.head_params()) / plan.num_stages
         else:
             # The embedding's rows sit on the first stage; also on the last when a tied head needs
             # its own copy (runtime/pipeline._TiedEmbedding: synced at start, gradients all-reduced),
@@ -213,8 +222,11 @@ def layout(job: Job, ranks: list[int], calib: Calibration) -> tuple[Estimate, li
         out.append(RankBuild(
             rank=rank, world_size=plan.dims.world_size, coords=coords, groups=groups, stages=tuple(stages),
             held_params=held, layout_weight_bytes=held * calib.weight_bytes_per_param,
+            weights_on_host=Offload.PARAMS in plan.offload,
             model_memory={"parameters_bytes": mem.parameters_bytes, "gradients_bytes": mem.gradients_bytes,
                           "optimizer_bytes": mem.optimizer_bytes, "activations_bytes": mem.activations_bytes,
-                          "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes},
+                          "other_bytes": mem.other_bytes, "total_bytes": mem.total_bytes,
+                          "kept_weight_bytes": mem.kept_weight_bytes,
+                          "weight_shard_bytes": mem.parameters_bytes - mem.kept_weight_bytes},
             gpu_memory_bytes=est.gpu_memory_gib * GIB))
     return est, out
