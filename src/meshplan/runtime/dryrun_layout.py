@@ -177,7 +177,8 @@ def stage_builds(job: Job, stages: list[int]) -> list[StageBuild]:
         mtp = model.mtp_num_layers if s == mtp_stage else 0
         if mtp:
             params += model.mtp_params()
-            experts += mtp * moe_params(model, False)[1] if mtp_kind(model).ffn == Ffn.MOE else 0
+            if mtp_kind(model).ffn == Ffn.MOE:
+                experts += mtp * moe_params(model, False)[1]
         if plan.vocab_parallel:  # Lamy-Poirier et al. 2023 / runtime/vocab_parallel.py: 1/pp of each
             params += (model.embedding_params() + model.head_params()) / plan.num_stages
         else:
