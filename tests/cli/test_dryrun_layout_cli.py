@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from _fuzz_harness import assert_clean, run_cli
+from _fuzz_harness import FUZZ, ODD_JSON, assert_clean, dump_json, mutated, run_cli, write
+from hypothesis import given
+from hypothesis import strategies as st
 
 from meshplan.plan import Job, ParallelDims, Plan, Schedule
 from meshplan.spec.cluster import resolve_cluster
@@ -172,3 +174,21 @@ def test_the_layout_imports_no_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["world_size"] == 16384
+
+
+@FUZZ
+@given(pick=st.integers(min_value=0), value=ODD_JSON, delete=st.booleans(),
+       ranks=st.sampled_from(["first,last", "all", "0,3", "last"]))
+def test_fuzz_the_layout_of_a_mutated_job(pick, value, delete, ranks, moe_job_dict, tmp_path_factory):
+    """Every field of a Job with every newer plan field set (pp, vocab_parallel, ep, offload, OSDP,
+    expert placement, a routing log), replaced by an odd value or deleted: the layout answers or
+    refuses on one line."""
+    path = write(tmp_path_factory.mktemp("job"), "job.json", dump_json(mutated(moe_job_dict, pick, value,
+                                                                               delete=delete)))
+    assert_clean(["train", "--plan", str(path), "--dry-run", "--ranks", ranks, "--json"])
+
+
+def test_the_mutated_jobs_good_form_lays_out(moe_job_dict, tmp_path):
+    path = write(tmp_path, "job.json", dump_json(moe_job_dict))
+    code, err = assert_clean(["train", "--plan", str(path), "--dry-run", "--json"])
+    assert code == 0, err
