@@ -105,7 +105,7 @@ def plan_cmd(
     *,
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256).")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256); at most 12 counts, one search each.")] = None,
     training_flags: TrainingFlags,
     memory_gib: MemoryGibOpt = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
