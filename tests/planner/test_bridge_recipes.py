@@ -10,12 +10,20 @@ import re
 
 import pytest
 
-from meshplan.calib.recipes import (KEY_COLUMNS, NOT_EXPRESSED_COLUMN, RECIPE_COLUMNS, NotExpressible,
-                                    find_recipe, load_recipes, parse_recipes, shipped_recipes)
+from meshplan.calib.recipes import (
+    KEY_COLUMNS,
+    NOT_EXPRESSED_COLUMN,
+    RECIPE_COLUMNS,
+    NotExpressible,
+    find_recipe,
+    load_recipes,
+    parse_recipes,
+    shipped_recipes,
+)
 from meshplan.calib.validate import build_run, evaluate, load_runs
 from meshplan.cost import estimate
-from meshplan.data.published import runs_csv
 from meshplan.cost.calibration import calibration_for
+from meshplan.data.published import runs_csv
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, ParallelDims, Plan, Recompute, embedding_loss_split
 from meshplan.plan import RecomputeModule as M

@@ -47,6 +47,10 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
 
 Blank: the file was not read for it, the stack's value stands.
 
+A preset setting meshplan has no term for (``not_expressed``: Nemotron 3 Ultra's offload of the
+expert MLP's FC1 output, ``offload_modules`` ``fused_group_mlp``) skips the row with that reason
+(:class:`NotExpressible`) rather than estimating a run the preset did not make.
+
 A row whose own value contradicts the preset keeps its value; every setting taken, kept or left
 out is a line of ``Run.assumed``.
 """
