@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan, even_split
-from meshplan.targets import ZERO_BUBBLE_RECOMPUTE, Target, check_runs  # noqa: F401 (re-exported)
+from meshplan.plan import Plan, even_split, format_counts
+from meshplan.targets import EMPTY_STAGE, ZERO_BUBBLE_RECOMPUTE, Target, check_runs  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
@@ -29,8 +29,7 @@ def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
     if sum(counts) != num_layers:
         raise MeshplanError(f"stage_layers sum to {sum(counts)}, the model has {num_layers} layers")
     if 0 in counts:
-        raise MeshplanError(f"stage_layers {list(counts)}: a stage holding only the embedding or the loss "
-                            "is not supported by this runtime; give every stage a layer")
+        raise MeshplanError(f"stage_layers {format_counts(tuple(counts))}: {EMPTY_STAGE}")
     keys: list[list[str]] = []
     start = 0
     for n in counts:
