@@ -38,8 +38,9 @@ def test_deepspeed_search_space_holds_only_what_deepspeed_runs():
 def test_other_targets_search_everything():
     # the same space but for offload, which each stack takes in its own form (issue 17), and
     # torchtitan's experts following the dense tp (no expert tensor parallel degree in 0.3), and
-    # Megatron's recompute modules (searched on MoE models)
-    assert (replace(search_options_for("megatron"), offloads=(), recompute_module_sets=())
+    # Megatron's recompute modules (searched on MoE models) and its embedding / loss chunks
+    assert search_options_for("megatron").embedding_loss_chunks
+    assert (replace(search_options_for("megatron"), offloads=(), recompute_module_sets=(), embedding_loss_chunks=False)
             == replace(search_options_for("torchtitan"), offloads=(), allow=None))
     assert search_options_for("megatron").allow is None
     job, _ = _job("megatron")
