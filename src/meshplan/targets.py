@@ -70,16 +70,6 @@ VOCAB_PARALLEL_SCHEDULE = (
 )
 
 
-EMPTY_STAGE = (
-    "a stage holding only the embedding or the loss is not supported by this runtime (each of its torch "
-    "pipeline stages is cut around transformer layers; Megatron runs such stages under "
-    "--account-for-embedding/loss-in-pipeline-split); give every stage a layer, or plan with --target megatron"
-)
-"""Why meshplan's runtime refuses a split with an empty stage (runtime/pipeline_check.py checks the
-same before any process group starts; the search offers such splits to Megatron only:
-``SearchOptions.embedding_loss_chunks``)."""
-
-
 def _vocab(c) -> np.ndarray:
     return np.asarray(c.vocab_parallel, dtype=bool)
 
@@ -254,8 +244,6 @@ def why_not(target: Target | str, model: "ModelSpec", training: "TrainingSpec", 
         # a per-plan field the search's arrays do not carry (it never proposes a partial offload)
         return (f"offload_layers={plan.offload_layers} (activations of only some layers offloaded) is not "
                 "supported by this runtime: its save_on_cpu hooks take every layer; use offload_layers=0")
-    if Target(target) == Target.MESHPLAN and plan.dims.pp > 1 and 0 in plan.stage_layers:
-        return EMPTY_STAGE  # a per-plan field too: the search's arrays carry no split
     row = PlanArrays.from_plans([plan])
     for rule in rules_for(target):
         if bool(np.asarray(rule.refuses(row, model, training))[0]):
@@ -278,7 +266,10 @@ def search_options(target: Target | str, model: "ModelSpec", training: "Training
     if target == Target.MESHPLAN:
         if planner_only_feature(model) is not None:  # no plan at all: say why, not "no legal plan"
             raise MeshplanError(_planner_only_reason(None, model, training))
-        return SearchOptions(allow=lambda space: runnable_mask(target, space, model, training))
+        # its pipeline cuts a stage holding only the embedding or the loss as any other
+        # (runtime/pipeline.py cut_stage; tests/runtime/test_pipeline_embedding_chunks.py)
+        return SearchOptions(allow=lambda space: runnable_mask(target, space, model, training),
+                             embedding_loss_chunks=True)
     from meshplan.export.common import search_options_for
 
     return search_options_for(target.value)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan, even_split, format_counts
-from meshplan.targets import EMPTY_STAGE, ZERO_BUBBLE_RECOMPUTE, Target, check_runs  # noqa: F401 (re-exported)
+from meshplan.plan import Plan, even_split
+from meshplan.targets import ZERO_BUBBLE_RECOMPUTE, Target, check_runs  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from meshplan.spec.model import ModelSpec
@@ -21,15 +21,15 @@ def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
     """Layer keys ("0".."L-1", the ``layers`` ModuleDict's keys) of every virtual stage, in model order.
 
     Follows ``plan.stage_layers`` (an even split when it is empty); virtual stage ``i`` then runs on
-    pipeline rank ``i % pp`` (``Plan.stage_rank``).
+    pipeline rank ``i % pp`` (``Plan.stage_rank``). The first and the last stage may hold no layer
+    (the embedding or the loss alone, Megatron's ``--account-for-embedding/loss-in-pipeline-split``):
+    ``cut_stage`` keeps their embedding / norm and head, an empty ``layers`` dict runs as the identity.
     """
     counts = plan.stage_layers or even_split(num_layers, plan.num_stages)
     if len(counts) != plan.num_stages:
         raise MeshplanError(f"stage_layers has {len(counts)} entries; pp*vpp={plan.num_stages} stages")
     if sum(counts) != num_layers:
         raise MeshplanError(f"stage_layers sum to {sum(counts)}, the model has {num_layers} layers")
-    if 0 in counts:
-        raise MeshplanError(f"stage_layers {format_counts(tuple(counts))}: {EMPTY_STAGE}")
     keys: list[list[str]] = []
     start = 0
     for n in counts:
