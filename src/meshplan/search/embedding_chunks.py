@@ -42,11 +42,14 @@ def _chunk_weights(ctx: CostContext, plans: PlanArrays, rank: np.ndarray) -> np.
     """``layout_chunk_weight`` of each row's rank ``rank`` under its layout, once per distinct
     (pp, vpp, micro-batches, rank)."""
     m = np.broadcast_to(np.asarray(num_microbatches(ctx.training, plans), dtype=np.int64), (len(plans),))
-    key = np.stack([plans.pp, plans.vpp, m, rank], axis=1)
-    distinct, inverse = np.unique(key, axis=0, return_inverse=True)
+    r = np.broadcast_to(np.asarray(rank, dtype=np.int64), (len(plans),))
+    pp = plans.pp.astype(np.int64)
+    # vpp follows from pp (L + 2 chunks): (pp, micro-batches, rank) in one mixed-radix code (1-D unique is fast)
+    code = (pp * (int(m.max(initial=0)) + 1) + m) * (int(pp.max(initial=0)) + 1) + r
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     L = ctx.model.num_layers
-    values = np.array([layout_chunk_weight(embedding_loss_split(L, int(p) * int(v)), int(p), int(v), int(r), int(k))
-                       for p, v, k, r in distinct])
+    values = np.array([layout_chunk_weight(embedding_loss_split(L, int(pp[j]) * int(plans.vpp[j])), int(pp[j]),
+                                           int(plans.vpp[j]), int(r[j]), int(m[j])) for j in first])
     return values[np.asarray(inverse).reshape(-1)]
 
 
