@@ -60,6 +60,8 @@ def test_which_pipeline_degrees_get_the_layout():
     assert embedding_loss_vpp(LLAMA405, pp, opts).tolist() == [0, 64, 32, 16, 8, 4, 2, 0, 0]
     assert embedding_loss_vpp(LLAMA405, pp, SearchOptions()).tolist() == [0] * 9  # off by default
     assert embedding_loss_vpp(LLAMA405, pp, replace(opts, max_vpp=8)).tolist() == [0, 0, 0, 0, 8, 4, 2, 0, 0]
+    # DeepSeek-V3's 61 layers + 2 = 63 = 7 x 9, but its ranks are charged their own dense / MTP layers
+    assert embedding_loss_vpp(model_preset("deepseek-v3"), np.array([7, 9]), opts).tolist() == [0, 0]
     no_interleaving = replace(opts, schedules=(Schedule.ONE_F_ONE_B,))
     assert embedding_loss_vpp(LLAMA405, pp, no_interleaving).tolist() == [0] * 9
 

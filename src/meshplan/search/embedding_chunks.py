@@ -76,8 +76,10 @@ def embedding_loss_front(ctx: CostContext, groups: dict[str, np.ndarray], option
     Not for a model whose ranks are charged their own kinds of layers (leading dense layers, MTP
     modules: ``cost.rank_layers.needs_rank_mix``): which rank holds those under this layout is
     not what the search's rank tables place (a bound of the space, stated in docs/search.md)."""
+    if not options.embedding_loss_chunks or needs_rank_mix(ctx.model):
+        return None, Front.empty(), 0
     space = embedding_loss_space(groups, ctx.model, ctx.training, options)
-    if space is None or needs_rank_mix(ctx.model):
+    if space is None:
         return None, Front.empty(), 0
     t, m = np.empty(len(space)), np.empty(len(space))
     for i in range(0, len(space), SCORE_ROWS):

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
+from meshplan.cost.rank_layers import needs_rank_mix
 from meshplan.cost.recompute_modules import SUBSUMED
 from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, Offload, Plan, Recompute, RecomputeModule, Schedule, missing_module,
@@ -335,12 +336,14 @@ def embedding_loss_vpp(model: ModelSpec, pp, options: SearchOptions) -> np.ndarr
     chunks, ``SearchOptions.embedding_loss_chunks``), 0 where there is none: pp >= 2 dividing
     L + 2 into at least two chunks per rank, within ``options.max_vpp``, more chunks than layers
     (with at most L chunks the stage search already offers the split: ``Plan.embedding_loss_split``
-    is one uneven split among the others)."""
+    is one uneven split among the others); not for a model whose ranks are charged their own
+    leading dense layers or MTP modules (``cost.rank_layers.needs_rank_mix``)."""
     L, p = model.num_layers, np.asarray(pp, dtype=np.int64)
     v = (L + 2) // np.maximum(p, 1)
     top = options.max_vpp if options.max_vpp is not None else (L + 2) // 2
     ok = ((p >= 2) & ((L + 2) % np.maximum(p, 1) == 0) & (v >= 2) & (v <= top) & (p * v > L)
-          & options.embedding_loss_chunks & (Schedule.INTERLEAVED_1F1B in options.schedules))
+          & options.embedding_loss_chunks & (Schedule.INTERLEAVED_1F1B in options.schedules)
+          & (not needs_rank_mix(model)))  # (search.embedding_chunks: not scored for those)
     return np.where(ok, v, 0)
 
 
@@ -530,7 +533,8 @@ def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: P
         (_rule_schedule_or_embedding(c, model, plan, options),
          f"schedule {plan.schedule.value} with pp={plan.dims.pp}, vpp={plan.vpp} is not searched (pp*vpp "
          f"chunks <= the {model.num_layers} layers, vpp <= {MAX_VPP} or chunks dividing the layers"
-         + (f"; or {model.num_layers + 2} chunks with the embedding and the loss on chunks of their own"
+         + (f"; or {model.num_layers + 2} chunks with the embedding and the loss on chunks of their own, "
+            "not for models with leading dense layers or MTP modules"
             if options.embedding_loss_chunks else "; more chunks than layers not for this target") + ")"),
         (_rule_micro_batch(c, training), "interleaving needs the micro-batch count to be a multiple of pp"),
     )
