@@ -121,3 +121,16 @@ def test_cli_import_reads_the_flags():
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
     assert r.returncode == 0, r.stderr
     assert "pp16(interleaved-1f1b,v8)" in r.stdout and "layers=0,1x126,0" in r.stdout
+
+
+def test_torchtitan_roundtrip():
+    """torchtitan >= 0.3 writes the parts (``tok_embeddings`` alone first, the head alone last) and
+    reads them back as the same split."""
+    from meshplan.export.import_torchtitan import import_torchtitan
+    from meshplan.export.import_torchtitan_cli import parse_command_line
+
+    job = job_405b()
+    back = import_torchtitan(parse_command_line(export_job(job, "torchtitan", "0.3.0").text).cfg, num_gpus=256,
+                             num_layers=126)
+    assert back.plan.stage_layers == embedding_loss_split(126, 128)
+    assert back.plan.vpp == 8 and back.plan.dims.pp == 16

@@ -145,14 +145,15 @@ def test_405b_on_256_gpus_megatron_frontier_holds_the_layout():
     assert why_outside(LLAMA405, JOB405, 256, PUBLISHED405, opts) is None
 
 
-def test_405b_layout_for_meshplan_and_not_torchtitan():
-    """meshplan's runtime runs stages holding only the embedding or the loss (its own parity test);
-    torchtitan's space keeps at most one chunk per layer."""
-    meshplan = search_options("meshplan", LLAMA405, JOB405)
-    assert in_space(LLAMA405, JOB405, 256, PUBLISHED405, meshplan)
+def test_405b_layout_for_meshplan_and_torchtitan_not_deepspeed_nor_by_default():
+    """meshplan's runtime runs stages holding only the embedding or the loss (its own parity test),
+    torchtitan too (its default split with L + 2 stages); DeepSpeed has no interleaving, and a
+    search without a target keeps at most one chunk per layer."""
+    for target in ("meshplan", "torchtitan"):
+        assert in_space(LLAMA405, JOB405, 256, PUBLISHED405, search_options(target, LLAMA405, JOB405)), target
     assert why_not("meshplan", LLAMA405, JOB405, PUBLISHED405) is None
-    titan = search_options("torchtitan", LLAMA405, JOB405)
-    assert "more chunks than layers not for this target" in why_outside(LLAMA405, JOB405, 256, PUBLISHED405, titan)
+    assert "more chunks than layers not for this target" in why_outside(LLAMA405, JOB405, 256, PUBLISHED405)
+    assert not in_space(LLAMA405, JOB405, 256, PUBLISHED405, search_options("deepspeed", LLAMA405, JOB405))
 
 
 # ---- Megatron-Core's recompute module sets ----------------------------------------------------------

@@ -82,7 +82,11 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     megatron = ExportTarget(target) in (ExportTarget.MEGATRON, ExportTarget.MEGATRON_BRIDGE)
     return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, expert_placement=False,
                          osdp=False, allow=allow, recompute_module_sets=MEGATRON_MODULE_SETS if megatron else (),
-                         embedding_loss_chunks=megatron)
+                         embedding_loss_chunks=True)
+    # both run stages holding only the embedding or the loss: Megatron under
+    # --account-for-embedding/loss-in-pipeline-split, torchtitan as its own default split gives them
+    # with L + 2 stages (generate_llm_fqn_per_model_part, input_weight = output_weight = 1:
+    # torchtitan/distributed/pipeline_parallel.py@1ce7f76; export.torchtitan_cli writes the parts)
 
 
 def _torchtitan_runs(space) -> "object":

@@ -109,9 +109,10 @@ class SearchOptions:
     Megatron-Bridge recipe, pp16 x vpp8 for 126 layers, scripts/performance/configs/llama/
     llama31_workload_base_configs.py@0013c9a). Such a layout has one split (``plan.embedding_loss_split``):
     :mod:`meshplan.search.embedding_chunks` scores it exactly. On for the targets that run stages
-    holding no transformer layer: Megatron, and meshplan's runtime (its pipeline cuts such a stage
-    as any other: tests/runtime/test_pipeline_embedding_chunks.py checks loss parity); off by
-    default and for torchtitan and DeepSpeed."""
+    holding no transformer layer: Megatron, torchtitan (its default split gives them with L + 2
+    stages: ``export.common.search_options_for``) and meshplan's runtime (its pipeline cuts such a
+    stage as any other: tests/runtime/test_pipeline_embedding_chunks.py checks loss parity); off by
+    default (``search()`` without a target) and for DeepSpeed (no interleaving)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
