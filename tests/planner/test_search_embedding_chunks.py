@@ -181,3 +181,18 @@ def test_published_module_sets_are_searched_for_megatron(name, gpus, dims, modul
     megatron = search_options("megatron", model, training)
     assert why_outside(model, training, gpus, plan, megatron) is None
     assert not in_space(model, training, gpus, plan, SearchOptions())
+
+
+def test_every_bridge_preset_module_set_is_searched():
+    """MEGATRON_MODULE_SETS holds every --recompute-modules set a Megatron-Bridge preset uses
+    (data/bridge_recipes.csv): a preset row with a new set fails here until the set is added."""
+    import csv
+    from pathlib import Path
+
+    from meshplan.export.common import MEGATRON_MODULE_SETS
+
+    rows = csv.DictReader((Path(__file__).resolve().parents[2] / "src/meshplan/data/bridge_recipes.csv").open())
+    used = {cost_module_code(tuple(RecomputeModule(m) for m in r["recompute_modules"].split("+")))
+            for r in rows if r["recompute_modules"]}
+    searched = {cost_module_code(s) for s in MEGATRON_MODULE_SETS} | {0}  # 0: core_attn alone, the default
+    assert used <= searched
