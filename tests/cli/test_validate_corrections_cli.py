@@ -22,7 +22,7 @@ SHARED_CANDIDATES = (REPO.parent / "shared" / "data", Path("/work/shared/data"))
 def run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+                          env=env, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.calib.corrections import (CORRECTED_NOTE, IDENTIFYING_COLUMNS, apply_corrections,
-                                        shipped_corrections)
+from meshplan.calib.corrections import (
+    CORRECTED_NOTE,
+    IDENTIFYING_COLUMNS,
+    apply_corrections,
+    shipped_corrections,
+)
 from meshplan.calib.validate import REQUIRED_COLUMNS, load_corrected_runs, read_rows
 from meshplan.data.published import PUBLISHED_RUNS, runs_csv
 

@@ -109,8 +109,8 @@ def apply_corrections(rows: list[dict[str, str]], corrections: tuple[Correction,
                 new[c.column] = c.corrected
                 done.append(c)
             elif cell != c.corrected:
-                not_applied.append((c, f"the cell holds {cell or 'blank'!r}, the correction was written for "
-                                       f"{c.published or 'blank'!r}"))
+                why = f"the cell holds {cell or 'blank'!r}, the correction was written for {c.published or 'blank'!r}"
+                not_applied.append((c, why))
         if done:
             new["notes"] = (row.get("notes") or "") + CORRECTED_NOTE + "; ".join(c.change() for c in done)
             applied += done
