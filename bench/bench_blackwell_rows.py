@@ -16,9 +16,7 @@ then the predicted step as shares of itself:
   GEMM (matmul efficiency halved: the step's growth), attention (attention efficiency halved:
   likewise), MoE permutation (``moe_permute_passes`` 0), the dropless
   all-to-all's host sync (``moe_alltoall_sync_s`` 0), host launches and fixed per-layer /
-  per-micro-batch costs (``host_s_per_kernel``, ``layer_overhead_s``, ``microbatch_overhead_s`` 0);
-* GEMM tiles: the step's change without tile quantization (the GPU's ``mma_tile_m`` 0,
-  cost/gemm_tiles.py: widths such as GPT-OSS's 2880 fill 11.25 of 12 tiles of 256).
+  per-micro-batch costs (``host_s_per_kernel``, ``layer_overhead_s``, ``microbatch_overhead_s`` 0).
 
 The last table groups the rows by what they share (GPU, MoE dispatcher, host sync charged, CUDA
 graphs, whether the EP group leaves the 8-GPU node) with the median signed error per group.
@@ -31,8 +29,6 @@ import json
 import sys
 from collections import defaultdict
 from typing import Any
-
-from dataclasses import replace
 
 import numpy as np
 from rich.console import Console
@@ -84,8 +80,6 @@ def row_terms(run: Run) -> dict[str, Any]:
     for name, fields in ABLATIONS.items():
         changed = {f: getattr(calib, f) * v if f in SCALED else v for f, v in fields.items()}
         shares[name] = abs(step - _step_s(run, calib.replace_fields(**changed))) / step
-    untiled = replace(run.cluster, gpu=replace(run.cluster.gpu, mma_tile_m=0))
-    shares["GEMM tiles"] = (step - estimate(run.model, untiled, run.training, run.plan, calib).step_time_s) / step
     sync = (run.model.is_moe and calib.moe_alltoall_sync_s > 0 and not calib.cuda_graph_full_iteration
             and run.training.moe_capacity_factor is None
             and run.training.moe_dispatcher == MoeDispatcher.ALLTOALL)
@@ -131,14 +125,14 @@ def main(argv: list[str]) -> int:
         return 0
     con = Console(width=250)
     t = Table(title=f"{len(worst)} worst Blackwell rows: the predicted step as shares of itself")
-    cols = ("id", "model", "gpu", "prec", "error", "disp", "sync", *ABLATIONS, "GEMM tiles", "exp EP", "exp TP+CP",
+    cols = ("id", "model", "gpu", "prec", "error", "disp", "sync", *ABLATIONS, "exp EP", "exp TP+CP",
             "exp PP", "exp DP", "bubble")
     for c in cols:
         t.add_column(c, justify="left" if c in ("id", "model", "gpu", "prec", "disp") else "right")
     for r in worst:
         s = r["shares"]
         t.add_row(r["row_id"], r["model"], r["gpu"], r["precision"], f"{r['error']:+.1%}", r["dispatcher"],
-                  "y" if r["host_sync_charged"] else "", *(f"{s[k]:.0%}" for k in ABLATIONS), f"{s['GEMM tiles']:.1%}",
+                  "y" if r["host_sync_charged"] else "", *(f"{s[k]:.0%}" for k in ABLATIONS),
                   f"{s['exposed EP']:.0%}", f"{s['exposed TP'] + s['exposed CP']:.0%}",
                   f"{s['exposed PP p2p']:.0%}",
                   f"{s['exposed DP'] + s['exposed ZeRO per micro-batch']:.0%}", f"{s['bubble']:.0%}")

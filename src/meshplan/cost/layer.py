@@ -30,7 +30,6 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
-from meshplan.cost.gemm_tiles import linear_tile_factor
 from meshplan.cost.eager_passes import eager_extra_bytes, runs_eager
 from meshplan.cost.host import host_bound, host_launch_s
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
@@ -205,12 +204,9 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     def linear_time(calib_, peak_, m, n, k):
         """A linear layer's GEMM with its fp8/fp4 casts: the input (m x k) in the forward, the
         output gradient (m x n) in the backward; a third here, the backward is 2x the forward."""
-        t_gemm = gemm_time(calib_, peak_, m, n, k)
-        if gpu.mma_tile_m:  # partly empty output tiles (cost/gemm_tiles.py)
-            t_gemm = t_gemm * linear_tile_factor(gpu.mma_tile_m, n, k)
         if not cast:  # bf16 / fp16 / fp32: no casts (and no array work for the search)
-            return t_gemm
-        return t_gemm + cast * (m * k + m * n) / (3.0 * hbm)
+            return gemm_time(calib_, peak_, m, n, k)
+        return gemm_time(calib_, peak_, m, n, k) + cast * (m * k + m * n) / (3.0 * hbm)
     t = plans.tp.astype(float)
     c = plans.cp.astype(float)
     ep = plans.ep.astype(float)

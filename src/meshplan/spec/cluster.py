@@ -50,11 +50,6 @@ class GPUSpec:
     GB200 5e12, B300 / GB300 10.7e12: Blackwell Ultra doubles the SFU rate, NVIDIA blog 'Inside
     NVIDIA Blackwell Ultra', 2025). 0: unknown, the attention core is not rescaled
     (cost/mixers.py attention_exp_factor)."""
-    mma_tile_m: int = 0
-    """Rows of the output tile one tensor-core MMA covers along its M dimension (the weight's
-    features in Transformer Engine's cuBLAS calls): 256 on Blackwell, where a CTA pair runs one
-    tcgen05 MMA of M = 2 x 128 (CUTLASS 'tcgen05 MMA Programming Guide'). 0: unknown, no tile
-    quantization (cost/gemm_tiles.py)."""
     block_scaled_recipes: tuple[str, ...] = ()
     """Block-scaled recipes the tensor cores run natively (``Recipe.block_scaled``: mxfp8,
     nvfp4, mxfp4); empty before Blackwell / CDNA4."""
