@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from collections.abc import Mapping
 
 from meshplan.errors import MeshplanError
 
