@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.calib.fit import SPECIFIC_GRID, TIME_GRID, fit_all, fit_rows, fit_start
+from meshplan.calib.fit import SPECIFIC_GRID, TIME_GRID, fit_all, fit_start
 from meshplan.calib.fit_search import Objective, descend
 from meshplan.calib.forked import map_forked
 from meshplan.calib.holdout import HOW, _fold, leave_one_out

@@ -17,9 +17,9 @@ kernel): the fit is not allowed there.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from collections.abc import Mapping
 
 from meshplan.errors import MeshplanError
 
