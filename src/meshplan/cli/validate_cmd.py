@@ -45,6 +45,7 @@ def validate_cmd(
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="Refit without each source and score it.")] = False,
     fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
     dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (default: each row's framework's: GPT-style runs did).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Fits (per GPU generation and stack) and held-out folds run at a time, in forked processes.")] = 1,
     as_published: Annotated[bool, typer.Option("--as-published", help="Validate the file as given: skip the documented corrections (data/corrections.csv) that match its rows.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -79,7 +80,7 @@ def validate_cmd(
     if fit:
         from meshplan.calib.fit import fit_all, fitted_calibration
 
-        fits = fit_all(rows, settings)
+        fits = fit_all(rows, settings, workers=workers)
         fitted = {k: res.__dict__ for k, res in fits.items()}
         if write:
             from meshplan.calib.records import write_records
@@ -93,7 +94,8 @@ def validate_cmd(
         from meshplan.calib.holdout import leave_one_out
 
         for by in (("family", "generation") if holdout else ()) + (("source",) if loso else ()):
-            held[by] = leave_one_out(rows, by, settings).summary()
+            # folds start from the fit just made, else from the shipped records (calib/holdout.py)
+            held[by] = leave_one_out(rows, by, settings, full=fits if fit else None, workers=workers).summary()
 
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
     if json_out:
@@ -163,4 +165,5 @@ def validate_cmd(
         con.print(f"leave one {name} out: {h['rows']} held-out rows, median |error| "
                   f"{_fmt(h['median_abs_error'], '.1%')}, p90 {_fmt(h['p90_abs_error'], '.1%')}, median signed "
                   f"{_fmt(h['median_signed_error'], '+.1%')}; " + ", ".join(
-                      f"{g}: {_fmt(v['median_abs_error'], '.1%')} ({v['rows']})" for g, v in h["groups"].items()))
+                      f"{g}: {_fmt(v['median_abs_error'], '.1%')} ({v['rows']})" for g, v in h["groups"].items())
+                  + f"; median over {name}s {_fmt(h['median_of_group_medians'], '.1%')} ({h['how']})")
