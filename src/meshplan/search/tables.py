@@ -46,7 +46,23 @@ _LAYER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LayerCost))
 
 
 def _take_layer(layer: LayerCost, idx: np.ndarray) -> LayerCost:
-    return LayerCost(**{name: np.asarray(getattr(layer, name))[idx] for name in _LAYER_FIELDS})
+    return LayerCost(**{name: _take_column(getattr(layer, name), idx) for name in _LAYER_FIELDS})
+
+
+def _take_column(values, idx):
+    """``values[idx]``; a column that is one value repeated (a broadcast view, stride 0: a cost
+    term the same for every row) stays a broadcast view of the result's length, not a copy (the
+    same values, read-only, as every cost column the search passes on)."""
+    x = np.asarray(values)
+    if x.ndim == 1 and x.size and x.strides[0] == 0 and isinstance(idx, np.ndarray) and idx.dtype != bool:
+        return np.broadcast_to(x[:1].reshape(()), idx.shape)
+    return x[idx]
+
+
+def _take_stack(stack: StackLayers, idx: np.ndarray) -> StackLayers:
+    """``stack.take(idx)`` with :func:`_take_column`'s broadcast columns."""
+    pick = lambda c: None if c is None else _take_layer(c, idx)  # noqa: E731
+    return StackLayers(lead_layers=stack.lead_layers, lead=pick(stack.lead), rest=pick(stack.rest), mtp=pick(stack.mtp))
 
 
 def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
@@ -77,7 +93,7 @@ class SharedLayerCost:
         return _take_layer(self.unique, self.row[idx])
 
     def take_stack(self, idx) -> StackLayers | None:
-        return None if self.stack is None else self.stack.take(self.row[idx])
+        return None if self.stack is None else _take_stack(self.stack, self.row[idx])
 
     def rows(self, idx) -> SharedLayerCost:
         """The same costs for the plans at ``idx`` (no column is gathered until ``take``)."""
