@@ -32,6 +32,10 @@ class MegatronImport:
     """Flags that were not read (learning rate, data paths...)."""
 
 
+MEGATRON_DEFAULT_DISPATCHER = MoeDispatcher.ALLGATHER
+"""Megatron-LM's --moe-token-dispatcher-type when none is given (arguments.py@000c4ac, _add_moe_args)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse would print usage and exit
         raise MeshplanError(f"Megatron arguments: {message}")
@@ -230,8 +234,11 @@ def _check_same_shape(a: argparse.Namespace, model: ModelSpec) -> None:
 
 
 def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: int | None = None,
-                    model: ModelSpec | None = None, name: str = "megatron-model") -> MegatronImport:
-    """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size."""
+                    model: ModelSpec | None = None, name: str = "megatron-model",
+                    default_dispatcher: MoeDispatcher | None = MEGATRON_DEFAULT_DISPATCHER) -> MegatronImport:
+    """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size.
+    ``default_dispatcher``: the MoE dispatcher when the text names none (Megatron-LM's allgather;
+    None keeps meshplan's own, for texts whose defaults come from elsewhere, e.g. a Bridge recipe)."""
     a, rest = _parser().parse_known_args(split_command(text))
     ignored = tuple(w for w in rest if w.startswith("--"))
     launcher_gpus = a.nnodes * a.nproc_per_node if a.nnodes and a.nproc_per_node else None
@@ -327,7 +334,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
-                            recipe=recipe, **_moe_fields(a))
+                            recipe=recipe, **_moe_fields(a, default_dispatcher))
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
         dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),
@@ -350,12 +357,15 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
 
 
-def _moe_fields(a) -> dict[str, object]:
-    """The dispatcher and capacity factor, where the arguments give them (else meshplan's defaults);
-    a capacity without padding to it is not what the cost model prices (cost/layer.py)."""
+def _moe_fields(a, default_dispatcher: MoeDispatcher | None) -> dict[str, object]:
+    """The dispatcher and capacity factor. Without --moe-token-dispatcher-type Megatron-LM runs
+    allgather (megatron/training/arguments.py@000c4ac, _add_moe_args: ``default='allgather'``), not
+    meshplan's default; a capacity without padding to it is not what the cost model prices
+    (cost/layer.py)."""
     out: dict[str, object] = {}
-    if a.moe_token_dispatcher_type is not None:
-        out["moe_dispatcher"] = MoeDispatcher(a.moe_token_dispatcher_type)
+    given = a.moe_token_dispatcher_type
+    if given is not None or default_dispatcher is not None:
+        out["moe_dispatcher"] = MoeDispatcher(given) if given is not None else default_dispatcher
     if a.moe_expert_capacity_factor is not None:
         if not a.moe_pad_expert_input_to_capacity:
             raise MeshplanError("--moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity: "

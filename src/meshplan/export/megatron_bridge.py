@@ -227,7 +227,9 @@ def import_megatron_bridge(text: str, *, num_gpus: int, model: ModelSpec | None)
     for need in ("train.global_batch_size", "model.seq_length"):
         if need not in fields:
             raise MeshplanError(f"Megatron-Bridge overrides give no {need} (the recipe's is not known here)")
-    imp = import_megatron(megatron_flags_from_bridge(fields), num_gpus=num_gpus, model=model, name=model.name)
+    # A recipe sets its own dispatcher (not known here): without the override, meshplan's default.
+    imp = import_megatron(megatron_flags_from_bridge(fields), num_gpus=num_gpus, model=model, name=model.name,
+                          default_dispatcher=None)
     return imp
 
 

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     from meshplan.spec.training import TrainingSpec
 
 
-def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
-    """Layer keys ("0".."L-1", the ``layers`` ModuleDict's keys) of every virtual stage, in model order.
+def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
+    """Layer indices of every virtual stage, in model order, as ranges (a stack of 10^8 layers
+    costs what one of 10 does: nothing is listed layer by layer).
 
     Follows ``plan.stage_layers`` (an even split when it is empty); virtual stage ``i`` then runs on
     pipeline rank ``i % pp`` (``Plan.stage_rank``).
@@ -31,12 +32,18 @@ def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
     if 0 in counts:
         raise MeshplanError(f"stage_layers {list(counts)}: a stage holding only the embedding or the loss "
                             "is not supported by this runtime; give every stage a layer")
-    keys: list[list[str]] = []
+    ranges: list[range] = []
     start = 0
     for n in counts:
-        keys.append([str(i) for i in range(start, start + n)])
+        ranges.append(range(start, start + n))
         start += n
-    return keys
+    return ranges
+
+
+def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
+    """Layer keys ("0".."L-1", the ``layers`` ModuleDict's keys) of every virtual stage, in model
+    order (:func:`stage_layer_ranges` spelled out: for the runtime, which builds those modules)."""
+    return [[str(i) for i in r] for r in stage_layer_ranges(plan, num_layers)]
 
 
 def local_stage_indices(plan: Plan, pp_rank: int) -> list[int]:
@@ -53,5 +60,5 @@ def check_pipeline_plan(model: "ModelSpec", training: "TrainingSpec", plan: Plan
     """
     if plan.dims.pp == 1:
         return
-    stage_layer_keys(plan, model.num_layers)  # split must cover the model exactly
+    stage_layer_ranges(plan, model.num_layers)  # split must cover the model exactly
     check_runs(Target.MESHPLAN, model, training, plan)
