@@ -45,10 +45,11 @@ def validate_cmd(
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="Refit without each source and score it.")] = False,
     fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
     dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (default: each row's framework's: GPT-style runs did).")] = None,
+    as_published: Annotated[bool, typer.Option("--as-published", help="Validate the file as given: skip the documented corrections (data/corrections.csv) that match its rows.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
-    from meshplan.calib.validate import evaluate, load_runs
+    from meshplan.calib.validate import evaluate, load_corrected_runs
 
     if loso and not fit:
         raise MeshplanError("--leave-one-source-out scores a refit: give it with --fit")
@@ -64,7 +65,12 @@ def validate_cmd(
 
         check_target(out, force=force)  # before the fit: minutes of work not lost to a bad path
     settings = {k: v for k, v in (("fused_attention", fused_attention), ("dropout", dropout)) if v is not None}
-    rows, skipped = load_runs(runs_csv(runs))
+    rows, skipped, corrections = load_corrected_runs(runs_csv(runs), as_published=as_published)
+    log = logging.getLogger(__name__)
+    for c in corrections.applied:  # shown under --verbose
+        log.info("corrected row %s: %s (%s)", c.row_id, c.change(), c.evidence)
+    for c, why in corrections.not_applied:
+        log.warning("correction of row %s not applied: %s (%s)", c.row_id, c.change(), why)
     if target is not None:
         rows = [replace(r, stack=target.value) for r in rows]
     fitted: dict[str, dict] = {}
@@ -79,7 +85,7 @@ def validate_cmd(
             from meshplan.calib.records import write_records
 
             path = write_records(fits, runs, out)
-            logging.getLogger(__name__).info("wrote %s to %s", ", ".join(fits), path)
+            log.info("wrote %s to %s", ", ".join(fits), path)
 
         def calib_for(run):  # noqa: F811 - the fitted calibration of the run's (generation, stack)
             return fitted_calibration(run, fits)
@@ -92,6 +98,7 @@ def validate_cmd(
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
     if json_out:
         out = report.to_dict()
+        out["corrections"] = corrections.to_dict()
         if fit:
             out["fit"] = fitted
         if held:
@@ -99,6 +106,9 @@ def validate_cmd(
         print_json(_finite(out))
         return
     con = console()
+    if corrections.applied:
+        con.print(f"applied {len(corrections.applied)} documented corrections from meshplan/data/corrections.csv "
+                  "(--verbose lists them); --as-published to validate the file as given")
     t = Table(title=f"Predicted vs measured: {runs}")
     for col in ("id", "model", "gpu", "plan", "metric", "measured", "predicted", "error",
                 "mem GiB", "pred GiB", "mem err", "fits"):

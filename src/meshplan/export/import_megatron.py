@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
-                           data_parallel_degree, parse_layout)
+                           data_parallel_degree, embedding_loss_split, parse_layout)
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
 
@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                  "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
                  "--optimizer-cpu-offload", "--cpu-offloading", "--moe-enable-deepep",
-                 "--moe-pad-expert-input-to-capacity"):
+                 "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"):
         add(name, action="store_true")
     add("--moe-token-dispatcher-type", choices=[d.value for d in MoeDispatcher], default=None)
     add("--moe-expert-capacity-factor", type=float, default=None)
@@ -192,7 +193,25 @@ def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+def _accounts_embedding_loss(a: argparse.Namespace) -> bool:
+    """Both ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+    (export/megatron.py writes them together); one alone is refused (meshplan's split keeps the
+    embedding and the loss on the first and last stage, both or neither counted as a layer)."""
+    embedding, loss = a.account_for_embedding_in_pipeline_split, a.account_for_loss_in_pipeline_split
+    if embedding != loss:
+        given = "embedding" if embedding else "loss"
+        raise MeshplanError(f"--account-for-{given}-in-pipeline-split without the other is not imported: "
+                            "give both --account-for-embedding-in-pipeline-split and "
+                            "--account-for-loss-in-pipeline-split, or a --pipeline-model-parallel-layout")
+    return embedding
+
+
 def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    if _accounts_embedding_loss(a):
+        if a.decoder_first_pipeline_num_layers is not None or a.decoder_last_pipeline_num_layers is not None:
+            raise MeshplanError("--account-for-embedding/loss-in-pipeline-split with "
+                                "--decoder-first/last-pipeline-num-layers: give one or the other")
+        return embedding_loss_split(num_layers, pp * vpp) if pp > 1 else ()
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
         if num_layers % (pp * vpp):
@@ -275,11 +294,15 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         if spec is None:
             raise MeshplanError("--num-layers-per-virtual-pipeline-stage needs the model's layer count "
                                 "(--num-layers in the arguments, or --model)")
-        per_rank, r = divmod(spec.num_layers, pp)
+        slots = spec.num_layers + 2 * _accounts_embedding_loss(a)  # the embedding and the loss as layers
+        per_rank, r = divmod(slots, pp)
         if r or per_rank % a.num_layers_per_virtual_pipeline_stage:
-            raise MeshplanError(f"{spec.num_layers} layers over pp={pp} do not split into virtual stages "
+            raise MeshplanError(f"{slots} layers over pp={pp} do not split into virtual stages "
                                 f"of {a.num_layers_per_virtual_pipeline_stage} layers")
         vpp = per_rank // a.num_layers_per_virtual_pipeline_stage
+    if layout and _accounts_embedding_loss(a):
+        raise MeshplanError("--account-for-embedding/loss-in-pipeline-split with --pipeline-model-parallel-layout: "
+                            "the layout places the embedding and the loss itself; give one or the other")
     if layout:
         if spec is not None and sum(layout) != spec.num_layers:
             raise MeshplanError(f"the pipeline layout holds {sum(layout)} layers, the model {spec.num_layers}")

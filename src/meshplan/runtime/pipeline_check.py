@@ -22,16 +22,15 @@ def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
     costs what one of 10 does: nothing is listed layer by layer).
 
     Follows ``plan.stage_layers`` (an even split when it is empty); virtual stage ``i`` then runs on
-    pipeline rank ``i % pp`` (``Plan.stage_rank``).
+    pipeline rank ``i % pp`` (``Plan.stage_rank``). The first and the last stage may hold no layer
+    (the embedding or the loss alone, Megatron's ``--account-for-embedding/loss-in-pipeline-split``):
+    ``cut_stage`` keeps their embedding / norm and head, an empty ``layers`` dict runs as the identity.
     """
     counts = plan.stage_layers or even_split(num_layers, plan.num_stages)
     if len(counts) != plan.num_stages:
         raise MeshplanError(f"stage_layers has {len(counts)} entries; pp*vpp={plan.num_stages} stages")
     if sum(counts) != num_layers:
         raise MeshplanError(f"stage_layers sum to {sum(counts)}, the model has {num_layers} layers")
-    if 0 in counts:
-        raise MeshplanError(f"stage_layers {list(counts)}: a stage holding only the embedding or the loss "
-                            "is not supported by this runtime; give every stage a layer")
     ranges: list[range] = []
     start = 0
     for n in counts:
