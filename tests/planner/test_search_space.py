@@ -1,7 +1,7 @@
 """The enumerated space: every legal global configuration, nothing illegal, no duplicates."""
 
 import itertools
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
@@ -111,3 +111,28 @@ def test_published_vpp_beyond_eight_is_searched():
     s = enumerate_space(model, TrainingSpec(seq_len=4096, global_batch=64), 64, SearchOptions(recomputes=(Recompute.NONE,)))
     pairs = set(zip(s.pp[s.pp > 1].tolist(), s.vpp[s.pp > 1].tolist()))
     assert (4, 12) in pairs and (2, 47) in pairs and (4, 11) not in pairs
+
+
+@pytest.mark.parametrize("target", ["meshplan", "megatron"])
+def test_cross_groups_in_blocks_is_the_whole_crossing(monkeypatch, target):
+    # With an allow mask, a large space is crossed and filtered block by block of groups
+    # (space._cross_allowed_in_blocks): the same rows, columns and order as crossing it whole
+    # and filtering once, module-set rows (appended after every group's plain rows) included.
+    from meshplan.search import space
+    from meshplan.spec.presets import model_preset
+    from meshplan.spec.training import TrainingSpec
+    from meshplan.targets import search_options
+
+    model, training = model_preset("qwen3-30b-a3b"), TrainingSpec(seq_len=4096, global_batch=64)
+    options = search_options(target, model, training)
+    if options.allow is None:  # the target's own mask, or a row-wise one that keeps module-set rows
+        options = replace(options, allow=lambda c: (c.micro_batch <= 2) | (c.pp > 1))
+    groups = space.enumerate_groups(model, training, 16, options)
+    whole = space._cross_whole(groups, model, training, options, None)
+    monkeypatch.setattr(space, "CROSS_BLOCK_ROWS", max(1, len(whole) // 7))
+    blocks = space.cross_groups(groups, model, training, options)
+    if target == "megatron":
+        assert np.count_nonzero(np.asarray(whole.recompute_modules)) > 0  # the appended rows are there
+    for f in fields(PlanArrays):
+        a, b = getattr(blocks, f.name), getattr(whole, f.name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), f.name

@@ -137,3 +137,25 @@ def test_truncated_grids_walk_the_same_points(tbl, cap, points):
     cut = stage_frontier(tbl, max_points=points, memory_cap_bytes=cap, truncate=True)
     for f in ("config", "max_time_s", "peak_bytes", "layers", "recomputed"):
         assert np.array_equal(getattr(cut, f), getattr(full, f)), f
+
+
+@settings(max_examples=150, deadline=None)
+@given(deep_tables(), st.sampled_from([np.inf, 2000.0, 600.0]), st.integers(1, 40), st.sampled_from([None, 0.5]))
+def test_walk_one_chunk_count_at_a_time_is_the_whole_walk(tbl, cap, points, stop_at):
+    # A table of several virtual-stage counts walked one count at a time (stages._walk_by_chunks,
+    # what stage_frontier does on large grids) gives the points of the walk over the whole table,
+    # bit for bit and in the same order (step, then config: ties between configs resolve the
+    # same); keep_going is asked about the same rows (stop_at: configs stop once their next
+    # point is slower than that fraction of their first rank's intercept plus L layers).
+    from meshplan.search import stages
+
+    if stop_at is None:
+        keep = None
+    else:
+        limit = stop_at * (tbl.rank_time_s[:, 0] + tbl.num_layers * tbl.layer_time_s)
+        keep = lambda rows, t_next, m_floor: t_next <= limit[rows]  # noqa: E731
+    with stages._quiet():
+        whole = stages._walk(tbl, points, keep, cap, None)
+        split = stages._walk_by_chunks(tbl, points, keep, cap, None)
+    for f in ("config", "max_time_s", "peak_bytes", "layers", "recomputed"):
+        assert np.array_equal(getattr(split, f), getattr(whole, f)), f

@@ -110,3 +110,21 @@ def test_chunk_weights_equal_the_per_row_rule():
                 want = (layout_chunk_weight(layers, pp, int(sub.vpp[i]), rnk, int(m[i]))
                         if interleaved[i] else 1.0)
                 assert got[i, rnk] == want
+
+
+def test_take_column_keeps_repeated_values_as_views():
+    # tables._take_column: a column that is one value repeated (stride 0) is gathered as a
+    # read-only view of the result's length; any other column (or a mask) as a copy; the values
+    # are those of plain indexing either way.
+    from meshplan.search.tables import _take_column
+
+    idx = np.array([3, 0, 3, 1])
+    same = np.broadcast_to(np.asarray(2.5), (5,))
+    got = _take_column(same, idx)
+    assert got.shape == (4,) and got.strides == (0,) and np.array_equal(got, same[idx])
+    assert not got.flags.writeable
+    varied = np.arange(5.0)
+    assert np.array_equal(_take_column(varied, idx), varied[idx])
+    mask = np.array([True, False, True, False, True])
+    assert np.array_equal(_take_column(same, mask), same[mask])
+    assert np.array_equal(_take_column(same, slice(1, 3)), same[1:3])

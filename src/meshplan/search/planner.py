@@ -41,7 +41,7 @@ from meshplan.search.group_prune import GROUP_PRUNE_MIN_CONFIGS, prune_groups
 from meshplan.search.space import (RECOMPUTES, SearchOptions, configurations_per_group, cross_groups,
                                    enumerate_groups, take_groups)
 from meshplan.search.stages import relaxed_bounds, stage_frontier
-from meshplan.search.tables import (CostContext, SharedLayerCost, _take_layer, chunk_split, pipeline_alpha,
+from meshplan.search.tables import (CostContext, SharedLayerCost, chunk_split, pipeline_alpha,
                                     score_splits, shared_layer_cost, stage_probes, stage_table)
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
@@ -447,7 +447,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
     by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
     starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
     # The stage tables' probes of every candidate in one cost-model call (cand is ascending).
-    probes = stage_probes(ctx, plans.take(cand), layer.take(cand), layer.take_stack(cand))
+    probes = stage_probes(ctx, plans.take(cand), shared=layer.rows(cand))
     next_key = 0
     for gi, g in enumerate(order):
         idx = cand[by_group[starts[g]:starts[g + 1]]]
@@ -457,8 +457,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
         pts_t, pts_m, pts_k = [], [], []
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
             sub = plans.take(chunk)
-            sub_layer = layer.take(chunk)
-            tbl = stage_table(ctx, sub, int(pp), sub.vpp, sub_layer, probes.take(np.searchsorted(cand, chunk)))
+            tbl = stage_table(ctx, sub, int(pp), sub.vpp, probes=probes.take(np.searchsorted(cand, chunk)))
             alpha = pipeline_alpha(ctx, sub)
             known = merge_fronts(*fronts)
 
@@ -473,16 +472,14 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
             if not live.any():
                 continue
             chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
-            sub_layer = _take_layer(sub_layer, np.flatnonzero(live))
             alpha = alpha[live]
             pts = stage_frontier(tbl, max_points=stage_points, memory_cap_bytes=cap,
                                  keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
                                  truncate=truncate)
             if pts.config.size == 0:
                 continue
-            sub_stack = layer.take_stack(chunk[pts.config])  # chunk: the live rows by now
             exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
-                                 _take_layer(sub_layer, pts.config), sub_stack)
+                                 shared=layer.rows(chunk[pts.config]))  # chunk: the live rows by now
             evaluated += pts.config.size
             splits.append((pts.layers, pts.recomputed, chunk[pts.config]))  # keys next_key...
             pts_t.append(exact.step_time_s)

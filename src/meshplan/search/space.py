@@ -311,6 +311,16 @@ def cross_groups(groups: dict[str, np.ndarray], model: ModelSpec, training: Trai
     ``enumerate_space``'s rows of those groups, in the same order. ``keep`` (groups x
     ``micro_batch_sizes`` x ``recompute_variants``, bool) lists only the configurations it marks
     (same order)."""
+    if options.allow is not None:
+        counts = configurations_per_group(groups, model, training, options)
+        if int(counts.sum()) > CROSS_BLOCK_ROWS:
+            return _cross_allowed_in_blocks(groups, model, training, options, keep, counts)
+    return _cross_whole(groups, model, training, options, keep)
+
+
+def _cross_whole(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                 options: SearchOptions, keep: np.ndarray | None) -> PlanArrays:
+    """:func:`cross_groups` in one piece."""
     return _arrays(_crossed(groups, model, training, options, keep), options)
 
 
@@ -330,6 +340,41 @@ def _arrays(c: dict[str, np.ndarray], options: SearchOptions) -> PlanArrays:
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
+
+
+CROSS_BLOCK_ROWS = 1 << 20
+"""With an ``allow`` mask, a space of more rows than this is crossed and filtered in blocks of
+groups of about this many rows (:func:`_cross_allowed_in_blocks`), not materialised whole
+before the mask drops most of it (Qwen3-30B-A3B on 256 GB200 for the meshplan target: 12.5M
+rows of ~20 columns, 1.4M kept)."""
+
+
+def _cross_allowed_in_blocks(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                             options: SearchOptions, keep: np.ndarray | None, counts: np.ndarray) -> PlanArrays:
+    """:func:`cross_groups` with ``options.allow``, block by block of consecutive groups: the same
+    rows in the same order. ``allow`` is a row-wise mask (the search applies it to any subset of
+    rows: variants, frontiers); the crossing puts every group's rows with module set 0 first,
+    in group order, then every group's rows of the other module sets (:func:`_cross_recompute`;
+    ``module_codes`` holds no 0), so the blocks' first parts come first, then their second parts."""
+    edges = np.searchsorted(np.cumsum(counts), np.arange(CROSS_BLOCK_ROWS, int(counts.sum()), CROSS_BLOCK_ROWS))
+    heads, tails = [], []
+    for block in np.split(np.arange(counts.size), np.unique(edges[(edges > 0) & (edges < counts.size)])):
+        part = _cross_whole(take_groups(groups, block), model, training, options,
+                            None if keep is None else keep[block])
+        tail = np.asarray(part.recompute_modules) != 0
+        heads.append(part.take(np.flatnonzero(~tail)))
+        tails.append(part.take(np.flatnonzero(tail)))
+    parts = heads + tails
+    return PlanArrays(**{f.name: _join([getattr(x, f.name) for x in parts]) for f in fields(PlanArrays)})
+
+
+def _join(columns: list[np.ndarray]) -> np.ndarray:
+    """One column of the blocks: a column :func:`_cross_whole` writes as one value on every row
+    (a broadcast, stride 0, the same value in every block) stays one."""
+    full = [c for c in columns if c.size]
+    if full and all(c.strides == (0,) for c in full) and len({c[0].item() for c in full}) == 1:
+        return np.broadcast_to(full[0][:1].reshape(()), (sum(c.shape[0] for c in columns),))
+    return np.concatenate(columns)
 
 
 def embedding_loss_vpp(model: ModelSpec, pp, options: SearchOptions) -> np.ndarray:

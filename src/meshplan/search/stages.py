@@ -423,7 +423,46 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     (TRUNCATE_MIN_LAYER_COUNTS).
     """
     with _quiet():
-        return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+        cells = tbl.num_configs * tbl.num_ranks * (tbl.num_layers - tbl.num_ranks * tbl.min_chunks() + 1)
+        if tbl.uniform_chunks() or cells < SPLIT_MIN_CELLS:
+            return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+        return _walk_by_chunks(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+
+
+def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+                    truncate: bool | None) -> StagePoints:
+    """:func:`_walk` of a table of several virtual-stage counts v, one v at a time: each v's
+    grid starts at its own v and needs no masks (:func:`_mask_grid`), and a larger v's grid is
+    narrower. A config's walk reads its own row only (every grid pass, the partition and the
+    assignment are per row; ``keep_going`` is asked per row), so its points are the ones the
+    whole table's walk gives it; they are returned in that walk's order (step, then row), so
+    that ties between configs resolve as they did."""
+    v = tbl.chunk_array()
+    parts = []
+    for vv in np.unique(v):
+        rows = np.flatnonzero(v == vv)
+        go = None if keep_going is None else (lambda r, t, m, rows=rows: keep_going(rows[r], t, m))
+        pts = _walk(tbl.take(rows), max_points, go, memory_cap_bytes, truncate)
+        parts.append((rows[pts.config], pts))
+    cfg = np.concatenate([c for c, _ in parts])
+    if cfg.size == 0:
+        return _empty_points(tbl.num_ranks)
+    # A config's points come out fastest first, one per step: its k-th point is step k's.
+    order = np.argsort(cfg, kind="stable")
+    first = np.searchsorted(cfg[order], cfg[order])  # index of the config's first point in order
+    step = np.empty(cfg.size, dtype=np.int64)
+    step[order] = np.arange(cfg.size) - first
+    out = np.lexsort((cfg, step))
+    return StagePoints(cfg[out], *(np.concatenate([getattr(p, f) for _, p in parts])[out]
+                                   for f in ("max_time_s", "peak_bytes", "layers", "recomputed")))
+
+
+SPLIT_MIN_CELLS = 1 << 18
+"""A table of several virtual-stage counts is walked one count at a time
+(:func:`_walk_by_chunks`) when its grid holds at least this many cells (configs x ranks x layer
+counts); below, the per-walk fixed cost of the extra walks outweighs the masks they save
+(Qwen3-30B-A3B's p = 2 tables, 10k configs x 2 x 47 counts, v 1-8: 0.46 -> 0.36 s; Llama-2-7B on
+8 GPUs, small tables: 0.10 -> 0.12 s split, session 9)."""
 
 
 def _quiet() -> np.errstate:

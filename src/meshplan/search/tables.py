@@ -46,7 +46,23 @@ _LAYER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LayerCost))
 
 
 def _take_layer(layer: LayerCost, idx: np.ndarray) -> LayerCost:
-    return LayerCost(**{name: np.asarray(getattr(layer, name))[idx] for name in _LAYER_FIELDS})
+    return LayerCost(**{name: _take_column(getattr(layer, name), idx) for name in _LAYER_FIELDS})
+
+
+def _take_column(values, idx):
+    """``values[idx]``; a column that is one value repeated (a broadcast view, stride 0: a cost
+    term the same for every row) stays a broadcast view of the result's length, not a copy (the
+    same values, read-only, as every cost column the search passes on)."""
+    x = np.asarray(values)
+    if x.ndim == 1 and x.size and x.strides[0] == 0 and isinstance(idx, np.ndarray) and idx.dtype != bool:
+        return np.broadcast_to(x[:1].reshape(()), idx.shape)
+    return x[idx]
+
+
+def _take_stack(stack: StackLayers, idx: np.ndarray) -> StackLayers:
+    """``stack.take(idx)`` with :func:`_take_column`'s broadcast columns."""
+    pick = lambda c: None if c is None else _take_layer(c, idx)  # noqa: E731
+    return StackLayers(lead_layers=stack.lead_layers, lead=pick(stack.lead), rest=pick(stack.rest), mtp=pick(stack.mtp))
 
 
 def _stack(plans: PlanArrays, times: int) -> tuple[PlanArrays, np.ndarray]:
@@ -77,7 +93,20 @@ class SharedLayerCost:
         return _take_layer(self.unique, self.row[idx])
 
     def take_stack(self, idx) -> StackLayers | None:
-        return None if self.stack is None else self.stack.take(self.row[idx])
+        return None if self.stack is None else _take_stack(self.stack, self.row[idx])
+
+    def rows(self, idx) -> SharedLayerCost:
+        """The same costs for the plans at ``idx`` (no column is gathered until ``take``)."""
+        return SharedLayerCost(unique=self.unique, row=self.row[idx], stack=self.stack)
+
+
+def _gather(layer: LayerCost | None, stack: StackLayers | None, shared: SharedLayerCost | None,
+            idx: np.ndarray) -> tuple[LayerCost, StackLayers | None]:
+    """Layer costs (and per-kind costs) of rows ``idx``: from ``shared``'s distinct rows when the
+    caller has them (one gather from a small table), else from the full-length ``layer``."""
+    if shared is not None:
+        return shared.take(idx), shared.take_stack(idx)
+    return _take_layer(layer, idx), None if stack is None else stack.take(idx)
 
 
 def shared_layer_cost(ctx: CostContext, plans: PlanArrays, with_stack: bool = True) -> SharedLayerCost:
@@ -138,13 +167,17 @@ class StageProbes:
 
 
 def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None,
-                 stack: StackLayers | None = None) -> StageProbes:
+                 stack: StackLayers | None = None, shared: SharedLayerCost | None = None) -> StageProbes:
     """The probes of :func:`stage_table` for plans of any pipeline degrees, in one stacked
     ``rank_cost`` call (a caller tabling many groups pays its fixed cost once); each plan's
     columns are what ``stage_table`` computes for it alone. With ``stack`` the slopes are the
-    non-leading layers', and the embedding rank's probe holds the leading dense layers too."""
+    non-leading layers', and the embedding rank's probe holds the leading dense layers too.
+    ``shared`` (the plans' rows of a :class:`SharedLayerCost`) stands for ``layer`` and ``stack``."""
     C = len(plans)
-    layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
+    if shared is not None:
+        stack = shared.stack
+    elif layer is None:
+        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last, one = plans.pp - 1, plans.pp == 1
     d = stack.lead_layers if stack is not None else 0
     # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head, lead).
@@ -155,8 +188,9 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
     sp, idx = _stack(plans, K)
     col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
                                            for pr in probes])
-    mix = {} if stack is None else {"stack": stack.take(idx), "lead": col(5, float)}
-    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
+    rows_layer, rows_stack = _gather(layer, stack, shared, idx)
+    mix = {} if stack is None else {"stack": rows_stack, "lead": col(5, float)}
+    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, rows_layer,
                    rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
                    has_embedding=col(3, bool), has_head=col(4, bool), totals=False, **mix)
     return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C),
@@ -233,16 +267,22 @@ def fit_step_peak(ctx: CostContext, plans: PlanArrays, ranks: list) -> StepPeak:
 
 
 def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
-                 layer: LayerCost | None = None, stack: StackLayers | None = None) -> StepPeak:
+                 layer: LayerCost | None = None, stack: StackLayers | None = None,
+                 shared: SharedLayerCost | None = None) -> StepPeak:
     """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp): what
-    ``compose`` gives for step time and peak memory (``stack``: each rank charged its kinds)."""
+    ``compose`` gives for step time and peak memory (``stack``: each rank charged its kinds;
+    ``shared``, the plans' rows of a :class:`SharedLayerCost`, stands for ``layer`` and ``stack``)."""
     P, pp = layers.shape
-    layer = layer if layer is not None else layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
+    if shared is not None:
+        stack = shared.stack
+    elif layer is None:
+        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     sp, idx = _stack(plans, pp)  # rank-major blocks: block j is rank j of every plan
     rank = np.repeat(np.arange(pp), P)
-    mix = {} if stack is None else {"stack": stack.take(idx),
+    rows_layer, rows_stack = _gather(layer, stack, shared, idx)
+    mix = {} if stack is None else {"stack": rows_stack,
                                     "lead": lead_on_ranks(ctx.model, layers, plans.vpp).T.reshape(-1)}
-    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, _take_layer(layer, idx),
+    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, rows_layer,
                    rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
                    has_embedding=rank == 0, has_head=rank == pp - 1, totals=False,
                    chunk_weight=_chunk_weights(ctx.training, plans, layers, recomputed).T.reshape(-1), **mix)
