@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ from meshplan.search.robust import model_error, robust_choice
 from meshplan.search.space import why_outside
 from meshplan.targets import Target, search_options
 
+from experts_band import band_section  # bench/ is the script's directory, on sys.path
 from experts_evidence import (  # bench/ is the script's directory, on sys.path
     LARGE_GAIN,
     _runs_by_id,
@@ -71,7 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "meshplan"
 CACHE = ROOT / "bench" / "results" / "experts_cache.json"
 DOC = ROOT / "docs" / "experts.md"
-HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan")
+HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan", "data")
 log = logging.getLogger("bench_experts")
 TOP_TERMS = 3
 STACK = Target.MEGATRON
@@ -100,6 +102,12 @@ class Row:
     """The published stack predates selective recompute and sequence parallel."""
     budget_gib: float
     recommended_gib: float | None
+    band: float | None = None
+    """The robust recommendation's band between the recommended and the published plan (fraction):
+    the pairwise ratio error of the knobs they differ in, or the absolute error where no pair
+    measures one (``ModelError.band``)."""
+    band_knobs: str = ""
+    """The knobs they differ in; those no pair of measured layouts measures marked '(no pairs)'."""
 
 
 def source_hash() -> str:
@@ -134,7 +142,7 @@ def compare_job(csv: str, runs: list[Run]) -> list[Row]:
     calib = setting_calibration(first, None, first.settings)
     opts = search_options(STACK, first.model, first.training)
     res = search(first.model, first.cluster, first.training, calib=calib, options=opts)
-    choice = None
+    choice = err = None
     if res.recommended is not None:
         err = model_error(first.model.is_moe, first.training.precision.value, gpu_family(first.cluster.gpu))
         choice = robust_choice(res.frontier, res.budget_bytes, res.recommended_index, err)
@@ -155,7 +163,9 @@ def compare_job(csv: str, runs: list[Run]) -> list[Row]:
                             terms="nothing fits the budget", term_deltas={}, recommended_gib=None))
             continue
         att = attribute(pub, rec)
+        log_band, knobs, unmeasured = err.band(rec.plan, run.plan)
         rows.append(Row(**common, recommended=rec.plan.notation(), ratio=pub.step_time_s / rec.step_time_s,
+                        band=math.expm1(log_band), band_knobs=", ".join(knobs + tuple(f"{k} (no pairs)" for k in unmeasured)),
                         nominal_ratio=pub.step_time_s / res.recommended.step_time_s,
                         terms=att.explain(TOP_TERMS), recommended_gib=rec.peak_memory_gib,
                         term_deltas={t.term: t.delta_s / pub.step_time_s for t in att.terms}))
@@ -470,6 +480,7 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
         firsts[top] = firsts.get(top, 0) + 1
     for term, s in sorted(tally.items(), key=lambda kv: -kv[1]):
         out.append(f"| {term} | {s:.2f} | {firsts.get(term, 0)} |")
+    out += band_section(rows)
     out += verdict_section(big)
     out += ["", f"## Ratios above {LARGE_GAIN}", "",
             "The last column: where the data holds another measured run of the same job with another layout, this "

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
+from meshplan.calib.pairwise import knobs_differing, release
 from meshplan.calib.validate import Run, load_runs, predicted_metric, setting_calibration
 from meshplan.cost import estimate
 from meshplan.data.published import PUBLISHED_RUNS, runs_csv
+from meshplan.report.attribution import attribute
 
 if TYPE_CHECKING:
     from bench_experts import Row
@@ -83,15 +85,6 @@ def measured_sibling_ratio(row: Row) -> str:
     return "-" if sib is None else sib.cell()
 
 
-BRIDGE_SOURCE = "Megatron-Bridge"
-
-
-def release(source: str) -> str:
-    """What a row was measured on: its container release for a Megatron-Bridge table ("Megatron-Bridge
-    26.04.01"), else the publication (the source's first word: "Narayanan2021", "BLOOM", ...)."""
-    return source if source.startswith(BRIDGE_SOURCE) else source.split()[0]
-
-
 @cache
 def _raw_rows(csv: str) -> dict[str, dict[str, str]]:
     """The CSV's records by id, the ones the model cannot build included."""
@@ -147,9 +140,27 @@ def measured_sibling(row: Row) -> Sibling | None:
 
 def contradicted(sib: Sibling) -> bool:
     """The model ranks the two measured layouts the other way round from the measurements, by
-    more than LARGE_GAIN - 1."""
-    return (sib.model is not None and (sib.measured < 1) != (sib.model < 1)
+    more than LARGE_GAIN - 1, both measured on one release (across releases the same layout of a
+    job differs by up to 1.8x: 'Releases, the layout fixed' in docs/experts.md, so a reversal
+    there does not point at a term of the model)."""
+    return (sib.model is not None and sib.same_release and (sib.measured < 1) != (sib.model < 1)
             and abs(sib.model - sib.measured) > LARGE_GAIN - 1)
+
+
+def ordering_term(row: Row, sib: Sibling) -> str:
+    """The term of the model's difference between the row's layout and its measured sibling that
+    pushes the model's order against the measured one the most (report/attribution.py), and the
+    knobs in which the two layouts differ (calib/pairwise.py)."""
+    runs = _runs_by_id(row.csv)
+    me, other = runs[row.row_id], runs[sib.row_id]
+    est = lambda r: estimate(r.model, r.cluster, r.training, r.plan, setting_calibration(r, None, r.settings))
+    base = est(other)
+    terms = attribute(base, est(me)).terms  # this layout's step - the sibling's, per term
+    wrong = 1.0 if sib.measured < 1 else -1.0  # measured faster: the terms that make it slower are the wrong ones
+    worst = max(terms, key=lambda t: wrong * t.delta_s)
+    knobs = ", ".join(knobs_differing(me.plan, other.plan))
+    return (f"layouts differ in {knobs}; the model's difference is led by {worst.term} "
+            f"{worst.delta_s / base.step_time_s:+.1%} of the step")
 
 
 def _largest_term(row: Row) -> str:
@@ -165,7 +176,8 @@ def verdict(row: Row) -> tuple[str, str]:
     """(class, reason) of a large gain: what the data says about it (first that applies)."""
     sib = measured_sibling(row)
     if sib is not None and contradicted(sib):
-        return "contradicted", f"row {sib.row_id} measured {sib.measured:.2f}, model {sib.model:.2f}"
+        return "contradicted", (f"row {sib.row_id} measured {sib.measured:.2f}, model {sib.model:.2f}; "
+                                f"{ordering_term(row, sib)}")
     if sib is not None and sib.measured > LARGE_GAIN:
         return ("measured" if sib.same_release else "measured (another release)"), sib.cell()
     top = _largest_term(row)

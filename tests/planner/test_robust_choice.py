@@ -121,7 +121,7 @@ def test_pairwise_band_widens_where_the_data_measures_a_large_ratio_error():
     err = replace(_err(spread=0.01), pairwise_log_error={"mb": math.log(1.08)}, pairwise_source="pairs")
     c = robust_choice(front, 80 * GIB, 0, err)
     assert c.index == 1 and c.band_knobs == ("mb",) and abs(c.band - 0.08) < 1e-12
-    assert "differ in mb is off by mb 8.0%" in c.why and "nominally 6.0% faster" in c.why
+    assert "is off by 8.0% for mb" in c.why and "nominally 6.0% faster" in c.why
 
 
 def test_a_knob_no_pair_measures_falls_back_to_the_absolute_band():

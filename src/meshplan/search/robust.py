@@ -204,9 +204,9 @@ def _band_text(err: ModelError, log_band: float, knobs: tuple[str, ...], unmeasu
         return (f"no pair of measured layouts separates {', '.join(unmeasured)}, so the band is the absolute error "
                 f"of one step on both plans, {math.expm1(log_band):.1%} (spread of validate's throughput error, "
                 f"class {err.throughput_class})")
-    per = ", ".join(f"{k} {math.expm1(err.pairwise_log_error[k]):.1%}" for k in knobs)
-    return (f"the model's ratio between two layouts that differ in {', '.join(knobs)} is off by {per} "
-            f"(median over measured pairs of one job, {err.pairwise_source or 'validate'})")
+    per = ", ".join(f"{math.expm1(err.pairwise_log_error[k]):.1%} for {k}" for k in knobs)
+    return (f"the model's ratio between two measured layouts of one job is off by {per} "
+            f"(median, `meshplan validate` pairwise table)")
 
 
 def _why(frontier, best: int, nominal: int, err: ModelError, budget_bytes: float, roomy: bool) -> str:
