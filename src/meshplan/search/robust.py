@@ -209,6 +209,18 @@ def _band_text(err: ModelError, log_band: float, knobs: tuple[str, ...], unmeasu
             f"(median, `meshplan validate` pairwise table)")
 
 
+def band_basis(err: ModelError, a: Plan, b: Plan) -> tuple[float, str]:
+    """(band as a fraction, what it rests on) between plans ``a`` and ``b`` (`plan --compare`)."""
+    log_band, knobs, unmeasured = err.band(a, b)
+    if not knobs and not unmeasured:
+        return 0.0, "the same layout"
+    if unmeasured:
+        return math.expm1(log_band), (f"no pair of measured layouts separates {', '.join(unmeasured)}: the absolute "
+                                      f"error of one step on both plans, class {err.throughput_class}")
+    return math.expm1(log_band), ("the median error of `meshplan validate`'s pairwise table for "
+                                  + ", ".join(f"{k} {math.expm1(err.pairwise_log_error[k]):.1%}" for k in knobs))
+
+
 def _why(frontier, best: int, nominal: int, err: ModelError, budget_bytes: float, roomy: bool) -> str:
     b, n = frontier[best], frontier[nominal]
     memory = f"memory headroom asked: {err.memory_abs_p90:.1%} (p90 memory error, class {err.memory_class})"
