@@ -33,7 +33,6 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import statistics
 import sys
 import time
@@ -163,9 +162,9 @@ def compare_job(csv: str, runs: list[Run]) -> list[Row]:
                             terms="nothing fits the budget", term_deltas={}, recommended_gib=None))
             continue
         att = attribute(pub, rec)
-        log_band, knobs, unmeasured = err.band(rec.plan, run.plan)
+        band = err.band(rec.plan, run.plan)
         rows.append(Row(**common, recommended=rec.plan.notation(), ratio=pub.step_time_s / rec.step_time_s,
-                        band=math.expm1(log_band), band_knobs=", ".join(knobs + tuple(f"{k} (no pairs)" for k in unmeasured)),
+                        band=band.fraction, band_knobs=", ".join(band.knobs + tuple(f"{k} (no pairs)" for k in band.unmeasured)),
                         nominal_ratio=pub.step_time_s / res.recommended.step_time_s,
                         terms=att.explain(TOP_TERMS), recommended_gib=rec.peak_memory_gib,
                         term_deltas={t.term: t.delta_s / pub.step_time_s for t in att.terms}))

@@ -39,6 +39,10 @@ def test_knobs_differing():
     assert knobs_differing(pp2, even) == ("layers",)
     full = Plan(dims=ParallelDims(dp_shard=8), zero=1, recompute=Recompute.FULL)
     assert knobs_differing(BASE, full) == ("recompute",) and knobs_differing(BASE, BASE) == ()
+    # an explicit even split, or one without a pipeline, is no knob
+    assert knobs_differing(BASE, Plan(dims=ParallelDims(dp_shard=8), zero=1, stage_layers=(32,))) == ()
+    assert knobs_differing(pp2v, Plan(dims=ParallelDims(dp_shard=4, pp=2), zero=1,
+                                      schedule=Schedule.INTERLEAVED_1F1B, vpp=2)) == ()
 
 
 def test_measured_step_by_metric():

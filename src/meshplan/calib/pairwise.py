@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from meshplan.plan import Plan
+from meshplan.plan import Plan, Recompute
 
 if TYPE_CHECKING:
     from meshplan.calib.validate import RowResult, Run
@@ -50,9 +50,18 @@ def release(source: str) -> str:
     return source if source.startswith(BRIDGE_SOURCE) else source.split()[0]
 
 
-def _stage_split(p: Plan) -> tuple:
-    # The layer split is a knob of its own only between plans of the same pipeline shape.
-    return (p.dims.pp, p.vpp, p.stage_layers)
+def _stage_split(p: Plan) -> tuple | None:
+    """The layer split: None without a pipeline or when even (an empty split is the even one)."""
+    if p.dims.pp * p.vpp == 1 or len(set(p.stage_layers)) <= 1:
+        return None
+    return p.stage_layers
+
+
+def _recompute(p: Plan) -> tuple | None:
+    if p.recompute == Recompute.NONE:
+        return None
+    layers = None if tuple(p.recompute_layers) in ((), tuple(p.stage_layers)) else p.recompute_layers
+    return (p.recompute, layers, p.recompute_modules)
 
 
 KNOBS: tuple[tuple[str, Callable[[Plan], Any]], ...] = (
@@ -67,15 +76,16 @@ KNOBS: tuple[tuple[str, Callable[[Plan], Any]], ...] = (
     ("etp", lambda p: p.dims.etp if p.dims.ep > 1 and p.dims.etp not in (0, p.dims.tp) else None),
     ("zero", lambda p: p.zero if p.dims.dp_shard * p.dims.cp > 1 else 0),
     ("hsdp", lambda p: p.dims.dp_replicate > 1 and p.dims.dp_shard > 1),
-    ("recompute", lambda p: (p.recompute, p.recompute_layers, p.recompute_modules)),
-    ("offload", lambda p: (p.offload, p.offload_layers)),
+    ("recompute", _recompute),
+    ("offload", lambda p: (p.offload, p.offload_layers) if p.offload else None),
 )
 """The plan knobs a pair of layouts can differ in (the data-parallel degree is not one: at a fixed
 GPU count it follows from the others)."""
 
 
 def knobs_differing(a: Plan, b: Plan) -> tuple[str, ...]:
-    """The ``KNOBS`` in which ``a`` and ``b`` differ ('layers' only when the pipeline shapes agree)."""
+    """The ``KNOBS`` in which ``a`` and ``b`` differ ('layers', an uneven split, only when the
+    pipeline shapes agree)."""
     out = tuple(name for name, of in KNOBS if of(a) != of(b))
     if "pp" in out or "schedule" in out:
         out = tuple(k for k in out if k != "layers")
@@ -157,13 +167,22 @@ def _stats(group: Sequence[Pair]) -> dict[str, Any]:
             "misordered": sum(p.misordered for p in group)}
 
 
+KNOB_SET_SEP = "+"
+"""Joins the knobs of a knob set in ``summarize``'s 'by_knob_set' keys ("mb+tp")."""
+
+
 def summarize(found: Sequence[Pair]) -> dict[str, Any]:
     """Median / p90 of |log(model ratio / measured ratio)| over all pairs, per knob (pairs that
-    differ in it, among others) and per knob alone (pairs that differ in nothing else)."""
+    differ in it, among others), per knob alone (pairs that differ in nothing else), and the errors
+    per set of knobs a pair differs in (what search/robust.py pools for two plans)."""
     names = [name for name, _ in KNOBS]
+    sets: dict[str, list[float]] = {}
+    for p in found:
+        sets.setdefault(KNOB_SET_SEP.join(p.knobs), []).append(round(p.error, 6))
     return {
         "all": _stats(found),
         "by_knob": {k: _stats([p for p in found if k in p.knobs]) for k in names},
         "by_knob_alone": {k: _stats([p for p in found if p.knobs == (k,)]) for k in names},
         "by_arch": {arch: _stats([p for p in found if p.moe == (arch == "moe")]) for arch in ("dense", "moe")},
+        "by_knob_set": {k: sorted(v) for k, v in sorted(sets.items())},
     }

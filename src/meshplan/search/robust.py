@@ -28,11 +28,12 @@ The output says why it was chosen over a nominally faster plan.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from meshplan.calib.pairwise import MIN_PAIRS, knobs_differing
+from meshplan.calib.pairwise import KNOB_SET_SEP, MIN_PAIRS, knobs_differing
 from meshplan.plan import CPMethod, Plan, Recompute, Schedule
 from meshplan.shipped import shipped_json
 
@@ -81,6 +82,25 @@ def class_keys(is_moe: bool, precision: str, gpu_family: str) -> tuple[str, ...]
 
 
 @dataclass(frozen=True)
+class Band:
+    """How far the model's step ratio between two plans of one job can be off."""
+
+    log: float
+    """log of the largest ratio error taken as a tie."""
+    knobs: tuple[str, ...]
+    """The knobs the two plans differ in that measured pairs cover."""
+    unmeasured: tuple[str, ...]
+    """Those no measured pair covers (then ``log`` is the absolute band of one step on both plans);
+    all the knobs when too few pairs are left."""
+    pairs: int
+    """Measured pairs pooled."""
+
+    @property
+    def fraction(self) -> float:
+        return math.expm1(self.log)
+
+
+@dataclass(frozen=True)
 class ModelError:
     """What validate measured for the class of a job."""
 
@@ -92,10 +112,9 @@ class ModelError:
     memory_class: str
     feature_rows: dict[str, int]
     source: str
-    pairwise_log_error: Mapping[str, float] = field(default_factory=dict)
-    """Per plan knob (calib/pairwise.py KNOBS), the median |log(model ratio / measured ratio)| over
-    the pairs of measured layouts of one job that differ in it; knobs with fewer than MIN_PAIRS
-    pairs are absent."""
+    pairwise_errors: Mapping[frozenset[str], tuple[float, ...]] = field(default_factory=dict)
+    """|log(model ratio / measured ratio)| of the pairs of measured layouts of one job, by the set
+    of knobs (calib/pairwise.py KNOBS) the two layouts differ in."""
     pairwise_source: str = ""
 
     @property
@@ -105,16 +124,21 @@ class ModelError:
         s = min(self.throughput_spread, MAX_SPREAD)
         return math.log((1 + s) / (1 - s))
 
-    def band(self, a: Plan, b: Plan) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
-        """(log band of the ratio a / b, the knobs they differ in that pairs measure, those none
-        measures). The band is the largest pairwise error of the differing knobs, the absolute
-        band if any of them has no pairs (and 0 between equal layouts)."""
+    def band(self, a: Plan, b: Plan) -> "Band":
+        """The band of the model's ratio a / b: the median error of the measured pairs that differ
+        in nothing but knobs in which ``a`` and ``b`` differ (at least MIN_PAIRS of them, and every
+        such knob measured by one); the absolute band where a knob is not (0 between equal layouts)."""
         knobs = knobs_differing(a, b)
-        measured = tuple(k for k in knobs if k in self.pairwise_log_error)
-        unmeasured = tuple(k for k in knobs if k not in self.pairwise_log_error)
-        if unmeasured:
-            return self.absolute_log_band, measured, unmeasured
-        return max((self.pairwise_log_error[k] for k in measured), default=0.0), measured, unmeasured
+        if not knobs:
+            return Band(0.0, (), (), 0)
+        mine = set(knobs)
+        sets = [(ks, errs) for ks, errs in self.pairwise_errors.items() if ks <= mine and errs]
+        covered = set().union(*(ks for ks, _ in sets))
+        errs = sorted(e for _, es in sets for e in es)
+        unmeasured = tuple(k for k in knobs if k not in covered)
+        if unmeasured or len(errs) < MIN_PAIRS:
+            return Band(self.absolute_log_band, tuple(k for k in knobs if k in covered), unmeasured or knobs, len(errs))
+        return Band(statistics.median(errs), knobs, (), len(errs))
 
     def features(self, plan: Plan) -> tuple[str, ...]:
         """Every feature of ``FEATURES`` the plan uses."""
@@ -139,12 +163,11 @@ def model_error(is_moe: bool, precision: str, gpu_family: str) -> ModelError:
     t_key = next(k for k in keys if classes.get(k, {}).get("rows", 0) >= MIN_CLASS_ROWS or k == "all")
     m_key = next(k for k in keys if classes.get(k, {}).get("memory_rows", 0) >= MIN_CLASS_ROWS or k == "all")
     pw = rec.get("pairwise", {})
-    knobs = {k: v["median_abs_log_error"] for k, v in pw.get("by_knob", {}).items()
-             if v["pairs"] >= MIN_PAIRS and v["median_abs_log_error"] is not None}
+    sets = {frozenset(k.split(KNOB_SET_SEP)): tuple(v) for k, v in pw.get("by_knob_set", {}).items()}
     return ModelError(throughput_spread=classes[t_key]["throughput_spread"], throughput_class=t_key,
                       memory_abs_p90=classes[m_key].get("memory_abs_p90", 0.0), memory_class=m_key,
                       feature_rows=dict(rec["feature_rows"]), source=rec["source"],
-                      pairwise_log_error=knobs, pairwise_source=pw.get("source", ""))
+                      pairwise_errors=sets, pairwise_source=pw.get("source", ""))
 
 
 @dataclass(frozen=True)
@@ -181,8 +204,8 @@ def robust_choice(frontier: Sequence["ScoredPlan"], budget_bytes: float, nominal
     fastest = frontier[nominal]
     bands = {i: err.band(p.plan, fastest.plan) for i, p in enumerate(frontier)
              if p.peak_memory_bytes <= budget_bytes}
-    in_band = [i for i, (b, _, _) in bands.items()
-               if math.log(frontier[i].step_time_s / fastest.step_time_s) <= b]
+    in_band = [i for i, band in bands.items()
+               if math.log(frontier[i].step_time_s / fastest.step_time_s) <= band.log]
     roomy = [i for i in in_band if frontier[i].peak_memory_bytes * (1 + h) <= budget_bytes]
     pool = roomy or in_band
 
@@ -192,33 +215,31 @@ def robust_choice(frontier: Sequence["ScoredPlan"], budget_bytes: float, nominal
                 p.step_time_s)
 
     best = min(pool, key=key)
-    log_band, knobs, unmeasured = bands[best]
-    return RobustChoice(index=best, nominal_index=nominal, band=math.expm1(log_band), required_headroom=h,
+    band = bands[best]
+    return RobustChoice(index=best, nominal_index=nominal, band=band.fraction, required_headroom=h,
                         unvalidated=err.unvalidated(frontier[best].plan),
                         why=_why(frontier, best, nominal, err, budget_bytes, bool(roomy)),
-                        band_knobs=knobs, unmeasured_knobs=unmeasured)
+                        band_knobs=band.knobs, unmeasured_knobs=band.unmeasured)
 
 
-def _band_text(err: ModelError, log_band: float, knobs: tuple[str, ...], unmeasured: tuple[str, ...]) -> str:
-    if unmeasured:
-        return (f"no pair of measured layouts separates {', '.join(unmeasured)}, so the band is the absolute error "
-                f"of one step on both plans, {math.expm1(log_band):.1%} (spread of validate's throughput error, "
-                f"class {err.throughput_class})")
-    per = ", ".join(f"{math.expm1(err.pairwise_log_error[k]):.1%} for {k}" for k in knobs)
-    return (f"the model's ratio between two measured layouts of one job is off by {per} "
-            f"(median, `meshplan validate` pairwise table)")
+def band_text(err: ModelError, band: Band) -> str:
+    """What ``band`` rests on, in words."""
+    if not band.knobs and not band.unmeasured:
+        return "the same layout"
+    if band.unmeasured:
+        lacking = (f"no pair of measured layouts separates {', '.join(band.unmeasured)}" if band.pairs >= MIN_PAIRS
+                   else f"fewer than {MIN_PAIRS} pairs of measured layouts differ in {', '.join(band.unmeasured)} alone")
+        return (f"{lacking}, so the band is the absolute error of one step on both plans (spread of validate's "
+                f"throughput error, class {err.throughput_class})")
+    return (f"the model's ratio between two measured layouts of one job that differ in {', '.join(band.knobs)} "
+            f"(or some of them) is off by {band.fraction:.1%}, median of {band.pairs} pairs "
+            f"(`meshplan validate` pairwise table)")
 
 
 def band_basis(err: ModelError, a: Plan, b: Plan) -> tuple[float, str]:
     """(band as a fraction, what it rests on) between plans ``a`` and ``b`` (`plan --compare`)."""
-    log_band, knobs, unmeasured = err.band(a, b)
-    if not knobs and not unmeasured:
-        return 0.0, "the same layout"
-    if unmeasured:
-        return math.expm1(log_band), (f"no pair of measured layouts separates {', '.join(unmeasured)}: the absolute "
-                                      f"error of one step on both plans, class {err.throughput_class}")
-    return math.expm1(log_band), ("the median error of `meshplan validate`'s pairwise table for "
-                                  + ", ".join(f"{k} {math.expm1(err.pairwise_log_error[k]):.1%}" for k in knobs))
+    band = err.band(a, b)
+    return band.fraction, band_text(err, band)
 
 
 def _why(frontier, best: int, nominal: int, err: ModelError, budget_bytes: float, roomy: bool) -> str:
@@ -227,7 +248,7 @@ def _why(frontier, best: int, nominal: int, err: ModelError, budget_bytes: float
     if best == nominal:
         note = "" if roomy else "; no plan in the band keeps that headroom"
         return f"the fastest plan that fits is also the most robust choice ({memory}{note})"
-    log_band, knobs, unmeasured = err.band(b.plan, n.plan)
+    band = err.band(b.plan, n.plan)
     gains = []
     lost = set(err.unvalidated(n.plan)) - set(err.unvalidated(b.plan))
     if lost:
@@ -242,5 +263,5 @@ def _why(frontier, best: int, nominal: int, err: ModelError, budget_bytes: float
         gains.append(f"keeps {more:.1f} GiB more memory headroom")
     gap = b.step_time_s / n.step_time_s - 1
     return (f"chosen over #{nominal} ({n.plan.notation()}, nominally {gap:.1%} faster, within the band of "
-            f"{math.expm1(log_band):.1%}: {_band_text(err, log_band, knobs, unmeasured)}): within that band it "
+            f"{band.fraction:.1%}: {band_text(err, band)}): within that band it "
             f"{' and '.join(gains) or 'ties'}; {memory}")
