@@ -17,11 +17,13 @@ For every large gain a verdict (bench/experts_evidence.py): whether another meas
 same job shows it (same release, another release, or a row whose layout is not given), whether it
 comes from a technique the published run did not have, whether it disappears against the
 published run's measured step (the model's error on the published plan), or whether it rests on
-the model alone.
+the model alone. Per row also the band the recommendation holds the two plans to (bench/experts_band.py:
+the model's measured error on the ratio of two layouts, calib/pairwise.py), and whether the
+published plan is estimated faster than the recommendation by more than it.
 
 Rows of one job (same model, cluster, training and calibration: 417 rows are 159 jobs) share one
 search, the largest searches first. Results are cached in bench/results/experts_cache.json under a
-hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/), written after
+hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/, data/), written after
 every job, so an unchanged model re-renders in seconds (``--render-only``), an interrupted run
 resumes, and any change to the model re-runs every search (all 159 jobs: 573-622 CPU s of searching,
 28-29 min wall with --workers 2 on the shared 2-core machine at a load of ~9, 2026-11-24).

@@ -147,10 +147,10 @@ def contradicted(sib: Sibling) -> bool:
             and abs(sib.model - sib.measured) > LARGE_GAIN - 1)
 
 
-def ordering_term(row: Row, sib: Sibling) -> str:
-    """The term of the model's difference between the row's layout and its measured sibling that
-    pushes the model's order against the measured one the most (report/attribution.py), and the
-    knobs in which the two layouts differ (calib/pairwise.py)."""
+def ordering(row: Row, sib: Sibling) -> tuple[str, str, float]:
+    """(knobs the row's layout and its measured sibling differ in (calib/pairwise.py), the term of
+    the model's difference between them that pushes its order against the measured one the most
+    (report/attribution.py), that term's share of the sibling's step)."""
     runs = _runs_by_id(row.csv)
     me, other = runs[row.row_id], runs[sib.row_id]
     est = lambda r: estimate(r.model, r.cluster, r.training, r.plan, setting_calibration(r, None, r.settings))
@@ -158,9 +158,13 @@ def ordering_term(row: Row, sib: Sibling) -> str:
     terms = attribute(base, est(me)).terms  # this layout's step - the sibling's, per term
     wrong = 1.0 if sib.measured < 1 else -1.0  # measured faster: the terms that make it slower are the wrong ones
     worst = max(terms, key=lambda t: wrong * t.delta_s)
-    knobs = ", ".join(knobs_differing(me.plan, other.plan))
-    return (f"layouts differ in {knobs}; the model's difference is led by {worst.term} "
-            f"{worst.delta_s / base.step_time_s:+.1%} of the step")
+    return ", ".join(knobs_differing(me.plan, other.plan)), worst.term, worst.delta_s / base.step_time_s
+
+
+def ordering_term(row: Row, sib: Sibling) -> str:
+    """``ordering`` in words."""
+    knobs, term, share = ordering(row, sib)
+    return f"layouts differ in {knobs}; the model's difference is led by {term} {share:+.1%} of the step"
 
 
 def _largest_term(row: Row) -> str:
@@ -247,7 +251,22 @@ def verdict_section(big: list[Row]) -> list[str]:
             vs = "" if not against or cls == "model error" else f"; {_span(against)} against the measured step"
             out.append(f"- {model}, {gpus} x {gpu}: ratio {_span([r.ratio for r, _ in items])}{vs} ({ids}): "
                        f"{items[0][1]}")
-    return out + _release_spread() + _ep_domain_errors()
+    return out + _ordering_summary(classes.get("contradicted", [])) + _release_spread() + _ep_domain_errors()
+
+
+def _ordering_summary(items: list[tuple[Row, str]]) -> list[str]:
+    """The contradicted rows by what their two measured layouts differ in and the term that leads
+    the model's wrong order."""
+    if not items:
+        return []
+    tally: dict[tuple[str, str], list[str]] = {}
+    for r, _ in items:
+        knobs, term, _share = ordering(r, measured_sibling(r))
+        tally.setdefault((knobs, term), []).append(f"{r.csv[:5]} {r.row_id}")
+    return ["", f"What orders the {len(items)} contradicted pairs wrongly (knobs the two measured layouts differ in: "
+            "the term leading the model's difference against the measured order): "
+            + "; ".join(f"{knobs}: {term} ({len(ids)}: {', '.join(ids)})"
+                        for (knobs, term), ids in sorted(tally.items(), key=lambda kv: -len(kv[1]))) + "."]
 
 
 def _span(xs: list[float]) -> str:
