@@ -148,6 +148,19 @@ def test_band_pools_the_pairs_that_differ_in_a_subset_of_the_knobs():
     assert few.pairs == 1 and few.unmeasured == ("mb",) and abs(few.log - math.log(1.1 / 0.9)) < 1e-12
 
 
+def test_a_feature_no_run_validates_on_one_side_takes_the_absolute_band():
+    """Pairs measured ring context parallel: they say nothing of all-to-all, which no run uses."""
+    from meshplan.plan import CPMethod
+
+    a2a = Plan(dims=ParallelDims(dp_shard=4, cp=2), zero=1, cp_method=CPMethod.ALL_TO_ALL)
+    rows = {name: 100 for name, _ in FEATURES} | {"all-to-all context parallel": 0}
+    err = replace(_err(spread=0.10, rows=rows), pairwise_errors={frozenset({"cp"}): (0.01, 0.01, 0.01)},
+                  throughput_abs_p90=0.2)
+    assert err.band(CP, PLAIN).log == 0.01  # ring against none: measured pairs
+    band = err.band(a2a, PLAIN)  # an unknown error: the p90 of one step on both plans
+    assert band.unvalidated == ("all-to-all context parallel",) and abs(band.log - math.log(1.2 / 0.8)) < 1e-12
+
+
 def test_shipped_record_carries_the_pairwise_error_and_its_source():
     e = model_error(False, "bf16", "a100")
     assert "pairwise" in e.pairwise_source and "validate" in e.pairwise_source
