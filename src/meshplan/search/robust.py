@@ -7,10 +7,11 @@ stack), so what can reorder them is the error of the model's RATIO between two l
 validate measures where the published data holds several layouts of one job
 (calib/pairwise.py: median |log(model ratio / measured ratio)| per knob the layouts differ in).
 The band between a frontier point and the nominally fastest plan that fits is that pairwise
-error, for the knobs in which the two plans differ (the largest of them); a knob that no pair of
-measured layouts separates falls back to the absolute error of one step (the spread of
-validate's throughput error around its class bias, on both plans). Among the plans inside their
-band the recommendation is the one that
+error of the measured pairs that differ in nothing but knobs in which the two plans differ (their
+median); a knob that no such pair covers falls back to the absolute error of one step (the spread
+of validate's throughput error around its class bias, on both plans), and a feature no published
+run validates, used by one plan only, to the class's p90 error on both plans (its error is
+unknown). Among the plans inside their band the recommendation is the one that
 
 1. keeps the memory headroom the observed memory error asks for (peak x (1 + memory p90 error)
    within the budget),
