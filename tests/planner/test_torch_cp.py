@@ -59,6 +59,23 @@ def test_compiled_merge_is_one_pass():
     np.testing.assert_allclose(fused.core_bwd_s, eager.core_bwd_s)
 
 
+def test_compiled_ring_waits_where_it_issues():
+    """Traced by torch.compile, every functional collective is waited right after it is issued
+    (_functional_collectives._maybe_wrap_tensor; Inductor's overlap reordering is off by default):
+    cp 2 by hand, nothing of the gather or the two fp32 dK|dV sends hides behind a step."""
+    fused = torch_cp_cost(c=np.array([2.0]), efficiency=_flat, eager=False, **SHAPE)
+    E = 2.0**24
+    gather = 2.0**26 / 1e11  # half of K|V (2 x 2E x 2 B) over 2 ranks at 1e11 B/s
+    send = 2 * E * 4 / 1e11  # fp32 dK|dV
+    np.testing.assert_allclose(fused.fwd_exposed_s, [gather])
+    np.testing.assert_allclose(fused.bwd_exposed_s, [gather + 2 * send])
+    np.testing.assert_allclose(fused.bwd_comm_s, fused.bwd_exposed_s)
+    # eager: the same traffic, the gather partly and the first send wholly behind a step (above)
+    eager = torch_cp_cost(c=np.array([2.0]), efficiency=_flat, **SHAPE)
+    np.testing.assert_allclose(eager.bwd_comm_s, fused.bwd_comm_s)
+    assert eager.bwd_exposed_s[0] < fused.bwd_exposed_s[0] and eager.fwd_exposed_s[0] < fused.fwd_exposed_s[0]
+
+
 def test_each_call_at_its_own_kv_length():
     seen = []
 

@@ -27,6 +27,14 @@ every query head before SDPA):
   same way, and passes the fp32 dK / dV accumulators on through ``permute_tensor`` (the
   ``ALL_TO_ALL`` rotater: one send to the next rank) after every step; step i's send is waited on
   after step i+1's SDPA backward, the last one after the loop, with nothing to hide behind.
+  That is eager torch: a functional collective returns an ``AsyncCollectiveTensor`` that waits
+  at its first use. Traced by torch.compile, ``_maybe_wrap_tensor`` issues ``wait_tensor`` right
+  after the collective instead, leaving any overlap to the compiler (pytorch/pytorch
+  torch/distributed/_functional_collectives.py, module docstring and ``_maybe_wrap_tensor``), and
+  TorchInductor reorders for compute / communication overlap only when asked
+  (torch/_inductor/config.py ``reorder_for_compute_comm_overlap``, False by default; torchtitan's
+  compile path does not set it). A compiled ring so waits out every collective where it is
+  issued: the K/V gathers and each dK / dV send are exposed whole.
 * **fp32 accumulation** (``convert_to_f32``): dQ, dK, dV are zero-filled in fp32, each step's
   bf16 gradients are added in (for rank c-1 into the first K/V chunk, then re-concatenated:
   ``_partial_update``), dK|dV concatenated for the send, and dQ, dK, dV cast back at the end.
@@ -82,7 +90,8 @@ def torch_cp_cost(*, c, micro_batch, seq_len: float, heads, dqk: float, dv: floa
     """Ring attention of one causal layer on the costed rank c-1 (module docstring) for c > 1.
     ``heads``: h per rank after repeat_kv; ``efficiency(kv_len, causal, backward)``: the fused
     kernel's fraction of peak; ``cp_link``: the CP group's link (cost/comms.py); ``eager``: the
-    merge runs as separate aten ops (False: fused by torch.compile)."""
+    merge runs as separate aten ops and each collective is waited at first use (False: traced by
+    torch.compile: the merge fused, every collective waited where it is issued)."""
     c = np.asarray(c, dtype=float)
     rows = micro_batch * heads * seq_len / c  # b h S/c: rows of the local Q (and K, V)
     block = seq_len / c
@@ -109,9 +118,13 @@ def torch_cp_cost(*, c, micro_batch, seq_len: float, heads, dqk: float, dv: floa
     dkv_send = comms.p2p_time(kv_el * FP32_BYTES, active, cp_link)
     core = np.where(active, fwd_step0 + later * fwd_half + merge_bytes / hbm, 0.0)
     core_bwd = np.where(active, bwd_step0 + later * bwd_half + accum_bytes / hbm, 0.0)
-    fwd_exposed = np.maximum(gather - fwd_step0, 0.0)
-    bwd_exposed = (np.maximum(gather - bwd_step0, 0.0) + later * np.maximum(dkv_send - bwd_half, 0.0)
-                   + dkv_send)
+    if eager:  # waited at first use: the gather behind step 0, each send behind the next step
+        fwd_exposed = np.maximum(gather - fwd_step0, 0.0)
+        bwd_exposed = (np.maximum(gather - bwd_step0, 0.0) + later * np.maximum(dkv_send - bwd_half, 0.0)
+                       + dkv_send)
+    else:  # traced: waited where issued, nothing hidden
+        fwd_exposed = gather
+        bwd_exposed = gather + c * dkv_send
     return TorchCpCost(core_s=core, core_bwd_s=core_bwd, fwd_comm_s=gather, bwd_comm_s=gather + c * dkv_send,
                        fwd_exposed_s=np.where(active, fwd_exposed, 0.0),
                        bwd_exposed_s=np.where(active, bwd_exposed, 0.0))
