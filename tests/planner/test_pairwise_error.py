@@ -30,7 +30,8 @@ def test_knobs_differing():
     mb4 = Plan(dims=ParallelDims(dp_shard=8), zero=1, micro_batch=4)
     tp2 = Plan(dims=ParallelDims(dp_shard=4, tp=2), zero=1, sp=True)
     assert knobs_differing(BASE, mb4) == ("mb",)
-    assert knobs_differing(BASE, tp2) == ("tp", "sp")  # dp follows from the others at a fixed GPU count
+    assert knobs_differing(BASE, tp2) == ("tp",)  # dp follows from the others at a fixed GPU count
+    assert knobs_differing(tp2, Plan(dims=ParallelDims(dp_shard=4, tp=2), zero=1)) == ("tp",)  # SP: a mode of TP
     pp2 = Plan(dims=ParallelDims(dp_shard=4, pp=2), zero=1, stage_layers=(3, 1))
     pp2v = Plan(dims=ParallelDims(dp_shard=4, pp=2), zero=1, schedule=Schedule.INTERLEAVED_1F1B, vpp=2,
                 stage_layers=(1, 1, 1, 1))

@@ -135,30 +135,17 @@ def test_a_knob_no_pair_measures_falls_back_to_the_absolute_band():
 
 
 def test_band_pools_the_pairs_that_differ_in_a_subset_of_the_knobs():
-    """MB4 against TP (tp2 sp, mb1 -> mb4): pairs that differ in mb alone, in tp+sp, and in
-    mb+tp+sp are pooled; a pair that also differs in pp is not (it differs in more than these
+    """MB4 against TP (tp2 sp, mb1 -> mb4): pairs that differ in mb alone, in tp, and in mb+tp
+    are pooled; a pair that also differs in pp is not (it differs in more than these
     two plans do). Median of (0.01, 0.02, 0.03, 0.05, 0.06) = 0.03."""
-    sets = {frozenset({"mb"}): (0.01, 0.02), frozenset({"tp", "sp"}): (0.03,),
-            frozenset({"mb", "tp", "sp"}): (0.05, 0.06), frozenset({"mb", "pp"}): (0.9, 0.9, 0.9)}
+    sets = {frozenset({"mb"}): (0.01, 0.02), frozenset({"tp"}): (0.03,),
+            frozenset({"mb", "tp"}): (0.05, 0.06), frozenset({"mb", "pp"}): (0.9, 0.9, 0.9)}
     band = replace(_err(), pairwise_errors=sets).band(TP, MB4)
-    assert set(band.knobs) == {"mb", "tp", "sp"} and band.unmeasured == () and band.pairs == 5
+    assert set(band.knobs) == {"mb", "tp"} and band.unmeasured == () and band.pairs == 5
     assert band.log == 0.03
     # too few pairs left: the absolute band, every knob counted as unmeasured
     few = replace(_err(spread=0.10), pairwise_errors={frozenset({"mb"}): (0.01,)}).band(MB4, PLAIN)
     assert few.pairs == 1 and few.unmeasured == ("mb",) and abs(few.log - math.log(1.1 / 0.9)) < 1e-12
-
-
-def test_a_feature_no_run_validates_on_one_side_takes_the_absolute_band():
-    """Pairs measured ring context parallel: they say nothing of all-to-all, which no run uses."""
-    from meshplan.plan import CPMethod
-
-    a2a = Plan(dims=ParallelDims(dp_shard=4, cp=2), zero=1, cp_method=CPMethod.ALL_TO_ALL)
-    rows = {name: 100 for name, _ in FEATURES} | {"all-to-all context parallel": 0}
-    err = replace(_err(spread=0.10, rows=rows), pairwise_errors={frozenset({"cp"}): (0.01, 0.01, 0.01)},
-                  throughput_abs_p90=0.2)
-    assert err.band(CP, PLAIN).log == 0.01  # ring against none: measured pairs
-    band = err.band(a2a, PLAIN)  # an unknown error: the p90 of one step on both plans
-    assert band.unvalidated == ("all-to-all context parallel",) and abs(band.log - math.log(1.2 / 0.8)) < 1e-12
 
 
 def test_shipped_record_carries_the_pairwise_error_and_its_source():

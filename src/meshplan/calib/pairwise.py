@@ -66,8 +66,7 @@ def _recompute(p: Plan) -> tuple | None:
 
 KNOBS: tuple[tuple[str, Callable[[Plan], Any]], ...] = (
     ("mb", lambda p: p.micro_batch),
-    ("tp", lambda p: p.dims.tp),
-    ("sp", lambda p: p.sp),
+    ("tp", lambda p: (p.dims.tp, p.sp and p.dims.tp > 1)),  # sequence parallel is a mode of TP
     ("pp", lambda p: p.dims.pp),
     ("schedule", lambda p: (p.schedule, p.vpp) if p.dims.pp > 1 else None),
     ("layers", _stage_split),

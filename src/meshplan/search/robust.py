@@ -9,9 +9,8 @@ validate measures where the published data holds several layouts of one job
 The band between a frontier point and the nominally fastest plan that fits is that pairwise
 error of the measured pairs that differ in nothing but knobs in which the two plans differ (their
 median); a knob that no such pair covers falls back to the absolute error of one step (the spread
-of validate's throughput error around its class bias, on both plans), and a feature no published
-run validates, used by one plan only, to the class's p90 error on both plans (its error is
-unknown). Among the plans inside their band the recommendation is the one that
+of validate's throughput error around its class bias, on both plans). Among the plans inside their
+band the recommendation is the one that
 
 1. keeps the memory headroom the observed memory error asks for (peak x (1 + memory p90 error)
    within the budget),
@@ -95,9 +94,6 @@ class Band:
     all the knobs when too few pairs are left."""
     pairs: int
     """Measured pairs pooled."""
-    unvalidated: tuple[str, ...] = ()
-    """Features (``FEATURES``) one plan uses and the other does not that fewer than
-    MIN_VALIDATED_ROWS published runs use: no measured pair holds them, so the absolute band."""
 
     @property
     def fraction(self) -> float:
@@ -120,15 +116,6 @@ class ModelError:
     """|log(model ratio / measured ratio)| of the pairs of measured layouts of one job, by the set
     of knobs (calib/pairwise.py KNOBS) the two layouts differ in."""
     pairwise_source: str = ""
-    throughput_abs_p90: float = 0.0
-    """p90 |throughput error| of the class (fraction)."""
-
-    @property
-    def unvalidated_log_band(self) -> float:
-        """The band where one plan uses a feature no published run validates: its error is unknown,
-        so the error most plans of the class stay within, p90 |error| of one step, on both plans."""
-        p = min(max(self.throughput_abs_p90, self.throughput_spread), MAX_SPREAD)
-        return math.log((1 + p) / (1 - p))
 
     @property
     def absolute_log_band(self) -> float:
@@ -140,14 +127,10 @@ class ModelError:
     def band(self, a: Plan, b: Plan) -> "Band":
         """The band of the model's ratio a / b: the median error of the measured pairs that differ
         in nothing but knobs in which ``a`` and ``b`` differ (at least MIN_PAIRS of them, and every
-        such knob measured by one); the absolute band where a knob is not, or where one plan uses a
-        feature no published run validates (no pair holds it), and 0 between equal layouts."""
+        such knob measured by one); the absolute band where a knob is not (0 between equal layouts)."""
         knobs = knobs_differing(a, b)
         if not knobs:
             return Band(0.0, (), (), 0)
-        apart = tuple(sorted(set(self.unvalidated(a)) ^ set(self.unvalidated(b))))
-        if apart:
-            return Band(self.unvalidated_log_band, (), knobs, 0, apart)
         mine = set(knobs)
         sets = [(ks, errs) for ks, errs in self.pairwise_errors.items() if ks <= mine and errs]
         covered = set().union(*(ks for ks, _ in sets))
@@ -184,8 +167,7 @@ def model_error(is_moe: bool, precision: str, gpu_family: str) -> ModelError:
     return ModelError(throughput_spread=classes[t_key]["throughput_spread"], throughput_class=t_key,
                       memory_abs_p90=classes[m_key].get("memory_abs_p90", 0.0), memory_class=m_key,
                       feature_rows=dict(rec["feature_rows"]), source=rec["source"],
-                      pairwise_errors=sets, pairwise_source=pw.get("source", ""),
-                      throughput_abs_p90=classes[t_key].get("throughput_abs_p90", 0.0))
+                      pairwise_errors=sets, pairwise_source=pw.get("source", ""))
 
 
 @dataclass(frozen=True)
@@ -244,9 +226,6 @@ def band_text(err: ModelError, band: Band) -> str:
     """What ``band`` rests on, in words."""
     if not band.knobs and not band.unmeasured:
         return "the same layout"
-    if band.unvalidated:
-        return (f"one plan uses {', '.join(band.unvalidated)}, which no published run validates: its error is unknown, "
-                f"so the band is the p90 of validate's throughput error on both plans (class {err.throughput_class})")
     if band.unmeasured:
         lacking = (f"no pair of measured layouts separates {', '.join(band.unmeasured)}" if band.pairs >= MIN_PAIRS
                    else f"fewer than {MIN_PAIRS} pairs of measured layouts differ in {', '.join(band.unmeasured)} alone")
