@@ -266,7 +266,15 @@ def _ordering_summary(items: list[tuple[Row, str]]) -> list[str]:
     return ["", f"What orders the {len(items)} contradicted pairs wrongly (knobs the two measured layouts differ in: "
             "the term leading the model's difference against the measured order): "
             + "; ".join(f"{knobs}: {term} ({len(ids)}: {', '.join(ids)})"
-                        for (knobs, term), ids in sorted(tally.items(), key=lambda kv: -len(kv[1]))) + "."]
+                        for (knobs, term), ids in sorted(tally.items(), key=lambda kv: -len(kv[1]))) + ". "
+            f"{sum(len(ids) for (_, term), ids in tally.items() if term == 'bubble')} of them are led by the pipeline "
+            "bubble: the layout with more micro-batches (a smaller micro-batch at the same global batch, or more "
+            "stages) gets a smaller bubble share in the model, while the measurements found the larger micro-batch "
+            "faster: the per-micro-batch costs of that stack (fixed costs per micro-batch, GEMM efficiency at a small "
+            "micro-batch) are under-charged for it. Recorded, not fixed in cost/: the per-micro-batch cost is a "
+            "fitted term (calib/fit*.py) and no cited mechanism of the stack separates it; `meshplan validate`'s "
+            "pairwise table shows the same on the whole set (pairs that differ in the micro-batch alone: misordered "
+            "column), and the recommendation's band for those knobs is that error."]
 
 
 def _span(xs: list[float]) -> str:
