@@ -202,7 +202,7 @@ def _job(args: tuple[str, tuple[str, ...]]) -> tuple[list[Row], list[tuple[str, 
 
 
 def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBLISHED_RUNS),
-            ) -> tuple[list[Row], list[tuple[str, str, str]], dict]:
+            only: frozenset[str] = frozenset()) -> tuple[list[Row], list[tuple[str, str, str]], dict]:
     key = source_hash()
     cache = load_cache(key)
     rows, skipped, todo = [], [], []
@@ -213,6 +213,8 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
         skipped += [(csv, s.row_id, s.reason) for s in skip]
         if sample:
             runs = runs[::max(1, len(runs) // sample)]
+        if only:
+            runs = [r for r in runs if str(r.row_id) in only]
         groups: dict[str, list[Run]] = {}
         for run in runs:
             groups.setdefault(job_key(run, setting_calibration(run, None, run.settings)), []).append(run)
@@ -541,13 +543,20 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--runs", action="append", choices=tuple(PUBLISHED_RUNS), default=None,
                     help="Only this set of runs (repeatable; default all). With a subset the page goes to "
                          "bench/results/experts_<sets>.md unless --out says otherwise.")
+    ap.add_argument("--rows", default=None,
+                    help="Only these row ids, comma separated (with --runs: a few rows re-searched after a "
+                         "change; the page then goes to bench/results/experts_rows.md unless --out says otherwise).")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     sets = tuple(dict.fromkeys(args.runs or PUBLISHED_RUNS))
     out = args.out
     if out == DOC and set(sets) != set(PUBLISHED_RUNS):
         out = CACHE.parent / f"experts_{'_'.join(sets)}.md"  # docs/experts.md is the page of every set
-    rows, skipped, stats = render_cached(sets) if args.render_only else run_all(args.sample, args.workers, sets)
+    only = frozenset(x.strip() for x in args.rows.split(",")) if args.rows else frozenset()
+    if only and args.out == DOC:
+        out = CACHE.parent / "experts_rows.md"
+    rows, skipped, stats = (render_cached(sets) if args.render_only
+                            else run_all(args.sample, args.workers, sets, only))
     out.write_text(render(rows, skipped, stats, args.sample, sets))
     ratios = [r.ratio for r in rows if r.ratio is not None]
     log.info(f"{len(rows)} rows, ratio {_quantiles(ratios)}; wrote {out} in {stats['wall_s']:.0f} s")

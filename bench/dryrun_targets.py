@@ -1,7 +1,7 @@
 """The four real-size dry runs of issue 16.
 
 ``python bench/dryrun_targets.py OUTDIR`` writes them as Job files (then ``meshplan train --plan
-OUTDIR/<name>.json --dry-run`` runs one); ``--run [NAME ...]`` also dry-runs the first and last rank
+OUTDIR/<name>.json --dry-run`` prints each rank's layout, ``--dry-run --simulate`` runs one); ``--run [NAME ...]`` also dry-runs the first and last rank
 of each (two steps; ``--one-step`` for one), prints the side-by-side tables and saves every result
 under OUTDIR/results.json.
 1. llama3-70b on 1024 H100s: tp8 (sp) pp4 with 5 virtual stages per rank (interleaved 1F1B), FSDP over 32.

@@ -266,7 +266,10 @@ def search_options(target: Target | str, model: "ModelSpec", training: "Training
     if target == Target.MESHPLAN:
         if planner_only_feature(model) is not None:  # no plan at all: say why, not "no legal plan"
             raise MeshplanError(_planner_only_reason(None, model, training))
-        return SearchOptions(allow=lambda space: runnable_mask(target, space, model, training))
+        # its pipeline cuts a stage holding only the embedding or the loss as any other
+        # (runtime/pipeline.py cut_stage; tests/runtime/test_pipeline_embedding_chunks.py)
+        return SearchOptions(allow=lambda space: runnable_mask(target, space, model, training),
+                             embedding_loss_chunks=True)
     from meshplan.export.common import search_options_for
 
     return search_options_for(target.value)

@@ -46,13 +46,15 @@ PP2 = {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 2, "cp": 1, "ep": 1, "et
     ({}, {"keep_gathered": ["mlp"]}, "keep_gathered needs zero 3"),
     ({}, {"expert_placement": "balanced"}, "need ep > 1"),
 ], ids=["vocab-tp", "1f1b-microbatches", "stage-layers", "head-splits", "keep-gathered", "expert-placement"])
-@pytest.mark.parametrize("dry_run", [False, True], ids=["train", "dry-run"])
+@pytest.mark.parametrize("dry_run", [False, True], ids=["train", "dry-run-simulate"])
 def test_train_refusals_are_one_line(model, plan, expect, dry_run, tmp_path):
+    """Refused by train and by a simulated dry run (the layout of ``--dry-run`` alone prints the
+    refusal beside the layout: tests/cli/test_dryrun_layout_cli.py)."""
     d = cpu_job().to_dict()
     d["model"].update(model)
     d["plan"].update(plan)
     path = write(tmp_path, "job.json", dump_json(d))
-    code, err = assert_clean(["train", "--plan", str(path)] + (["--dry-run"] if dry_run else []))
+    code, err = assert_clean(["train", "--plan", str(path)] + (["--dry-run", "--simulate"] if dry_run else []))
     assert code == 2 and expect in err, err
 
 

@@ -10,11 +10,20 @@ import re
 
 import pytest
 
-from meshplan.calib.recipes import (KEY_COLUMNS, RECIPE_COLUMNS, load_recipes, parse_recipes,
-                                    shipped_recipes)
-from meshplan.calib.validate import build_run, evaluate
+from meshplan.calib.recipes import (
+    KEY_COLUMNS,
+    NOT_EXPRESSED_COLUMN,
+    RECIPE_COLUMNS,
+    NotExpressible,
+    find_recipe,
+    load_recipes,
+    parse_recipes,
+    shipped_recipes,
+)
+from meshplan.calib.validate import build_run, evaluate, load_runs
 from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
+from meshplan.data.published import runs_csv
 from meshplan.errors import MeshplanError
 from meshplan.plan import Offload, ParallelDims, Plan, Recompute, embedding_loss_split
 from meshplan.plan import RecomputeModule as M
@@ -134,8 +143,9 @@ def test_shipped_file_names_a_preset_file_and_commit_per_row():
     recipes = shipped_recipes()
     assert len(recipes) > 50
     for r in recipes.values():
-        assert re.fullmatch(r"scripts/performance/configs/\w+/\w+\.py@[0-9a-f]{40}", r.source), r.source
-        assert (r.megatron_fsdp or r.recompute_num_layers or r.recompute_modules or r.cpu_offloading_num_layers
+        assert re.fullmatch(r"(scripts/performance/configs/\w+|src/megatron/bridge/perf_recipes/\w+/\w+)/\w+\.py"
+                            r"@[0-9a-f]{40}", r.source), r.source
+        assert (r.not_expressed or r.megatron_fsdp or r.recompute_num_layers or r.recompute_modules or r.cpu_offloading_num_layers
                 or r.moe_a2a_overlap is not None or r.moe_token_dispatcher_type)
 
 
@@ -167,6 +177,40 @@ def test_recipe_file_on_disk(tmp_path):
     assert recipe.cpu_offloading_num_layers == 20 and recipe.megatron_fsdp
     with pytest.raises(MeshplanError, match="no such recipes file"):
         load_recipes(tmp_path / "none.csv")
+
+
+# ---- presets meshplan cannot express ------------------------------------------------------------
+# runs_megatron_bridge.csv row 302 (container 26.08): Nemotron 3 Ultra fp8 on 256 GB300, GBS 256, MBS 1,
+# tp1 pp1 ep64. Its preset (nemotron_3_ultra_pretrain_256gpu_gb300_fp8mx_config, perf_recipes/
+# nemotronh/gb300/nemotronh.py@007282e) offloads the expert MLP's FC1 output per MoE layer
+# (fine_grained_activation_offloading, offload_modules fused_group_mlp) and shards with HSDP.
+ROW_302 = dict(id="302", source="Megatron-Bridge 26.08", model="Nemotron_3_Ultra", seq_len="8192", gpu="gb300",
+               num_gpus="256", gpus_per_node="8", global_batch_size="256", micro_batch_size="1", tp="1", pp="1",
+               dp="256", cp="1", ep="64", vpp="1", precision="fp8", measured_tokens_per_s_per_gpu="3552",
+               framework="megatron-core")
+
+
+def test_a_row_of_a_preset_meshplan_cannot_express_is_skipped_with_the_setting_named():
+    with pytest.raises(NotExpressible, match="fused_group_mlp.*cannot express: not estimated"):
+        build_run(ROW_302)
+    assert isinstance(NotExpressible("x"), MeshplanError)  # load_runs skips it, not refuses the file
+
+
+def test_the_shipped_table_skips_row_302_and_estimates_its_gb200_twin():
+    runs, skipped = load_runs(runs_csv("megatron-bridge"))
+    reasons = {s.row_id: s.reason for s in skipped}
+    assert "offload_modules fused_group_mlp" in reasons["302"]
+    assert "303" not in reasons and "302" not in {r.row_id for r in runs}  # 303: tp2, no preset read
+
+
+def test_not_expressed_column_is_optional_and_read():
+    (recipe,) = parse_recipes(GOOD, "r.csv").values()
+    assert recipe.not_expressed == ""
+    text = GOOD.replace("\n", f",{NOT_EXPRESSED_COLUMN}\n", 1).rstrip("\n") + ",host offload of the moon\n"
+    (recipe,) = parse_recipes(text, "r.csv").values()
+    assert recipe.not_expressed == "host offload of the moon"
+    row = {**ROW_400, "zero": ""}
+    assert find_recipe(row, ("llama3-70b", "gb300", "fp8", 64, 256, 2, 1, 1, 1, 1, 1), parse_recipes(text, "r.csv"))
 
 
 # ---- partial activation offload --------------------------------------------------------------

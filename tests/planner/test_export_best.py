@@ -38,7 +38,8 @@ def test_deepspeed_search_space_holds_only_what_deepspeed_runs():
 def test_other_targets_search_everything():
     # the same space but for offload, which each stack takes in its own form (issue 17), and
     # torchtitan's experts following the dense tp (no expert tensor parallel degree in 0.3), and
-    # Megatron's recompute modules (searched on MoE models)
+    # Megatron's recompute modules (searched on MoE models); both run the embedding / loss chunks
+    assert search_options_for("megatron").embedding_loss_chunks and search_options_for("torchtitan").embedding_loss_chunks
     assert (replace(search_options_for("megatron"), offloads=(), recompute_module_sets=())
             == replace(search_options_for("torchtitan"), offloads=(), allow=None))
     assert search_options_for("megatron").allow is None

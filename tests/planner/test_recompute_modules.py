@@ -186,8 +186,11 @@ def test_megatron_search_tries_the_module_sets_on_moe_models_only():
     tr = TrainingSpec(seq_len=4096, global_batch=256)
     moe = enumerate_space(model_preset("qwen3-30b-a3b"), tr, 8, opts)
     codes = set(np.unique(moe.recompute_modules).tolist())
+    # no MLA: no mla_up_proj set; core_attn+moe+moe_act+layernorm costs as core_attn+moe+layernorm
     assert codes == {0, recompute_module_code((M.MOE_ACT, M.LAYERNORM)),
-                     recompute_module_code((M.CORE_ATTN, M.MOE_ACT, M.LAYERNORM))}  # no MLA: no mla_up_proj
+                     recompute_module_code((M.CORE_ATTN, M.MOE_ACT, M.LAYERNORM)),
+                     recompute_module_code((M.MOE_ACT,)), recompute_module_code((M.MOE, M.LAYERNORM)),
+                     recompute_module_code((M.CORE_ATTN, M.MOE, M.LAYERNORM))}
     assert set(moe.recompute[moe.recompute_modules > 0].tolist()) == {1}  # selective rows only
     assert set(np.unique(enumerate_space(model_preset("llama3-8b"), tr, 8, opts).recompute_modules)) == {0}
     plan = Plan(dims=ParallelDims(dp_shard=8, ep=8), zero=1, recompute=SEL, recompute_modules=(M.MOE_ACT, M.LAYERNORM))

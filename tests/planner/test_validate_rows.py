@@ -129,15 +129,16 @@ def test_expert_tensor_parallel_folds_experts_onto_tp_ranks():
     assert Plan.from_dict({k: v for k, v in plain.to_dict().items()}).dims.etp == 0
 
 
-def test_runtime_refuses_a_stage_without_layers():
+def test_runtime_takes_a_first_stage_without_layers():
+    """The embedding alone on the first stage (Megatron's account-for-embedding split) runs in
+    meshplan's pipeline (tests/runtime/test_pipeline_embedding_chunks.py: loss parity)."""
     from meshplan.plan import Job
     from meshplan.runtime.support import check_runnable
 
     job = Job(model=model_preset("toy-llama"), training=TrainingSpec(seq_len=64, global_batch=8),
               cluster=system_preset("cpu"), plan=Plan(dims=ParallelDims(pp=2, dp_replicate=2),
                                                      stage_layers=(0, model_preset("toy-llama").num_layers)))
-    with pytest.raises(MeshplanError, match="only the embedding or the loss is not supported"):
-        check_runnable(job)
+    check_runnable(job)
 
 
 def test_etp_exports_and_imports():

@@ -85,7 +85,7 @@ def test_cli_dry_run_pipeline_and_tied_embeddings(tmp_path: Path) -> None:
     path = tmp_path / "job.json"
     job.save(path)
     proc = subprocess.run([sys.executable, "-m", "meshplan", "train", "--plan", str(path), "--dry-run",
-                           "--json"], env=_env(), capture_output=True, text=True, timeout=600, check=False)
+                           "--simulate", "--json"], env=_env(), capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert [r["rank"] for r in out["ranks"]] == [0, 7]

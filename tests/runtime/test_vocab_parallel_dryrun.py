@@ -33,7 +33,7 @@ def _dry_run(tmp_path: Path, plan: Plan, model=MODEL) -> subprocess.CompletedPro
     path = tmp_path / f"job-{plan.vocab_parallel}-{plan.schedule.value}.json"
     job.save(path)
     env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "meshplan", "train", "--plan", str(path), "--dry-run", "--json"],
+    return subprocess.run([sys.executable, "-m", "meshplan", "train", "--plan", str(path), "--dry-run", "--simulate", "--json"],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
 
 

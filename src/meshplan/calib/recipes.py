@@ -47,6 +47,10 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
 
 Blank: the file was not read for it, the stack's value stands.
 
+A preset setting meshplan has no term for (``not_expressed``: Nemotron 3 Ultra's offload of the
+expert MLP's FC1 output, ``offload_modules`` ``fused_group_mlp``) skips the row with that reason
+(:class:`NotExpressible`) rather than estimating a run the preset did not make.
+
 A row whose own value contradicts the preset keeps its value; every setting taken, kept or left
 out is a line of ``Run.assumed``.
 """
@@ -75,6 +79,10 @@ SETTING_COLUMNS = ("megatron_fsdp", "recompute_num_layers", "recompute_modules",
 RECIPE_COLUMNS = KEY_COLUMNS + SETTING_COLUMNS + ("config", "source")
 COMM_COLUMNS = ("moe_a2a_overlap", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend")
 """The preset's expert all-to-all (optional columns: a file without them reads as all blank)."""
+NOT_EXPRESSED_COLUMN = "not_expressed"
+"""Optional column: a memory setting of the preset that meshplan cannot express, in words (blank:
+none). A row of that preset is not estimated (:class:`NotExpressible`): a plan without the setting
+would be another run."""
 DISPATCHERS = ("alltoall", "flex")
 """``moe_token_dispatcher_type`` of a preset: Megatron-Bridge's set_workload_base_configs
 (scripts/performance/utils/overrides.py) sets flex when the preset names a flex backend, else
@@ -114,6 +122,8 @@ class BridgeRecipe:
     """'alltoall' or 'flex'; empty: not read."""
     moe_flex_dispatcher_backend: str = ""
     """Under flex: 'deepep' or 'hybridep'."""
+    not_expressed: str = ""
+    """A setting of the preset meshplan cannot express (NOT_EXPRESSED_COLUMN); empty: none."""
     config: str
     """The preset's name(s) in the source file."""
     source: str
@@ -126,6 +136,11 @@ class BridgeRecipe:
     @property
     def sync_free_dispatch(self) -> bool:
         return self.moe_token_dispatcher_type == "flex" and self.moe_flex_dispatcher_backend in SYNC_FREE_BACKENDS
+
+
+class NotExpressible(MeshplanError):
+    """A row ran a preset with a memory setting meshplan cannot express: the row is skipped
+    (``load_runs`` lists it with this reason), not estimated without the setting."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +244,7 @@ def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
             moe_a2a_overlap=None if not comm["moe_a2a_overlap"] else comm["moe_a2a_overlap"] == "1",
             moe_token_dispatcher_type=comm["moe_token_dispatcher_type"],
             moe_flex_dispatcher_backend=comm["moe_flex_dispatcher_backend"],
+            not_expressed=(row.get(NOT_EXPRESSED_COLUMN) or "").strip(),
             config=cells["config"], source=cells["source"])
         first_line[key] = n
     return MappingProxyType(out)
@@ -267,7 +283,11 @@ def preset_fp8_recipe(recipe: BridgeRecipe) -> Recipe | None:
 
 def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | None) -> Overlay:
     """What a row takes from ``recipe``, given the row's own ZeRO stage and recompute (None:
-    blank). A value the row gives wins; the notes say which setting went where."""
+    blank). A value the row gives wins; the notes say which setting went where. NotExpressible
+    where the preset sets what meshplan cannot express."""
+    if recipe.not_expressed:
+        raise NotExpressible(f"{recipe.label} ({recipe.source}) sets {recipe.not_expressed}, which meshplan "
+                             "cannot express: not estimated")
     notes: list[str] = []
     label = recipe.label
     zero = None

@@ -27,6 +27,10 @@ OVER_BUDGET_ROWS = 3
 
 PROGRESS_AFTER_S = 1.0
 """Show a progress bar only once a search has run this long (short searches stay quiet)."""
+MAX_GPU_COUNTS = 12
+"""Searches one ``plan --gpus`` runs (a count, a list or a range): 8-16384 is 12. Each takes 0.1 to
+20 s on this CPU (dense targets under a second, Qwen3-30B on 256 GPUs about 20 s: docs/search.md),
+so a range past that is a typo or a job for several calls."""
 
 
 def parse_gpu_counts(text: str) -> list[int]:
@@ -38,10 +42,12 @@ def parse_gpu_counts(text: str) -> list[int]:
             if hi < lo:
                 raise ValueError
             counts, n = [], lo
-            while n <= hi:
+            while n <= hi and len(counts) <= MAX_GPU_COUNTS:
                 counts.append(n)
                 n *= 2
-            return counts
+            if n <= hi:  # stopped early: say how many the range holds
+                counts = [lo * 2**k for k in range((hi // lo).bit_length())]
+            return _few_enough(text, counts)
         counts = sorted({int(x) for x in text.split(",") if x.strip()})
     except MeshplanError:
         raise
@@ -51,29 +57,42 @@ def parse_gpu_counts(text: str) -> list[int]:
         raise MeshplanError(f"--gpus {text!r}: GPU counts must be positive")
     for n in counts:
         check_count("--gpus", n)
+    return _few_enough(text, counts)
+
+
+def _few_enough(text: str, counts: list[int]) -> list[int]:
+    if len(counts) > MAX_GPU_COUNTS:
+        raise MeshplanError(f"--gpus {text}: {len(counts)} GPU counts ({counts[0]} to {counts[-1]}), one search each; "
+                            f"at most {MAX_GPU_COUNTS} in one call: narrow the range")
     return counts
 
 
 class _LazyProgress:
-    """A rich progress bar on stderr that appears only when the search runs long."""
+    """A rich progress bar on stderr over all of a call's searches; it appears only when they run
+    long. ``start(i, label)`` begins search ``i`` of ``searches``."""
 
-    def __init__(self, enabled: bool, label: str) -> None:
-        self.enabled, self.label = enabled, label
-        self.start = time.perf_counter()
+    def __init__(self, enabled: bool, searches: int) -> None:
+        self.enabled, self.searches = enabled, searches
+        self.start_s = time.perf_counter()
         self.bar: Progress | None = None
         self.task = None
+        self.index, self.label = 0, ""
+
+    def start(self, index: int, label: str) -> None:
+        self.index = index
+        self.label = label if self.searches == 1 else f"search {index + 1}/{self.searches}, {label}"
 
     def __call__(self, what: str, fraction: float) -> None:
         if not self.enabled:
             return
         if self.bar is None:
-            if time.perf_counter() - self.start < PROGRESS_AFTER_S:
+            if time.perf_counter() - self.start_s < PROGRESS_AFTER_S:
                 return
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                                 console=err_console(), transient=True)
             self.bar.start()
-            self.task = self.bar.add_task(self.label, total=1.0)
-        self.bar.update(self.task, completed=fraction, description=f"{self.label}: {what}")
+            self.task = self.bar.add_task(self.label, total=float(self.searches))
+        self.bar.update(self.task, completed=self.index + fraction, description=f"{self.label}: {what}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -86,7 +105,7 @@ def plan_cmd(
     *,
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256).")] = None,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU count(s): 64, a list 64,128,256, or a range lo-hi: lo doubled up to hi (64-256 is 64,128,256); at most 12 counts, one search each.")] = None,
     training_flags: TrainingFlags,
     memory_gib: MemoryGibOpt = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
@@ -131,13 +150,17 @@ def plan_cmd(
         raise MeshplanError(f"--pick {pick} chooses the frontier point --out writes: give --out FILE")
     budget = None if memory_gib is None else memory_gib * GIB
     results = []
-    for hw in hardware:
-        bar = _LazyProgress(not json_out, f"{hw.cluster.num_gpus} GPUs")
-        try:
+    if len(hardware) > 1 and not json_out:
+        err_console().print(f"[dim]{len(hardware)} searches, one per GPU count: "
+                            f"{', '.join(str(hw.cluster.num_gpus) for hw in hardware)}[/dim]")
+    bar = _LazyProgress(not json_out, len(hardware))
+    try:
+        for i, hw in enumerate(hardware):
+            bar.start(i, f"{hw.cluster.num_gpus} GPUs")
             results.append(search(spec, hw.cluster, training, calib=hw.calib, budget_bytes=budget, progress=bar,
                                   options=search_options(target, spec, training)))
-        finally:
-            bar.close()
+    finally:
+        bar.close()
 
     choices = [_robust(r, cl, spec, training) for r, cl in zip(results, clusters)]
     chosen_idx = max(range(len(results)), key=lambda i: -_best_time(results[i]))

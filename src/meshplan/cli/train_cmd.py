@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
@@ -58,7 +59,8 @@ def train(
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
     collective_timeout_s: Annotated[float, typer.Option("--collective-timeout-s", help="Seconds a collective waits for a lost rank before the run fails.")] = DEFAULT_COLLECTIVE_TIMEOUT_S,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Simulate ranks at the plan's full world size on torch's fake process group and fake tensors (no GPU, no real memory); print memory and collectives next to the cost model.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what each chosen rank would build at the plan's full world size (mesh groups, pipeline stages, parameter shards, memory next to the cost model), at once and without building anything.")] = False,
+    simulate: Annotated[bool, typer.Option("--simulate", help="With --dry-run: also run two training steps of each chosen rank on torch's fake process group and fake tensors (minutes per rank; no GPU, no real memory) and print measured memory and collectives next to the cost model.")] = False,
     ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = DEFAULT_DRY_RUN_RANKS,
     init_from: Annotated[Optional[Path], typer.Option("--init-from", help="Local Hugging Face model directory (config.json + safetensors): its model and weights replace the plan's model and the random init.")] = None,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer directory (tokenizer.json): --data is then .jsonl / .parquet / .txt or a saved datasets directory, tokenised and packed.")] = None,
@@ -97,15 +99,20 @@ def train(
         from meshplan.runtime.data import load_text_tokens
 
         load_text_tokens(data_path, job.model.vocab_size, job.training.seq_len)
-    check_runnable(job, text_data=data_path is not None and tokenizer is None)
     if ranks != DEFAULT_DRY_RUN_RANKS and not dry_run:
         raise MeshplanError("--ranks picks the ranks of a --dry-run; add --dry-run")
+    if simulate and not dry_run:
+        raise MeshplanError("--simulate runs the steps of a --dry-run; add --dry-run")
+    text_data = data_path is not None and tokenizer is None
     if dry_run:  # before the machine check: a dry run needs no GPU
         from meshplan.cli.dryrun_cmd import dry_run as run_dry
 
-        run_dry(job, ranks, json_out)
+        run_dry(job, ranks, json_out, simulate=simulate, cluster_profile=cluster_profile, text_data=text_data)
         return
+    check_runnable(job, text_data=text_data)
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
+    if job.cluster.gpu.name == "cpu" and not under_torchrun():
+        _check_host_memory(job, cluster_profile)
     if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
         raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
     if cluster_profile:  # a bad profile fails now, not after training
@@ -192,7 +199,27 @@ def _check_loop_flags(job: Job, data: str | None, tokenizer: Path | None, eval_e
         raise MeshplanError(f"--weight-decay needs the adamw optimizer, the plan uses {job.training.optimizer.value}")
 
 
-def _is_rank0() -> bool:
-    import os
+def host_memory_bytes() -> int:
+    """This machine's physical memory (POSIX sysconf)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+
+def _check_host_memory(job: Job, cluster_profile: str | None) -> None:
+    """The ranks of a CPU run share this machine's memory: refuse a plan whose ranks together need
+    more than it has (the cost model's peak of each rank's pipeline stage), before any is started."""
+    from meshplan.calib.hardware import resolve_hardware
+    from meshplan.cost import estimate
+
+    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile, "meshplan")
+    est = estimate(job.model, hw.cluster, job.training, job.plan, hw.calib)
+    d = job.plan.dims
+    need = sum(s.memory.total_bytes for s in est.stages) * (d.world_size // d.pp)
+    have = host_memory_bytes()
+    if need > have:
+        raise MeshplanError(f"{job.model.name} on {d.world_size} CPU processes needs about {need / 2**30:,.1f} GiB "
+                            f"(the cost model's peak of each rank) and this machine has {have / 2**30:,.1f} GiB: "
+                            f"plan a smaller model, or check the plan with --dry-run")
+
+
+def _is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"

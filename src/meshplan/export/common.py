@@ -33,16 +33,25 @@ def export_job(job: "Job", target: ExportTarget | str, version: str | None = Non
 
 
 MEGATRON_MODULE_SETS: tuple[tuple[RecomputeModule, ...], ...] = (
-    (RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
+    (RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),  # GPT-OSS-120B, Nemotron-3-Super
     (RecomputeModule.CORE_ATTN, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),
-    (RecomputeModule.MLA_UP_PROJ,),
+    (RecomputeModule.MLA_UP_PROJ,),  # DeepSeek-V3, Kimi-K2
+    (RecomputeModule.MOE_ACT,),  # DeepSeek-V3 GB300 BF16 V1
+    (RecomputeModule.MLA_UP_PROJ, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),  # DeepSeek-V3 B300 BF16 V2
+    (RecomputeModule.MLP, RecomputeModule.MLA_UP_PROJ),  # DeepSeek-V3 H100, Kimi-K2
+    (RecomputeModule.MOE, RecomputeModule.LAYERNORM),  # Nemotron-3-Nano
+    (RecomputeModule.CORE_ATTN, RecomputeModule.MOE, RecomputeModule.MOE_ACT, RecomputeModule.LAYERNORM),  # Nemotron-3
 )
 """The ``--recompute-modules`` sets the Megatron target's search tries on MoE models beside the
-default attention core: the ones Megatron-Bridge's MoE presets use (data/bridge_recipes.csv:
-DeepSeek-V3 and Kimi-K2 mla_up_proj, GPT-OSS and Nemotron-3-Super moe_act+layernorm,
-Nemotron-3 core_attn+moe_act+layernorm), few: each set is one more copy of the selective rows of
-an MoE search (two, three with MLA: DeepSeek-V3 on 256 GPUs for --target megatron took 9.0 s
-of CPU instead of 4.4, Qwen3-30B-A3B on 64 GPUs 3.3 s instead of 3.2)."""
+default attention core: every set a Megatron-Bridge MoE preset uses (data/bridge_recipes.csv, one
+row per preset with its path@commit: scripts/performance/configs/deepseek/
+deepseek_workload_base_configs.py@f0e2c37, gpt_oss/gpt_oss_workload_base_configs.py@1e7adfa,
+nemotronh/nemotron_3_workload_base_configs.py@f601ba9), of the modules Megatron-Core offers
+(``RecomputeModule``: TransformerConfig.recompute_modules, Megatron-LM@d30c3ae), each tried
+where the model has its modules (``plan.missing_module``: mla_up_proj needs MLA) and once per
+cost (``search.space.cost_module_code``: moe holds moe_act). Not every subset of the seven
+modules: each set is one more copy of the selective rows of an MoE search (see bench/bench_search.py
+for the MoE times)."""
 
 
 def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
@@ -72,7 +81,12 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     # per operator-group sharding and operator splits (OSDP) neither (export.osdp)
     megatron = ExportTarget(target) in (ExportTarget.MEGATRON, ExportTarget.MEGATRON_BRIDGE)
     return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, expert_placement=False,
-                         osdp=False, allow=allow, recompute_module_sets=MEGATRON_MODULE_SETS if megatron else ())
+                         osdp=False, allow=allow, recompute_module_sets=MEGATRON_MODULE_SETS if megatron else (),
+                         embedding_loss_chunks=True)
+    # both run stages holding only the embedding or the loss: Megatron under
+    # --account-for-embedding/loss-in-pipeline-split, torchtitan as its own default split gives them
+    # with L + 2 stages (generate_llm_fqn_per_model_part, input_weight = output_weight = 1:
+    # torchtitan/distributed/pipeline_parallel.py@1ce7f76; export.torchtitan_cli writes the parts)
 
 
 def _torchtitan_runs(space) -> "object":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
-                           data_parallel_degree, parse_layout)
+                           data_parallel_degree, embedding_loss_split, parse_layout)
 from meshplan.spec.model import ModelSpec, Norm, Position
 from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
 
@@ -30,6 +30,10 @@ class MegatronImport:
     gpus_per_node: int | None
     ignored: tuple[str, ...]
     """Flags that were not read (learning rate, data paths...)."""
+
+
+MEGATRON_DEFAULT_DISPATCHER = MoeDispatcher.ALLGATHER
+"""Megatron-LM's --moe-token-dispatcher-type when none is given (arguments.py@000c4ac, _add_moe_args)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
                  "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
                  "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
                  "--optimizer-cpu-offload", "--cpu-offloading", "--moe-enable-deepep",
-                 "--moe-pad-expert-input-to-capacity"):
+                 "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split"):
         add(name, action="store_true")
     add("--moe-token-dispatcher-type", choices=[d.value for d in MoeDispatcher], default=None)
     add("--moe-expert-capacity-factor", type=float, default=None)
@@ -188,7 +193,25 @@ def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
     return out
 
 
+def _accounts_embedding_loss(a: argparse.Namespace) -> bool:
+    """Both ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+    (export/megatron.py writes them together); one alone is refused (meshplan's split keeps the
+    embedding and the loss on the first and last stage, both or neither counted as a layer)."""
+    embedding, loss = a.account_for_embedding_in_pipeline_split, a.account_for_loss_in_pipeline_split
+    if embedding != loss:
+        given = "embedding" if embedding else "loss"
+        raise MeshplanError(f"--account-for-{given}-in-pipeline-split without the other is not imported: "
+                            "give both --account-for-embedding-in-pipeline-split and "
+                            "--account-for-loss-in-pipeline-split, or a --pipeline-model-parallel-layout")
+    return embedding
+
+
 def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    if _accounts_embedding_loss(a):
+        if a.decoder_first_pipeline_num_layers is not None or a.decoder_last_pipeline_num_layers is not None:
+            raise MeshplanError("--account-for-embedding/loss-in-pipeline-split with "
+                                "--decoder-first/last-pipeline-num-layers: give one or the other")
+        return embedding_loss_split(num_layers, pp * vpp) if pp > 1 else ()
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
     if first is None and last is None:
         if num_layers % (pp * vpp):
@@ -230,8 +253,11 @@ def _check_same_shape(a: argparse.Namespace, model: ModelSpec) -> None:
 
 
 def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: int | None = None,
-                    model: ModelSpec | None = None, name: str = "megatron-model") -> MegatronImport:
-    """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size."""
+                    model: ModelSpec | None = None, name: str = "megatron-model",
+                    default_dispatcher: MoeDispatcher | None = MEGATRON_DEFAULT_DISPATCHER) -> MegatronImport:
+    """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size.
+    ``default_dispatcher``: the MoE dispatcher when the text names none (Megatron-LM's allgather;
+    None keeps meshplan's own, for texts whose defaults come from elsewhere, e.g. a Bridge recipe)."""
     a, rest = _parser().parse_known_args(split_command(text))
     ignored = tuple(w for w in rest if w.startswith("--"))
     launcher_gpus = a.nnodes * a.nproc_per_node if a.nnodes and a.nproc_per_node else None
@@ -268,11 +294,15 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         if spec is None:
             raise MeshplanError("--num-layers-per-virtual-pipeline-stage needs the model's layer count "
                                 "(--num-layers in the arguments, or --model)")
-        per_rank, r = divmod(spec.num_layers, pp)
+        slots = spec.num_layers + 2 * _accounts_embedding_loss(a)  # the embedding and the loss as layers
+        per_rank, r = divmod(slots, pp)
         if r or per_rank % a.num_layers_per_virtual_pipeline_stage:
-            raise MeshplanError(f"{spec.num_layers} layers over pp={pp} do not split into virtual stages "
+            raise MeshplanError(f"{slots} layers over pp={pp} do not split into virtual stages "
                                 f"of {a.num_layers_per_virtual_pipeline_stage} layers")
         vpp = per_rank // a.num_layers_per_virtual_pipeline_stage
+    if layout and _accounts_embedding_loss(a):
+        raise MeshplanError("--account-for-embedding/loss-in-pipeline-split with --pipeline-model-parallel-layout: "
+                            "the layout places the embedding and the loss itself; give one or the other")
     if layout:
         if spec is not None and sum(layout) != spec.num_layers:
             raise MeshplanError(f"the pipeline layout holds {sum(layout)} layers, the model {spec.num_layers}")
@@ -327,7 +357,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
-                            recipe=recipe, **_moe_fields(a))
+                            recipe=recipe, **_moe_fields(a, default_dispatcher))
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
         dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),
@@ -350,12 +380,15 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
 
 
-def _moe_fields(a) -> dict[str, object]:
-    """The dispatcher and capacity factor, where the arguments give them (else meshplan's defaults);
-    a capacity without padding to it is not what the cost model prices (cost/layer.py)."""
+def _moe_fields(a, default_dispatcher: MoeDispatcher | None) -> dict[str, object]:
+    """The dispatcher and capacity factor. Without --moe-token-dispatcher-type Megatron-LM runs
+    allgather (megatron/training/arguments.py@000c4ac, _add_moe_args: ``default='allgather'``), not
+    meshplan's default; a capacity without padding to it is not what the cost model prices
+    (cost/layer.py)."""
     out: dict[str, object] = {}
-    if a.moe_token_dispatcher_type is not None:
-        out["moe_dispatcher"] = MoeDispatcher(a.moe_token_dispatcher_type)
+    given = a.moe_token_dispatcher_type
+    if given is not None or default_dispatcher is not None:
+        out["moe_dispatcher"] = MoeDispatcher(given) if given is not None else default_dispatcher
     if a.moe_expert_capacity_factor is not None:
         if not a.moe_pad_expert_input_to_capacity:
             raise MeshplanError("--moe-expert-capacity-factor without --moe-pad-expert-input-to-capacity: "

@@ -75,7 +75,9 @@ def _stage_layers(points: list[str], num_layers: int) -> tuple[int, ...]:
         starts.append(int(idx))
     bounds = [0, *starts, num_layers]
     layers = tuple(b - a for a, b in zip(bounds, bounds[1:]))
-    if any(n < 1 for n in layers):
+    # the first and the last stage may hold the embedding or the head alone (torchtitan's own split
+    # with L + 2 stages, generate_llm_fqn_per_model_part); a middle stage needs a block
+    if any(n < 0 for n in layers) or any(n < 1 for n in layers[1:-1]) or sum(layers) != num_layers:
         raise MeshplanError(f"torchtitan split points {points} leave an empty stage for {num_layers} layers")
     return layers
 

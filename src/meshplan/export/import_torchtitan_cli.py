@@ -116,13 +116,19 @@ def split_points_from_parts(parts: list[str]) -> list[str]:
             elif n not in extra:
                 raise MeshplanError(f"torchtitan module {n!r} in stage {k} is not a block (layers.<i>) "
                                     "or the embeddings/head at the ends")
-        if not idx:
+        if not idx and not (extra and set(stage) <= extra):  # an end may hold the embedding / head alone
             raise MeshplanError(f"torchtitan pipeline stage {k} holds no block")
         blocks.append(idx)
     flat = [j for idx in blocks for j in idx]
     if flat != list(range(len(flat))):
         raise MeshplanError("torchtitan module_fqns_per_model_part does not list layers 0.. in order")
-    return [f"layers.{idx[0]}" for idx in blocks[1:]]
+    # a stage's split point is its first block; an empty stage's is the next block (the layer count
+    # after the last), so an empty first / last stage is a zero-length stage at that end
+    starts, nxt = [], len(flat)
+    for idx in reversed(blocks[1:]):
+        nxt = idx[0] if idx else nxt
+        starts.append(nxt)
+    return [f"layers.{i}" for i in reversed(starts)]
 
 
 def preset_for(module: str | None, config: str | None) -> str | None:

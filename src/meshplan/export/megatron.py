@@ -12,7 +12,8 @@ from meshplan.errors import MeshplanError
 from meshplan.export.base import Export, ExportTarget, refuse_data_schedule, refuse_expert_placement, uniform_recompute
 from meshplan.export.osdp import osdp_notation, uses_osdp
 from meshplan.launch_env import env_assignments
-from meshplan.plan import CPMethod, Job, Offload, Recompute, Schedule, format_layout
+from meshplan.plan import (CPMethod, Job, Offload, Recompute, Schedule, embedding_loss_split, even_split,
+                           format_layout)
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 from meshplan.spec.training import MoeDispatcher, Precision, Recipe, TrainingSpec
 
@@ -136,6 +137,25 @@ def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
     return args
 
 
+VPP_FLAG = "--num-layers-per-virtual-pipeline-stage"
+EMBEDDING_LOSS_FLAGS = [["--account-for-embedding-in-pipeline-split"], ["--account-for-loss-in-pipeline-split"]]
+"""The embedding and the loss count as one layer each in the pipeline split: Megatron-Core's
+``get_num_layers_to_build`` (megatron/core/transformer/transformer_block.py) adds one layer per
+flag, splits the ``num_layers + 2`` slots evenly over pp x vpp and gives the first and the last
+virtual stage one transformer layer fewer (none with one slot per stage: the Llama 3.1 405B
+Megatron-Bridge recipe, pp16 x vpp8 for 126 layers, llama31_workload_base_configs.py@0013c9a).
+The virtual stage size counts the slots: ``(num_layers + 2) / (pp * vpp)``."""
+
+
+def _embedding_loss(layers: tuple[int, ...], num_layers: int) -> bool:
+    """Whether ``layers`` is the embedding / loss split (``plan.embedding_loss_split``) and not
+    also the even one (which needs no flag)."""
+    stages = len(layers)
+    if stages < 2 or (num_layers + 2) % stages or (stages <= num_layers and layers == even_split(num_layers, stages)):
+        return False
+    return tuple(layers) == embedding_loss_split(num_layers, stages)
+
+
 def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
     """Even split; first/last-stage counts with even middle stages (vpp = 1); else the layout
     (``meshplan.plan.layout``), which also places MTP modules on a stage other than the last."""
@@ -144,8 +164,10 @@ def _stage_split_args(job: Job, warnings: list[str]) -> list[list[str]]:
     if pp == 1:
         return []
     if plan.mtp_stage is None:
+        if vpp > 1 and not job.model.mtp_num_layers and _embedding_loss(layers, job.model.num_layers):
+            return EMBEDDING_LOSS_FLAGS + [[VPP_FLAG, str((job.model.num_layers + 2) // (pp * vpp))]]
         if len(set(layers)) == 1:
-            return [["--num-layers-per-virtual-pipeline-stage", str(layers[0])]] if vpp > 1 else []
+            return [[VPP_FLAG, str(layers[0])]] if vpp > 1 else []
         if vpp == 1 and len(set(layers[1:-1])) <= 1:  # middle stages even (or none, pp == 2)
             return [["--decoder-first-pipeline-num-layers", str(layers[0])],
                     ["--decoder-last-pipeline-num-layers", str(layers[-1])]]

@@ -42,6 +42,9 @@ FIELDS = {
     "--decoder-first-pipeline-num-layers": "model.num_layers_in_first_pipeline_stage",
     "--decoder-last-pipeline-num-layers": "model.num_layers_in_last_pipeline_stage",
     "--pipeline-model-parallel-layout": "model.pipeline_model_parallel_layout",
+    # TransformerConfig.account_for_*_in_pipeline_split (the Llama 3.1 405B recipe sets both)
+    "--account-for-embedding-in-pipeline-split": "model.account_for_embedding_in_pipeline_split",
+    "--account-for-loss-in-pipeline-split": "model.account_for_loss_in_pipeline_split",
     "--recompute-granularity": "model.recompute_granularity",
     "--recompute-method": "model.recompute_method",
     "--recompute-num-layers": "model.recompute_num_layers",
@@ -74,6 +77,8 @@ ABSENT = {
     "--decoder-first-pipeline-num-layers": "null",
     "--decoder-last-pipeline-num-layers": "null",
     "--pipeline-model-parallel-layout": "null",
+    "--account-for-embedding-in-pipeline-split": "false",
+    "--account-for-loss-in-pipeline-split": "false",
     "--recompute-granularity": "null",
     "--recompute-method": "null",
     "--recompute-num-layers": "null",
@@ -116,10 +121,8 @@ def bridge_overrides(job: Job) -> tuple[list[tuple[str, str]], list[str]]:
     if flags.get("--recompute-granularity") == "selective":
         modules = next((a[1:] for a in args if a[0] == MODULES_FLAG), ["core_attn"])
         out.append((MODULES_FIELD, "[" + ",".join(modules) + "]"))
-    pp = int(flags.get("--pipeline-model-parallel-size", "1"))
     if VPP_FLAG in flags:
-        vpp = job.model.num_layers // pp // int(flags[VPP_FLAG])
-        out.append((VPP_FIELD, str(vpp)))
+        out.append((VPP_FIELD, str(job.full_plan.vpp)))  # (the flag's size counts the embedding / loss slots)
     elif "--pipeline-model-parallel-layout" not in flags:
         out.append((VPP_FIELD, "null"))
     out.append((DATASET_SEQ_FIELD, flags["--seq-length"]))
@@ -227,7 +230,9 @@ def import_megatron_bridge(text: str, *, num_gpus: int, model: ModelSpec | None)
     for need in ("train.global_batch_size", "model.seq_length"):
         if need not in fields:
             raise MeshplanError(f"Megatron-Bridge overrides give no {need} (the recipe's is not known here)")
-    imp = import_megatron(megatron_flags_from_bridge(fields), num_gpus=num_gpus, model=model, name=model.name)
+    # A recipe sets its own dispatcher (not known here): without the override, meshplan's default.
+    imp = import_megatron(megatron_flags_from_bridge(fields), num_gpus=num_gpus, model=model, name=model.name,
+                          default_dispatcher=None)
     return imp
 
 

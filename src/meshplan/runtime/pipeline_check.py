@@ -17,26 +17,32 @@ if TYPE_CHECKING:
     from meshplan.spec.training import TrainingSpec
 
 
-def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
-    """Layer keys ("0".."L-1", the ``layers`` ModuleDict's keys) of every virtual stage, in model order.
+def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
+    """Layer indices of every virtual stage, in model order, as ranges (a stack of 10^8 layers
+    costs what one of 10 does: nothing is listed layer by layer).
 
     Follows ``plan.stage_layers`` (an even split when it is empty); virtual stage ``i`` then runs on
-    pipeline rank ``i % pp`` (``Plan.stage_rank``).
+    pipeline rank ``i % pp`` (``Plan.stage_rank``). The first and the last stage may hold no layer
+    (the embedding or the loss alone, Megatron's ``--account-for-embedding/loss-in-pipeline-split``):
+    ``cut_stage`` keeps their embedding / norm and head, an empty ``layers`` dict runs as the identity.
     """
     counts = plan.stage_layers or even_split(num_layers, plan.num_stages)
     if len(counts) != plan.num_stages:
         raise MeshplanError(f"stage_layers has {len(counts)} entries; pp*vpp={plan.num_stages} stages")
     if sum(counts) != num_layers:
         raise MeshplanError(f"stage_layers sum to {sum(counts)}, the model has {num_layers} layers")
-    if 0 in counts:
-        raise MeshplanError(f"stage_layers {list(counts)}: a stage holding only the embedding or the loss "
-                            "is not supported by this runtime; give every stage a layer")
-    keys: list[list[str]] = []
+    ranges: list[range] = []
     start = 0
     for n in counts:
-        keys.append([str(i) for i in range(start, start + n)])
+        ranges.append(range(start, start + n))
         start += n
-    return keys
+    return ranges
+
+
+def stage_layer_keys(plan: Plan, num_layers: int) -> list[list[str]]:
+    """Layer keys ("0".."L-1", the ``layers`` ModuleDict's keys) of every virtual stage, in model
+    order (:func:`stage_layer_ranges` spelled out: for the runtime, which builds those modules)."""
+    return [[str(i) for i in r] for r in stage_layer_ranges(plan, num_layers)]
 
 
 def local_stage_indices(plan: Plan, pp_rank: int) -> list[int]:
@@ -53,5 +59,5 @@ def check_pipeline_plan(model: "ModelSpec", training: "TrainingSpec", plan: Plan
     """
     if plan.dims.pp == 1:
         return
-    stage_layer_keys(plan, model.num_layers)  # split must cover the model exactly
+    stage_layer_ranges(plan, model.num_layers)  # split must cover the model exactly
     check_runs(Target.MESHPLAN, model, training, plan)

@@ -30,6 +30,7 @@ from meshplan.errors import MeshplanError
 from meshplan.plan import Plan, Recompute, check_model_takes
 from meshplan.cost.offload import host_budget_bytes
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.search.embedding_chunks import embedding_loss_front, embedding_loss_plan
 from meshplan.search.expert_load import placement_rows, placement_variants
 from meshplan.search.vocab import vocab_rows, vocab_variants
 from meshplan.search.even import (EVEN_CHUNK_ROWS, PRUNE_MIN_CONFIGS, EvenCost,  # noqa: F401 (re-exported)
@@ -179,6 +180,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                             f"{SEARCH_MAX_LAYERS} (estimate a plan of a deeper model with `meshplan estimate`)")
     shrink = 1.0 / (1.0 + refine_slack) if np.isfinite(refine_slack) else 0.0
     groups = enumerate_groups(model, training, num_gpus, options)
+    all_groups = groups  # the embedding / loss pass reads them unpruned (its rows lie outside the cell bounds)
     per_group = configurations_per_group(groups, model, training, options)
     prune_even = int(per_group.sum()) > PRUNE_MIN_CONFIGS if prune is None else prune
     seeded, cells = 0, None
@@ -239,6 +241,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                                          budget, options)
         fronts.append(off_front)
         evaluated += scored_off
+    embed_space, embed_front, scored_embed = embedding_loss_front(ctx, all_groups, options, EMBED_KEY_BASE)
+    fronts.append(embed_front)
+    evaluated += scored_embed
     front = merge_fronts(*fronts)
     split_start = np.cumsum([0] + [len(c) for _, _, c in splits])  # first key of each item
     scored = []
@@ -246,7 +251,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     peak = cluster.gpu.peak_flops(training.precision)
     for t, m, k in zip(front.time_s, front.memory_bytes, front.key):
         k = int(k)
-        if k >= OSDP_KEY_BASE:
+        if k >= EMBED_KEY_BASE:
+            plan = embedding_loss_plan(ctx, embed_space, k - EMBED_KEY_BASE)
+        elif k >= OSDP_KEY_BASE:
             plan = osdp_space.plan(k - OSDP_KEY_BASE)
         elif k >= EXPERT_KEY_BASE:
             plan = expert_space.plan(k - EXPERT_KEY_BASE)
@@ -327,6 +334,9 @@ def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, can
 
 OSDP_KEY_BASE = 1 << 43
 """Frontier keys at or above this index the OSDP variants."""
+
+EMBED_KEY_BASE = 1 << 44
+"""Frontier keys at or above this index the embedding / loss layouts (:mod:`meshplan.search.embedding_chunks`)."""
 
 
 def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost, candidate: np.ndarray,

@@ -21,6 +21,8 @@ from typing import Callable
 import numpy as np
 
 from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
+from meshplan.cost.rank_layers import needs_rank_mix
+from meshplan.cost.recompute_modules import SUBSUMED
 from meshplan.errors import MeshplanError
 from meshplan.plan import (CPMethod, Offload, Plan, Recompute, RecomputeModule, Schedule, missing_module,
                            recompute_module_code)
@@ -98,6 +100,19 @@ class SearchOptions:
     """Beyond the default (the attention core), the module sets selective recompute is also
     tried with on MoE models (Megatron-Core's ``--recompute-modules``); sets naming a module the
     model lacks are skipped. Empty: the default only."""
+    embedding_loss_chunks: bool = False
+    """Also search interleaved plans of ``num_layers + 2`` virtual stages, the embedding and the
+    loss each a virtual stage of its own (Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``,
+    ``TransformerConfig.account_for_*_in_pipeline_split``: the embedding and the loss count as one
+    layer each and the ``num_layers + 2`` slots split evenly over ``pp * vpp``; the Llama 3.1 405B
+    Megatron-Bridge recipe, pp16 x vpp8 for 126 layers, scripts/performance/configs/llama/
+    llama31_workload_base_configs.py@0013c9a). Such a layout has one split (``plan.embedding_loss_split``):
+    :mod:`meshplan.search.embedding_chunks` scores it exactly. On for the targets that run stages
+    holding no transformer layer: Megatron, torchtitan (its default split gives them with L + 2
+    stages: ``export.common.search_options_for``) and meshplan's runtime (its pipeline cuts such a
+    stage as any other: tests/runtime/test_pipeline_embedding_chunks.py checks loss parity); off by
+    default (``search()`` without a target) and for DeepSpeed (no interleaving)."""
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
@@ -296,7 +311,11 @@ def cross_groups(groups: dict[str, np.ndarray], model: ModelSpec, training: Trai
     ``enumerate_space``'s rows of those groups, in the same order. ``keep`` (groups x
     ``micro_batch_sizes`` x ``recompute_variants``, bool) lists only the configurations it marks
     (same order)."""
-    c = _crossed(groups, model, training, options, keep)
+    return _arrays(_crossed(groups, model, training, options, keep), options)
+
+
+def _arrays(c: dict[str, np.ndarray], options: SearchOptions) -> PlanArrays:
+    """The PlanArrays of crossed columns ``c``, the variant columns constant, ``options.allow`` applied."""
     # Columns that only the variant passes vary are one value on every row: read-only
     # broadcasts (stride 0), not millions of copies (PlanArrays.take keeps them so).
     n = c["tp"].size
@@ -311,6 +330,44 @@ def cross_groups(groups: dict[str, np.ndarray], model: ModelSpec, training: Trai
     if options.allow is not None:
         space = space.take(np.flatnonzero(options.allow(space)))
     return space
+
+
+def embedding_loss_vpp(model: ModelSpec, pp, options: SearchOptions) -> np.ndarray:
+    """Virtual stages per rank of the embedding / loss layout on ``pp`` ranks (``num_layers + 2``
+    chunks, ``SearchOptions.embedding_loss_chunks``), 0 where there is none: pp >= 2 dividing
+    L + 2 into at least two chunks per rank, within ``options.max_vpp``, more chunks than layers
+    (with at most L chunks the stage search already offers the split: ``Plan.embedding_loss_split``
+    is one uneven split among the others); not for a model whose ranks are charged their own
+    leading dense layers or MTP modules (``cost.rank_layers.needs_rank_mix``)."""
+    L, p = model.num_layers, np.asarray(pp, dtype=np.int64)
+    v = (L + 2) // np.maximum(p, 1)
+    top = options.max_vpp if options.max_vpp is not None else (L + 2) // 2
+    ok = ((p >= 2) & ((L + 2) % np.maximum(p, 1) == 0) & (v >= 2) & (v <= top) & (p * v > L)
+          & options.embedding_loss_chunks & (Schedule.INTERLEAVED_1F1B in options.schedules)
+          & (not needs_rank_mix(model)))  # (search.embedding_chunks: not scored for those)
+    return np.where(ok, v, 0)
+
+
+def embedding_loss_space(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
+                         options: SearchOptions) -> PlanArrays | None:
+    """The configurations of ``groups`` under the embedding / loss layout (interleaved 1F1B over
+    ``num_layers + 2`` chunks, :func:`embedding_loss_vpp`), crossed with the micro-batch sizes and
+    recompute choices as ``cross_groups`` crosses the others (same rules); None when there is none.
+    Their one layer split is scored by :mod:`meshplan.search.embedding_chunks`."""
+    vpp = embedding_loss_vpp(model, groups["pp"], options)
+    c = _keep(groups, vpp > 0)
+    if c["pp"].size == 0:
+        return None
+    c["schedule"] = np.full(c["pp"].size, SCHEDULES.index(Schedule.INTERLEAVED_1F1B))
+    c["vpp"] = vpp[vpp > 0]
+    c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
+                     lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
+    if c["pp"].size == 0:
+        return None
+    c = _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
+                         module_codes(model, options))
+    space = _arrays(c, options)
+    return space if len(space) else None
 
 
 def configurations_per_group(groups: dict[str, np.ndarray], model: ModelSpec, training: TrainingSpec,
@@ -384,11 +441,20 @@ def _cross_recompute(cols: dict[str, np.ndarray], recomputes: np.ndarray, codes:
     return out
 
 
+def cost_module_code(modules: tuple[RecomputeModule, ...]) -> int:
+    """``recompute_module_code`` of ``modules`` less the modules another chosen one contains
+    (``cost.recompute_modules.SUBSUMED``: ``moe`` holds ``moe_act`` and ``shared_experts``): sets
+    with one such code cost the same (the cost model counts the outer module only), so the space
+    holds one of them."""
+    chosen = {RecomputeModule(m) for m in modules}
+    return recompute_module_code(tuple(m for m in chosen if SUBSUMED.get(m) not in chosen))
+
+
 def module_codes(model: ModelSpec, options: SearchOptions) -> np.ndarray:
-    """Codes (``recompute_module_code``) of the non-default module sets searched for ``model``."""
+    """Codes (``cost_module_code``) of the non-default module sets searched for ``model``."""
     if not model.is_moe or Recompute.SELECTIVE not in options.recomputes:
         return np.zeros(0, dtype=np.int64)
-    codes = {recompute_module_code(s) for s in options.recompute_module_sets if missing_module(model, s) is None}
+    codes = {cost_module_code(s) for s in options.recompute_module_sets if missing_module(model, s) is None}
     return np.array(sorted(codes - {0}), dtype=np.int64)
 
 
@@ -419,13 +485,24 @@ def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan
     d = plan.dims
     if d.world_size != num_gpus or plan.recompute not in options.recomputes:
         return False
-    code = recompute_module_code(plan.recompute_modules)
+    code = cost_module_code(plan.recompute_modules)
     if code and code not in module_codes(model, options):
         return False
     ok = (_rule_degrees(c, model, training) & _rule_max_cp(c, options) & _rule_zero(c) & _rule_sp(c, training)
           & _rule_cp_method(c, model, options) & _rule_ep(c, model)
-          & _rule_schedule(c, model, options) & _rule_micro_batch(c, training))
+          & _rule_schedule_or_embedding(c, model, plan, options) & _rule_micro_batch(c, training))
     return bool(ok[0]) and training.global_batch % plan.micro_batch == 0
+
+
+def _rule_schedule_or_embedding(c, model: ModelSpec, plan: Plan, options: SearchOptions) -> np.ndarray:
+    """``_rule_schedule``, or the embedding / loss layout (:func:`embedding_loss_vpp`) with its
+    one split (``plan.embedding_loss_split``; an empty split is filled with it)."""
+    from meshplan.plan import embedding_loss_split
+
+    v = int(embedding_loss_vpp(model, c["pp"], options)[0])
+    own = (plan.schedule == Schedule.INTERLEAVED_1F1B and v == plan.vpp and (
+        not plan.stage_layers or tuple(plan.stage_layers) == embedding_loss_split(model.num_layers, plan.dims.pp * v)))
+    return _rule_schedule(c, model, options) | own
 
 
 def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan,
@@ -440,7 +517,7 @@ def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: P
         return f"the plan uses {plan.dims.world_size} GPUs, the job {num_gpus}"
     if plan.recompute not in options.recomputes:
         return f"recompute {plan.recompute.value} is not searched for this target"
-    code = recompute_module_code(plan.recompute_modules)
+    code = cost_module_code(plan.recompute_modules)
     if code and code not in module_codes(model, options):
         return (f"recompute modules {'+'.join(m.value for m in plan.recompute_modules)} are not searched "
                 "for this target and model")
@@ -454,9 +531,12 @@ def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: P
         (_rule_sp(c, training), "sequence parallel needs tp > 1 dividing the sequence"),
         (_rule_cp_method(c, model, options), "the CP method is not searched (or heads/tp not divisible by cp)"),
         (_rule_ep(c, model), "expert parallel must fold onto dp_shard x cp x tp and divide the experts"),
-        (_rule_schedule(c, model, options), f"schedule {plan.schedule.value} with pp={plan.dims.pp}, vpp={plan.vpp} "
-                                            f"is not searched (pp*vpp chunks <= the {model.num_layers} layers, "
-                                            f"vpp <= {MAX_VPP} or chunks dividing the layers)"),
+        (_rule_schedule_or_embedding(c, model, plan, options),
+         f"schedule {plan.schedule.value} with pp={plan.dims.pp}, vpp={plan.vpp} is not searched (pp*vpp "
+         f"chunks <= the {model.num_layers} layers, vpp <= {MAX_VPP} or chunks dividing the layers"
+         + (f"; or {model.num_layers + 2} chunks with the embedding and the loss on chunks of their own, "
+            "not for models with leading dense layers or MTP modules"
+            if options.embedding_loss_chunks else "; more chunks than layers not for this target") + ")"),
         (_rule_micro_batch(c, training), "interleaving needs the micro-batch count to be a multiple of pp"),
     )
     return next((why for ok, why in rules if not bool(np.asarray(ok)[0])), None)

@@ -1,0 +1,96 @@
+"""Compute factors of :class:`~meshplan.cost.calibration.Calibration`: GEMM and attention
+efficiency, host overheads per layer and per kernel, memory-bound passes.
+
+A base of ``Calibration`` (cost/calibration.py), which holds the range checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ComputeFields"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeFields:
+    """GEMM, attention-kernel and memory-bound efficiency, and the fixed host costs."""
+
+    matmul_efficiency: float = 0.70
+    """Fraction of dense peak FLOP/s that a large, well-shaped GEMM reaches (cuBLAS on A100/H100
+    sustains ~70-80% of peak on large bf16 GEMMs; NVIDIA Deep Learning Performance guide)."""
+    matmul_half_dim: float = 128.0
+    """Small-matmul falloff: efficiency = matmul_efficiency * x / (x + matmul_half_dim), where x is
+    the smallest per-GPU GEMM dimension. Tiles of 128-256 leave small GEMMs under-occupied
+    (NVIDIA matrix-multiplication background guide, 'wave quantization / tile quantization')."""
+    unaligned_matmul_factor: float = 0.5
+    """Extra factor for a GEMM with a dimension not a multiple of 8, e.g. the attention GEMMs of
+    a head dim of 108 (fp16/bf16 tensor cores need multiples of 8 elements, else cuBLAS falls
+    back to slower or non-tensor-core kernels; NVIDIA Deep Learning Performance guide, 'Matrix
+    Multiplication Background', 'Tensor Core requirements'). Applied to the attention core too
+    (fused attention kernels also need head dims that are multiples of 8)."""
+    vocab_pad_multiple: float = 128.0
+    """The LM head's vocabulary is padded to a multiple of this per tensor-parallel rank
+    (Megatron-LM --make-vocab-size-divisible-by, default 128, times tp), which keeps the
+    head GEMM aligned for tensor cores (e.g. BLOOM's 250,000 -> 250,880). 1 = no padding."""
+    layer_overhead_s: float = 0.0
+    """Fixed time per transformer layer per micro-batch forward (backward 2x), independent of
+    the tokens: CUDA kernel launches and host-side framework work (a Megatron layer forward is
+    ~30-60 kernels at ~5-20 us of launch / Python dispatch each; the reason CUDA graphs help
+    small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
+    latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
+    micro-batches, which is why measured throughput grows with the micro-batch size. Not charged
+    under ``cuda_graph_full_iteration`` (cost/layer.py: the replayed graph issues no launch)."""
+    microbatch_overhead_s: float = 0.0
+    """Fixed time per micro-batch (forward + backward) on every pipeline rank, independent of
+    the layers it holds: the host work of the schedule (the loss and its scaling, posting the
+    pipeline sends/receives, the data iterator, hooks of the distributed optimizer) that a small
+    model cannot hide behind device work (PyTorch CUDA semantics, 'Asynchronous execution').
+    A stack field (STACK_FIELDS), fitted per (generation, stack)."""
+    host_s_per_kernel: float = 0.0
+    """Host time to issue one kernel from the training loop: Python, the PyTorch dispatcher and
+    cudaLaunchKernel, 5-20 us per op in eager PyTorch (PyTorch blog 'Accelerating PyTorch with
+    CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
+    under CUDA graphs (one graph launch per captured region). A layer
+    takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
+    host_fused_kernels: bool = False
+    """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
+    norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
+    per aten op of eager model code (cost/host.py counts both). A stack field."""
+    eager_memory_passes: bool = False
+    """The stack runs its layers' memory-bound ops as eager model code, one aten op per kernel and
+    an HBM round trip each (torchtitan's llama3 model: RMSNorm through fp32 in 8 ops, complex
+    RoPE, repeat_kv copies, separate silu and multiply), not one fused pass per op: the extra
+    bytes of cost/eager_passes.py. A stack field (frameworks.json sets it for torchtitan runs;
+    torch.compile'd runs are fused); never on a CPU device, whose elementwise probe measures the
+    runtime's eager modules (elementwise_time_factor)."""
+    elementwise_time_factor: float = 1.0
+    """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
+    bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,
+    torch.compile): 1. Eager PyTorch runs more passes (rotary embedding, GQA's repeated K/V, the
+    saved tensors of autograd); a CPU profile measures meshplan's runtime modules (the
+    elementwise probe, meshplan.calib.layer_probe)."""
+    attention_efficiency: float = 0.55
+    """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
+    peak forward+backward, Dao 2023 Sec. 4.1). A (generation, stack) without a fitted record
+    starts from the table of its stack's attention_kernel (cost/attention_kernels.py:
+    FlashAttention-2 reaches 35% of H100, FA3 / cuDNN ~60%); a fitted record's value wins."""
+    attention_kernel: str = "fa2"
+    """The fused attention kernel the stack runs (a stack field): 'fa2' (flash-attn 2, torch
+    SDPA's flash backend), 'fa3', 'fa4' or 'cudnn' (Transformer Engine's cuDNN fused attention);
+    the names of spec/presets/attention_kernels.json, whose efficiency per GPU generation
+    calibration_for starts from."""
+    attention_half_head_dim: float = 64.0
+    """Head dim at which a fused attention kernel reaches half its large-head efficiency:
+    efficiency x H / (H + attention_half_head_dim). Its own constant, not the GEMM's
+    matmul_half_dim: the kernel's tiles span the whole sequence, only the inner (head) dim of
+    its two GEMMs is small. FlashAttention-3 forward, H100 bf16, 16k: ~500, ~650 and ~750
+    TFLOP/s at head dims 64, 128 and 256 (Shah et al. 2024, Fig. 5), i.e. ~55-65."""
+    fused_attention: bool = True
+    """Attention scores are never materialised (FlashAttention, Dao et al. 2022): no s^2 term in
+    activation memory or in HBM traffic. Megatron-LM 2021/2022 runs did not use it."""
+    hbm_efficiency: float = 0.80
+    """Fraction of HBM bandwidth reached by memory-bound kernels (norms, activations, softmax,
+    optimizer); STREAM-like copies reach ~80-90% (vendor guides)."""
+    dropout: bool = False
+    """Whether the layers use dropout (GPT-3/Megatron 2021-2022 runs: yes, Llama: no). Adds the
+    2sbh bytes of masks of Korthikanti et al. 2022, Sec. 4.1, and their memory-bound time."""

@@ -1,0 +1,125 @@
+"""Memory factors of :class:`~meshplan.cost.calibration.Calibration`: bytes per parameter
+and per element, framework/context/NCCL/allocator overheads, transient copies.
+
+A base of ``Calibration`` (cost/calibration.py), which holds the range checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MemoryFields"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryFields:
+    """Bytes per parameter and element, fixed device overheads, allocator and transients."""
+
+    weight_bytes_per_param: float = 2.0
+    """bf16/fp16 working copy of each weight."""
+    grad_bytes_per_param_bf16: float = 4.0
+    """Gradient buffer per parameter under bf16 (and fp8) training: accumulated and reduced in
+    fp32 (Megatron-LM forces accumulate_allreduce_grads_in_fp32 with bf16; torchtitan reduces
+    in fp32; DeepSpeed's BF16_Optimizer keeps fp32 gradients)."""
+    grad_bytes_per_param_fp16: float = 2.0
+    """Gradient buffer per parameter under fp16 training: fp16, reduced in fp16 (Megatron-LM's
+    default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
+    master_bytes_per_param: float = 4.0
+    """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
+    adam_bytes_per_param: float = 8.0
+    """Adam first and second moments in fp32 (Rajbhandari et al. 2020, ZeRO Sec. 3.1)."""
+    sgd_bytes_per_param: float = 4.0
+    """SGD momentum in fp32."""
+    logits_bytes_per_element: float = 6.0
+    """LM-head logits (S*b*V/t elements per micro-batch) kept for the loss: fp16/bf16 output
+    plus the fp32 softmax copy of Megatron's vocab-parallel cross entropy (2 + 4 bytes)."""
+    loss_transient_bytes_per_element: float = 0.0
+    """Extra bytes per logit element alive only around the loss forward/backward (fp32
+    temporaries of the cross entropy: the upcast logits before the in-place exp, and the fp32
+    gradient of the logits before its cast back, Megatron-LM cross_entropy.py); matters at
+    V = 250k. Counted on the LM-head rank on top of the kept activations."""
+    pp_preallocated_recv_buffers: bool = False
+    """Whether the stack's pipeline stages allocate a receive buffer per micro-batch up front and keep
+    them for the step: torch.distributed.pipelining does (meshplan's runtime and torchtitan; measured
+    by the dry run, docs/dryrun.md: 1.9 GiB on a llama3-70b interleaved rank); Megatron-Core receives
+    into a fresh tensor per transfer (p2p_communication.py), the default here."""
+    moe_routed_copies_kept: float = 2.0
+    """(T*k, D) tensors an MoE layer keeps for backward beyond the experts' F-wide ones, in 16-bit
+    elements: the permuted tokens the experts' first linear keeps (its input) and the experts'
+    output the combine's multiply by the routing probability keeps (for the probability's
+    gradient). meshplan's runtime keeps both (dry run's attribution, docs/dryrun.md, 2026-11-24),
+    as Megatron-Core's permute/unpermute do (moe_utils.py)."""
+    framework_overhead_gib: float = 3.0
+    """What the stack holds beyond the model's tensors and the buffers counted here: cuBLAS and
+    attention workspaces, the stack's own buffers (typical 1-3 GiB per GPU, PyTorch CUDA notes;
+    fitted per (generation, stack) where rows measure memory). Part of the peak reserved, on which
+    ``fits`` is decided; the dry run and the runtime's GPU prediction leave it out as no tensor.
+    The CUDA context and NCCL's buffers, outside the caching allocator, are counted apart in the
+    device total only (``cuda_context_gib``, ``nccl_*``; cost/device_memory.py)."""
+    cuda_context_gib: float = 0.27
+    """CUDA context of a torch process and the kernel images it loads, outside the caching
+    allocator (in nvidia-smi's figure, not in torch.cuda.max_memory_reserved): 287,047,680 bytes
+    with lazy module loading (CUDA >= 11.7; torch sets CUDA_MODULE_LOADING=LAZY since 1.13),
+    666,632,192 bytes with eager loading (pytorch/pytorch#86509). Libraries built before CUDA
+    11.7 load eagerly: the stacks of that time set the eager figure (frameworks.json)."""
+    nccl_buffer_bytes: float = 4 * 1024**2
+    """NCCL's buffer per connection for its Simple protocol: NCCL_BUFFSIZE, 4 MiB by default
+    (NCCL user guide, Environment Variables); allocated by NCCL, outside the caching allocator."""
+    nccl_channels: float = 16.0
+    """Channels per NCCL communicator (NCCL_MIN/MAX_NCHANNELS bound it, at most 32; NCCL picks the
+    count from the topology and logs it under NCCL_DEBUG=INFO): an assumption within that range."""
+    nccl_peers_per_channel: float = 2.0
+    """Connections per channel whose buffers a rank holds: the ring's previous and next rank."""
+    allocator_fragmentation: float = 0.05
+    """Fraction of allocated memory lost to caching-allocator fragmentation (PyTorch CUDA
+    caching allocator notes), charged on the states, activations and the optimizer step's copies
+    (cost/memory.py ``rank_other``): the reserve, the peak reserved less the peak allocated."""
+    allocator_expandable_segments: bool = False
+    """Whether the run set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. The peak
+    reserved is the same figure, but before the allocator reports out of memory it unmaps the
+    free pages of every expandable segment (c10/cuda/CUDACachingAllocator.cpp,
+    ``release_cached_blocks`` -> ``release_blocks`` -> ``unmap_block``; pytorch/pytorch PR
+    #96995), where the default allocator can free only a segment with no live block. So the
+    reserve is given back under pressure and what must fit the GPU is the allocated peak
+    (cost/device_memory.py: ``held_peak_bytes``), up to the page rounding at the edges of free
+    blocks (2 MiB pages), left out; the search's reserved limit stays the conservative one.
+    A run setting: Megatron-Bridge's performance launcher sets it for Llama 3.1 405B FP8 (cs,
+    mx) and dropless DeepSeek-V3 BF16 on GB200 / GB300 ('OOM if not set';
+    scripts/performance/setup_experiment.py@0132842, spec/presets/stack_releases.json), its
+    Slurm executor for no other run (scripts/performance/utils/executors.py@f02b14e,
+    PERF_ENV_VARS); torchtitan's launcher for every run (run_train.sh@0168bd5
+    ``PYTORCH_ALLOC_CONF``); meshplan's own launcher for every rank (meshplan/launch_env.py, the
+    meshplan stack's value: cost/calib_records.py ``launcher_values``)."""
+    cp_ring_gathers_kv: bool = False
+    """Whether context parallel runs as torch's ring attention (torchtitan): it all-gathers the
+    whole sequence's K and V in each attention call and accumulates the backward's gradients in
+    fp32 (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py@f2127db,
+    rotate_method ALL_GATHER, convert_to_f32), a transient per attention layer charged by
+    cost/cp_ring_memory.py; False: Megatron-Core / TE's p2p ring, two K/V chunks in flight."""
+    comm_bucket_bytes: float = 0.1 * 1024**3
+    """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
+    sp_saves_gathered_inputs: bool = False
+    """Under sequence parallel, whether each column-parallel linear (q/k/v, the MLP's up
+    projections, the LM head) keeps its all-gathered input (T x D, not T/t x D) for its backward:
+    DTensor's tensor parallel does (torch.distributed.tensor.parallel: PrepareModuleInput / ColwiseParallel
+    redistribute the sequence shard to Replicate, and the linear saves what it received); Megatron
+    keeps the shard and gathers it again in the backward (Korthikanti et al. 2022, Sec. 4.2.2), the
+    default, and so does meshplan's runtime (runtime/sp_regather.py: saved-tensor hooks). A stack
+    field (torchtitan: frameworks.json)."""
+    loss_parallel_transient_bytes_per_element: float = 0.0
+    """With tp > 1, bytes per logit element the vocabulary-parallel loss holds beyond
+    ``loss_transient_bytes_per_element``: torch's loss_parallel (torch.distributed.tensor.parallel
+    .loss ``_log_softmax``, the log_softmax decomposition with all-reduces inserted) keeps the fp32
+    shifted logits and their exp at once where the fused kernel writes only its output: 4 more.
+    A stack field (torchtitan, whose loss parallel is on by default: frameworks.json)."""
+    fp16_step_grad_copy_bytes_per_param: float = 0.0
+    """fp16 training without ZeRO: bytes per parameter the optimizer step allocates beside the
+    kept states while it runs (the gradients' fp32 copy it steps on). DeepSpeed's FP16_Optimizer
+    (runtime/fp16/fused_optimizer.py, step) casts every fp16 gradient to fp32 (4) and flattens
+    them into one fp32 buffer (4) while the fp16 gradients are still held: 8. The optimizer step
+    runs after the last backward, with no activations alive: the peak is the larger of the two.
+    0: the stack keeps no such copy (a stack field)."""
+    fp16_zero_step_grad_copy_bytes_per_param: float = 0.0
+    """The same under ZeRO 1/2, per parameter of the rank's optimizer partition: DeepSpeed's
+    stage_1_and_2.py step frees the gradients outside the partition, flattens the partition's in
+    fp16 (2) and casts that to fp32 (4): 6. 0: no such copy, nothing freed (a stack field)."""
