@@ -3,6 +3,7 @@
 
     PYTHONPATH=src python bench/bench_blackwell_rows.py            # 20 worst b200/b300/gb200/gb300 rows
     PYTHONPATH=src python bench/bench_blackwell_rows.py --top 40 --json
+    PYTHONPATH=src python bench/bench_blackwell_rows.py --model gpt-oss   # one model's rows
 
 For every row, as ``meshplan validate --runs megatron-bridge`` estimates it: the signed error,
 then the predicted step as shares of itself:
@@ -114,9 +115,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=20, help="rows to list, worst first")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ap.add_argument("--model", default="", help="only rows whose model name contains this")
     args = ap.parse_args(argv)
     runs, _ = load_runs(runs_csv("megatron-bridge"))
-    rows = [row_terms(r) for r in runs if r.cluster.gpu.name in BLACKWELL_GPUS]
+    rows = [row_terms(r) for r in runs if r.cluster.gpu.name in BLACKWELL_GPUS and args.model in r.model.name]
     worst = sorted((r for r in rows if r["error"] is not None), key=lambda r: -abs(r["error"]))[:args.top]
     if args.json:
         json.dump({"worst": worst, "all": rows}, sys.stdout, indent=1)

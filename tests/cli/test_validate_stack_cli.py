@@ -50,9 +50,12 @@ def test_bridge_json_breaks_the_signed_error_down_and_meets_the_shipped_fit():
     # CUDA graphs and fused grouped MLPs in the 26.06 Qwen3 / DeepSeek-V3 presets); issue 14 aims at 8%;
     # 7.0% when more presets' dispatchers were read (HybridEP / DeepEP) on the fit made before
     # them; 4.2% / 18.4% after the fit's restarted descent (calib/fit_search.py) refit on all of
-    # session 8's mechanisms (docs/accuracy.md, session 8)
-    assert d["summary"]["throughput_median_abs_error"] <= 0.05
-    assert d["summary"]["throughput_p90_abs_error"] <= 0.20
+    # session 8's mechanisms (docs/accuracy.md, session 8); 5.5% / 21.2% once every fitted field
+    # stays in its physical range with a weak prior (calib/priors.py: no NVLink at 40% of its
+    # rate, no NIC at 100%), which took the held-out runs from 7.9% / 18.9% to 7.1% / 18.3%
+    # (docs/accuracy.md, "Bounds and priors"); the p90 above issue 14's 20% is GPT-OSS on Blackwell
+    assert d["summary"]["throughput_median_abs_error"] <= 0.06
+    assert d["summary"]["throughput_p90_abs_error"] <= 0.22
 
 
 def test_target_replaces_each_rows_stack():

@@ -4,6 +4,7 @@ MoE-only grouped-GEMM efficiency that dense rows never see (cost/moe.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -41,9 +42,15 @@ def test_grid_position_and_penalty_by_hand():
     assert grid_position((0.5, 0.6, 0.7), 0.65) == pytest.approx(0.75)
     assert grid_position((0.5, 0.6, 0.7), 0.9) == pytest.approx(1.0)  # clamped to the grid's ends
     start = Calibration(matmul_efficiency=0.7)
-    # 0.55 is 1/4 of the grid from 0.5, the start 0.7 its end: distance 3/4
-    assert prior_penalty(start.replace_fields(matmul_efficiency=0.55), start, GRID, 0.02) == pytest.approx(0.015)
+    # matmul_efficiency's range is [0.45, 0.90] on a log scale (calib/priors.py): 0.55 from 0.7
+    # crosses ln(0.7/0.55) / ln(2) = 0.348 of it
+    assert prior_penalty(start.replace_fields(matmul_efficiency=0.55), start, GRID, 0.02) == pytest.approx(
+        0.02 * math.log(0.7 / 0.55) / math.log(2.0))
     assert prior_penalty(start, start, GRID, 0.02) == 0.0
+    # a field without a physical range (a memory field) pays its grid distance: 1/4 of (0, 2)
+    mem = {"framework_overhead_gib": (0.0, 1.0, 2.0)}
+    c0 = Calibration(framework_overhead_gib=1.0)
+    assert prior_penalty(c0.replace_fields(framework_overhead_gib=1.5), c0, mem, 0.02) == pytest.approx(0.005)
 
 
 def test_prior_holds_a_constant_the_rows_do_not_pay_for():

@@ -5,19 +5,22 @@ sets one factor to the best value of its grid with the others fixed, until a swe
 nothing; restarts move a few factors of the best point and descend again. Time factors minimise the mean absolute log error of the
 throughput metric (least absolute deviations: robust to the odd noisy row); memory factors
 minimise the mean absolute relative error of peak memory. Only rows of the (generation, stack)
-are used and nothing is specific to a row. ``calib/holdout.py`` refits without a model family,
+are used and nothing is specific to a row. Every time factor stays inside a physical range and
+pays a weak prior for leaving its cited start (calib/priors.py), so a factor no row pays for stays
+where the literature put it. ``calib/holdout.py`` refits without a model family,
 a GPU generation or a source and scores the held-out rows: how well the fit transfers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
 
 from meshplan.calib.fit_search import Objective, descend, grid_position, prior_penalty  # noqa: F401
+from meshplan.calib.priors import bounded_grid
 from meshplan.calib.validate import Run, predicted_metric
 from meshplan.errors import MeshplanError
 from meshplan.cost.arrays import PlanArrays
@@ -34,11 +37,10 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     # the fused attention kernel of the generation and stack (FlashAttention-2/3, cuDNN): 30-90%
     # of peak forward+backward (Dao 2023 Sec. 4.1; Shah et al. 2024 Fig. 5)
     "attention_efficiency": (0.3, 0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9),
-    # NCCL bus bandwidth over the link rate: nccl-tests reach 70-80% on NVLink and 80-95% on
-    # InfiniBand at large messages; the grids stop at 0.4 (intra: a ring over NVLink switches at
-    # mid-size messages) so that a missing cost elsewhere is not absorbed by an impossible link.
-    "inter_node_comm_efficiency": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-    "intra_node_comm_efficiency": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    # NCCL bus bandwidth over the link rate, inside the ranges of calib/priors.py (nccl-tests:
+    # ~80% on NVLink rings, 90-95% over InfiniBand)
+    "inter_node_comm_efficiency": (0.6, 0.7, 0.8, 0.9, 0.95),
+    "intra_node_comm_efficiency": (0.6, 0.7, 0.75, 0.8, 0.9),
     "dp_overlap": (0.0, 0.25, 0.5, 0.75, 0.9, 1.0),
     "layer_overhead_s": (0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3),
     "unaligned_matmul_factor": (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0),
@@ -57,7 +59,8 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     "mamba_scan_efficiency": (0.02, 0.05, 0.1, 0.2, 0.35),
 })
 """Factors fitted on throughput, with their grids. Groups with few rows fit only the first; a
-field a row's framework fixes (its ``settings``) is not fitted."""
+field a row's framework fixes (its ``settings``) is not fitted. Every grid is cut to its field's
+physical range (calib/priors.py ``FIELD_PRIORS``, each with its source) before the fit."""
 SPECIFIC_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     # the experts' grouped GEMMs over a single GEMM's efficiency (cost/moe.py): MoE rows only
     "moe_grouped_gemm_efficiency": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
@@ -92,15 +95,18 @@ MEMORY_ROUNDS = 2
 convergence on the calibration rows traded the median for the mean (framework_overhead_gib
 7.5 -> 7.0 GiB: median 2.6% -> 3.2%, p90 10.0% -> 8.9%; session 8), so it keeps the two sweeps
 it was shipped with."""
-PRIOR_WEIGHT = 0.0
-"""Loss added per fitted time field for moving it across its whole grid away from where the fit
-starts (the literature default or the stack's mechanism, each with its source: ``fit_start``): a
-Laplace prior on the grid position (MAP estimation, Bishop 2006 Sec. 3.3; the lasso's L1 penalty,
-Tibshirani 1996). Off by default: with the literature starts (``matmul_efficiency`` 0.70 on every
-generation) 0.01 and 0.003 cost the Megatron-Bridge plain fit 7.0% / 6.6% median (5.6% without)
-and took Llama held out only from 32% to 28% (docs/accuracy.md, session 7); the sweep order
-(``SPECIFIC_FIELDS``) did what it was meant to. A prior from per-generation starts (a hardware
-probe's GEMM efficiency) is where it would pay."""
+PRIOR_WEIGHT = 0.002
+"""Loss added per fitted time field for moving it across its whole physical range away from where
+the fit starts (the literature default or the stack's mechanism, each with its source:
+``fit_start``), on the field's scale (calib/priors.py): a Laplace prior (MAP estimation, Bishop
+2006 Sec. 3.3; the lasso's L1 penalty, Tibshirani 1996). Weak: the loss is a mean absolute log
+error of ~0.05-0.1, so a field moves when the rows gain more than 0.002 x the share of its range
+it crosses (0.2% of mean log error for a whole range), which every field with rows that see it
+does; a field no row pays for stays at its cited start instead of drifting to a grid edge for a
+gain of float noise. Session 7 tried 0.01 and 0.003 on grid distance with every generation
+starting at ``matmul_efficiency`` 0.70 and no restarts: 7.0% / 6.6% median against 5.6%
+without (docs/accuracy.md); session 9's value, with bounded grids and the restarted descent, is
+in docs/accuracy.md "Bounds and priors"."""
 
 
 def calibration_key(run: Run) -> str:
@@ -289,21 +295,29 @@ def _objective(prep: Prepared, which: int) -> Objective:
 def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any], rounds: int = FIT_ROUNDS,
              time_grid: Mapping | None = None, memory_grid: Mapping | None = None,
              prior_weight: float = PRIOR_WEIGHT, specific_first: bool = False,
-             restarts: int = FIT_RESTARTS) -> FitResult:
+             restarts: int = FIT_RESTARTS, warm: Mapping[str, float] | None = None) -> FitResult:
     """Fit the factors of one (generation, stack) ``key`` on ``rows``; ``settings`` describe the
-    runs' software and are not fitted. Time factors pay ``prior_weight`` for leaving their start."""
+    runs' software and are not fitted. Time factors pay ``prior_weight`` for leaving their start
+    and stay inside their physical ranges (calib/priors.py). ``warm``: fitted values the time
+    descent begins from (a held-out refit starts from the full fit's), the prior still pulling
+    toward the start."""
     t_rows = [r for r in rows if r.metric and r.measured]
     m_rows = [r for r in rows if r.measured_memory_gib or r.oom]
     start = fit_start(stack, settings)
-    tg = {k: v for k, v in (TIME_GRID if time_grid is None else time_grid).items() if k not in settings}
+    tg = {k: bounded_grid(k, v) for k, v in (TIME_GRID if time_grid is None else time_grid).items()
+          if k not in settings}
     if len(t_rows) < MIN_ROWS_FOR_ALL:
         tg = dict(list(tg.items())[:1])
     elif specific_first:
-        tg = {**{k: v for k, v in SPECIFIC_GRID.items() if k not in settings}, **tg}
+        tg = {**{k: bounded_grid(k, v) for k, v in SPECIFIC_GRID.items() if k not in settings}, **tg}
         tg = {**{k: v for k, v in tg.items() if k in SPECIFIC_FIELDS},
               **{k: v for k, v in tg.items() if k not in SPECIFIC_FIELDS}}
     t_prep, m_prep = prepare(t_rows), prepare(m_rows)
-    calib = descend(_objective(t_prep, 0), start, tg, rounds, prior_weight, restarts) if t_rows else start
+    # a warm value outside a field's range (a record fitted before the ranges) starts at its edge
+    begin = start.replace_fields(**{k: min(max(v, min(tg[k])), max(tg[k])) for k, v in (warm or {}).items()
+                                    if k in tg}) if warm else start
+    calib = (descend(_objective(t_prep, 0), begin, tg, rounds, prior_weight, restarts, prior_center=start)
+             if t_rows else start)
     mg = dict(MEMORY_GRID if memory_grid is None else memory_grid)
     calib = descend(_objective(m_prep, 1), calib, mg, MEMORY_ROUNDS) if m_rows else calib
     fitted = [*(tg if t_rows else ()), *(mg if m_rows else ())]
@@ -334,16 +348,23 @@ def shared_settings(rows, given: Mapping[str, Any]) -> dict[str, Any]:
 
 def fit_all(runs: list[Run], given: Mapping[str, Any], rounds: int = FIT_ROUNDS,
             memory_grid: Mapping | None = None, prior_weight: float = PRIOR_WEIGHT,
-            specific_first: bool = False, restarts: int = FIT_RESTARTS) -> dict[str, FitResult]:
+            specific_first: bool = False, restarts: int = FIT_RESTARTS, workers: int = 1,
+            warm: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, FitResult]:
     """One fit per (generation, stack) present in ``runs``, each from the settings its rows'
-    frameworks share (``shared_settings``) under those ``given``."""
-    out = {}
-    for key in sorted({calibration_key(r) for r in runs}):
+    frameworks share (``shared_settings``) under those ``given``; ``workers`` fits at a time in
+    forked processes (calib/forked.py; the fits are independent, the result the same);
+    ``warm``: per key, values its time descent begins from (``fit_rows``)."""
+    from meshplan.calib.forked import map_forked
+
+    def one(key: str) -> FitResult:
         rows = [r for r in runs if calibration_key(r) == key]
-        out[key] = fit_rows(rows, key, rows[0].stack, shared_settings(rows, given), rounds,
-                            memory_grid=memory_grid, prior_weight=prior_weight, specific_first=specific_first,
-                            restarts=restarts)
-    return out
+        res = fit_rows(rows, key, rows[0].stack, shared_settings(rows, given), rounds,
+                       memory_grid=memory_grid, prior_weight=prior_weight, specific_first=specific_first,
+                       restarts=restarts, warm=(warm or {}).get(key))
+        return replace(res, settings=dict(res.settings))  # plain data through the worker's pipe
+
+    results = map_forked(one, sorted({calibration_key(r) for r in runs}), workers)
+    return {r.key: replace(r, settings=MappingProxyType(dict(r.settings))) for r in results}
 
 
 def fitted_calibration(run: Run, fits: Mapping[str, FitResult]) -> Calibration:

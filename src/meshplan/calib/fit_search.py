@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.calib.priors import FIELD_PRIORS
 from meshplan.cost.calibration import Calibration
 
 LOG = logging.getLogger(__name__)
@@ -60,10 +61,16 @@ def grid_position(values: tuple[float, ...], v: float) -> float:
 
 def prior_penalty(calib: Calibration, start: Calibration, grid: Mapping[str, tuple[float, ...]],
                   weight: float) -> float:
-    """``weight`` x the grid distance of every fitted field from its start (calib/fit.py
-    ``PRIOR_WEIGHT``)."""
-    return weight * sum(abs(grid_position(g, getattr(calib, n)) - grid_position(g, getattr(start, n)))
-                        for n, g in grid.items())
+    """``weight`` x the distance of every fitted field from its start (calib/fit.py
+    ``PRIOR_WEIGHT``): the share of its physical range on its scale (calib/priors.py), or of
+    its grid for a field without a prior."""
+    total = 0.0
+    for n, g in grid.items():
+        v, s = getattr(calib, n), getattr(start, n)
+        prior = FIELD_PRIORS.get(n)
+        total += (prior.distance(v, s) if prior is not None
+                  else abs(grid_position(g, v) - grid_position(g, s)))
+    return weight * total
 
 
 def _sweep_field(obj: Objective, calib: Calibration, values: np.ndarray, name: str, grid_values,
@@ -114,10 +121,12 @@ def _descend_once(obj: Objective, calib: Calibration, grid: Mapping[str, tuple[f
 
 
 def descend(obj: Objective, calib: Calibration, grid: Mapping[str, tuple[float, ...]], rounds: int,
-            prior_weight: float = 0.0, restarts: int = 0) -> Calibration:
+            prior_weight: float = 0.0, restarts: int = 0, prior_center: Calibration | None = None) -> Calibration:
     """Coordinate descent from ``calib`` (at most ``rounds`` sweeps, stopping at the first that
-    improves nothing), then ``restarts`` perturbed restarts from the best point so far."""
-    start = calib
+    improves nothing), then ``restarts`` perturbed restarts from the best point so far. The prior
+    pulls toward ``prior_center`` (default: ``calib``); a held-out refit starts from the full
+    fit's values and keeps the literature start as its prior (calib/holdout.py)."""
+    start = calib if prior_center is None else prior_center
 
     def penalty(c: Calibration) -> float:
         return prior_penalty(c, start, grid, prior_weight) if prior_weight else 0.0

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from meshplan.calib.fit import FIT_RESTARTS, FIT_ROUNDS, MEMORY_GRID, TIME_GRID, FitResult
+from meshplan.calib.fit import FIT_RESTARTS, FIT_ROUNDS, MEMORY_GRID, PRIOR_WEIGHT, TIME_GRID, FitResult
 from meshplan.calib.fit_search import FIT_SEED
 from meshplan.cost.calibration import FITTED_FILE
 from meshplan.errors import MeshplanError
@@ -35,7 +35,8 @@ def record(res: FitResult, runs_name: str, today: str) -> dict[str, Any]:
                 f"{FIT_ROUNDS} sweeps at most per descent, {FIT_RESTARTS} restarts, seed {FIT_SEED}) minimising the mean absolute log error of "
                 f"throughput over {res.throughput_rows} rows (median error {res.throughput_error_before:.1%} "
                 f"-> {res.throughput_error_after:.1%}) and the mean absolute error of peak memory over "
-                f"{res.memory_rows} rows; "
+                f"{res.memory_rows} rows; time fields inside their physical ranges with a weak prior "
+                f"toward their start ({PRIOR_WEIGHT} per range crossed, calib/priors.py); "
                 f"fields fixed by the rows' framework: {fixed or 'none'}; "
                 f"{len(res.values)} constants moved from their start (defaults and the stack's "
                 f"mechanisms) over the grids of {len(TIME_GRID)} time and {len(MEMORY_GRID)} memory fields"),

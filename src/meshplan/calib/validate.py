@@ -30,6 +30,7 @@ import numpy as np
 import re
 from collections import Counter
 
+from meshplan.calib.corrections import CorrectionReport, apply_corrections, shipped_corrections
 from meshplan.calib.layouts import find_layout
 from meshplan.calib.recipes import Overlay, find_recipe, overlay
 from meshplan.cost.attention_kernels import kernel_fields
@@ -410,16 +411,30 @@ def model_family(name: str, architecture: str | None) -> str:
     return m.group() if m else (architecture or "unnamed")
 
 
-def load_runs(path: str | Path) -> tuple[list[Run], list[Skipped]]:
+def load_runs(path: str | Path, *, as_published: bool = False) -> tuple[list[Run], list[Skipped]]:
+    """The runs of a CSV, with the documented corrections that match its rows applied (unless
+    ``as_published``: the file as given)."""
+    runs, skipped, _ = load_corrected_runs(path, as_published=as_published)
+    return runs, skipped
+
+
+def load_corrected_runs(path: str | Path, *, as_published: bool = False
+                        ) -> tuple[list[Run], list[Skipped], CorrectionReport]:
+    """load_runs, and which documented corrections (data/corrections.csv) it applied."""
+    rows = read_rows(path)
+    if as_published:
+        report = CorrectionReport(as_published=True)
+    else:
+        rows, report = apply_corrections(rows, shipped_corrections())
     runs, skipped = [], []
-    for n, row in enumerate(read_rows(path), start=1):
+    for n, row in enumerate(rows, start=1):
         try:
             runs.append(build_run(row))
         except MalformedCell as exc:
             raise MeshplanError(f"{path}: data row {n} (id {row.get('id', '?')}): {exc}") from None
         except (MeshplanError, ValueError) as exc:
             skipped.append(Skipped(row_id=row.get("id", ""), source=row.get("source", ""), reason=str(exc)))
-    return runs, skipped
+    return runs, skipped, report
 
 
 # ---- predicting ----------------------------------------------------------------------------

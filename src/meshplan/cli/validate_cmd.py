@@ -45,10 +45,12 @@ def validate_cmd(
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="Refit without each source and score it.")] = False,
     fused_attention: Annotated[Optional[bool], typer.Option("--fused-attention/--no-fused-attention", help="Whether the runs used FlashAttention (default: each row's framework's: megatron-core yes, the 2020-22 Megatron runs no).")] = None,
     dropout: Annotated[Optional[bool], typer.Option("--dropout/--no-dropout", help="Whether the runs used dropout (default: each row's framework's: GPT-style runs did).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Fits (per GPU generation and stack) and held-out folds run at a time, in forked processes.")] = 1,
+    as_published: Annotated[bool, typer.Option("--as-published", help="Validate the file as given: skip the documented corrections (data/corrections.csv) that match its rows.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate every run of the CSV and compare throughput and memory with the measurements."""
-    from meshplan.calib.validate import evaluate, load_runs
+    from meshplan.calib.validate import evaluate, load_corrected_runs
 
     if loso and not fit:
         raise MeshplanError("--leave-one-source-out scores a refit: give it with --fit")
@@ -64,7 +66,12 @@ def validate_cmd(
 
         check_target(out, force=force)  # before the fit: minutes of work not lost to a bad path
     settings = {k: v for k, v in (("fused_attention", fused_attention), ("dropout", dropout)) if v is not None}
-    rows, skipped = load_runs(runs_csv(runs))
+    rows, skipped, corrections = load_corrected_runs(runs_csv(runs), as_published=as_published)
+    log = logging.getLogger(__name__)
+    for c in corrections.applied:  # shown under --verbose
+        log.info("corrected row %s: %s (%s)", c.row_id, c.change(), c.evidence)
+    for c, why in corrections.not_applied:
+        log.warning("correction of row %s not applied: %s (%s)", c.row_id, c.change(), why)
     if target is not None:
         rows = [replace(r, stack=target.value) for r in rows]
     fitted: dict[str, dict] = {}
@@ -73,13 +80,13 @@ def validate_cmd(
     if fit:
         from meshplan.calib.fit import fit_all, fitted_calibration
 
-        fits = fit_all(rows, settings)
+        fits = fit_all(rows, settings, workers=workers)
         fitted = {k: res.__dict__ for k, res in fits.items()}
         if write:
             from meshplan.calib.records import write_records
 
             path = write_records(fits, runs, out)
-            logging.getLogger(__name__).info("wrote %s to %s", ", ".join(fits), path)
+            log.info("wrote %s to %s", ", ".join(fits), path)
 
         def calib_for(run):  # noqa: F811 - the fitted calibration of the run's (generation, stack)
             return fitted_calibration(run, fits)
@@ -87,7 +94,8 @@ def validate_cmd(
         from meshplan.calib.holdout import leave_one_out
 
         for by in (("family", "generation") if holdout else ()) + (("source",) if loso else ()):
-            held[by] = leave_one_out(rows, by, settings).summary()
+            # folds start from the fit just made, else from the shipped records (calib/holdout.py)
+            held[by] = leave_one_out(rows, by, settings, full=fits if fit else None, workers=workers).summary()
 
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
     from meshplan.calib.pairwise import MEASURED_TIE, pairs, summarize
@@ -96,6 +104,7 @@ def validate_cmd(
     if json_out:
         out = report.to_dict()
         out["pairwise"] = {**summarize(found), "pairs": [p.to_dict() for p in found]}
+        out["corrections"] = corrections.to_dict()
         if fit:
             out["fit"] = fitted
         if held:
@@ -103,6 +112,9 @@ def validate_cmd(
         print_json(_finite(out))
         return
     con = console()
+    if corrections.applied:
+        con.print(f"applied {len(corrections.applied)} documented corrections from meshplan/data/corrections.csv "
+                  "(--verbose lists them); --as-published to validate the file as given")
     t = Table(title=f"Predicted vs measured: {runs}")
     for col in ("id", "model", "gpu", "plan", "metric", "measured", "predicted", "error",
                 "mem GiB", "pred GiB", "mem err", "fits"):
@@ -158,7 +170,8 @@ def validate_cmd(
         con.print(f"leave one {name} out: {h['rows']} held-out rows, median |error| "
                   f"{_fmt(h['median_abs_error'], '.1%')}, p90 {_fmt(h['p90_abs_error'], '.1%')}, median signed "
                   f"{_fmt(h['median_signed_error'], '+.1%')}; " + ", ".join(
-                      f"{g}: {_fmt(v['median_abs_error'], '.1%')} ({v['rows']})" for g, v in h["groups"].items()))
+                      f"{g}: {_fmt(v['median_abs_error'], '.1%')} ({v['rows']})" for g, v in h["groups"].items())
+                  + f"; median over {name}s {_fmt(h['median_of_group_medians'], '.1%')} ({h['how']})")
 
 
 def _print_pairwise(con, summary: dict, tie: float) -> None:

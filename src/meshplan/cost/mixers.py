@@ -27,6 +27,7 @@ import numpy as np
 
 from meshplan.cost import comms
 from meshplan.cost.arrays import CP_RING, PlanArrays
+from meshplan.cost.band_mask import band_kernel_keys
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency
 from meshplan.cost.packing import DocAttention
@@ -168,11 +169,15 @@ def _attention(model, cluster, kind, plans, calib, *, S, peak, hbm, ab, gemm_tim
     if calib.fused_attention:
         # KV length of one kernel call: ring CP runs c blocks of S/c keys, Ulysses the whole S
         kv_len = np.where(is_ring & (c > 1), np.minimum(s_eff, S / c), s_eff)
+        masked, kernel_flops = is_causal, core_flops
+        if model.arch == Arch.DECODER and s_eff < S:  # a causal band: w + B keys at the causal rate
+            kernel_flops = core_flops * band_kernel_keys(s_eff, S) / s_eff  # (cost/band_mask.py)
+            kv_len, masked = np.where(is_ring & (c > 1), S / c, S), True
         sfu = cluster.gpu.sfu_exp_per_s
-        t_core = (core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal))
+        t_core = (kernel_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, masked))
                   * attention_exp_factor(calib, sfu, head_dim))
         t_bwd = calib.attention_backward_ratio * attention_exp_factor(calib, sfu, head_dim, backward=True) * (
-            core_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, is_causal, backward=True)))
+            kernel_flops / (core_peak * attention_core_efficiency(calib, head_dim, kv_len, masked, backward=True)))
         softmax_bytes, score_bytes = 0.0, 0.0
     else:  # two batched GEMMs over the full s x s scores + a softmax pass (Megatron masks, not skips)
         t_core = core_flops / causal / (core_peak * gemm_efficiency(calib, S, s_eff, head_dim))
