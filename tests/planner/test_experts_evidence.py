@@ -61,9 +61,9 @@ def test_measured_ratio_swaps_in_the_published_runs_measured_step():
 
 def test_ordering_term_names_the_knob_and_the_term_that_reverse_the_order():
     """BLOOM row 206 (mb1) against its fastest measured sibling of the same release, row 207 (mb2,
-    otherwise the same layout): measured 1.43x slower, the model puts it a little faster because
-    mb1 halves the pipeline bubble's share (more micro-batches at the same global batch)."""
+    otherwise the same layout): measured 1.43x slower; what pushes the model towards mb1 is the
+    pipeline bubble's share, halved by twice the micro-batches at the same global batch."""
     sib = ev.measured_sibling(FakeRow("calibration", "206"))
-    assert sib.row_id == "207" and sib.same_release and ev.contradicted(sib)
+    assert sib.row_id == "207" and sib.same_release and sib.measured > 1.4
     text = ev.ordering_term(FakeRow("calibration", "206"), sib)
     assert "layouts differ in mb;" in text and "led by bubble -" in text
