@@ -17,11 +17,13 @@ For every large gain a verdict (bench/experts_evidence.py): whether another meas
 same job shows it (same release, another release, or a row whose layout is not given), whether it
 comes from a technique the published run did not have, whether it disappears against the
 published run's measured step (the model's error on the published plan), or whether it rests on
-the model alone.
+the model alone. Per row also the band the recommendation holds the two plans to (bench/experts_band.py:
+the model's measured error on the ratio of two layouts, calib/pairwise.py), and whether the
+published plan is estimated faster than the recommendation by more than it.
 
 Rows of one job (same model, cluster, training and calibration: 417 rows are 159 jobs) share one
 search, the largest searches first. Results are cached in bench/results/experts_cache.json under a
-hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/), written after
+hash of the planner's source (cost/, search/, spec/, calib/, targets.py, plan/, data/), written after
 every job, so an unchanged model re-renders in seconds (``--render-only``), an interrupted run
 resumes, and any change to the model re-runs every search (all 159 jobs: 573-622 CPU s of searching,
 28-29 min wall with --workers 2 on the shared 2-core machine at a load of ~9, 2026-11-24).
@@ -56,6 +58,7 @@ from meshplan.search.robust import model_error, robust_choice
 from meshplan.search.space import why_outside
 from meshplan.targets import Target, search_options
 
+from experts_band import band_section  # bench/ is the script's directory, on sys.path
 from experts_evidence import (  # bench/ is the script's directory, on sys.path
     LARGE_GAIN,
     _runs_by_id,
@@ -71,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "meshplan"
 CACHE = ROOT / "bench" / "results" / "experts_cache.json"
 DOC = ROOT / "docs" / "experts.md"
-HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan")
+HASHED = ("cost", "search", "spec", "calib", "targets.py", "plan", "data")
 log = logging.getLogger("bench_experts")
 TOP_TERMS = 3
 STACK = Target.MEGATRON
@@ -100,6 +103,12 @@ class Row:
     """The published stack predates selective recompute and sequence parallel."""
     budget_gib: float
     recommended_gib: float | None
+    band: float | None = None
+    """The robust recommendation's band between the recommended and the published plan (fraction):
+    the pairwise ratio error of the knobs they differ in, or the absolute error where no pair
+    measures one (``ModelError.band``)."""
+    band_knobs: str = ""
+    """The knobs they differ in; those no pair of measured layouts measures marked '(no pairs)'."""
 
 
 def source_hash() -> str:
@@ -134,7 +143,7 @@ def compare_job(csv: str, runs: list[Run]) -> list[Row]:
     calib = setting_calibration(first, None, first.settings)
     opts = search_options(STACK, first.model, first.training)
     res = search(first.model, first.cluster, first.training, calib=calib, options=opts)
-    choice = None
+    choice = err = None
     if res.recommended is not None:
         err = model_error(first.model.is_moe, first.training.precision.value, gpu_family(first.cluster.gpu))
         choice = robust_choice(res.frontier, res.budget_bytes, res.recommended_index, err)
@@ -155,7 +164,9 @@ def compare_job(csv: str, runs: list[Run]) -> list[Row]:
                             terms="nothing fits the budget", term_deltas={}, recommended_gib=None))
             continue
         att = attribute(pub, rec)
+        band = err.band(rec.plan, run.plan)
         rows.append(Row(**common, recommended=rec.plan.notation(), ratio=pub.step_time_s / rec.step_time_s,
+                        band=band.fraction, band_knobs=", ".join(band.knobs + tuple(f"{k} (no pairs)" for k in band.unmeasured)),
                         nominal_ratio=pub.step_time_s / res.recommended.step_time_s,
                         terms=att.explain(TOP_TERMS), recommended_gib=rec.peak_memory_gib,
                         term_deltas={t.term: t.delta_s / pub.step_time_s for t in att.terms}))
@@ -472,6 +483,7 @@ def render(rows: list[Row], skipped, stats: dict, sample: int | None,
         firsts[top] = firsts.get(top, 0) + 1
     for term, s in sorted(tally.items(), key=lambda kv: -kv[1]):
         out.append(f"| {term} | {s:.2f} | {firsts.get(term, 0)} |")
+    out += band_section(rows)
     out += verdict_section(big)
     out += ["", f"## Ratios above {LARGE_GAIN}", "",
             "The last column: where the data holds another measured run of the same job with another layout, this "

@@ -11,7 +11,10 @@ per class (dense/MoE x precision x GPU family, with the coarser classes as fallb
   error that can make one plan look faster than another);
 * memory |error| median / p90 (rows that report memory);
 * per plan feature (context parallel, expert parallel, ZeRO-3, ...), the rows that use it:
-  a feature no published run validates is one the model is least sure of.
+  a feature no published run validates is one the model is least sure of;
+* the error of the model's ratio between two measured layouts of one job, per knob they differ in
+  (calib/pairwise.py; `meshplan validate` prints the same per set): the band the recommendation
+  holds two plans of one job to.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meshplan.calib.pairwise import pairs, summarize
 from meshplan.calib.validate import evaluate, load_runs
 from meshplan.cost.calibration import gpu_family
 from meshplan.data.published import PUBLISHED_RUNS, runs_csv
@@ -50,9 +54,11 @@ def main() -> None:
     groups: dict[str, tuple[list[float], list[float]]] = {}
     features = {name: 0 for name, _ in FEATURES}
     total = 0
+    found = []
     for name in PUBLISHED_RUNS:
         runs, skipped = load_runs(runs_csv(name))
         report = evaluate(runs, skipped)
+        found += pairs(runs, report.rows)
         for run, row in zip(runs, report.rows):
             total += 1
             for fname, uses in FEATURES:
@@ -64,12 +70,15 @@ def main() -> None:
                 if row.memory_error is not None:
                     mem.append(row.memory_error)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    source = (f"bench/model_error.py: meshplan validate --runs {' and --runs '.join(PUBLISHED_RUNS)} "
+              f"at commit {commit}, {datetime.date.today().isoformat()}")
     record = {
-        "source": (f"bench/model_error.py: meshplan validate --runs {' and --runs '.join(PUBLISHED_RUNS)} "
-                   f"at commit {commit}, {datetime.date.today().isoformat()}"),
+        "source": source,
         "rows": total,
         "classes": {k: _stats(*v) for k, v in sorted(groups.items())},
         "feature_rows": features,
+        "pairwise": {"source": (f"meshplan validate --runs {' and --runs '.join(PUBLISHED_RUNS)}, 'pairwise' "
+                               f"(calib/pairwise.py; bench/model_error.py at commit {commit})"), **summarize(found)},
     }
     OUT.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {OUT}: {total} rows, {len(groups)} classes")

@@ -29,8 +29,9 @@ def test_plan_json_out_plot_and_explain(tmp_path):
     rec, fastest = data["recommended"], data["fastest_that_fits"]
     assert front[fastest]["fits"] and not any(p["fits"] for p in front[:fastest])
     # the recommendation is robust to the model's error: within its band of the fastest that fits
+    # (the error of the model's ratio between the two plans, search/robust.py)
     band = data["robust"]["band"]
-    assert front[rec]["fits"] and front[rec]["step_time_s"] * (1 - band) <= front[fastest]["step_time_s"] * (1 + band)
+    assert front[rec]["fits"] and front[rec]["step_time_s"] <= front[fastest]["step_time_s"] * (1 + band) * (1 + 1e-12)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     job = json.loads(out.read_text())
     assert job["plan"]["micro_batch"] == front[rec]["plan_detail"]["micro_batch"]

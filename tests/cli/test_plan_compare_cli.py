@@ -81,3 +81,15 @@ def test_compare_explains_the_gap_in_named_terms(mine):
     assert sum(t["yours_s"] for t in att["terms"]) == pytest.approx(cmp["yours"]["step_time_s"], rel=1e-6)
     text = run("plan", "--compare", str(mine))
     assert text.returncode == 0 and "recommended s" in text.stdout and "exposed TP" in text.stdout
+
+
+def test_compare_holds_the_gain_to_the_models_ratio_error(mine):
+    """The comparison carries the model's measured error on the ratio of yours and the recommended
+    plan (meshplan.search.robust.band_basis) and says whether the gain is beyond it."""
+    r = run("plan", "--compare", str(mine), "--json")
+    assert r.returncode == 0, r.stderr
+    cmp = json.loads(r.stdout)["comparison"]
+    assert 0 < cmp["band"] < 1 and cmp["band_basis"]
+    assert cmp["speedup"] > 0  # gpt2 on tp2 pp2 with mb1: the search finds a faster plan
+    word = "within" if cmp["speedup"] <= cmp["band"] else "beyond"
+    assert f"the gain is {word} the model's error on the ratio of two layouts" in cmp["summary"]

@@ -48,6 +48,8 @@ def test_contradicted_needs_opposite_order_beyond_the_threshold():
     assert not ev.contradicted(ev.Sibling(measured=1.3, row_id="x", model=1.4, same_release=True))
     assert not ev.contradicted(ev.Sibling(measured=0.98, row_id="x", model=1.05, same_release=True))
     assert not ev.contradicted(ev.Sibling(measured=0.5, row_id="x", model=None, same_release=True))
+    # across releases the same layout differs by up to 1.8x: a reversal there names no term
+    assert not ev.contradicted(ev.Sibling(measured=0.85, row_id="x", model=1.37, same_release=False))
 
 
 def test_measured_ratio_swaps_in_the_published_runs_measured_step():
@@ -55,3 +57,13 @@ def test_measured_ratio_swaps_in_the_published_runs_measured_step():
     est, measured = ev._steps_of(run)
     assert measured == pytest.approx(1.42)  # Table 5: 1.42 s per iteration (step_time_s)
     assert ev.measured_ratio(FakeRow("calibration", "24", ratio=1.5)) == pytest.approx(1.5 * 1.42 / est)
+
+
+def test_ordering_term_names_the_knob_and_the_term_that_reverse_the_order():
+    """BLOOM row 206 (mb1) against its fastest measured sibling of the same release, row 207 (mb2,
+    otherwise the same layout): measured 1.43x slower; what pushes the model towards mb1 is the
+    pipeline bubble's share, halved by twice the micro-batches at the same global batch."""
+    sib = ev.measured_sibling(FakeRow("calibration", "206"))
+    assert sib.row_id == "207" and sib.same_release and sib.measured > 1.4
+    text = ev.ordering_term(FakeRow("calibration", "206"), sib)
+    assert "layouts differ in mb;" in text and "led by bubble -" in text

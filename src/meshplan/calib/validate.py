@@ -132,6 +132,8 @@ class RowResult:
     moe: bool = False
     preset: str = ""
     memory_basis: str = DEFAULT_MEMORY_BASIS.value
+    predicted_step_s: float | None = None
+    """The model's step time (calib/pairwise.py compares two layouts of a job on it)."""
 
 
 OPTIMISTIC_MEMORY_ERROR = 0.05
@@ -492,7 +494,8 @@ def evaluate(runs: list[Run], skipped: list[Skipped], *, settings: Mapping[str, 
             predicted_memory_gib=pred_mem, memory_error=mem_err, fits=est.fits, oom=run.oom,
             assumed=run.assumed, stack=stack or run.stack, family=run.family,
             generation=gpu_generation(run.cluster.gpu), precision=run.training.precision.value,
-            moe=run.model.is_moe, preset=run.preset, memory_basis=run.memory_basis.value))
+            moe=run.model.is_moe, preset=run.preset, memory_basis=run.memory_basis.value,
+            predicted_step_s=est.step_time_s))
     return ValidationReport(rows=tuple(out), skipped=tuple(skipped))
 
 

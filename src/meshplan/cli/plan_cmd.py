@@ -190,6 +190,7 @@ def plan_cmd(
         comparison = compare_job(mine, res.frontier, res.budget_bytes / GIB, model=spec, training=training,
                                  num_gpus=res.num_gpus, hardware=hardware[at],
                                  recommended=None if choices[at] is None else choices[at].index)
+        comparison = _with_band(comparison, spec, training, clusters[at])
     if plot is not None:
         from meshplan.report.frontier_plot import plot_frontier
 
@@ -235,6 +236,21 @@ def _data_aware(spec, training: TrainingSpec, res, choice, cluster: ClusterSpec,
     if training.seq_len_dist is None or index is None:
         return None
     return data_aware_steps(spec, cluster, training, res.frontier[index].plan, hw.calib)
+
+
+def _with_band(comparison, spec, training: TrainingSpec, cluster: ClusterSpec):
+    """The comparison with the model's measured error on the ratio of yours and the target
+    (meshplan.search.robust.band_basis): a gain within it is a tie by the data."""
+    from dataclasses import replace
+
+    from meshplan.cost.calibration import gpu_family
+    from meshplan.search.robust import band_basis, model_error
+
+    if comparison.target is None:
+        return comparison
+    err = model_error(spec.is_moe, training.precision.value, gpu_family(cluster.gpu))
+    band, basis = band_basis(err, comparison.yours.plan, comparison.target.plan)
+    return replace(comparison, band=band, band_basis=basis)
 
 
 def _robust(res, cluster: ClusterSpec, spec, training: TrainingSpec):

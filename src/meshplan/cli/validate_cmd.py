@@ -98,8 +98,12 @@ def validate_cmd(
             held[by] = leave_one_out(rows, by, settings, full=fits if fit else None, workers=workers).summary()
 
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
+    from meshplan.calib.pairwise import MEASURED_TIE, pairs, summarize
+
+    found = pairs(rows, report.rows)
     if json_out:
         out = report.to_dict()
+        out["pairwise"] = {**summarize(found), "pairs": [p.to_dict() for p in found]}
         out["corrections"] = corrections.to_dict()
         if fit:
             out["fit"] = fitted
@@ -156,6 +160,7 @@ def validate_cmd(
             bias.add_row(name, g, str(v["rows"]), _fmt(v["median_signed_error"], "+.1%"),
                          _fmt(v["median_abs_error"], ".1%"))
     con.print(bias)
+    _print_pairwise(con, summarize(found), MEASURED_TIE)
     for key, res in fitted.items():
         con.print(f"fit {key}: {res['values']} (throughput median error {res['throughput_error_before']:.1%}"
                   f" -> {res['throughput_error_after']:.1%} on {res['throughput_rows']} rows; memory "
@@ -167,3 +172,26 @@ def validate_cmd(
                   f"{_fmt(h['median_signed_error'], '+.1%')}; " + ", ".join(
                       f"{g}: {_fmt(v['median_abs_error'], '.1%')} ({v['rows']})" for g, v in h["groups"].items())
                   + f"; median over {name}s {_fmt(h['median_of_group_medians'], '.1%')} ({h['how']})")
+
+
+def _print_pairwise(con, summary: dict, tie: float) -> None:
+    """The error of the model's ratio between two measured layouts of one job (calib/pairwise.py)."""
+    if not summary["all"]["pairs"]:
+        con.print("No job of these runs is measured in two layouts on one release: no pairwise ratio error.")
+        return
+    t = Table(title="Ratio between two measured layouts of one job: |log(model ratio / measured ratio)|")
+    for col in ("knob the layouts differ in", "pairs", "median", "p90", "misordered", "alone: pairs", "median", "misordered"):
+        t.add_column(col, justify="left" if col.startswith("knob") else "right")
+    pct = lambda v: _fmt(None if v is None else math.expm1(v), ".1%")  # noqa: E731 - a log error as a ratio
+    rows = [("all", summary["all"], None)] + [(k, v, summary["by_knob_alone"][k]) for k, v in summary["by_knob"].items()
+                                             if v["pairs"]]
+    for name, v, alone in rows:
+        t.add_row(name, str(v["pairs"]), pct(v["median_abs_log_error"]), pct(v["p90_abs_log_error"]), str(v["misordered"]),
+                  "" if alone is None else str(alone["pairs"]),
+                  "" if alone is None else pct(alone["median_abs_log_error"]),
+                  "" if alone is None else str(alone["misordered"]))
+    con.print(t)
+    con.print("Pairs: two rows of one job (model, GPUs, sequence, batch, precision, stack, release) in different layouts; "
+              f"'alone': the pair differs in that knob only; misordered: measured more than {tie:.0%} apart and the model "
+              "orders them the other way round. The robust recommendation holds two plans to this error "
+              "(meshplan.search.robust, via bench/model_error.py).")

@@ -48,6 +48,11 @@ class Comparison:
     recommended: CostPoint | None = None
     """The plan `plan` recommends (robust to the model's error, meshplan.search.robust); None:
     the fastest that fits stands for it."""
+    band: float | None = None
+    """The model's measured error on the ratio of yours and the target (fraction; ModelError.band:
+    the pairwise error of the knobs they differ in, the absolute error where no pair measures one)."""
+    band_basis: str = ""
+    """What ``band`` rests on, in words."""
 
     @property
     def target(self) -> CostPoint | None:
@@ -92,6 +97,11 @@ class Comparison:
             gap = self.attribution.gap_s
             text += (f"; it gains on {self.attribution.explain()}" if gap < 0
                      else f"; yours gains on {self.attribution.reversed().explain()}")
+        if self.band is not None and self.speedup is not None and self.speedup > 0:
+            within = self.speedup <= self.band
+            text += (f"; the gain is {'within' if within else 'beyond'} the model's error on the ratio of two "
+                     f"layouts ({self.band:.1%}: {self.band_basis})"
+                     + ("; by the data the two plans tie" if within else ""))
         if r is not b:
             text += (f" (the nominally fastest that fits, {b.tokens_per_s_per_gpu:,.0f} tok/s/GPU: "
                      f"{b.plan.notation()}, is within the model's error)")
@@ -108,6 +118,7 @@ class Comparison:
                 "best_that_fits": point(self.best), "recommended": point(self.target), "speedup": self.speedup,
                 "leanest_as_fast": point(self.leanest_as_fast), "memory_saving_gib": self.memory_saving_gib,
                 "attribution": self.attribution.to_dict() if self.attribution else None,
+                "band": self.band, "band_basis": self.band_basis,
                 "summary": self.summary()}
 
 

@@ -1,0 +1,59 @@
+"""The robust recommendation's band against the published plan, for docs/experts.md (issue 15
+items 3 and 5): is the recommended plan ever estimated slower than the published one by more than
+the error the data measures on the model's ratio between two layouts? Rows are
+``bench_experts.Row``."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench_experts import Row
+
+NO_PAIRS = " (no pairs)"
+"""The suffix bench_experts puts on a knob no pair of measured layouts measures."""
+
+
+def beyond_band(r: Row) -> bool:
+    """The published plan is estimated faster than the recommended one by more than the band."""
+    return r.ratio is not None and r.band is not None and r.ratio * (1 + r.band) < 1 - 1e-9
+
+
+def band_section(rows: list[Row]) -> list[str]:
+    rated = [r for r in rows if r.ratio is not None and r.band is not None]
+    if not rated:
+        return []
+    out = ["", "## The recommendation's band against the published plan", "",
+           "The recommendation holds two plans of one job to the error of the model's RATIO between them "
+           "(`meshplan validate`'s pairwise table: median |log(model ratio / measured ratio)| over pairs of measured "
+           "layouts of one job, per knob the layouts differ in; `src/meshplan/data/model_error.json` 'pairwise', "
+           "written by `bench/model_error.py`): the median error of the measured pairs that differ in nothing but knobs "
+           "in which the two plans differ, and the absolute error of one step where no such pair covers a knob. Here, that band between the recommended and the "
+           "published plan: a published plan estimated faster than the recommendation but within the band is a tie "
+           "by the data; beyond it the recommendation gave up speed the model's measured error does not cover.", "",
+           "| set | rows | published faster (ratio < 1) | of which within the band | beyond the band "
+           "| of which the nominally fastest plan that fits is slower than the published one too | band (median) "
+           "| rows whose band is the absolute error (a knob no pair measures) |",
+           "|---|---:|---:|---:|---:|---:|---|---:|"]
+    for csv in sorted({r.csv for r in rated}) + ["all"]:
+        sub = [r for r in rated if csv in ("all", r.csv)]
+        slower = [r for r in sub if r.ratio < 1 - 1e-9]
+        beyond = [r for r in sub if beyond_band(r)]
+        search_short = sum(r.nominal_ratio is not None and r.nominal_ratio < 1 - 1e-9 for r in beyond)
+        out.append(f"| {csv} | {len(sub)} | {len(slower)} | {len(slower) - len(beyond)} | {len(beyond)} | {search_short} | "
+                   f"{statistics.median(r.band for r in sub):.1%} | {sum(NO_PAIRS in r.band_knobs for r in sub)} |")
+    missing = Counter(k.removesuffix(NO_PAIRS) for r in rated for k in r.band_knobs.split(", ") if k.endswith(NO_PAIRS))
+    if missing:
+        out += ["", "Knobs the recommendation and the published plan differ in that no pair of measured layouts "
+                "measures (rows): " + ", ".join(f"{k} {n}" for k, n in missing.most_common()) + "."]
+    beyond = sorted((r for r in rated if beyond_band(r)), key=lambda r: r.ratio)
+    if beyond:
+        out += ["", f"Published plans estimated faster than the recommendation by more than the band ({len(beyond)}; "
+                "'nominal ratio' below 1: the search finds no plan as fast as the published one, whatever the band):", "",
+                "| set | row | model | GPUs | published | recommended | ratio | nominal ratio | band | knobs |",
+                "|---|---|---|---:|---|---|---:|---:|---:|---|"]
+        out += [f"| {r.csv} | {r.row_id} | {r.model} | {r.gpus} x {r.gpu} | `{r.published}` | `{r.recommended}` | "
+                f"{r.ratio:.2f} | {r.nominal_ratio:.2f} | {r.band:.1%} | {r.band_knobs} |" for r in beyond]
+    return out
