@@ -150,6 +150,18 @@ def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
     return pipeline_time(1.0, m, plans.pp, plans.vpp, plans.schedule, ctx.calib)[0] * np.ones(len(plans))
 
 
+PROBE_LAYERS = 2
+"""Fewest layers a stage-table probe holds. A rank's memory is affine in its layer count n except
+for ZeRO-3's gathered layers, min(2, n) of them (cost/memory.py rank_other: the current layer and
+the prefetched next, Zhao et al. 2023 Sec. 3.2): a slope read between 1 and 2 layers counts one
+gathered layer per layer, and the table overstated a 61-layer pp=1 rank by 59 gathered layers
+(~8 GiB on DeepSeek-V3 / 256 GB200, so the search pruned frontier points). Probing at n >= 2
+puts every probe past that kink: for n >= 2 the gathered term is the constant 2 layers (or n,
+when the stage stays unsharded: linear either way), so the table is exact for every rank of
+n >= 2 layers, which is every pp=1 rank. A rank of one layer (pp near L) is overstated by one
+gathered layer, the only place the table is not exact in memory."""
+
+
 @dataclass(frozen=True)
 class StageProbes:
     """``rank_cost`` of plans at the eight probes :func:`stage_table` reads its coefficients off,
@@ -180,10 +192,12 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
         layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last, one = plans.pp - 1, plans.pp == 1
     d = stack.lead_layers if stack is not None else 0
-    # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head, lead).
-    probes = [(0, 1, 0, False, False, 0), (0, 2, 0, False, False, 0), (0, 2, 1, False, False, 0),
-              (0, 2, 2, False, False, 0), (last, 1, 0, False, False, 0), (last, 2, 0, False, False, 0),
-              (0, 1 + d, 0, True, one, d), (last, np.where(one, 1 + d, 1), 0, one, True, np.where(one, d, 0))]
+    # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head, lead), each at
+    # n >= PROBE_LAYERS (see there): n0 and n0 + 1 layers give the slopes.
+    n0 = PROBE_LAYERS
+    probes = [(0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
+              (0, n0 + 1, 2, False, False, 0), (last, n0, 0, False, False, 0), (last, n0 + 1, 0, False, False, 0),
+              (0, n0 + d, 0, True, one, d), (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0))]
     K = len(probes)
     sp, idx = _stack(plans, K)
     col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
@@ -228,12 +242,13 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     ranks = np.arange(pp)
     h = np.asarray(in_flight_chunks(ranks[None, :], plans.pp[:, None], plans.vpp[:, None],
                                     m[:, None], plans.schedule[:, None], plans.vocab_parallel[:, None]), float)
-    e_plain = (t[0] - a) + (x[0] - xa) / alpha
-    f_plain = mem[0] - (c + h0 * d)
+    n0 = float(PROBE_LAYERS)
+    e_plain = (t[0] - n0 * a) + (x[0] - n0 * xa) / alpha
+    f_plain = mem[0] - n0 * (c + h0 * d)
     e = np.repeat(e_plain[:, None], pp, axis=1)
     f = np.repeat(f_plain[:, None], pp, axis=1)
-    n6 = 1.0 + probes.lead  # the embedding rank's probe: one layer and the leading dense ones
-    n7 = np.where(plans.pp == 1, n6, 1.0)
+    n6 = n0 + probes.lead  # the embedding rank's probe: n0 layers and the leading dense ones
+    n7 = np.where(plans.pp == 1, n6, n0)
     e[:, last] = (t[7] - n7 * a) + (x[7] - n7 * xa) / alpha
     f[:, last] = mem[7] - n7 * (c + hl * d)
     e[:, 0] = (t[6] - n6 * a) + (x[6] - n6 * xa) / alpha
