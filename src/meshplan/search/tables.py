@@ -150,13 +150,13 @@ def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
     return pipeline_time(1.0, m, plans.pp, plans.vpp, plans.schedule, ctx.calib)[0] * np.ones(len(plans))
 
 
-PROBE_LAYERS = 2
-"""Fewest layers a stage-table probe holds. A rank's memory is affine in its layer count n except
+MEMORY_PROBE_LAYERS = 2
+"""Fewest layers a stage-table memory probe holds (time is probed at 1 and 2 layers, as before). A rank's memory is affine in its layer count n except
 for ZeRO-3's gathered layers, min(2, n) of them (cost/memory.py rank_other: the current layer and
 the prefetched next, Zhao et al. 2023 Sec. 3.2): a slope read between 1 and 2 layers counts one
 gathered layer per layer, and the table overstated a 61-layer pp=1 rank by 59 gathered layers
-(~8 GiB on DeepSeek-V3 / 256 GB200, so the search pruned frontier points). Probing at n >= 2
-puts every probe past that kink: for n >= 2 the gathered term is the constant 2 layers (or n,
+(~8 GiB on DeepSeek-V3 / 256 GB200, so the search pruned frontier points). Probing memory at n >= 2
+puts every memory probe past that kink: for n >= 2 the gathered term is the constant 2 layers (or n,
 when the stage stays unsharded: linear either way), so the table is exact for every rank of
 n >= 2 layers, which is every pp=1 rank. A rank of one layer (pp near L) is overstated by one
 gathered layer, the only place the table is not exact in memory."""
@@ -165,7 +165,8 @@ gathered layer, the only place the table is not exact in memory."""
 @dataclass(frozen=True)
 class StageProbes:
     """``rank_cost`` of plans at the eight probes :func:`stage_table` reads its coefficients off,
-    each (8, C): per-micro-batch time, per-step tail and memory."""
+    each (8, C): per-micro-batch time, per-step tail (at n0 = 1) and memory (at n0 =
+    :data:`MEMORY_PROBE_LAYERS`)."""
 
     time_s: np.ndarray
     extra_s: np.ndarray
@@ -192,12 +193,12 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
         layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last, one = plans.pp - 1, plans.pp == 1
     d = stack.lead_layers if stack is not None else 0
-    # Eight probes, evaluated in one stacked call: (rank, n, r, embedding, head, lead), each at
-    # n >= PROBE_LAYERS (see there): n0 and n0 + 1 layers give the slopes.
-    n0 = PROBE_LAYERS
-    probes = [(0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
+    # Eight probes at n0 and n0 + 1 layers, (rank, n, r, embedding, head, lead), for time at
+    # n0 = 1 and for memory at n0 = MEMORY_PROBE_LAYERS (see there): 16 in one stacked call.
+    probes = [pr for n0 in (1, MEMORY_PROBE_LAYERS) for pr in (
+              (0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
               (0, n0 + 1, 2, False, False, 0), (last, n0, 0, False, False, 0), (last, n0 + 1, 0, False, False, 0),
-              (0, n0 + d, 0, True, one, d), (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0))]
+              (0, n0 + d, 0, True, one, d), (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0)))]
     K = len(probes)
     sp, idx = _stack(plans, K)
     col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
@@ -207,9 +208,9 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, rows_layer,
                    rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
                    has_embedding=col(3, bool), has_head=col(4, bool), totals=False, **mix)
-    return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C),
-                       extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C),
-                       memory_bytes=np.asarray(rank_fit_bytes(rc, sp, ctx.calib) * np.ones(K * C)).reshape(K, C),
+    return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)[:8],
+                       extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)[:8],
+                       memory_bytes=np.asarray(rank_fit_bytes(rc, sp, ctx.calib) * np.ones(K * C)).reshape(K, C)[8:],
                        lead=d)
 
 
@@ -242,17 +243,18 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     ranks = np.arange(pp)
     h = np.asarray(in_flight_chunks(ranks[None, :], plans.pp[:, None], plans.vpp[:, None],
                                     m[:, None], plans.schedule[:, None], plans.vocab_parallel[:, None]), float)
-    n0 = float(PROBE_LAYERS)
-    e_plain = (t[0] - n0 * a) + (x[0] - n0 * xa) / alpha
+    n0 = float(MEMORY_PROBE_LAYERS)
+    e_plain = (t[0] - a) + (x[0] - xa) / alpha
     f_plain = mem[0] - n0 * (c + h0 * d)
     e = np.repeat(e_plain[:, None], pp, axis=1)
     f = np.repeat(f_plain[:, None], pp, axis=1)
-    n6 = n0 + probes.lead  # the embedding rank's probe: n0 layers and the leading dense ones
-    n7 = np.where(plans.pp == 1, n6, n0)
+    # The embedding rank's probes hold n0 layers and the leading dense ones (n0 = 1 for time).
+    n6, n6_mem = 1.0 + probes.lead, n0 + probes.lead
+    n7, n7_mem = np.where(plans.pp == 1, n6, 1.0), np.where(plans.pp == 1, n6_mem, n0)
     e[:, last] = (t[7] - n7 * a) + (x[7] - n7 * xa) / alpha
-    f[:, last] = mem[7] - n7 * (c + hl * d)
+    f[:, last] = mem[7] - n7_mem * (c + hl * d)
     e[:, 0] = (t[6] - n6 * a) + (x[6] - n6 * xa) / alpha
-    f[:, 0] = mem[6] - n6 * (c + h0 * d)
+    f[:, 0] = mem[6] - n6_mem * (c + h0 * d)
     return StageTable(
         layer_time_s=a + xa / alpha, recompute_time_s=np.where(allow, b, 0.0), layer_static_bytes=c,
         layer_act_bytes=d, layer_act_recomputed_bytes=d - np.where(h0 > 0, saving, 0.0),
