@@ -214,3 +214,29 @@ def test_full_iteration_graph_pays_no_per_layer_overhead():
     eager = lambda ovh: layer_cost(m, cluster, training, a, base.replace_fields(layer_overhead_s=ovh)).fwd_compute_s[0]  # noqa: E731
     assert graphed(2e-3) == pytest.approx(graphed(0.0), rel=1e-12)
     assert eager(2e-3) == pytest.approx(eager(0.0) + 2e-3, rel=1e-9)
+
+
+def test_pp1_stage_table_memory_within_the_prune_margin_of_exact():
+    # The search prunes a configuration when its table memory, lowered by PRUNE_MARGIN, is
+    # dominated; so the table must not overstate the exact (fit_bytes) memory by more than that.
+    # Before the memory probes moved past ZeRO-3's min(2, n) gathered layers (tables.py
+    # MEMORY_PROBE_LAYERS) a 12-layer pp=1 rank was overstated by 10 gathered layers (up to 2x).
+    from meshplan.search.planner import PRUNE_MARGIN
+    from meshplan.search.space import enumerate_space
+    from meshplan.search.tables import CostContext, score_splits, shared_layer_cost, stage_probes, stage_table
+
+    m, cluster, training = _small_deepseek()
+    space = enumerate_space(m, training, 32)
+    pick = np.flatnonzero((space.pp == 1) & (space.recompute == 2))[::7]
+    assert pick.size > 1000 and np.any(space.zero[pick] >= 3)
+    ctx = CostContext(m, cluster, training, calibration_for(cluster.gpu))
+    sub = space.take(pick)
+    shared = shared_layer_cost(ctx, sub)
+    layer, stack = shared.take(slice(None)), shared.take_stack(slice(None))
+    tbl = stage_table(ctx, sub, 1, sub.vpp, layer, stage_probes(ctx, sub, layer, stack))
+    L = m.num_layers
+    for r in (0, 1, L // 2, L):
+        n, rec = np.full((pick.size, 1), L), np.full((pick.size, 1), r)
+        _, table_bytes = tbl.rank_costs(n, rec)
+        exact = score_splits(ctx, sub, n, rec, layer, stack).peak_memory_bytes
+        assert np.all(table_bytes[:, 0] * (1 - PRUNE_MARGIN) <= exact), r
