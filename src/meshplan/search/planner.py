@@ -453,6 +453,9 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
         idx = cand[by_group[starts[g]:starts[g + 1]]]
         idx = idx[np.argsort(even.step_time_s[idx], kind="stable")]
         pp = int(space.pp[idx[0]])
+        # pp = 1: the staircase is one point per recomputed-layer count, L + 1 at most, walked
+        # whole (a cap would keep the points nearest the memory cap and drop the leaner ones).
+        walk_points = stage_points if pp > 1 else max(stage_points, model.num_layers + 1)
         refined += idx.size
         pts_t, pts_m, pts_k = [], [], []
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
@@ -473,7 +476,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
                 continue
             chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
             alpha = alpha[live]
-            pts = stage_frontier(tbl, max_points=stage_points, memory_cap_bytes=cap,
+            pts = stage_frontier(tbl, max_points=walk_points, memory_cap_bytes=cap,
                                  keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
                                  truncate=truncate)
             if pts.config.size == 0:
