@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from meshplan.plan import Plan, Recompute
+from meshplan.plan.knobs import KNOB_SET_SEP, KNOBS, MIN_PAIRS, knobs_differing  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from meshplan.calib.validate import RowResult, Run
@@ -34,10 +34,6 @@ MEASURED_TIE = 0.05
 """Two layouts whose measured steps differ by less than this (fraction) are a tie: published
 tables repeat within a few percent between runs and releases (docs/experts.md, 'Releases'), so
 the model cannot be said to order them wrongly."""
-
-MIN_PAIRS = 3
-"""A knob measured by fewer pairs than this has no pairwise error of its own (the robust
-recommendation falls back to the absolute error)."""
 
 BRIDGE_SOURCE = "Megatron-Bridge"
 
@@ -48,47 +44,6 @@ def release(source: str) -> str:
     Pairs are taken within one release: across releases a regression or a fix of the stack is not
     separated from the layout."""
     return source if source.startswith(BRIDGE_SOURCE) else source.split()[0]
-
-
-def _stage_split(p: Plan) -> tuple | None:
-    """The layer split: None without a pipeline or when even (an empty split is the even one)."""
-    if p.dims.pp * p.vpp == 1 or len(set(p.stage_layers)) <= 1:
-        return None
-    return p.stage_layers
-
-
-def _recompute(p: Plan) -> tuple | None:
-    if p.recompute == Recompute.NONE:
-        return None
-    layers = None if tuple(p.recompute_layers) in ((), tuple(p.stage_layers)) else p.recompute_layers
-    return (p.recompute, layers, p.recompute_modules)
-
-
-KNOBS: tuple[tuple[str, Callable[[Plan], Any]], ...] = (
-    ("mb", lambda p: p.micro_batch),
-    ("tp", lambda p: (p.dims.tp, p.sp and p.dims.tp > 1)),  # sequence parallel is a mode of TP
-    ("pp", lambda p: p.dims.pp),
-    ("schedule", lambda p: (p.schedule, p.vpp) if p.dims.pp > 1 else None),
-    ("layers", _stage_split),
-    ("cp", lambda p: (p.dims.cp, p.cp_method if p.dims.cp > 1 else None)),
-    ("ep", lambda p: p.dims.ep),
-    ("etp", lambda p: p.dims.etp if p.dims.ep > 1 and p.dims.etp not in (0, p.dims.tp) else None),
-    ("zero", lambda p: p.zero if p.dims.dp_shard * p.dims.cp > 1 else 0),
-    ("hsdp", lambda p: p.dims.dp_replicate > 1 and p.dims.dp_shard > 1),
-    ("recompute", _recompute),
-    ("offload", lambda p: (p.offload, p.offload_layers) if p.offload else None),
-)
-"""The plan knobs a pair of layouts can differ in (the data-parallel degree is not one: at a fixed
-GPU count it follows from the others)."""
-
-
-def knobs_differing(a: Plan, b: Plan) -> tuple[str, ...]:
-    """The ``KNOBS`` in which ``a`` and ``b`` differ ('layers', an uneven split, only when the
-    pipeline shapes agree)."""
-    out = tuple(name for name, of in KNOBS if of(a) != of(b))
-    if "pp" in out or "schedule" in out:
-        out = tuple(k for k in out if k != "layers")
-    return out
 
 
 STEP_METRIC = "step_time_s"
@@ -165,9 +120,6 @@ def _stats(group: Sequence[Pair]) -> dict[str, Any]:
             "p90_abs_log_error": float(np.percentile(e, 90)) if e.size else None,
             "misordered": sum(p.misordered for p in group)}
 
-
-KNOB_SET_SEP = "+"
-"""Joins the knobs of a knob set in ``summarize``'s 'by_knob_set' keys ("mb+tp")."""
 
 
 def summarize(found: Sequence[Pair]) -> dict[str, Any]:

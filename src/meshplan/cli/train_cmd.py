@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,6 +21,7 @@ from meshplan.plan import Job
 from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S
 from meshplan.shipped import shipped_path
 from meshplan.spec.model import parse_overrides
+from meshplan.spec.training import Precision
 from meshplan.textfile import check_text_file
 
 DEFAULT_DRY_RUN_RANKS = "first,last"
@@ -111,10 +113,10 @@ def train(
         return
     check_runnable(job, text_data=text_data)
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
-    if job.cluster.gpu.name == "cpu" and not under_torchrun():
-        _check_host_memory(job, cluster_profile)
     if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
         raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
+    if job.cluster.gpu.name == "cpu" and not under_torchrun():
+        _check_host_memory(job, cluster_profile)
     if cluster_profile:  # a bad profile fails now, not after training
         from meshplan.calib.hwprofile import load_profile
 
@@ -210,8 +212,15 @@ def _check_host_memory(job: Job, cluster_profile: str | None) -> None:
     from meshplan.calib.hardware import resolve_hardware
     from meshplan.cost import estimate
 
-    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile, "meshplan")
-    est = estimate(job.model, hw.cluster, job.training, job.plan, hw.calib)
+    training = job.training
+    try:
+        job.cluster.gpu.peak_flops(training.precision)
+    except MeshplanError:
+        # The CPU preset has no rate for this precision, so the cost model cannot cost it; fp32
+        # weights and activations hold at least as many bytes, so the fp32 figure bounds the need.
+        training = replace(training, precision=Precision.FP32, recipe=None)
+    hw = resolve_hardware(job.cluster, training.precision, cluster_profile, "meshplan")
+    est = estimate(job.model, hw.cluster, training, job.plan, hw.calib)
     d = job.plan.dims
     need = sum(s.memory.total_bytes for s in est.stages) * (d.world_size // d.pp)
     have = host_memory_bytes()

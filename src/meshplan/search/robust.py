@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from meshplan.calib.pairwise import KNOB_SET_SEP, MIN_PAIRS, knobs_differing
+from meshplan.plan.knobs import KNOB_SET_SEP, MIN_PAIRS, knobs_differing
 from meshplan.plan import CPMethod, Plan, Recompute, Schedule
 from meshplan.shipped import shipped_json
 
