@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from meshplan.plan.knobs import KNOB_SET_SEP, KNOBS, MIN_PAIRS, knobs_differing  # noqa: F401 (re-exported)
+from meshplan.plan.knobs import KNOB_SET_SEP, KNOBS, knobs_differing
 
 if TYPE_CHECKING:
     from meshplan.calib.validate import RowResult, Run
