@@ -39,7 +39,7 @@ from meshplan.cost.op_recompute import op_selective
 from meshplan.cost.recompute_modules import ModuleTerm, selective
 from meshplan.cost.packing import DocAttention, doc_attention
 from meshplan.cost.tp_backward import tp_backward
-from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes
+from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes, tp_gather_bytes_per_element
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.plan import RecomputeModule
 from meshplan.spec.layers import (
@@ -269,12 +269,14 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- communication of the forward -------------------------------------------------
     act_msg = T * D * ab  # (b, S/c, D) activation
+    # SP's all-gathers in fp8 where the stack casts before gathering (torchtitan's float8 TP)
+    gather_msg = T * D * tp_gather_bytes_per_element(training, calib, ab)
     tp_link = comms.group_link(cluster, calib, plans.tp, 1)
     # Megatron f/g: one all-reduce per sub-block forward; with SP an all-gather + a
     # reduce-scatter moving the same bytes (Korthikanti et al. 2022 Sec. 4.2.2).
     tp_comm = np.where(
         sp,
-        parts * (comms.all_gather_time(act_msg, t, tp_link, "tp_all_gather")
+        parts * (comms.all_gather_time(gather_msg, t, tp_link, "tp_all_gather")
                  + comms.reduce_scatter_time(act_msg, t, tp_link, "tp_reduce_scatter")),
         parts * comms.all_reduce_time(act_msg, t, tp_link),
     )
@@ -304,7 +306,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     bwd_device = 2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn)
     bwd_compute = host_bound(bwd_device, host_bwd)
     # the forward's collectives' conjugates, SP's input re-gather, Megatron-LM's async ones (cost/tp_backward.py)
-    tp_bwd = tp_backward(calib, sp=sp, parts=parts, act_msg_bytes=act_msg, tp=t, tp_link=tp_link,
+    tp_bwd = tp_backward(calib, sp=sp, parts=parts, act_msg_bytes=act_msg, gather_msg_bytes=gather_msg,
+                         tp=t, tp_link=tp_link,
                          bwd_device_s=bwd_device, gemm_s=mix.gemm_s + t_mlp)
     tp_exp_bwd = tp_bwd.exposed_s
     cp_exp_bwd = np.where(mix.torch_cp, mix.cp_bwd_exposed_s, comms.exposed(cp_bwd, cp_overlap, mix.core_bwd_s))

@@ -89,6 +89,20 @@ def saved_input_bytes(training: TrainingSpec, calib: Calibration, ab: float) -> 
     return ab
 
 
+FP8_TP_GATHER_BYTES_PER_ELEMENT = 1.0
+"""fp8 (e4m3 forward, e5m2 backward): one byte an element; the per-tensor scale is one scalar."""
+
+
+def tp_gather_bytes_per_element(training: TrainingSpec, calib: Calibration, ab: float) -> float:
+    """Bytes per element of tensor parallel's all-gathers (sequence parallel): fp8 where the
+    stack casts before gathering under a tensorwise fp8 recipe (Calibration.fp8_tp_all_gather:
+    torchtitan's float8 TP), else the activations' own ``ab``."""
+    if (calib.fp8_tp_all_gather and training.precision == Precision.FP8
+            and training.recipe == Recipe.TENSORWISE):
+        return min(ab, FP8_TP_GATHER_BYTES_PER_ELEMENT)
+    return ab
+
+
 TENSOR_SCALED_FP8 = (Recipe.DELAYED, Recipe.TENSORWISE)
 """fp8 recipes with one scale per tensor: TE's Float8Tensor (row-wise data and its transpose)."""
 FP8_COPIES_WITH_TRANSPOSE = 2.0

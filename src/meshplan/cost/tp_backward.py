@@ -41,15 +41,19 @@ class TpBackward:
 
 
 def tp_backward(calib: Calibration, *, sp, parts: float, act_msg_bytes, tp, tp_link: comms.Link,
-                bwd_device_s, gemm_s) -> TpBackward:
+                bwd_device_s, gemm_s, gather_msg_bytes=None) -> TpBackward:
     """The backward's TP collectives of one layer (module docstring). ``act_msg_bytes``: the
     sub-block's (b, S/c, D) activation; ``bwd_device_s``: the backward's device time (what
     ``tp_overlap`` hides behind); ``gemm_s``: the layer's forward GEMM time, which each backward
     GEMM pass (input gradients, weight gradients) repeats (Narayanan et al. 2021 Sec. 5.1): the
-    window of each asynchronous collective (bounded by the whole layer's, not its linear's own)."""
+    window of each asynchronous collective (bounded by the whole layer's, not its linear's own).
+    ``gather_msg_bytes``: the all-gathers' message where the stack gathers in fp8 (the output
+    gradient cast to e5m2 before it: torchao's Float8RowwiseParallel; the re-gathered input is
+    the forward's fp8 copy), else ``act_msg_bytes``."""
+    gather_msg = act_msg_bytes if gather_msg_bytes is None else gather_msg_bytes
     # smaller messages reach less of the link's bandwidth (Calibration.comm_half_message_bytes)
     size = 1.0 + calib.comm_half_message_bytes / act_msg_bytes
-    gather = parts * comms.all_gather_time(act_msg_bytes, tp, tp_link, "tp_all_gather") * size
+    gather = parts * comms.all_gather_time(gather_msg, tp, tp_link, "tp_all_gather") * size
     scatter = parts * comms.reduce_scatter_time(act_msg_bytes, tp, tp_link, "tp_reduce_scatter") * size
     reduce = parts * comms.all_reduce_time(act_msg_bytes, tp, tp_link) * size
     regather = 0.0 * gather if calib.sp_saves_gathered_inputs else gather

@@ -56,3 +56,14 @@ class PrecisionFields:
     (subchannel) scaling (src/megatron/bridge/training/mixed_precision.py@0509780:
     bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed ``fp8_param_gather = True``,
     bf16_with_fp8_subchannel_scaling_mixed False). A stack field (frameworks.json)."""
+    fp8_tp_all_gather: bool = False
+    """Tensor parallel's all-gathers move fp8 (1 byte an element) under a tensorwise fp8 recipe
+    with sequence parallel: the forward's all-gather of a column-parallel linear's input runs
+    after its cast to fp8 and the backward's all-gather of a row-parallel linear's output
+    gradient after its cast to fp8 (e5m2); the reduce-scatters stay bf16 (the GEMMs' outputs).
+    torchtitan applies torchao's Float8ColwiseParallel / Float8RowwiseParallel /
+    PrepareFloat8ModuleInput whenever Float8 is on with a tensorwise recipe and TP is used
+    (torchtitan/models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp = enable_float8_linear
+    and not float8_is_rowwise``: "float8 all-gather with TP is only supported for tensorwise
+    float8 scaling recipes. For rowwise recipes, we use regular TP and all-gather happens in high
+    precision"). A stack field (frameworks.json); cost/precision.py ``tp_gather_bytes_per_element``."""
