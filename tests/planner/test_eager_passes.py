@@ -92,3 +92,30 @@ def test_torchtitan_rows_run_eager_compiled_rows_fused():
     compiled = framework_defaults("torchtitan-compile").settings
     assert compiled["host_fused_kernels"] is True and not compiled.get("eager_memory_passes", False)
     assert framework_defaults("torchtitan-compile").stack == "torchtitan"
+
+
+def test_compiled_llama_still_copies_k_and_v_per_query_head():
+    """torch.compile fuses the norm, RoPE and SwiGLU passes, not repeat_kv's copy (a reshape of an
+    expand feeding SDPA): 20,480 B a token forward (module docstring), 2x backward, and only
+    where K/V heads are fewer than query heads."""
+    from meshplan.cost.eager_passes import repeat_kv_bytes
+    from meshplan.spec.frameworks import framework_defaults
+
+    assert repeat_kv_bytes(LLAMA, _kind(LLAMA), tokens=1.0, tp=1.0, ab=2.0) == pytest.approx(20_480)
+    assert repeat_kv_bytes(LLAMA, _kind(LLAMA), tokens=1.0, tp=2.0, ab=2.0) == pytest.approx(10_240)
+    assert repeat_kv_bytes(GPT2, _kind(GPT2), tokens=1.0, tp=1.0, ab=2.0) == 0.0  # MHA: no copy
+    assert framework_defaults("torchtitan-compile").settings["repeat_kv_copy"] is True
+    training = TrainingSpec(seq_len=8192, global_batch=8, precision=Precision.BF16)
+    plans = PlanArrays.from_plans([Plan(dims=ParallelDims(dp_shard=8), zero=3).with_defaults(LLAMA)])
+    fused = calibration_for(H100.gpu, "torchtitan").replace_fields(host_s_per_kernel=0.0,
+                                                                  eager_memory_passes=False)
+    compiled = fused.replace_fields(repeat_kv_copy=True)
+    a, b = layer_cost(LLAMA, H100, training, plans, compiled), layer_cost(LLAMA, H100, training, plans, fused)
+    extra_s = 20_480 * 8192 / (H100.gpu.hbm_bandwidth_bytes_per_s * fused.hbm_efficiency) * fused.elementwise_time_factor
+    np.testing.assert_allclose(a.fwd_compute_s - b.fwd_compute_s, extra_s, rtol=1e-9)
+    np.testing.assert_allclose(a.bwd_compute_s - b.bwd_compute_s, 2 * extra_s, rtol=1e-9)
+    # eager runs count the copy once, among their other passes
+    eager = fused.replace_fields(eager_memory_passes=True)
+    both = eager.replace_fields(repeat_kv_copy=True)
+    np.testing.assert_allclose(layer_cost(LLAMA, H100, training, plans, both).fwd_compute_s,
+                               layer_cost(LLAMA, H100, training, plans, eager).fwd_compute_s, rtol=1e-12)

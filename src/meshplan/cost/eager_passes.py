@@ -61,6 +61,15 @@ def swiglu_extra_bytes(ab: float) -> float:
     return 5 * ab - 3 * ab
 
 
+def repeat_kv_bytes(model: ModelSpec, kind: LayerKind, *, tokens, tp, ab: float):
+    """Forward bytes of GQA's repeat of K and V to every query head (torchtitan's ``repeat_kv``):
+    read K (V), write it once per query head; 0 without GQA, for MLA and for layers without
+    attention. The same copy whether eager or compiled (Calibration.repeat_kv_copy)."""
+    if kind.mixer != Mixer.ATTENTION or model.is_mla or model.num_kv_heads >= model.num_heads:
+        return 0.0 * np.asarray(tokens, dtype=float)
+    return 2 * tokens * (model.kv_size / tp + model.q_size / tp) * ab
+
+
 def eager_extra_bytes(model: ModelSpec, kind: LayerKind, *, tokens, tokens_replicated, tp, ab: float):
     """Forward bytes one GPU moves in an eager layer's memory-bound ops beyond layer.py's fused
     pass count, for ``tokens`` on this GPU (``tokens_replicated`` seen by the norms: T / tp under
@@ -74,8 +83,7 @@ def eager_extra_bytes(model: ModelSpec, kind: LayerKind, *, tokens, tokens_repli
         q_width, kv_width = model.q_size / tp, model.kv_size / tp
         if model.position == Position.ROPE:
             extra = extra + tokens * (q_width + kv_width) * rope_bytes(ab)
-        if model.num_kv_heads < model.num_heads:  # repeat_kv: read K (V), write it per head
-            extra = extra + 2 * tokens * (kv_width + q_width) * ab
+        extra = extra + repeat_kv_bytes(model, kind, tokens=tokens, tp=tp, ab=ab)
     if kind.ffn == Ffn.DENSE and model.gated_mlp:
         extra = extra + tokens * model.ffn_hidden_size / tp * swiglu_extra_bytes(ab)
     return extra

@@ -30,7 +30,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
-from meshplan.cost.eager_passes import eager_extra_bytes, runs_eager
+from meshplan.cost.eager_passes import eager_extra_bytes, repeat_kv_bytes, runs_eager
 from meshplan.cost.host import host_bound, host_launch_s
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
@@ -245,6 +245,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if runs_eager(cluster, calib):  # eager model code: more passes than one per op (cost/eager_passes.py)
         t_mem = t_mem + eager_extra_bytes(model, kind, tokens=T, tokens_replicated=T_rep, tp=t,
                                           ab=ab) / hbm * calib.elementwise_time_factor
+    elif calib.repeat_kv_copy:  # compiled model code still copies K / V per query head (Calibration)
+        t_mem = t_mem + repeat_kv_bytes(model, kind, tokens=T, tp=t, ab=ab) / hbm * calib.elementwise_time_factor
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration; none
     # where the whole iteration replays as one CUDA graph (the host issues no kernel of it).
     overhead = 0.0 if calib.cuda_graph_full_iteration else calib.layer_overhead_s

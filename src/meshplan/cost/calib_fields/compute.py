@@ -63,6 +63,15 @@ class ComputeFields:
     bytes of cost/eager_passes.py. A stack field (frameworks.json sets it for torchtitan runs;
     torch.compile'd runs are fused); never on a CPU device, whose elementwise probe measures the
     runtime's eager modules (elementwise_time_factor)."""
+    repeat_kv_copy: bool = False
+    """The model code materialises K and V repeated to every query head before attention
+    (torchtitan's llama3 ``repeat_kv``: ``unsqueeze`` / ``expand`` / ``reshape`` of each, then
+    SDPA on equal head counts) and the stack runs it compiled: the reshape of an expanded tensor
+    is no view, so TorchInductor writes the repeated copy before SDPA, an extern kernel that reads
+    dense tensors, and the backward sums the copies' gradients back (one pass each way, as the
+    eager count of cost/eager_passes.py ``repeat_kv_bytes``, which eager runs already charge).
+    Stacks whose attention takes grouped K/V natively (TE / cuDNN, SDPA's ``enable_gqa``,
+    flash-attn) make no copy. A stack field (frameworks.json: torchtitan-compile)."""
     elementwise_time_factor: float = 1.0
     """Time of a layer's memory-bound ops (norms, residual adds, activation function) over their
     bytes / (W_hbm * hbm_efficiency), the one-pass-per-op count of fused kernels (Megatron/TE,

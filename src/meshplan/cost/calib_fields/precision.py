@@ -66,4 +66,7 @@ class PrecisionFields:
     (torchtitan/models/llama3/infra/parallelize.py, ``enable_float8_tensorwise_tp = enable_float8_linear
     and not float8_is_rowwise``: "float8 all-gather with TP is only supported for tensorwise
     float8 scaling recipes. For rowwise recipes, we use regular TP and all-gather happens in high
-    precision"). A stack field (frameworks.json); cost/precision.py ``tp_gather_bytes_per_element``."""
+    precision"; torchtitan docs/float8.md: "we support float8 all-gather for FSDP (optional) and
+    for TP (by default for ``Float8Linear``)"). FSDP's float8 weight all-gather is opt-in
+    (``float8.enable_fsdp_float8_all_gather``, default False) and not assumed. A stack field
+    (frameworks.json); cost/precision.py ``tp_gather_bytes_per_element``."""
