@@ -76,7 +76,7 @@ EXPANDABLE = {"allocator_expandable_segments": True}
     ("26.06", "deepseek", "b300", "fp8", True, {**BF16_ADAM, **TE_LOSS}),
     ("25.09", "deepseek", "h100-sxm", "bf16", True, {**BF16_ADAM, **TE_LOSS}),        # the recipe's optimizer
     ("25.09", "llama", "h100-sxm", "bf16", False, TE_LOSS),
-    ("26.06", "gpt", "gb200", "fp8", True, TE_LOSS),                                   # GPT-OSS presets: unchanged
+    ("26.06", "gpt", "gb200", "fp8", True, TE_LOSS),                                   # GPT-OSS entry names its model
     ("26.06", "nemotron", "gb200", "fp8", True, TE_LOSS),                              # hybrid Mamba: per-layer graphs
     ("26.06", "llama", "gb200", "fp8", False, TE_LOSS),
 ])
@@ -86,6 +86,20 @@ def test_release_presets_by_family_gpu_and_precision(release, family, gpu, preci
     assert Calibration().replace_fields(**got)  # every value is a Calibration field
     note = release_notes("megatron", release, got)
     assert note.startswith(f"release: megatron {release}") and all(k in note for k in got)
+
+
+@pytest.mark.parametrize("release, gpu, precision, values", [
+    ("26.06", "gb200", "fp8", {**GRAPHED, "fp8_attention": True, **TE_LOSS}),  # PR #4173
+    ("26.08", "gb300", "fp8", {**GRAPHED, "fp8_attention": True, **TE_LOSS}),  # carried on
+    ("26.04", "gb300", "fp8", TE_LOSS),                                        # before the PR
+    ("26.06", "gb300", "bf16", TE_LOSS),                                       # MXFP8 presets only
+    ("26.06", "b300", "fp8", TE_LOSS),                                         # not dated for B300
+])
+def test_gpt_oss_mxfp8_presets_run_full_iteration_graphs(release, gpu, precision, values):
+    """GPT-OSS 120B's MXFP8 presets on GB200 / GB300 (Megatron-Bridge PR #4173, from 26.06)."""
+    got = release_values("megatron", release, family="gpt", gpu=gpu, precision=precision, moe=True,
+                         model="gpt-oss-120b")
+    assert got == values
 
 
 @pytest.mark.parametrize("model, family, gpu, precision, moe, expandable", [
