@@ -5,7 +5,7 @@
 
 Issue 14's memory target: no run that fit is predicted more than 5% under its measured peak. For
 every row of each set whose prediction (on the row's ``memory_basis``, cost/device_memory.py) is
-more than :data:`OPTIMISTIC` under the measurement, and every Megatron-Bridge row (which all ran)
+more than :data:`OPTIMISTIC` under the measurement, and every row that ran (notes without 'OOM')
 estimated over its GPU, this prints the terms of the most loaded pipeline rank the estimate adds
 up (``Estimate.memory``): states, activations (the logits and loss transients of them), the rest
 (of it ZeRO-3's gathered layers and the optimizer step's excess), the allocator's reserve and, on
@@ -29,6 +29,7 @@ from meshplan.calib.validate import Run, evaluate, load_runs, setting_calibratio
 from meshplan.cost.device_memory import MemoryBasis
 from meshplan.cost.step import Estimate, estimate
 from meshplan.data.published import runs_csv
+from meshplan.search.memory_margin import job_memory_error, memory_margin
 from meshplan.spec.cluster import GIB
 
 HERE = Path(__file__).parent
@@ -76,7 +77,7 @@ def flagged_rows(path: str | Path, *, over_gpu: bool) -> list[dict[str, Any]]:
     out = []
     for res in report.rows:
         optimistic = res.memory_error is not None and res.memory_error < OPTIMISTIC
-        if not (optimistic or (over_gpu and not res.fits)):
+        if not (optimistic or (over_gpu and not res.fits and not res.oom)):
             continue
         run = by_id[res.row_id]
         basis = MemoryBasis.DEVICE if over_gpu and res.memory_error is None else run.memory_basis
@@ -87,6 +88,24 @@ def flagged_rows(path: str | Path, *, over_gpu: bool) -> list[dict[str, Any]]:
                     "predicted_gib": predicted_from_terms(terms_gib(est, basis)),
                     "error": res.memory_error, "fits": res.fits, "terms_gib": terms_gib(est, basis)})
     return out
+
+
+def headroom_counts(path: str | Path) -> dict[str, int]:
+    """How "fits" and the headroom the memory error asks (search/memory_margin.py: fit x (1 + p90
+    |memory error|) within the GPU) flag the rows that ran out of memory (notes 'OOM') and those
+    that ran: a test that flags every OOM row and few rows that ran is one to bet on."""
+    runs, skipped = load_runs(path)
+    by_id = {r.row_id: r for r in runs}
+    n = dict.fromkeys(("oom", "oom_over", "oom_no_headroom", "ran", "ran_over", "ran_no_headroom"), 0)
+    for res in evaluate(runs, skipped).rows:
+        run = by_id[res.row_id]
+        est = row_estimate(run)
+        margin = memory_margin(est, est.gpu_memory_gib, job_memory_error(run.model, run.training, run.cluster))
+        kind = "oom" if res.oom else "ran"
+        n[kind] += 1
+        n[f"{kind}_over"] += not est.fits
+        n[f"{kind}_no_headroom"] += not margin.keeps_headroom
+    return n
 
 
 def _table(title: str, rows: list[dict[str, Any]]) -> Table:
@@ -113,16 +132,24 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     sets = [(r, r) for r in args.runs] if args.runs else [*DEFAULT_SETS, (BRIDGE, BRIDGE)]
-    out = {}
+    out, counts = {}, {}
     for name, src in sets:
         path = runs_csv(src) if src in ("calibration", BRIDGE) else src
-        out[name] = flagged_rows(path, over_gpu=src == BRIDGE)
+        out[name] = flagged_rows(path, over_gpu=True)
+        counts[name] = headroom_counts(path)
     if args.json:
-        Console().print_json(json.dumps(out))
+        Console().print_json(json.dumps({"rows": out, "headroom": counts}))
         return 0
     con = Console(width=200)
     for name, rows in out.items():
-        con.print(_table(f"{name}: {len(rows)} rows > 5% optimistic or over the GPU (GiB)", rows))
+        con.print(_table(f"{name}: {len(rows)} rows > 5% optimistic or, having run, over the GPU (GiB)", rows))
+    summary = Table(title="Flagged by 'fits' / by the headroom the memory error asks (fit x (1 + p90) within the GPU)")
+    for c in ("set", "OOM rows", "over GPU", "no headroom", "rows that ran", "over GPU", "no headroom"):
+        summary.add_column(c, justify="left" if c == "set" else "right")
+    for name, n in counts.items():
+        summary.add_row(name, *(str(n[k]) for k in ("oom", "oom_over", "oom_no_headroom", "ran", "ran_over",
+                                                    "ran_no_headroom")))
+    con.print(summary)
     return 0
 
 

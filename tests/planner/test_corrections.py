@@ -94,12 +94,17 @@ def test_corrections_undone_and_reapplied_give_the_shipped_rows(tmp_path):
     published = published_rows("megatron-bridge")
     path = write_csv(tmp_path / "bridge.csv", published)
     runs, _, report = load_corrected_runs(path)
-    assert {c.row_id for c in report.applied} == {"538", "543", "555", "556", "557"}
+    assert {c.row_id for c in report.applied} == {"538", "543", "555", "556", "557", "442", "448"}
     got = {r.row_id: r for r in runs}
     assert got["538"].plan.micro_batch == 1 and got["555"].training.precision.value == "fp8"
+    # the 26.02.01 layouts of the presets every other release prints (corrections.csv's evidence)
+    assert (got["442"].plan.micro_batch, got["442"].plan.vpp) == (1, 5)
+    assert got["448"].plan.vpp == 8
     raw, _, none = load_corrected_runs(path, as_published=True)
     assert not none.applied and none.as_published
-    assert {r.row_id: r for r in raw}["538"].plan.micro_batch == 4
+    raw_by_id = {r.row_id: r for r in raw}
+    assert raw_by_id["538"].plan.micro_batch == 4
+    assert (raw_by_id["442"].plan.micro_batch, raw_by_id["442"].plan.vpp, raw_by_id["448"].plan.vpp) == (2, 1, 4)
 
 
 def test_a_row_whose_identifying_columns_differ_is_not_corrected(tmp_path):

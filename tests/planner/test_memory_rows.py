@@ -39,3 +39,23 @@ def test_flagged_heldout_rows_are_the_optimistic_ones_and_sum_to_the_prediction(
         assert r["error"] < mr.OPTIMISTIC
         # the terms' sum is the prediction validate compared: measured x (1 + error)
         assert r["predicted_gib"] == pytest.approx(r["measured_gib"] * (1.0 + r["error"]), rel=1e-9)
+
+
+def test_headroom_counts_add_up_and_the_headroom_flags_at_least_what_fits_flags():
+    """Every row is an OOM row or one that ran; a plan over the GPU keeps no headroom (a
+    non-negative memory error), so the headroom test flags at least the rows "fits" flags."""
+    from meshplan.data.published import runs_csv
+
+    n = mr.headroom_counts(runs_csv("calibration"))
+    assert n["oom"] == 6 and n["ran"] >= 100  # the shipped set's OOM rows (notes 'OOM')
+    assert n["oom_over"] <= n["oom_no_headroom"] <= n["oom"]
+    assert n["ran_over"] <= n["ran_no_headroom"] <= n["ran"]
+
+
+def test_rows_that_ran_over_the_gpu_are_flagged_and_oom_rows_are_not():
+    from meshplan.data.published import runs_csv
+
+    rows = mr.flagged_rows(runs_csv("calibration"), over_gpu=True)
+    ids = {r["id"] for r in rows}
+    assert not ids & {"193", "200", "201", "235", "236", "250"}  # OOM rows: expected over, not flagged
+    assert all(r["error"] is not None and r["error"] < mr.OPTIMISTIC or not r["fits"] for r in rows)

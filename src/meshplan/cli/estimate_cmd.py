@@ -47,6 +47,7 @@ def estimate_cmd(
     from meshplan.cost import estimate
     from meshplan.cost.data_aware import data_aware_steps
     from meshplan.cost.expert_gain import placement_options, uniform_step_time_s
+    from meshplan.search.memory_margin import job_memory_error, memory_margin
 
     if plan_file is not None:
         refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
@@ -64,6 +65,7 @@ def estimate_cmd(
     hw = resolve_hardware(base, train.precision, cluster_profile, target.value)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
+    margin = memory_margin(est, est.gpu_memory_gib, job_memory_error(spec, train, clus))
     data = data_aware_steps(spec, clus, train, plan, hw.calib)
     options = placement_options(spec, clus, train, plan, hw.calib)
     uniform_s = uniform_step_time_s(spec, clus, train, plan, hw.calib) if est.expert_load else None
@@ -71,6 +73,7 @@ def estimate_cmd(
     if json_out:
         out = est.to_dict()
         out["target_refuses"] = refused
+        out["memory_margin"] = margin.to_dict()
         out["flags"] = plan_argv(plan)
         out["model"] = spec.name
         out["cluster"] = {"name": clus.name, "gpu": clus.gpu.name, "num_gpus": clus.num_gpus}
@@ -82,7 +85,7 @@ def estimate_cmd(
             out["data_aware"] = data.to_dict()
         print_json(out)
         return
-    _render(est, spec.name, clus)
+    _render(est, spec.name, clus, margin)
     if est.expert_load is not None:
         console().print(expert_load_table(est, train.expert_load.describe(), options, uniform_s))
     if data is not None:
@@ -102,7 +105,7 @@ def warn_if_refused(target: Target | None, spec, training, plan) -> str | None:
     return reason
 
 
-def _render(est, model_name: str, clus) -> None:
+def _render(est, model_name: str, clus, margin) -> None:
     con = console()
     s = Table(title=f"{model_name} on {clus.num_gpus} x {clus.gpu.name}: {est.plan.notation()}")
     s.add_column("metric")
@@ -118,7 +121,11 @@ def _render(est, model_name: str, clus) -> None:
                  ("peak on the device (+ CUDA context, NCCL)", f"{est.peak_device_gib:.1f} GiB"),
                  ("must fit (held peak + CUDA context, NCCL)",
                   f"{est.fit_memory_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"),
-                 ("fits", fit), ("micro-batches", str(est.time.num_microbatches))):
+                 ("fits", fit),
+                 (f"must fit + {margin.memory_error:.1%} p90 memory error (class {margin.error_class})",
+                  f"{margin.with_headroom_gib:.1f} / {est.gpu_memory_gib:.1f} GiB"
+                  + ("" if margin.keeps_headroom else " [yellow](less headroom than the error asks)[/yellow]")),
+                 ("micro-batches", str(est.time.num_microbatches))):
         s.add_row(k, v)
     if est.plan.offload:
         over = est.host_memory_gib > est.host_memory_budget_gib

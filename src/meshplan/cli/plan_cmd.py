@@ -119,6 +119,7 @@ def plan_cmd(
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
     from meshplan.calib.hardware import resolve_hardware
+    from meshplan.search.memory_margin import plan_margin
     from meshplan.search.planner import search
     from meshplan.targets import check_runs, search_options
 
@@ -163,6 +164,9 @@ def plan_cmd(
         bar.close()
 
     choices = [_robust(r, cl, spec, training) for r, cl in zip(results, clusters)]
+    # the recommended plan's allocated / reserved / device peaks and the headroom asked (issue 14, 15)
+    margins = [None if c is None else plan_margin(spec, hw.cluster, training, r.frontier[c.index].plan, hw.calib,
+                                                  r.budget_bytes / GIB) for r, c, hw in zip(results, choices, hardware)]
     chosen_idx = max(range(len(results)), key=lambda i: -_best_time(results[i]))
     chosen, chosen_cluster = results[chosen_idx], clusters[chosen_idx]
     if all(r.recommended is None for r in results) and pick is None:
@@ -199,7 +203,7 @@ def plan_cmd(
                       yours=None if comparison is None else comparison.yours)
     data = _data_aware(spec, training, chosen, choices[chosen_idx], chosen_cluster, hardware[chosen_idx])
     if json_out:
-        print_json({**_to_json(results, choices, training, written, str(plot) if plot else None),
+        print_json({**_to_json(results, choices, margins, training, written, str(plot) if plot else None),
                     **({"comparison": comparison.to_dict()} if comparison else {}),
                     **({"data_aware": data.to_dict()} if data else {})})
         return
@@ -212,8 +216,10 @@ def plan_cmd(
             theirs = "recommended" if comparison.recommended is not None else "fastest that fits"
             con.print(attribution_table(comparison.attribution, f"Where the step times differ: step time per term "
                                         f"(yours vs {theirs})", theirs=theirs))
-    for res, cl, choice in zip(results, clusters, choices):
+    for res, cl, choice, margin in zip(results, clusters, choices, margins):
         _print_frontier(con, res, cl, training, top, choice)
+        if margin is not None:
+            con.print(margin.text(), soft_wrap=True, markup=False, highlight=False)
     if len(results) > 1:
         _print_scaling(con, results, training)
     if data is not None:
@@ -313,14 +319,15 @@ def _row(p, training: TrainingSpec, budget_bytes: float) -> dict[str, Any]:
     }
 
 
-def _to_json(results, choices, training, written, plot) -> dict[str, Any]:
+def _to_json(results, choices, margins, training, written, plot) -> dict[str, Any]:
     per = []
-    for r, choice in zip(results, choices):
+    for r, choice, margin in zip(results, choices, margins):
         per.append({
             "num_gpus": r.num_gpus, "budget_gib": r.budget_bytes / GIB,
             "recommended": None if choice is None else choice.index,
             "fastest_that_fits": r.recommended_index,
             "robust": None if choice is None else choice.to_dict(),
+            "recommended_memory": None if margin is None else margin.to_dict(),
             "frontier": [_row(p, training, r.budget_bytes) for p in r.frontier],
             "search": {"global_configs": r.global_configs, "refined_configs": r.refined_configs,
                        "plans_evaluated": r.plans_evaluated, "elapsed_s": r.elapsed_s},

@@ -150,6 +150,13 @@ class ModelError:
                      if uses(plan) and self.feature_rows.get(name, 0) < MIN_VALIDATED_ROWS)
 
 
+def keeps_headroom(fit_bytes: float, budget_bytes: float, memory_error: float) -> bool:
+    """Whether a plan whose fit figure (cost.device_memory.fit_bytes) is ``fit_bytes`` stays within
+    ``budget_bytes`` when the model underestimates it by the observed memory error (a fraction):
+    point 1 of the module docstring, and search/memory_margin.py's report of it."""
+    return fit_bytes * (1.0 + memory_error) <= budget_bytes
+
+
 @lru_cache(maxsize=1)
 def _record() -> Mapping[str, Any]:
     return shipped_json("meshplan.data", "model_error.json")
@@ -206,7 +213,7 @@ def robust_choice(frontier: Sequence["ScoredPlan"], budget_bytes: float, nominal
              if p.peak_memory_bytes <= budget_bytes}
     in_band = [i for i, band in bands.items()
                if math.log(frontier[i].step_time_s / fastest.step_time_s) <= band.log]
-    roomy = [i for i in in_band if frontier[i].peak_memory_bytes * (1 + h) <= budget_bytes]
+    roomy = [i for i in in_band if keeps_headroom(frontier[i].peak_memory_bytes, budget_bytes, h)]
     pool = roomy or in_band
 
     def key(i: int) -> tuple:
@@ -257,7 +264,8 @@ def _why(frontier, best: int, nominal: int, err: ModelError, budget_bytes: float
     if len(features(b.plan)) < len(features(n.plan)) and simpler:
         gains.append(f"is simpler (no {', '.join(sorted(simpler))})")
     more = (n.peak_memory_bytes - b.peak_memory_bytes) / 2**30
-    if n.peak_memory_bytes * (1 + err.memory_abs_p90) > budget_bytes >= b.peak_memory_bytes * (1 + err.memory_abs_p90):
+    h = err.memory_abs_p90
+    if not keeps_headroom(n.peak_memory_bytes, budget_bytes, h) and keeps_headroom(b.peak_memory_bytes, budget_bytes, h):
         gains.append(f"keeps the headroom the memory error asks for ({more:.1f} GiB more), which #{nominal} does not")
     elif more > 0:
         gains.append(f"keeps {more:.1f} GiB more memory headroom")
