@@ -42,11 +42,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from meshplan.calib.validate import (
-    Run,
-    load_runs,
-    setting_calibration,
-)
+from meshplan.calib.validate import Run, load_runs
 from meshplan.cost import estimate
 from meshplan.cost.calibration import gpu_family
 from meshplan.data.published import PUBLISHED_RUNS, runs_csv
@@ -67,6 +63,7 @@ from experts_evidence import (  # bench/ is the script's directory, on sys.path
     measured_sibling,
     measured_sibling_ratio,
     measured_step_s,
+    run_calibration,
     verdict_section,
 )
 
@@ -140,7 +137,7 @@ def published_stack_predates_selective(run: Run) -> bool:
 def compare_job(csv: str, runs: list[Run]) -> list[Row]:
     """One search for the job the ``runs`` share, each run's published plan against its pick."""
     first = runs[0]
-    calib = setting_calibration(first, None, first.settings)
+    calib = run_calibration(first)
     opts = search_options(STACK, first.model, first.training)
     res = search(first.model, first.cluster, first.training, calib=calib, options=opts)
     choice = err = None
@@ -217,7 +214,7 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
             runs = [r for r in runs if str(r.row_id) in only]
         groups: dict[str, list[Run]] = {}
         for run in runs:
-            groups.setdefault(job_key(run, setting_calibration(run, None, run.settings)), []).append(run)
+            groups.setdefault(job_key(run, run_calibration(run)), []).append(run)
         jobs_total += len(groups)
         for group in groups.values():
             if all(_ident(csv, r) in cache for r in group):
@@ -251,7 +248,7 @@ def render_cached(sets: tuple[str, ...] = tuple(PUBLISHED_RUNS)) -> tuple[list[R
     rows = [Row(**v) for v in data["rows"].values() if v["csv"] in sets]
     skipped = [(csv, s.row_id, s.reason) for csv in sets for s in load_runs(runs_csv(csv))[1]]
     stale = data["source_hash"] != source_hash()
-    jobs = {job_key(r, setting_calibration(r, None, r.settings)) for csv in sets
+    jobs = {job_key(r, run_calibration(r)) for csv in sets
             for r in load_runs(runs_csv(csv))[0]}
     filled = data.get("stats", {})  # the run that filled the cache
     return rows, skipped, dict(wall_s=filled.get("wall_s", 0.0), cpu_s=filled.get("cpu_s", 0.0), jobs=len(jobs),
@@ -305,7 +302,7 @@ def recompute_pairs() -> list[tuple[str, str, str, float, float, float, float]]:
                 continue
             steps = []
             for r in (g["full"], g["selective"]):
-                est = estimate(r.model, r.cluster, r.training, r.plan, setting_calibration(r, None, r.settings))
+                est = estimate(r.model, r.cluster, r.training, r.plan, run_calibration(r))
                 steps.append((est.step_time_s, measured_step_s(r, est.step_time_s), est.time.terms_s()))
             (ef, mf, tf), (es, ms, ts) = steps
             if mf is None or ms is None:
@@ -321,7 +318,7 @@ def peak_without_recompute_gib(row: Row) -> float:
     unchanged): what the published run would have needed had it not recomputed."""
     run = _runs_by_id(row.csv)[row.row_id]
     plan = replace(run.plan, recompute=Recompute.NONE, recompute_layers=(), recompute_modules=())
-    return estimate(run.model, run.cluster, run.training, plan, setting_calibration(run, None, run.settings)).peak_memory_gib
+    return estimate(run.model, run.cluster, run.training, plan, run_calibration(run)).peak_memory_gib
 
 
 def _recompute_section(big: list[Row]) -> list[str]:
@@ -399,7 +396,7 @@ def _over_budget_section(rows: list[Row]) -> list[str]:
     def fits_without(r: Row) -> bool:
         run = runs[r.row_id]
         est = estimate(run.model, run.cluster, run.training, without_preset_settings(run),
-                       setting_calibration(run, None, run.settings))
+                       run_calibration(run))
         return est.peak_memory_gib <= r.budget_gib
 
     took = [r for r in bridge if runs[r.row_id].preset]

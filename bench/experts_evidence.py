@@ -23,6 +23,15 @@ LARGE_GAIN = 1.15
 """Ratios above this get their terms listed and a verdict (the issue's threshold)."""
 
 
+def run_calibration(run: Run):
+    """The calibration ``meshplan validate`` estimates the row with (calib/validate.py
+    ``evaluate``): the row's framework settings and the presets of the stack release it ran
+    (``Run.release_values``: a 26.x Megatron-Bridge recipe's full-iteration CUDA graph, fused
+    grouped MLP, ...). Without the release's presets a graphed run would pay the launch and
+    dispatch costs its graph removes, and a gain from a larger micro-batch would come from them."""
+    return setting_calibration(run, None, {**run.settings, **run.release_values})
+
+
 @cache
 def _runs_by_id(csv: str) -> dict[str, Run]:
     """The CSV's buildable runs by row id (each worker process reads them once: runs do not pickle)."""
@@ -47,7 +56,7 @@ def _steps_of(run: Run) -> tuple[float, float | None]:
 def _steps_by_id(row_id: str, source: str, notation: str, gpus: int) -> tuple[float, float | None]:
     run = next(r for csv in PUBLISHED_RUNS for r in _runs_by_id(csv).values()
                if (r.row_id, r.source, r.plan.notation(), r.cluster.num_gpus) == (row_id, source, notation, gpus))
-    est = estimate(run.model, run.cluster, run.training, run.plan, setting_calibration(run, None, run.settings))
+    est = estimate(run.model, run.cluster, run.training, run.plan, run_calibration(run))
     return est.step_time_s, measured_step_s(run, est.step_time_s)
 
 
@@ -153,7 +162,7 @@ def ordering(row: Row, sib: Sibling) -> tuple[str, str, float]:
     (report/attribution.py), that term's share of the sibling's step)."""
     runs = _runs_by_id(row.csv)
     me, other = runs[row.row_id], runs[sib.row_id]
-    est = lambda r: estimate(r.model, r.cluster, r.training, r.plan, setting_calibration(r, None, r.settings))
+    est = lambda r: estimate(r.model, r.cluster, r.training, r.plan, run_calibration(r))
     base = est(other)
     terms = attribute(base, est(me)).terms  # this layout's step - the sibling's, per term
     wrong = 1.0 if sib.measured < 1 else -1.0  # measured faster: the terms that make it slower are the wrong ones
@@ -196,7 +205,7 @@ def verdict(row: Row) -> tuple[str, str]:
     run = _runs_by_id(row.csv)[row.row_id]
     if run.model.is_moe and top == "compute" and row.recommended and (
             _micro_batch(row.recommended) > run.plan.micro_batch):
-        calib = setting_calibration(run, None, run.settings)
+        calib = run_calibration(run)
         dropless = run.training.moe_capacity_factor is None and run.training.moe_dispatcher.value == "alltoall"
         sync = (f", the dropless all-to-all's host sync {calib.moe_alltoall_sync_s * 1e3:.1f} ms per MoE layer"
                 if dropless and calib.moe_alltoall_sync_s else "")

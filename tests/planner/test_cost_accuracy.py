@@ -88,6 +88,39 @@ def test_layer_overhead_amortises_with_micro_batch():
     assert rel_loss(1) > rel_loss(4) > 1.0
 
 
+def test_layer_overhead_on_host_is_hidden_behind_a_longer_layer():
+    # Calibration.layer_overhead_on_host: on a GPU the overhead is host work issued while the
+    # device runs the queue (cost/layer.py): a layer takes max(device time, overhead) forward and
+    # max(device time, 2 x overhead) backward, so a layer longer than it hides it.
+    host = replace(BASE, layer_overhead_on_host=True)
+    tr = lambda b: TrainingSpec(seq_len=2048, global_batch=b)  # noqa: E731
+    base = layer_cost(gpt(), CLUSTER, tr(1), _plans(8, 1), host)
+    fwd0, bwd0 = float(base.fwd_compute_s[0]), float(base.bwd_compute_s[0])
+    for over in (0.5 * fwd0, 3.0 * fwd0):  # hidden; then pacing the layer
+        more = layer_cost(gpt(), CLUSTER, tr(1), _plans(8, 1), replace(host, layer_overhead_s=over))
+        assert more.fwd_compute_s[0] == pytest.approx(max(fwd0, over), rel=1e-12)
+        assert more.bwd_compute_s[0] == pytest.approx(max(bwd0, 2.0 * over), rel=1e-12)
+    # host-bound at micro-batch 1 (3x the device time), device-bound at 4 (4x the tokens)
+    over = 3.0 * fwd0
+    def rel_loss(b):
+        zero = layer_cost(gpt(), CLUSTER, tr(b), _plans(8, b), host)
+        more = layer_cost(gpt(), CLUSTER, tr(b), _plans(8, b), replace(host, layer_overhead_s=over))
+        return float(more.fwd_compute_s[0] / zero.fwd_compute_s[0])
+    assert rel_loss(1) == pytest.approx(3.0, rel=1e-12)
+    assert rel_loss(4) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_layer_overhead_on_host_still_adds_on_a_cpu_device():
+    # On a CPU host and device are one: the measured dispatch time adds to the layer's.
+    cpu = system_preset("cpu").with_gpus(8)
+    host = replace(BASE, layer_overhead_on_host=True)
+    tr = TrainingSpec(seq_len=2048, global_batch=1, precision="fp32")
+    base = layer_cost(gpt(), cpu, tr, _plans(8, 1), host)
+    more = layer_cost(gpt(), cpu, tr, _plans(8, 1), replace(host, layer_overhead_s=1e-3))
+    assert more.fwd_compute_s[0] - base.fwd_compute_s[0] == pytest.approx(1e-3)
+    assert more.bwd_compute_s[0] - base.bwd_compute_s[0] == pytest.approx(2e-3)
+
+
 ROW = dict(id="1", source="Synth", model="GPT", num_layers="8", hidden_size="2048", num_heads="16",
            vocab_size="51200", seq_len="2048", gpu="a100-80gb", num_gpus="8", gpus_per_node="8",
            global_batch_size="64", micro_batch_size="2", tp="2", recompute="full", precision="fp16",

@@ -67,3 +67,18 @@ def test_ordering_term_names_the_knob_and_the_term_that_reverse_the_order():
     assert sib.row_id == "207" and sib.same_release and sib.measured > 1.4
     text = ev.ordering_term(FakeRow("calibration", "206"), sib)
     assert "layouts differ in mb;" in text and "led by bubble -" in text
+
+
+def test_run_calibration_matches_validate_with_the_release_presets():
+    """Row 286 (DeepSeek-V3 on 256 GB300, Megatron-Bridge 26.08) runs the 26.08 presets' full-
+    iteration CUDA graph (spec/presets/stack_releases.json): the experts page estimates it as
+    ``meshplan validate`` does, so the published step is validate's, not one that pays the
+    launches its graph removes."""
+    from meshplan.calib.validate import evaluate
+    from meshplan.cost import estimate
+
+    run = ev._runs_by_id("megatron-bridge")["286"]
+    calib = ev.run_calibration(run)
+    assert calib.cuda_graph_full_iteration and run.release_values["cuda_graph_full_iteration"]
+    step = estimate(run.model, run.cluster, run.training, run.plan, calib).step_time_s
+    assert step == pytest.approx(evaluate([run], []).rows[0].predicted_step_s, rel=1e-12)

@@ -135,6 +135,12 @@ def layer_kernels(model: ModelSpec, kind: LayerKind, plans: PlanArrays, calib: C
     return LayerKernels(fwd=fwd, bwd=bwd)
 
 
+def host_runs_apart(cluster: ClusterSpec) -> bool:
+    """The host issues work to a device that runs it asynchronously (any GPU); on a CPU device
+    host and device are one, and host time is device time."""
+    return gpu_generation(cluster.gpu) != CPU_GENERATION
+
+
 def host_bound(device_s, host_s):
     """The layer's time when host and device run concurrently: the slower sets the pace."""
     return np.maximum(device_s, host_s)
@@ -146,8 +152,7 @@ def host_launch_s(model: ModelSpec, cluster: ClusterSpec, kind: LayerKind, plans
     the stack has no per-kernel host cost, under a full-iteration CUDA graph
     (``Calibration.cuda_graph_full_iteration``: one graph launch per step), and on a CPU
     device, where host and device are one and the dispatch time is already device time (``Calibration.layer_overhead_s``, measured)."""
-    if (not calib.host_s_per_kernel or calib.cuda_graph_full_iteration
-            or gpu_generation(cluster.gpu) == CPU_GENERATION):
+    if not calib.host_s_per_kernel or calib.cuda_graph_full_iteration or not host_runs_apart(cluster):
         return 0.0, 0.0  # a replayed CUDA graph issues the layer's kernels without the host
     k = layer_kernels(model, kind, plans, calib)
     return k.fwd * calib.host_s_per_kernel, k.bwd * calib.host_s_per_kernel

@@ -31,7 +31,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
 from meshplan.cost.eager_passes import eager_extra_bytes, repeat_kv_bytes, runs_eager
-from meshplan.cost.host import host_bound, host_launch_s
+from meshplan.cost.host import BACKWARD_KERNELS_PER_FORWARD, host_bound, host_launch_s, host_runs_apart
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
@@ -249,10 +249,20 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         t_mem = t_mem + repeat_kv_bytes(model, kind, tokens=T, tp=t, ab=ab) / hbm * calib.elementwise_time_factor
     # Fixed per-layer, per-micro-batch overhead (launches, dispatch): see Calibration; none
     # where the whole iteration replays as one CUDA graph (the host issues no kernel of it).
+    # With layer_overhead_on_host, on a GPU it is host time, spent while the device runs the
+    # queue (PyTorch CUDA semantics, 'Asynchronous execution', pytorch.org/docs/stable/notes/
+    # cuda.html): like the kernels' launches (cost/host.py) it paces a layer only past the
+    # layer's device time, so a large layer hides it at any micro-batch; else (and on a CPU
+    # device, host and device one) it adds to the device time.
     overhead = 0.0 if calib.cuda_graph_full_iteration else calib.layer_overhead_s
-    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + overhead
+    on_host = calib.layer_overhead_on_host and host_runs_apart(cluster)
+    device_overhead = 0.0 if on_host else overhead
+    fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + device_overhead
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
     host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
+    if on_host:  # the backward, like its math and its launches, 2x
+        host_fwd = host_fwd + overhead
+        host_bwd = host_bwd + BACKWARD_KERNELS_PER_FORWARD * overhead
     # A graphed step is sync-free (Calibration), and so is a token-drop run padded to capacity:
     # its all-to-all splits are fixed (Megatron-Core's alltoall dispatcher with
     # --moe-pad-expert-input-to-capacity, which Megatron-Bridge's token-drop runs set, leaves its
@@ -321,7 +331,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         rec_sel = t_attn + mix.softmax_bytes / hbm
     else:  # op-level: the unsaved mms and every memory-bound op again, the attention kernel saved
         rec_sel = (op_sel.mixer_recomputed_share * mix.gemm_s + op_sel.ffn_recomputed_share * t_mlp
-                   + t_mem + overhead)
+                   + t_mem + device_overhead)
     rec_full = fwd_compute + fwd_comm_exposed
 
     # ---- parameters and states ----------------------------------------------------------

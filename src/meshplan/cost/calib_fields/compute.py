@@ -37,9 +37,19 @@ class ComputeFields:
     the tokens: CUDA kernel launches and host-side framework work (a Megatron layer forward is
     ~30-60 kernels at ~5-20 us of launch / Python dispatch each; the reason CUDA graphs help
     small batches, PyTorch blog 'Accelerating PyTorch with CUDA Graphs' 2021), and the per-call
-    latency of the layer's TP collectives beyond the alpha term. It is amortised by larger
-    micro-batches, which is why measured throughput grows with the micro-batch size. Not charged
-    under ``cuda_graph_full_iteration`` (cost/layer.py: the replayed graph issues no launch)."""
+    latency of the layer's TP collectives beyond the alpha term. Added to the layer's device time
+    (forward 1x, backward 2x), so amortised by larger micro-batches whatever the layer's size;
+    with ``layer_overhead_on_host`` a host cost instead. Not charged under
+    ``cuda_graph_full_iteration`` (cost/layer.py: the replayed graph issues no launch)."""
+    layer_overhead_on_host: bool = False
+    """``layer_overhead_s`` as host time on a GPU, spent while the device runs the queue (PyTorch
+    CUDA semantics, 'Asynchronous execution'): a layer takes max(device time, overhead) forward
+    and max(device time, 2x overhead) backward (cost/layer.py; the launch bound of cost/host.py),
+    so it slows only layers shorter than it (a small model, a small micro-batch, a fast GPU) and
+    a large layer hides it at any micro-batch. Never on a CPU device (host and device one). Off:
+    with it on and a refit, Megatron-Bridge validate goes 5.6% / 20.1% -> 4.8% / 23.6% (median /
+    p90), held-out 7.2 / 19.0 -> 7.1 / 18.3, the measured micro-batch pairs' ratio error 8.2% ->
+    1.7%, but 4 of 5 tp+cp pairs misordered (docs/accuracy.md, session 10)."""
     microbatch_overhead_s: float = 0.0
     """Fixed time per micro-batch (forward + backward) on every pipeline rank, independent of
     the layers it holds: the host work of the schedule (the loss and its scaling, posting the
