@@ -231,6 +231,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     try:
         return spec_from_hf_dict(cfg, name=name, path=p)
     except (TypeError, ValueError, OverflowError) as exc:
-        if isinstance(exc, MeshplanError):
-            raise MeshplanError(f"{p}: {exc}") from None
+        if isinstance(exc, MeshplanError):  # most already name the file (``_req``): name it once
+            said = str(exc)
+            raise MeshplanError(said if said.startswith(f"{p}:") else f"{p}: {said}") from None
         raise MeshplanError(f"{p}: malformed config.json ({exc})") from None

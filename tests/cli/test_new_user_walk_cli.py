@@ -1,0 +1,129 @@
+"""What a new user met walking the README (session 10), one regression test per bug, through the
+real entry point: a plan made for a stack gives the same step time in every command that reads its
+file; the comparison of the recommended plan with itself reads as such; an HF config error names
+its file once; help texts keep their '(the default)'; the GPU table shows every precision's rate."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+JOB = ("--model", "llama2-7b", "--gpu", "a100-80gb", "--gpus", "16", "--seq-len", "4096", "--global-batch", "256")
+
+
+def run(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(SRC), COLUMNS="400")
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=cwd)
+
+
+def _recommended(out: dict) -> dict:
+    return out["frontier"][out["recommended"]]
+
+
+def test_plan_target_is_written_and_every_reader_estimates_with_it(tmp_path):
+    """`plan --target megatron --out` used to write a file without the target: estimate, explain and
+    report of that file then gave meshplan's step time, not the one the search chose the plan on."""
+    f = tmp_path / "meg.json"
+    r = run("plan", *JOB, "--target", "megatron", "--out", str(f), "--json")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    assert planned["target"] == "megatron"
+    step_s = _recommended(planned)["step_time_s"]
+    assert json.loads(f.read_text())["target"] == "megatron"
+
+    est = run("estimate", "--plan", str(f), "--json")
+    assert est.returncode == 0 and est.stderr.strip() == "", est.stderr
+    est = json.loads(est.stdout)
+    assert est["target"] == "megatron" and abs(est["step_time_s"] / step_s - 1) < 1e-9
+    explain = json.loads(run("explain", str(f), "--json").stdout)
+    assert explain["job"]["target"] == "megatron" and abs(explain["step_time_s"] / step_s - 1) < 1e-9
+    # --target still wins, and it matters: meshplan's calibration gives another step time
+    own = json.loads(run("estimate", "--plan", str(f), "--target", "meshplan", "--json").stdout)
+    assert own["target"] == "meshplan" and abs(own["step_time_s"] / step_s - 1) > 1e-3
+    rep = run("report", "--plan", str(f), "--out", str(tmp_path / "r.html"), "--json")
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads(rep.stdout)["target"] == "megatron"
+
+
+def test_plan_for_meshplan_writes_the_file_it_always_did(tmp_path):
+    f = tmp_path / "own.json"
+    assert run("plan", *JOB, "--out", str(f)).returncode == 0
+    assert "target" not in json.loads(f.read_text())
+
+
+def test_plan_flags_line_names_the_target():
+    r = run("plan", *JOB, "--target", "megatron")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("as flags"))
+    assert line.endswith("--target megatron")
+
+
+def test_plan_file_with_an_unknown_target_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "own.json"
+    assert run("plan", *JOB, "--out", str(f)).returncode == 0
+    data = json.loads(f.read_text())
+    for bad, says in (("megatorn", "is not one of"), (7, "must name a stack"), ("", "must name a stack")):
+        g = tmp_path / "bad.json"
+        g.write_text(json.dumps({**data, "target": bad}))
+        r = run("estimate", "--plan", str(g))
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and says in lines[0], r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_report_of_the_recommended_plan_says_so(tmp_path):
+    """The recommended plan compared with itself read 'recommended: ... (+0%) ...; yours gains on no
+    term is smaller in the other plan'. This job's recommendation is not its nominally fastest plan
+    (README: the robust choice), the case that printed it."""
+    f = tmp_path / "plan.json"
+    job = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "128", "--seq-len", "8192",
+           "--global-batch", "1024")
+    planned = run("plan", *job, "--out", str(f), "--json")
+    assert planned.returncode == 0, planned.stderr
+    out = json.loads(planned.stdout)
+    assert out["recommended"] != out["fastest_that_fits"]  # else the case is not exercised
+    r = run("report", "--plan", str(f), "--out", str(tmp_path / "r.html"))
+    assert r.returncode == 0, r.stderr
+    assert "yours is the recommended plan" in r.stderr
+    assert "no term is smaller" not in r.stderr and "(+0%)" not in r.stderr
+
+
+def test_hf_config_error_names_the_file_once(tmp_path):
+    cfg = tmp_path / "gemma" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "some_new_arch", "hidden_size": 64}))
+    r = run("estimate", "--model", str(cfg), "--gpu", "h100-sxm", "--nodes", "1", "--global-batch", "8")
+    assert r.returncode == 2
+    assert r.stderr.count(str(cfg)) == 1 and "some_new_arch" in r.stderr, r.stderr
+
+
+def test_help_keeps_its_defaults_visible():
+    """Rich read '[default]' in a help text as markup and dropped it ('delayed , tensorwise')."""
+    text = re.sub(r"[│\s]+", " ", run("estimate", "--help").stdout)
+    assert "delayed, the default" in text and "nvfp4, the default" in text
+    assert "alltoall (the default)" in text
+    assert " , " not in text
+
+
+def test_gpu_table_shows_each_precision_and_blanks_the_missing():
+    out = run("clusters").stdout
+    cells = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+             for line in out.splitlines() if line.startswith("│ ") and line.count("│") == 9}
+    # fp32, fp16, bf16, fp8, fp4, memory, HBM
+    assert cells["v100-32gb"][:5] == ["15.7", "125", "", "", ""]  # fp16 only: its bf16 was shown as 0
+    assert cells["a100-80gb"][:5] == ["19.5", "312", "312", "", ""]  # no fp8: was shown as 0
+    assert cells["b200"][4] == "9000"
+    gpus = {g["name"]: g for g in json.loads(run("clusters", "--json").stdout)["gpus"]}
+    assert gpus["v100-32gb"]["peak_fp16_flops"] == 125e12
+
+
+def test_dry_run_names_the_gpu_memory_as_estimate_does(tmp_path):
+    f = tmp_path / "plan.json"
+    assert run("plan", *JOB, "--out", str(f)).returncode == 0
+    r = run("train", "--plan", str(f), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "of 79.2 GiB" in r.stdout and "reserved vs 79.2 GiB" in r.stdout
