@@ -127,3 +127,24 @@ def test_dry_run_names_the_gpu_memory_as_estimate_does(tmp_path):
     r = run("train", "--plan", str(f), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "of 79.2 GiB" in r.stdout and "reserved vs 79.2 GiB" in r.stdout
+
+
+def test_resumed_run_progress_counts_the_steps_already_done():
+    """A run resumed at step 20 of 40 ended on '20/40' (the bar counted this run's steps only)."""
+    from meshplan.runtime.steplog import ProgressBar
+
+    bar = ProgressBar(40, enabled=True, done=20)
+    try:
+        task = bar.bar.tasks[0]
+        assert (task.completed, task.total) == (20, 40)
+    finally:
+        bar.close()
+
+
+def test_replan_says_the_resume_command_needs_the_runs_data_and_lr(checkpoint, tmp_path):
+    """replan printed `meshplan train --plan two.json --resume --checkpoint-dir ckpt` as the whole
+    command: run as shown it resumed on random tokens at the default --lr (a checkpoint records
+    neither)."""
+    r = run("replan", "--checkpoint", str(checkpoint), "--gpus", "1", "--out", str(tmp_path / "one.json"))
+    assert r.returncode == 0, r.stderr
+    assert "--steps, --data and --lr of the run it resumes" in r.stdout
