@@ -169,3 +169,34 @@ def test_export_then_import_gives_the_same_plan_and_step_time(tmp_path):
         assert abs(steps[1] / steps[0] - 1) < 1e-9, (target, steps)
         notations = [json.loads(run("explain", str(f), "--json").stdout)["plan"] for f in (planned, back)]
         assert notations[0] == notations[1]
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+
+
+def test_gemma_configs_import():
+    """gemma2 / gemma3_text config.json files were refused ('model_type ... is not supported').
+    Parameters by hand, tied head, no biases, GeGLU = 3 matrices of D x F, q/o D x H*hd, k/v D x KV*hd:
+    Gemma 2 9B  (D 3584, F 14336, 16 x 256 q, 8 x 256 kv, 42 layers, V 256000):
+      42 * (2*3584*4096 + 2*3584*2048 + 3*3584*14336 + 2*3584) + 256000*3584 + 3584 = 9,241,404,928
+      (Google's 9,241,705,984 adds Gemma 2's two extra norms per layer, 42*2*3584 = 301,056: not priced);
+    Gemma 3 12B text (D 3840, F 15360, 16 x 256 q, 8 x 256 kv, 48 layers, V 262208, q/k norms of 256):
+      48 * (2*3840*4096 + 2*3840*2048 + 3*3840*15360 + 2*3840 + 2*256) + 262208*3840 + 3840."""
+    from meshplan.spec.hf import load_hf_config
+
+    g2 = load_hf_config(FIXTURES / "gemma2-9b" / "config.json")
+    assert g2.num_params() == 42 * (2 * 3584 * 4096 + 2 * 3584 * 2048 + 3 * 3584 * 14336 + 2 * 3584) \
+        + 256000 * 3584 + 3584 == 9_241_404_928
+    assert (g2.tied_embeddings, g2.sliding_window, g2.full_attention_period, g2.qk_norm) == (True, 4096, 2, False)
+    g3 = load_hf_config(FIXTURES / "gemma3-12b-text" / "config.json")
+    assert g3.num_params() == 48 * (2 * 3840 * 4096 + 2 * 3840 * 2048 + 3 * 3840 * 15360 + 2 * 3840 + 2 * 256) \
+        + 262208 * 3840 + 3840
+    assert (g3.sliding_window, g3.full_attention_period, g3.qk_norm) == (1024, 6, True)
+    r = run("estimate", "--model", str(FIXTURES / "gemma2-9b" / "config.json"), "--gpu", "h100-sxm", "--nodes", "1",
+            "--seq-len", "8192", "--global-batch", "64", "--zero", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"] == "gemma2-9b"
+    # sliding windows are planner-only for meshplan's runtime: plan says so and points to a stack that has them
+    r = run("plan", "--model", str(FIXTURES / "gemma2-9b" / "config.json"), "--gpu", "h100-sxm", "--nodes", "1",
+            "--seq-len", "8192", "--global-batch", "64")
+    assert r.returncode == 2 and "sliding-window attention is planner-only" in r.stderr
