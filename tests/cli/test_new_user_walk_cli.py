@@ -200,3 +200,13 @@ def test_gemma_configs_import():
     r = run("plan", "--model", str(FIXTURES / "gemma2-9b" / "config.json"), "--gpu", "h100-sxm", "--nodes", "1",
             "--seq-len", "8192", "--global-batch", "64")
     assert r.returncode == 2 and "sliding-window attention is planner-only" in r.stderr
+
+
+def test_expert_parallel_over_replicas_says_how_to_shard_them():
+    """`--ep 8` over 8 plain data-parallel ranks said only 'ep=8 must divide dp_shard*cp=1'; the
+    Megatron user's way out (shard the data-parallel ranks) was left to guess."""
+    r = run("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--nodes", "1", "--global-batch", "8",
+            "--ep", "8")
+    assert r.returncode == 2 and "--zero 1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert run("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--nodes", "1", "--global-batch", "8",
+               "--ep", "8", "--zero", "1").returncode == 0
