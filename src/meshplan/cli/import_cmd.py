@@ -71,7 +71,7 @@ def import_(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the Job file here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Turn a Megatron-LM command line or a torchtitan TOML into a meshplan Job file."""
+    """Turn a Megatron-LM command line, Megatron-Bridge overrides or a torchtitan TOML / command line into a meshplan Job file."""
     model, override = model_flags.model, model_flags.override
     base_model = model_flags.spec() if model else None
     ignored: tuple[str, ...] = ()
