@@ -210,3 +210,21 @@ def test_expert_parallel_over_replicas_says_how_to_shard_them():
     assert r.returncode == 2 and "--zero 1" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert run("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--nodes", "1", "--global-batch", "8",
                "--ep", "8", "--zero", "1").returncode == 0
+
+
+def test_export_refusal_points_to_best(tmp_path):
+    """Exporting meshplan's recommendation to a stack that cannot run it ended on the stack's
+    reason alone; `--best` (the fastest plan of the job the stack can run) went unmentioned."""
+    f = tmp_path / "plan.json"
+    plan = run("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--nodes", "1", "--seq-len", "4096",
+               "--global-batch", "16", "--out", str(f))
+    assert plan.returncode == 0, plan.stderr
+    data = json.loads(f.read_text())
+    assert data["plan"]["dims"]["dp_shard"] == 8  # dp8 zero1x8: half of it becomes cp2
+    data["plan"]["dims"].update(cp=2, dp_shard=4)  # DeepSpeed's config cannot express context parallel
+    g = tmp_path / "cp.json"
+    g.write_text(json.dumps(data))
+    r = run("export", str(g), "--to", "deepspeed")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "context parallel" in lines[0] and "--best exports the fastest plan" in lines[0]
