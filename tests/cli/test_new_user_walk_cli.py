@@ -228,3 +228,20 @@ def test_export_refusal_points_to_best(tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert "context parallel" in lines[0] and "--best exports the fastest plan" in lines[0]
+
+
+def test_megatron_bridge_round_trip_keeps_the_recomputed_modules(tmp_path):
+    """Megatron-Bridge overrides read back lost model.recompute_modules: Mixtral's
+    ckpt=sel(moe_act+layernorm):all came back as ckpt=sel:all (core_attn), another step time."""
+    planned, exported, back = tmp_path / "mx.json", tmp_path / "mx.yaml", tmp_path / "back.json"
+    job = ("--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "4", "--seq-len", "4096",
+           "--global-batch", "256")
+    assert run("plan", *job, "--target", "megatron", "--out", str(planned)).returncode == 0
+    assert "moe_act" in json.dumps(json.loads(planned.read_text())["plan"])  # else the case is not exercised
+    assert run("export", str(planned), "--to", "megatron-bridge", "--out", str(exported)).returncode == 0
+    r = run("import", "--from", "megatron-bridge", str(exported), "--model", "mixtral-8x7b", "--cluster", "dgx-h100",
+            "--nodes", "4", "--out", str(back))
+    assert r.returncode == 0, r.stderr
+    plans = [json.loads(run("explain", str(f), "--json").stdout) for f in (planned, back)]
+    assert plans[0]["job"]["flags"] == plans[1]["job"]["flags"]
+    assert abs(plans[1]["step_time_s"] / plans[0]["step_time_s"] - 1) < 1e-9
