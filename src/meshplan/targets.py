@@ -46,6 +46,20 @@ class Target(str, enum.Enum):
     DEEPSPEED = "deepspeed"
 
 
+def plan_target(given: Target | None, planned_for: str | None) -> Target:
+    """The stack a command estimates a Job file's plan for: ``--target`` when given, else the one
+    the file was planned for (``Job.target``), else meshplan's runtime."""
+    if given is not None:
+        return given
+    if planned_for is None:
+        return Target.MESHPLAN
+    try:
+        return Target(planned_for)
+    except ValueError:
+        raise MeshplanError(f"plan file's target {planned_for!r} is not one of "
+                            f"{', '.join(t.value for t in Target)}") from None
+
+
 @dataclass(frozen=True)
 class Rule:
     """One thing a stack cannot run."""

@@ -27,7 +27,7 @@ SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Seque
 GlobalBatchOpt = Annotated[Optional[int], typer.Option("--global-batch", "-b", help="Global batch in sequences.")]
 GlobalBatchTokensOpt = Annotated[Optional[int], typer.Option("--global-batch-tokens", help="Global batch in tokens (instead of --global-batch).")]
 PrecisionOpt = Annotated[Optional[Precision], typer.Option("--precision", help="Matmul precision; fp8 and fp4 are the GEMM inputs, see --recipe (default: bf16, or the Job file's; `plan`: what the GPU supports, bf16, fp16 or fp32).")]
-RecipeOpt = Annotated[Optional[Recipe], typer.Option("--recipe", help="Scaling recipe of fp8 (delayed [default], tensorwise, rowwise, blockwise, mxfp8) or fp4 (nvfp4 [default], mxfp4) GEMMs.")]
+RecipeOpt = Annotated[Optional[Recipe], typer.Option("--recipe", help="Scaling recipe of fp8 (delayed, the default; tensorwise, rowwise, blockwise, mxfp8) or fp4 (nvfp4, the default; mxfp4) GEMMs.")]
 OptimizerOpt = Annotated[Optional[Optimizer], typer.Option("--optimizer", help="Optimizer, its states set the memory (default: adamw, or the Job file's).")]
 MemoryGibOpt = Annotated[Optional[float], typer.Option("--memory-gib", help="Memory budget per GPU in GiB, the device total a plan may reach (default: the GPU's memory).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]

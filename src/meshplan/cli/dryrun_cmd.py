@@ -86,7 +86,7 @@ def _render_layout(job: Job, est, builds) -> Group:
              f"(layout: nothing built; --simulate runs the steps)")
     t = Table(title=title)
     for col in ("rank", "pp", "stages: layers", "params held", "weight shards GiB layout / model", "grads GiB",
-                "optimizer GiB", "activations GiB", "other GiB", "reserved GiB", f"reserved vs {est.gpu_memory_gib:.0f} GiB"):
+                "optimizer GiB", "activations GiB", "other GiB", "reserved GiB", f"reserved vs {est.gpu_memory_gib:.1f} GiB"):
         t.add_column(col, justify="right")
     for b in builds:
         m = b.model_memory
@@ -105,7 +105,7 @@ def _render_layout(job: Job, est, builds) -> Group:
                 g.add_row(str(b.rank), grp.axis, str(grp.size), str(grp.index), grp.ranks_text())
     verdict = "fits" if est.fits else "[red]does not fit[/red]"
     fit = (f"estimate: the plan needs {est.fit_memory_gib:.2f} GiB per GPU to fit (the busiest rank's held peak + "
-           f"CUDA context + NCCL; meshplan estimate's fit_memory_gib) of {est.gpu_memory_gib:.0f}: {verdict}")
+           f"CUDA context + NCCL; meshplan estimate's fit_memory_gib) of {est.gpu_memory_gib:.1f} GiB: {verdict}")
     note = ("[dim]E: embedding, H: final norm + head + loss. Memory: the cost model's figure for the rank's "
             "pipeline stage (meshplan estimate --plan); 'weights layout' counts the stage's parameters as the "
             "runtime splits them (tp, ep x etp, ZeRO-3 over dp_shard x cp), next to the model's weights less OSDP's "

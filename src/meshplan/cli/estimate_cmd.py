@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.checks import needs, refuse_with, typed_flags
+from meshplan.cli.checks import needs, refuse_with
 from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, err_console, print_json
 from meshplan.cli.cost_tables import data_aware_table, expert_load_table, osdp_memory_rows, time_breakdown_table
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
@@ -16,7 +16,7 @@ from meshplan.cli.main import app
 from meshplan.cli.plan_flags import PlanFlags, build_plan, plan_argv
 from meshplan.numbers import check_count
 from meshplan.plan import Job
-from meshplan.targets import Target
+from meshplan.targets import Target, plan_target
 
 PLAN_FILE_GIVES = ("model", "override", "cluster", "gpu", "nodes", "gpus", "gpus_per_node", "seq_len", "global_batch",
                    "global_batch_tokens", "precision", "recipe", "optimizer", "dp", "dp_shard", "tp", "pp", "cp",
@@ -39,7 +39,7 @@ def estimate_cmd(
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (Job file) instead of the flags above (which are then refused; --cluster-profile applies).")] = None,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes, as `plan --gpus`).")] = None,
     cluster_profile: ClusterProfileOpt = None,
-    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plan: its calibration (overlap, host costs, fitted efficiencies); given, a warning (stderr) when it cannot run the plan.")] = Target.MESHPLAN,
+    target: Annotated[Optional[Target], typer.Option("--target", help="The stack that runs the plan: its calibration (overlap, host costs, fitted efficiencies); given, a warning (stderr) when it cannot run the plan. Default: the one --plan's file was planned for, else meshplan.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Estimate step time, throughput, MFU and memory of one parallel plan."""
@@ -49,9 +49,11 @@ def estimate_cmd(
     from meshplan.cost.expert_gain import placement_options, uniform_step_time_s
     from meshplan.search.memory_margin import job_memory_error, memory_margin
 
+    given_target = target
     if plan_file is not None:
         refuse_with(ctx, PLAN_FILE_GIVES, because="--plan brings its own model, cluster, batch and plan")
         job = Job.load(plan_file)
+        target = plan_target(target, job.target)  # the stack the file was planned for
         spec, train, base, plan = job.model, job.training, job.cluster, job.plan
         train = replace(train, expert_load=training_flags.expert_load_spec(train.expert_load))
         train = training_flags.with_data(train)  # the data flags apply to a Job's training
@@ -62,6 +64,7 @@ def estimate_cmd(
         needs(ctx, "schedule", plan_flags.pp > 1, without="--pp > 1 (it orders the pipeline's micro-batches)")
         needs(ctx, "cp_method", plan_flags.cp > 1, without="--cp > 1 (it is how context-parallel attention is split)")
         plan = build_plan(base.num_gpus, plan_flags)
+    target = target or Target.MESHPLAN
     hw = resolve_hardware(base, train.precision, cluster_profile, target.value)
     clus = hw.cluster
     est = estimate(spec, clus, train, plan, hw.calib)
@@ -69,7 +72,8 @@ def estimate_cmd(
     data = data_aware_steps(spec, clus, train, plan, hw.calib)
     options = placement_options(spec, clus, train, plan, hw.calib)
     uniform_s = uniform_step_time_s(spec, clus, train, plan, hw.calib) if est.expert_load else None
-    refused = warn_if_refused(target if typed_flags(ctx, ["target"]) else None, spec, train, plan)
+    refused = warn_if_refused(target if given_target is not None or target != Target.MESHPLAN else None,
+                              spec, train, plan)
     if json_out:
         out = est.to_dict()
         out["target_refuses"] = refused

@@ -13,6 +13,7 @@ from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import plan_argv
 from meshplan.plan import Job
+from meshplan.targets import plan_target
 
 
 @app.command("explain")
@@ -26,7 +27,8 @@ def explain_cmd(
     from meshplan.cost import estimate
 
     job = Job.load(plan_file)
-    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile)
+    target = plan_target(None, job.target)  # the stack the file was planned for: its step time
+    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile, target.value)
     est = estimate(job.model, hw.cluster, job.training, job.plan, hw.calib)
     plan = est.plan
     if json_out:
@@ -35,6 +37,7 @@ def explain_cmd(
                       "num_gpus": job.cluster.num_gpus, "seq_len": job.training.seq_len,
                       "global_batch": job.training.global_batch,
                       "precision": job.training.precision.value, "plan": plan.to_dict(),
+                      "target": target.value,
                       "flags": plan_argv(job.plan)}
         print_json(out)
         return

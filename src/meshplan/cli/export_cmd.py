@@ -61,7 +61,10 @@ def export(
         chosen = _best_for_target(job, to, memory_gib, cluster_profile, target_version)
         result = chosen["export"]
     else:
-        result = export_job(job, to, target_version)
+        try:
+            result = export_job(job, to, target_version)
+        except MeshplanError as exc:  # the plan was made for another stack: say what gets one
+            raise MeshplanError(f"{exc} (--best exports the fastest plan of this job that {to.value} can run)") from None
     if out is not None:
         try:
             out.write_text(result.text)

@@ -101,7 +101,7 @@ class ClusterFlags:
 
 MoeDispatcherOpt = Annotated[Optional[MoeDispatcher], typer.Option(
     "--moe-dispatcher", help="MoE token dispatcher (Megatron --moe-token-dispatcher-type): alltoall "
-    "[default], allgather, flex (DeepEP).")]
+    "(the default), allgather, flex (DeepEP).")]
 MoeCapacityOpt = Annotated[Optional[float], typer.Option(
     "--moe-capacity-factor", help="MoE expert capacity over the mean tokens per expert; tokens beyond it "
     "are dropped (default: dropless).")]
@@ -110,7 +110,7 @@ SeqLenDistOpt = Annotated[Optional[str], typer.Option(
     "masks: a histogram CSV (length,count), one length per line, or JSON lines with a \"length\" field "
     "(docs/data-aware.md).")]
 DocBalanceOpt = Annotated[Optional[DocBalance], typer.Option(
-    "--doc-balance", help="Documents to data-parallel ranks: stream [default] (in data order) or "
+    "--doc-balance", help="Documents to data-parallel ranks: stream (the default: in data order) or "
     "balanced (token- and attention-balanced); needs --seq-len-dist.")]
 CpBucketsOpt = Annotated[Optional[bool], typer.Option(
     "--cp-buckets/--no-cp-buckets", help="Per-bucket context parallel: documents of at most "

@@ -19,12 +19,18 @@ from meshplan.plan import Job
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import parse_overrides
 from meshplan.textfile import read_text_file
+from meshplan.targets import Target
 
 
 class ImportSource(str, enum.Enum):
     MEGATRON = "megatron"
     MEGATRON_BRIDGE = "megatron-bridge"
     TORCHTITAN = "torchtitan"
+
+
+_STACK_OF = {ImportSource.MEGATRON: Target.MEGATRON, ImportSource.MEGATRON_BRIDGE: Target.MEGATRON,
+             ImportSource.TORCHTITAN: Target.TORCHTITAN}
+"""The stack that runs what each importer reads (Megatron-Bridge drives Megatron-Core)."""
 
 
 def _cluster(flags: ClusterFlags, gpus: int | None, launcher_gpus: int | None,
@@ -65,7 +71,7 @@ def import_(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the Job file here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Turn a Megatron-LM command line or a torchtitan TOML into a meshplan Job file."""
+    """Turn a Megatron-LM command line, Megatron-Bridge overrides or a torchtitan TOML / command line into a meshplan Job file."""
     model, override = model_flags.model, model_flags.override
     base_model = model_flags.spec() if model else None
     ignored: tuple[str, ...] = ()
@@ -107,7 +113,9 @@ def import_(
         spec_cluster = _cluster(cluster_flags, gpus, None, None)
         imp_t = import_torchtitan(cfg, num_gpus=spec_cluster.num_gpus, num_layers=spec.num_layers)
         plan, training = imp_t.plan, imp_t.training
-    job = Job(model=spec, training=training, cluster=spec_cluster, plan=plan)
+    # the file describes a run of that framework: every command estimates it with its stack's
+    # calibration (Job.target), as for a plan made with `meshplan plan --target`
+    job = Job(model=spec, training=training, cluster=spec_cluster, plan=plan, target=_STACK_OF[source].value)
     if out is not None:
         _save(job, out)
     if json_out:

@@ -59,11 +59,13 @@ def clusters(
         print_json({"gpus": [g.__dict__ for g in gpus], "systems": [s.to_dict() for s in systems]})
         return
     t = Table(title="GPU presets")
-    for col in ("gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp4 TFLOP/s", "memory GiB", "HBM TB/s"):
+    for col in ("gpu", "fp32 TFLOP/s", "fp16 TFLOP/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp4 TFLOP/s", "memory GiB",
+                "HBM TB/s"):
         t.add_column(col, justify="left" if col == "gpu" else "right")
     for g in gpus:
-        t.add_row(g.name, f"{g.peak_bf16_flops / 1e12:.0f}", f"{g.peak_fp8_flops / 1e12:.0f}",
-                  f"{g.peak_fp4_flops / 1e12:.0f}" if g.peak_fp4_flops else "",
+        # a precision the GPU has no rate for is blank, not 0 (V100: fp16 only; CPU: fp32 only)
+        rates = (g.peak_fp32_flops, g.peak_fp16_flops, g.peak_bf16_flops, g.peak_fp8_flops, g.peak_fp4_flops)
+        t.add_row(g.name, *(f"{r / 1e12:.{1 if r < 1e14 else 0}f}" if r else "" for r in rates),
                   f"{g.memory_gib:.1f}", f"{g.hbm_bandwidth_bytes_per_s / 1e12:.2f}")
     console().print(t)
     s = Table(title="System presets (per-GPU link bandwidth, one direction)")

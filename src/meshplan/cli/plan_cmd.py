@@ -20,7 +20,7 @@ from meshplan.numbers import check_count
 from meshplan.plan import Job, Recompute
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.training import Precision, TrainingSpec
-from meshplan.targets import Target
+from meshplan.targets import Target, plan_target
 
 OVER_BUDGET_ROWS = 3
 """Frontier rows shown above the recommended plan (faster, but over the budget)."""
@@ -114,7 +114,7 @@ def plan_cmd(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
     compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
-    target: Annotated[Target, typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`) and estimates with its calibration.")] = Target.MESHPLAN,
+    target: Annotated[Optional[Target], typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`) and estimates with its calibration; --out records it. Default: --compare's file's, else meshplan.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Search every parallel plan; print the Pareto frontier of step time vs memory per GPU."""
@@ -128,6 +128,7 @@ def plan_cmd(
     if top < 0:
         raise MeshplanError(f"--top must be >= 0 (0: all rows), got {top}")
     mine = Job.load(compare_file) if compare_file is not None else None
+    target = plan_target(target, mine.target if mine else None)
     spec = model_flags.spec(mine.model if mine else None,
                             missing="give --model (a preset or config.json), or --compare JOB.json to plan for its model")
     counts = parse_gpu_counts(gpus) if gpus else None
@@ -179,7 +180,8 @@ def plan_cmd(
         point = chosen.frontier[pick if pick is not None else choices[chosen_idx].index]
         # the search kept only what the target runs; this says so before a file exists (belt and braces)
         check_runs(target, spec, training, point.plan)
-        job = Job(model=spec, training=training, cluster=chosen_cluster, plan=point.plan)
+        job = Job(model=spec, training=training, cluster=chosen_cluster, plan=point.plan,
+                  target=None if target == Target.MESHPLAN else target.value)
         try:
             job.save(out)
         except OSError as exc:
@@ -204,6 +206,7 @@ def plan_cmd(
     data = _data_aware(spec, training, chosen, choices[chosen_idx], chosen_cluster, hardware[chosen_idx])
     if json_out:
         print_json({**_to_json(results, choices, margins, training, written, str(plot) if plot else None),
+                    "target": target.value,
                     **({"comparison": comparison.to_dict()} if comparison else {}),
                     **({"data_aware": data.to_dict()} if data else {})})
         return
@@ -217,7 +220,7 @@ def plan_cmd(
             con.print(attribution_table(comparison.attribution, f"Where the step times differ: step time per term "
                                         f"(yours vs {theirs})", theirs=theirs))
     for res, cl, choice, margin in zip(results, clusters, choices, margins):
-        _print_frontier(con, res, cl, training, top, choice)
+        _print_frontier(con, res, cl, training, top, choice, target)
         if margin is not None:
             con.print(margin.text(), soft_wrap=True, markup=False, highlight=False)
     if len(results) > 1:
@@ -357,7 +360,7 @@ def _scaling_rows(results, training) -> list[dict[str, Any]]:
     return rows
 
 
-def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int, choice) -> None:
+def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int, choice, target: Target) -> None:
     rec = None if choice is None else choice.index
     title = (f"Pareto frontier: {res.num_gpus} x {cl.gpu.name}, budget {res.budget_bytes / GIB:.1f} GiB/GPU "
              f"({len(res.frontier)} plans; {res.plans_evaluated:,} evaluated in {res.elapsed_s:.2f} s)")
@@ -385,7 +388,9 @@ def _print_frontier(con, res, cl: ClusterSpec, training: TrainingSpec, top: int,
         rec_rank = [sum(p.plan.recompute_layers[i::pp]) for i in range(pp)]
         con.print(f"recommended (#{rec}): {p.plan.notation()}  layers per pipeline rank {per_rank}"
                   + (f"  recomputed per rank {rec_rank}" if any(rec_rank) else ""))
-        con.print(f"as flags (meshplan estimate ...): {plan_argv(p.plan)}", soft_wrap=True, markup=False)
+        # the target's calibration gave these step times: estimate gives them back only with it
+        on = "" if target == Target.MESHPLAN else f" --target {target.value}"
+        con.print(f"as flags (meshplan estimate ...): {plan_argv(p.plan)}{on}", soft_wrap=True, markup=False)
         con.print(f"why: {choice.why}", soft_wrap=True, markup=False, highlight=False)
 
 

@@ -120,5 +120,8 @@ def replan(
     con.print(f"wrote {out}")
     if latest != ckpt:
         con.print(f"note: --resume takes the latest checkpoint in {root} ({latest.name}), not {ckpt.name}")
-    con.print("continue with:")
+    # a checkpoint records the model, plan and data position, not the data, steps or learning
+    # rate: the command alone would resume on random tokens at the default --lr
+    con.print("continue with (add the --steps, --data and --lr of the run it resumes: a checkpoint does not "
+              "record them):", soft_wrap=True)
     con.print(command, soft_wrap=True, markup=False)

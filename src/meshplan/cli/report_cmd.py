@@ -13,7 +13,7 @@ from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_fla
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 from meshplan.plan import Job
-from meshplan.targets import Target
+from meshplan.targets import Target, plan_target
 
 
 @app.command("report")
@@ -29,7 +29,7 @@ def report(
     memory_gib: MemoryGibOpt = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Chart this frontier point instead of the recommended plan (or yours).")] = None,
     cluster_profile: ClusterProfileOpt = None,
-    target: Annotated[Target, typer.Option("--target", help="The stack that runs the plans: its calibration (overlap, host costs, fitted efficiencies); the frontier keeps only what it can run; warns when yours cannot.")] = Target.MESHPLAN,
+    target: Annotated[Optional[Target], typer.Option("--target", help="The stack that runs the plans: its calibration (overlap, host costs, fitted efficiencies); the frontier keeps only what it can run; warns when yours cannot. Default: the one --plan's file was planned for, else meshplan.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write an HTML report: frontier plot and table, memory per pipeline rank, step timeline."""
@@ -44,12 +44,14 @@ def report(
                     because="--plan brings its own model, cluster and batch")
         job = Job.load(plan_file)
         spec, spec_cluster, training, yours = job.model, job.cluster, job.training, job.plan
+        target = plan_target(target, job.target)  # the stack the file was planned for
     else:
         if model_flags.model is None or training_flags.seq_len is None:
             raise MeshplanError("give --plan FILE, or --model, --seq-len, a batch and a cluster")
         spec = model_flags.spec()
         spec_cluster = cluster_flags.spec()
         training = training_flags.spec()
+    target = target or Target.MESHPLAN
     memory_budget_gib(memory_gib, spec_cluster.gpu)
     hw = resolve_hardware(spec_cluster, training.precision, cluster_profile, target.value)
     refused = None

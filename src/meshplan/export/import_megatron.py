@@ -357,7 +357,7 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
-                            recipe=recipe, **_moe_fields(a, default_dispatcher))
+                            recipe=recipe, **_moe_fields(a, default_dispatcher if _is_moe(a, spec) else None))
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
         dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),
@@ -378,6 +378,12 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
                           gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+
+
+def _is_moe(a, spec: ModelSpec | None) -> bool:
+    """Whether the run routes tokens to experts: a dense run has no dispatcher, so Megatron-LM's
+    default one is not read into its training (a dense plan exported and read back is the same)."""
+    return bool(a.num_experts) or (spec is not None and spec.is_moe)
 
 
 def _moe_fields(a, default_dispatcher: MoeDispatcher | None) -> dict[str, object]:

@@ -205,6 +205,8 @@ def megatron_flags_from_bridge(fields: dict[str, str]) -> str:
                 words.append(flag)
             elif value not in ("false", "null") and ABSENT.get(flag) != value:
                 words += [flag, value]
+        elif key == MODULES_FIELD and value not in ("null", "[]"):  # a Hydra list: [moe_act,layernorm]
+            words += [MODULES_FLAG, *(m.strip() for m in value.strip("[]").split(",") if m.strip())]
         elif key == VPP_FIELD and value != "null":
             words += ["--num-virtual-stages-per-pipeline-rank", value]
         elif key == PRECISION_FIELD and value != "null":

@@ -46,6 +46,10 @@ class ParallelDims:
             raise MeshplanError(
                 f"ep={self.ep} must divide dp_shard*cp={self.dp_shard * self.cp} "
                 "(expert parallel reuses the sharded-data and context ranks)"
+                # plain data-parallel ranks are replicas (dp_replicate): a user coming from Megatron,
+                # whose ep spans them, needs to know sharding them is the way to give ep its ranks
+                + (f"; the {self.dp_replicate} data-parallel ranks are replicas: shard them with "
+                   "zero >= 1 (--zero 1: dp_shard then defaults to all of dp)" if self.dp_replicate > 1 else "")
             )
         if self.etp and (self.dp_shard * self.cp * self.tp) % (self.etp * self.ep):
             raise MeshplanError(

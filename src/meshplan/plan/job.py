@@ -29,6 +29,11 @@ class Job:
     training: "TrainingSpec"
     cluster: "ClusterSpec"
     plan: Plan
+    target: str | None = None
+    """The stack the plan was made for (``meshplan plan --target``: megatron, torchtitan, deepspeed),
+    whose calibration ``estimate``, ``explain``, ``report`` and ``plan --compare`` then use for it
+    by default, so that every command gives the step time the search chose it on; None: meshplan's
+    own runtime. Written only when set: a plan for meshplan's runtime is the file it always was."""
     version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -51,6 +56,7 @@ class Job:
             "training": self.training.to_dict(),
             "cluster": self.cluster.to_dict(),
             "plan": self.plan.to_dict(),
+            **({"target": self.target} if self.target is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -73,16 +79,20 @@ class Job:
                 f"plan file version {version!r} is not supported (this meshplan reads "
                 f"{', '.join(map(str, READABLE_PLAN_VERSIONS))})"
             )
-        unknown = sorted(set(data) - {"meshplan_plan_version", *_SECTIONS})
+        unknown = sorted(set(data) - {"meshplan_plan_version", "target", *_SECTIONS})
         if unknown:
             raise MeshplanError(f"unknown plan file field(s): {', '.join(map(str, unknown))} (a plan file holds "
-                                f"meshplan_plan_version, {', '.join(_SECTIONS)})")
+                                f"meshplan_plan_version, {', '.join(_SECTIONS)} and an optional target)")
         for key in _SECTIONS:
             if key not in data:
                 raise MeshplanError(f"plan file has no '{key}' section")
             if not isinstance(data[key], dict):
                 raise MeshplanError(f"plan file's '{key}' section must be an object, got {data[key]!r}")
+        target = data.get("target")
+        if target is not None and (not isinstance(target, str) or not target.strip()):
+            raise MeshplanError(f"plan file's 'target' must name a stack (megatron, torchtitan, ...), got {target!r}")
         return cls(
+            target=target,
             model=ModelSpec.from_dict(data["model"]),
             training=TrainingSpec.from_dict(data["training"]),
             cluster=ClusterSpec.from_dict(data["cluster"]),

@@ -90,6 +90,11 @@ class Comparison:
             if lean is not None and self.memory_saving_gib and self.memory_saving_gib > 0.5:
                 text += f"; as fast with {lean.fit_memory_gib:.0f} GiB: {lean.plan.notation()}"
             return text
+        if r is not b and r.plan.notation() == y.plan.notation() and self.yours_fits:
+            # yours is the plan the search recommends: the faster ones lie within the model's error
+            return text + (f"; yours is the recommended plan (the nominally fastest that fits, "
+                           f"{b.tokens_per_s_per_gpu:,.0f} tok/s/GPU: {b.plan.notation()}, is within the "
+                           "model's error)")
         label = "recommended" if self.recommended is not None else "best that fits"
         text += (f"; {label}: {r.tokens_per_s_per_gpu:,.0f} tok/s/GPU "
                  f"({self.speedup:+.0%}), {r.fit_memory_gib:.0f} GiB: {r.plan.notation()}")

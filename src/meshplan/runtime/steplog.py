@@ -60,7 +60,8 @@ class LogWriter:
 class ProgressBar:
     """rich progress bar on rank 0 (stderr), showing the latest loss."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, done: int = 0) -> None:
+        """``done``: the steps a resumed run starts after (20 of 40 at the start, not 0 of 40)."""
         self.bar = None
         if enabled:
             from rich.console import Console
@@ -69,7 +70,7 @@ class ProgressBar:
             self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
                                 console=Console(stderr=True))
-            self.task = self.bar.add_task("train", total=total, info="")
+            self.task = self.bar.add_task("train", total=total, completed=done, info="")
             self.bar.start()
 
     def advance(self, rec: StepRecord) -> None:

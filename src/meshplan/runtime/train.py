@@ -81,7 +81,7 @@ def train(job: Job, cfg: TrainConfig, stops: StopRequests | None = None) -> list
     rank0 = dist.get_rank() == 0
     writer = LogWriter(cfg.log_path if rank0 else None)
     records: list[StepRecord] = []
-    progress = ProgressBar(cfg.steps, enabled=rank0 and cfg.progress)
+    progress = ProgressBar(cfg.steps, enabled=rank0 and cfg.progress, done=run.start_step)
     try:
         for step in range(run.start_step + 1, cfg.steps + 1):
             start = time.perf_counter()

@@ -2,7 +2,8 @@
 
 Layouts read: llama, mistral, qwen2 (decoder, RoPE, RMSNorm, SwiGLU), qwen3 (+ QK-norm), mixtral,
 qwen2_moe and qwen3_moe (MoE), deepseek_v3 / kimi_k2 (multi-head latent attention, shared experts,
-leading dense layers, MTP), gpt_oss (sliding windows, attention sinks, biased experts),
+leading dense layers, MTP), gpt_oss (sliding windows, attention sinks, biased experts), gemma,
+gemma2 and gemma3_text (GeGLU, tied head, local/global sliding-window layers; Gemma 3 + QK-norm),
 nemotron_h (hybrid Mamba-2 / attention / MLP / MoE pattern), gpt2 (learned positions, LayerNorm,
 GELU MLP, tied head) and bert (encoder).
 """
@@ -16,7 +17,8 @@ from meshplan.errors import MeshplanError
 from meshplan.jsonfile import load_json_file
 from meshplan.spec.model import Arch, ModelSpec, Norm, Position
 
-_LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss"}
+_GEMMA = {"gemma", "gemma2", "gemma3_text"}
+_LLAMA_LIKE = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss", *_GEMMA}
 _DEEPSEEK = {"deepseek_v3", "kimi_k2"}
 
 
@@ -59,6 +61,8 @@ def spec_from_hf_dict(cfg: dict[str, Any], *, name: str, path: Path = Path("conf
             kw["qk_norm"] = True  # Qwen3Attention: q_norm / k_norm over head_dim
         if model_type == "gpt_oss":
             kw.update(_gpt_oss(cfg, path))
+        if model_type in _GEMMA:
+            kw.update(_gemma(cfg, path, model_type))
         if model_type == "mixtral":
             kw.update(moe_num_experts=int(_req(cfg, path, "num_local_experts")),
                       moe_top_k=int(_req(cfg, path, "num_experts_per_tok")))
@@ -126,20 +130,44 @@ def _gpt_oss(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         moe_top_k=int(_req(cfg, path, "num_experts_per_tok", "experts_per_token")),
         moe_ffn_hidden_size=int(_req(cfg, path, "intermediate_size")),
     )
+    # modeling_gpt_oss default without layer_types: sliding on even layers, full on odd
+    kw.update(_sliding_windows(cfg, path, default_period=2))
+    return kw
+
+
+def _sliding_windows(cfg: dict[str, Any], path: Path, *, default_period: int) -> dict[str, Any]:
+    """``sliding_window`` and the period of the full-attention layers among them: from
+    ``layer_types`` where given (full on layers period-1, 2*period-1, ...), else ``default_period``."""
     window = int(cfg.get("sliding_window") or 0)
     types = cfg.get("layer_types") or []
-    if window:
-        full = [i for i, t in enumerate(types) if t == "full_attention"]
-        if not types:
-            period = 2  # modeling_gpt_oss default: sliding on even layers, full on odd
-        elif full and all((i + 1) % (full[0] + 1) == 0 for i in full) \
-                and len(full) == len(types) // (full[0] + 1):
-            period = full[0] + 1
-        elif not full:
-            period = 0
-        else:
-            raise MeshplanError(f"{path}: layer_types is not a periodic sliding/full pattern")
-        kw.update(sliding_window=window, full_attention_period=period)
+    if not window:
+        return {}
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not types:
+        period = default_period
+    elif full and all((i + 1) % (full[0] + 1) == 0 for i in full) \
+            and len(full) == len(types) // (full[0] + 1):
+        period = full[0] + 1
+    elif not full:
+        period = 0
+    else:
+        raise MeshplanError(f"{path}: layer_types is not a periodic sliding/full pattern")
+    return dict(sliding_window=window, full_attention_period=period)
+
+
+def _gemma(cfg: dict[str, Any], path: Path, model_type: str) -> dict[str, Any]:
+    """Gemma 1/2/3 text models: a GeGLU MLP (gelu_pytorch_tanh gate: the FLOPs and weights of
+    SwiGLU), the head tied to the embedding (GemmaConfig's tie_word_embeddings defaults to True),
+    and from Gemma 2 on local sliding-window layers between global ones: every other layer in
+    Gemma 2 (Gemma2DecoderLayer: sliding on even layers), one global in ``sliding_window_pattern``
+    (6) in Gemma 3, which also norms q and k (Gemma3Attention q_norm / k_norm). Not priced: the
+    extra pre/post-feedforward norms, the embedding scale and the logit soft-caps (elementwise)."""
+    kw: dict[str, Any] = dict(tied_embeddings=bool(cfg.get("tie_word_embeddings", True)))
+    if model_type == "gemma3_text":
+        kw["qk_norm"] = True
+    if model_type != "gemma":  # Gemma 1 attends globally on every layer
+        period = int(cfg.get("sliding_window_pattern") or 6) if model_type == "gemma3_text" else 2
+        kw.update(_sliding_windows(cfg, path, default_period=period))
     return kw
 
 
@@ -231,6 +259,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     try:
         return spec_from_hf_dict(cfg, name=name, path=p)
     except (TypeError, ValueError, OverflowError) as exc:
-        if isinstance(exc, MeshplanError):
-            raise MeshplanError(f"{p}: {exc}") from None
+        if isinstance(exc, MeshplanError):  # most already name the file (``_req``): name it once
+            said = str(exc)
+            raise MeshplanError(said if said.startswith(f"{p}:") else f"{p}: {said}") from None
         raise MeshplanError(f"{p}: malformed config.json ({exc})") from None
