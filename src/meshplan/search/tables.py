@@ -165,8 +165,8 @@ gathered layer, the only place the table is not exact in memory."""
 @dataclass(frozen=True)
 class StageProbes:
     """``rank_cost`` of plans at the eight probes :func:`stage_table` reads its coefficients off,
-    each (8, C): per-micro-batch time, per-step tail (at n0 = 1) and memory (at n0 =
-    :data:`MEMORY_PROBE_LAYERS`)."""
+    each (8, C): per-micro-batch time, per-step tail (at n0 = 1; NaN in the rows
+    ``_PROBES_TIME_UNREAD``, which it does not read) and memory (at n0 = :data:`MEMORY_PROBE_LAYERS`)."""
 
     time_s: np.ndarray
     extra_s: np.ndarray
@@ -199,19 +199,47 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
               (0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
               (0, n0 + 1, 2, False, False, 0), (last, n0, 0, False, False, 0), (last, n0 + 1, 0, False, False, 0),
               (0, n0 + d, 0, True, one, d), (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0)))]
+    # Of the 16 probes, stage_table reads neither the time of 3, 4 and 5 (they are there for the
+    # memory set) nor anything twice: time probe 1 is memory probe 0 (n0 + 1 = MEMORY_PROBE_LAYERS),
+    # and with pp = 1 the last rank is rank 0 (probes 4, 5 and 7 repeat 0, 1 and 6). rank_cost
+    # is row-wise, so each distinct (plan, probe) row is costed once and copied to its repeats:
+    # 12 rows per plan with pp > 1, 8 with pp = 1, instead of 16 (the same values).
     K = len(probes)
-    sp, idx = _stack(plans, K)
-    col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
-                                           for pr in probes])
+    cols = [[np.broadcast_to(np.asarray(pr[j]), (C,)) for j in range(6)] for pr in probes]
+    read = [j for j in range(K) if not (j < 8 and j in _PROBES_TIME_UNREAD)]
+    src = np.broadcast_to(np.arange(K)[:, None], (K, C)).copy()  # per (probe, plan): the probe costed
+    for jj, j in enumerate(read):
+        for i in read[:jj]:
+            same = src[j] == j
+            for a, b in zip(cols[i], cols[j]):
+                same &= a == b
+            src[j] = np.where(same, src[i], src[j])
+    costed = np.zeros((K, C), dtype=bool)
+    costed[read] = src[read] == np.asarray(read)[:, None]
+    which, idx = np.nonzero(costed)  # probe-major, as the stacked call of all 16 was
+    pos = np.full((K, C), -1, dtype=np.int64)
+    pos[which, idx] = np.arange(which.size)
+    sp = plans.take(idx)
+    col = lambda j, dtype: np.concatenate([c[j].astype(dtype)[costed[k]]  # noqa: E731
+                                           for k, c in enumerate(cols)])
     rows_layer, rows_stack = _gather(layer, stack, shared, idx)
     mix = {} if stack is None else {"stack": rows_stack, "lead": col(5, float)}
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, rows_layer,
                    rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
                    has_embedding=col(3, bool), has_head=col(4, bool), totals=False, **mix)
-    return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)[:8],
-                       extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)[:8],
-                       memory_bytes=np.asarray(rank_fit_bytes(rc, sp, ctx.calib) * np.ones(K * C)).reshape(K, C)[8:],
-                       lead=d)
+    at = pos[src, np.arange(C)[None, :]]  # (K, C) row of each probe's value (-1: unread)
+
+    def spread(values, lo, hi):
+        v = np.broadcast_to(np.asarray(values, dtype=float), (which.size,))
+        out = v[np.maximum(at[lo:hi], 0)]
+        return np.where(at[lo:hi] >= 0, out, np.nan)
+
+    return StageProbes(time_s=spread(rc.microbatch_s, 0, 8), extra_s=spread(rc.step_extra_s, 0, 8),
+                       memory_bytes=spread(rank_fit_bytes(rc, sp, ctx.calib), 8, 16), lead=d)
+
+
+_PROBES_TIME_UNREAD = (3, 4, 5)
+"""Time probes :func:`stage_table` does not read (NaN in ``StageProbes.time_s`` / ``extra_s``)."""
 
 
 def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
