@@ -130,18 +130,20 @@ class _Grid:
 
     _LAZY = ("base", "na", "nae", "nc")
 
-    def __init__(self, tbl: StageTable, top: int | None = None) -> None:
+    def __init__(self, tbl: StageTable, top: int | None = None, last_only: bool = False) -> None:
         v_min = tbl.min_chunks()
         n_max = tbl.num_layers - (tbl.num_ranks - 1) * v_min if top is None else top
         col = lambda x: x[:, None, None]  # noqa: E731
-        self.n = np.arange(v_min, n_max + 1, dtype=float)[None, None, :]  # (1, 1, G) layer counts
+        # (1, 1, G) layer counts; ``last_only``: the one count a single rank holds (all L layers,
+        # :func:`_walk_one_rank`), the last column of the whole grid
+        self.n = np.arange(n_max if last_only else v_min, n_max + 1, dtype=float)[None, None, :]
         # (C, 1, 1) per config; e, f, k (C, p, 1) per rank
         self.a, self.b, self.c = col(tbl.layer_time_s), col(tbl.recompute_time_s), col(tbl.layer_static_bytes)
         self.d, self.g = col(tbl.layer_act_bytes), col(tbl.layer_act_recomputed_bytes)
         self.e, self.f, self.k = tbl.rank_time_s[:, :, None], tbl.rank_bytes[:, :, None], tbl.inflight[:, :, None]
         self.allow, self.jump = col(tbl.allow_recompute), col(tbl.jump())
         self.below = self.above = None  # (C, 1, G): n < v, n > L - (p-1) v (mixed v only, :func:`_mask_grid`)
-        if not tbl.uniform_chunks():
+        if not tbl.uniform_chunks() and not last_only:  # (one rank: v <= L, no cell is masked)
             vc = tbl.chunk_array()[:, None, None]
             self.below, self.above = self.n < vc, self.n > tbl.num_layers - (tbl.num_ranks - 1) * vc
 
@@ -259,9 +261,11 @@ def _time_given_memory(tbl: StageTable, mem_limit: np.ndarray, strict: bool,
 
 
 def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
-                        stricts: tuple[bool, ...], top: int | None = None) -> list[np.ndarray]:
-    """:func:`_time_given_memory` for each of ``stricts`` at one limit (shared intermediates)."""
-    grid = _grid(tbl, top)
+                        stricts: tuple[bool, ...], top: int | None = None,
+                        grid: _Grid | None = None) -> list[np.ndarray]:
+    """:func:`_time_given_memory` for each of ``stricts`` at one limit (shared intermediates);
+    on ``grid`` when given (else the table's, cut at ``top``)."""
+    grid = _grid(tbl, top) if grid is None else grid
     n, b, d, g, e, k, allow, jump = grid.n, grid.b, grid.d, grid.g, grid.e, grid.k, grid.allow, grid.jump
     lim = mem_limit[:, None, None]
     base = grid.base  # memory with no recompute
@@ -298,9 +302,9 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
-                       top: int | None = None) -> np.ndarray:
+                       top: int | None = None, grid: _Grid | None = None) -> np.ndarray:
     """M_s(n | T): least memory of n layers on rank s within time T (inf if impossible): (C,p,L)."""
-    grid = _grid(tbl, top)
+    grid = _grid(tbl, top) if grid is None else grid
     n, b, d, g, k, allow, jump = grid.n, grid.b, grid.d, grid.g, grid.k, grid.allow, grid.jump
     lim = time_limit[:, None, None]
     # In-place passes over the (C, p, G) grid, each the plain expression's operations in order.
@@ -375,7 +379,12 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
         j = np.argmax(n[rows], axis=1)
         n[rows, j] -= 1
         excess[rows] -= 1
-    # Fewest recomputed layers that meet the memory limit (the fastest choice).
+    return n, _fewest_recomputed(tbl, n, m_lim)
+
+
+def _fewest_recomputed(tbl: StageTable, n: np.ndarray, m_lim: np.ndarray) -> np.ndarray:
+    """Fewest recomputed layers per rank (C, p) that keep n layers within the memory limit (the
+    fastest choice)."""
     c, d, g = tbl.layer_static_bytes[:, None], tbl.layer_act_bytes[:, None], tbl.layer_act_recomputed_bytes[:, None]
     base = n * (c + tbl.inflight * d) + tbl.rank_bytes
     saving = tbl.inflight * (d - g)
@@ -383,8 +392,7 @@ def _assignment(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray,
     need = np.ceil((base + tbl.jump()[:, None] - m_lim[:, None]) / np.where(saving > 0, saving, 1.0) - 1e-9)
     r = np.where(base <= m_lim[:, None] + tol, 0.0, np.maximum(need, 1.0))
     r = np.minimum(np.maximum(r, 0), n).astype(np.int64)  # np.clip, without its wrapper
-    r = np.where(tbl.allow_recompute[:, None], r, 0)
-    return n, r
+    return np.where(tbl.allow_recompute[:, None], r, 0)
 
 
 def _point(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray, t_last: np.ndarray,
@@ -424,6 +432,8 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     """
     with _quiet():
         cells = tbl.num_configs * tbl.num_ranks * (tbl.num_layers - tbl.num_ranks * tbl.min_chunks() + 1)
+        if tbl.num_ranks == 1:
+            return _walk_one_rank_table(tbl, max_points, keep_going, memory_cap_bytes, truncate)
         if tbl.uniform_chunks() or cells < SPLIT_MIN_CELLS:
             return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
         return _walk_by_chunks(tbl, max_points, keep_going, memory_cap_bytes, truncate)
@@ -438,12 +448,24 @@ def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_byt
     whole table's walk gives it; they are returned in that walk's order (step, then row), so
     that ties between configs resolve as they did."""
     v = tbl.chunk_array()
-    parts = []
-    for vv in np.unique(v):
-        rows = np.flatnonzero(v == vv)
+    return _walk_parts(tbl, [(np.flatnonzero(v == vv), _walk) for vv in np.unique(v)], max_points, keep_going,
+                       memory_cap_bytes, truncate)
+
+
+def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memory_cap_bytes: float,
+                truncate: bool | None) -> StagePoints:
+    """The walk of ``tbl`` as walks of its parts (rows, walker): each config's points are its own
+    walk's, returned in the whole walk's order (step, then row)."""
+    walked = []
+    for rows, walker in parts:
+        if rows.size == 0:
+            continue
         go = None if keep_going is None else (lambda r, t, m, rows=rows: keep_going(rows[r], t, m))
-        pts = _walk(tbl.take(rows), max_points, go, memory_cap_bytes, truncate)
-        parts.append((rows[pts.config], pts))
+        pts = walker(tbl.take(rows), max_points, go, memory_cap_bytes, truncate)
+        walked.append((rows[pts.config], pts))
+    parts = walked
+    if not parts:
+        return _empty_points(tbl.num_ranks)
     cfg = np.concatenate([c for c, _ in parts])
     if cfg.size == 0:
         return _empty_points(tbl.num_ranks)
@@ -512,6 +534,87 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
             active[live] = keep_going(live, t_cur[live], m_floor[live])
     if not out:
         return _empty_points(tbl.num_ranks)
+    cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
+    return StagePoints(cfg, t, m, n, r)
+
+
+ONE_RANK_MIN_STEP = 1e-6
+""":func:`_walk_one_rank` takes a config whose layer adds at least this fraction of its rank's
+scale to both time and memory (a: the time; c + k min(d, g): the least memory); others are
+walked on the whole grid (:func:`_walk`)."""
+
+
+def _walk_one_rank_table(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+                         truncate: bool | None) -> StagePoints:
+    """A one-rank table's walk: :func:`_walk_one_rank` on its configs whose levels rise with n by
+    far more than rounding (ONE_RANK_MIN_STEP), the whole grid's walk on the rest (tables whose
+    layers cost next to nothing, where rounding can make a level fall as n grows)."""
+    L = tbl.num_layers
+    k = tbl.inflight[:, 0]
+    lean = tbl.layer_static_bytes + k * np.minimum(tbl.layer_act_bytes, tbl.layer_act_recomputed_bytes)
+    scale_m = (np.abs(tbl.rank_bytes[:, 0]) + L * (tbl.layer_static_bytes + k * tbl.layer_act_bytes)
+               + np.abs(tbl.jump()) + (float(memory_cap_bytes) if np.isfinite(memory_cap_bytes) else 0.0))
+    scale_t = np.abs(tbl.rank_time_s[:, 0]) + L * (tbl.layer_time_s + np.abs(tbl.recompute_time_s))
+    ok = (lean > ONE_RANK_MIN_STEP * scale_m) & (tbl.layer_time_s > ONE_RANK_MIN_STEP * scale_t)
+    if ok.all():
+        return _walk_one_rank(tbl, max_points, keep_going, memory_cap_bytes)
+    one = lambda t, mp, go, cap, _trunc: _walk_one_rank(t, mp, go, cap)  # noqa: E731
+    return _walk_parts(tbl, [(np.flatnonzero(ok), one), (np.flatnonzero(~ok), _walk)], max_points, keep_going,
+                       memory_cap_bytes, truncate)
+
+
+def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float) -> StagePoints:
+    """:func:`_walk` of a table of one rank (pp = 1): its points are those of the whole grid's
+    walk, computed on the grid's last column alone (n = L, the only count a lone rank holds).
+
+    The whole grid's answers are read there already: with p = 1, :func:`_min_bottleneck` takes
+    the (L - v_min + 1)-th smallest of a row of L - v_min + 1 levels, its largest, and a rank's
+    levels increase with n, so that is the level at n = L, computed by the same operations here;
+    :func:`_assignment` gives the rank n = L wherever that level is within the point's time (every
+    point of the walk: the point's memory is the least within its time), else the rows are redone
+    on the whole grid. "Levels increase with n" holds in floating point when a layer adds far more
+    than rounding to both (the caller's ONE_RANK_MIN_STEP): then the least recomputed count that
+    fits rises by at least one per layer, a, c and k g stay positive, and every tolerance of the
+    grids (_REL, 1e-9 layers) is far below one layer's step. One (C, 1, 1) pass in place of (C, 1, L) per step (the grid cut,
+    :func:`_top`, does not apply: a rank holds every layer). Session 10: Qwen3-30B-A3B on 256 GB200,
+    24.7k pp = 1 configurations, 930k points: 2.2 s -> see docs/search.md."""
+    C = tbl.num_configs
+    if C == 0:
+        return _empty_points(1)
+    out: list[tuple[np.ndarray, ...]] = []
+    col = lambda t: _Grid(t, last_only=True)  # noqa: E731
+    grid = col(tbl)
+    t_cur = _times_given_memory(tbl, np.full(C, float(memory_cap_bytes)), (False,), grid=grid)[0][:, 0, 0]
+    active = np.isfinite(t_cur)
+    m_floor = _memory_given_time(tbl, np.full(C, np.inf), False, grid=grid)[:, 0, 0]
+    rows = np.arange(C)
+    L = tbl.num_layers
+    for _ in range(max_points):
+        if not active.any():
+            break
+        every = bool(active.all())
+        sub = tbl if every else tbl.take(rows[active])
+        g = grid if every else col(sub)
+        t_a = t_cur if every else t_cur[active]
+        m_a = _memory_given_time(sub, t_a, False, grid=g)[:, 0, 0]
+        loose, strict = _times_given_memory(sub, m_a, (False, True), grid=g)
+        tol = np.maximum(np.abs(t_a), 1e-30) * 1e-9  # (_assignment's)
+        n = np.full((sub.num_configs, 1), L, dtype=np.int64)
+        r = _fewest_recomputed(sub, n, m_a)
+        off = np.flatnonzero(~(loose[:, 0, 0] <= t_a + tol))
+        if off.size:  # not met at n = L: the whole grid's assignment (never seen; kept exact)
+            n[off], r[off] = _assignment(sub.take(off), t_a[off], m_a[off])
+        t_next = strict[:, 0, 0]
+        t_s, m_s = sub.rank_costs(n, r)
+        idx = rows[active]
+        out.append((idx, t_s.max(axis=1), m_s.max(axis=1), n, r))
+        t_cur[idx] = t_next
+        active[idx] = np.isfinite(t_next)
+        if keep_going is not None and active.any():
+            live = rows[active]
+            active[live] = keep_going(live, t_cur[live], m_floor[live])
+    if not out:
+        return _empty_points(1)
     cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
     return StagePoints(cfg, t, m, n, r)
 
