@@ -179,18 +179,43 @@ class StageProbes:
         return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx], self.lead)
 
 
+PROBE_CHUNK_PLANS = 1 << 12
+"""Plans whose probes :func:`stage_probes` costs in one ``rank_cost`` call (at most 12 rows each:
+~49k rows, about ``even.EVEN_CHUNK_ROWS``, whose temporaries stay in the CPU caches). One call
+over every refinement candidate (Qwen3-30B-A3B on 256 GB200: 314k plans, 3.8M rows) made each
+of its hundreds of passes stream ~30 MB arrays through memory. rank_cost is row-wise: the same
+values (tests/planner/test_search_tables.py)."""
+
+
 def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None,
                  stack: StackLayers | None = None, shared: SharedLayerCost | None = None) -> StageProbes:
-    """The probes of :func:`stage_table` for plans of any pipeline degrees, in one stacked
-    ``rank_cost`` call (a caller tabling many groups pays its fixed cost once); each plan's
-    columns are what ``stage_table`` computes for it alone. With ``stack`` the slopes are the
-    non-leading layers', and the embedding rank's probe holds the leading dense layers too.
-    ``shared`` (the plans' rows of a :class:`SharedLayerCost`) stands for ``layer`` and ``stack``."""
+    """The probes of :func:`stage_table` for plans of any pipeline degrees, in stacked
+    ``rank_cost`` calls of PROBE_CHUNK_PLANS plans (a caller tabling many groups pays their
+    fixed cost once); each plan's columns are what ``stage_table`` computes for it alone. With
+    ``stack`` the slopes are the non-leading layers', and the embedding rank's probe holds the
+    leading dense layers too. ``shared`` (the plans' rows of a :class:`SharedLayerCost`) stands
+    for ``layer`` and ``stack``."""
+    if shared is None and layer is None:
+        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
+    C = len(plans)
+    if C <= PROBE_CHUNK_PLANS:
+        return _stage_probes(ctx, plans, layer, stack, shared)
+    parts = []
+    for lo in range(0, C, PROBE_CHUNK_PLANS):
+        idx = np.arange(lo, min(C, lo + PROBE_CHUNK_PLANS))
+        parts.append(_stage_probes(ctx, plans.take(idx), None if shared is not None else _take_layer(layer, idx),
+                                   None if stack is None or shared is not None else _take_stack(stack, idx),
+                                   None if shared is None else shared.rows(idx)))
+    return StageProbes(*(np.concatenate([getattr(p, f) for p in parts], axis=1)
+                         for f in ("time_s", "extra_s", "memory_bytes")), lead=parts[0].lead)
+
+
+def _stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None,
+                  stack: StackLayers | None, shared: SharedLayerCost | None) -> StageProbes:
+    """:func:`stage_probes` in one stacked call (``layer`` or ``shared`` given)."""
     C = len(plans)
     if shared is not None:
         stack = shared.stack
-    elif layer is None:
-        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last, one = plans.pp - 1, plans.pp == 1
     d = stack.lead_layers if stack is not None else 0
     # Eight probes at n0 and n0 + 1 layers, (rank, n, r, embedding, head, lead), for time at
