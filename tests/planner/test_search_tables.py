@@ -10,7 +10,8 @@ from meshplan.cost import calibration_for, estimate
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.export.common import search_options_for
 from meshplan.search.space import enumerate_space
-from meshplan.search.tables import CostContext, chunk_split, score_splits, shared_layer_cost
+from meshplan.search.split_scoring import chunk_split, score_splits
+from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
@@ -85,7 +86,7 @@ def test_chunk_weights_equal_the_per_row_rule():
     micro-batch count) equal ``layout_chunk_weight`` of each row's own ``chunk_split`` layout."""
     from meshplan.cost.batch import num_microbatches
     from meshplan.cost.chunk_inflight import layout_chunk_weight
-    from meshplan.search.tables import _chunk_weights
+    from meshplan.search.split_scoring import _chunk_weights
 
     model = model_preset("llama2-13b")  # 40 layers
     training = TrainingSpec(seq_len=4096, global_batch=64)

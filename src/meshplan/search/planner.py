@@ -37,7 +37,8 @@ from meshplan.search.group_prune import GROUP_PRUNE_MIN_CONFIGS, prune_groups
 from meshplan.search.refine import PRUNE_MARGIN, _refine  # noqa: F401 (PRUNE_MARGIN re-exported)
 from meshplan.search.space import (SearchOptions, configurations_per_group, cross_groups, enumerate_groups,
                                    take_groups)
-from meshplan.search.tables import CostContext, chunk_split, shared_layer_cost
+from meshplan.search.split_scoring import chunk_split
+from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.search.variant_passes import (EMBED_KEY_BASE, EXPERT_KEY_BASE, OFFLOAD_KEY_BASE,  # noqa: F401
                                             OSDP_KEY_BASE, VOCAB_KEY_BASE, _offload_pass, _osdp_pass,
                                             _placement_pass, _vocab_pass)

@@ -14,8 +14,9 @@ from meshplan.search.even import EvenCost
 from meshplan.search.frontier import Front, dominated_by, merge_fronts
 from meshplan.search.space import RECOMPUTES, SearchOptions
 from meshplan.search.stages import StagePoints, relaxed_bounds, stage_frontier
+from meshplan.search.split_scoring import score_splits
 from meshplan.search.tables import (MEMORY_PROBE_LAYERS, CostContext, SharedLayerCost, pipeline_alpha,
-                                    score_splits, stage_probes, stage_table)
+                                    stage_probes, stage_table)
 
 PRUNE_MARGIN = 0.05
 """Bounds from the affine per-rank tables are lowered by this fraction before they are compared
