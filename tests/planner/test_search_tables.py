@@ -129,3 +129,44 @@ def test_take_column_keeps_repeated_values_as_views():
     mask = np.array([True, False, True, False, True])
     assert np.array_equal(_take_column(same, mask), same[mask])
     assert np.array_equal(_take_column(same, slice(1, 3)), same[1:3])
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "deepseek-v3"])  # deepseek-v3: leading dense layers (lead)
+def test_stage_probes_are_rank_cost_at_each_probe(name, monkeypatch):
+    # Each probe stage_table reads is rank_cost at its (rank, layers, recomputed, embedding, head,
+    # lead), bit for bit, though stage_probes costs each distinct row once and in calls of
+    # PROBE_CHUNK_PLANS plans (here 7: many calls).
+    from meshplan.cost.batch import rank_cost
+    from meshplan.search import tables
+    from meshplan.search.tables import rank_fit_bytes, stage_probes
+
+    model = model_preset(name)
+    gpus = 64 if name == "deepseek-v3" else 16
+    cluster = system_preset("dgx-h100", num_nodes=gpus // 8)
+    training = TrainingSpec(seq_len=4096, global_batch=128)
+    plans = enumerate_space(model, training, gpus)
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    sub = plans.take(np.sort(np.random.default_rng(2).choice(len(plans), 60, replace=False)))
+    shared = shared_layer_cost(ctx, sub)
+    monkeypatch.setattr(tables, "PROBE_CHUNK_PLANS", 7)
+    got = stage_probes(ctx, sub, shared=shared)
+    layer, stack = shared.take(slice(None)), shared.stack
+    d = stack.lead_layers if stack is not None else 0
+    last, one = sub.pp - 1, sub.pp == 1
+    for n0, rows in ((1, (0, 1, 2, 6, 7)), (tables.MEMORY_PROBE_LAYERS, range(8))):
+        probes = ((0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
+                  (0, n0 + 1, 2, False, False, 0), (last, n0, 0, False, False, 0),
+                  (last, n0 + 1, 0, False, False, 0), (0, n0 + d, 0, True, one, d),
+                  (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0)))
+        for j in rows:
+            rk, n, r, emb, head, lead = (np.broadcast_to(np.asarray(x), (len(sub),)) for x in probes[j])
+            mix = {} if stack is None else {"stack": shared.take_stack(slice(None)), "lead": lead.astype(float)}
+            rc = rank_cost(model, cluster, training, sub, ctx.calib, layer, rank=rk.astype(np.int64),
+                           layers=n.astype(np.int64), recomputed=r.astype(np.int64), has_embedding=emb.astype(bool),
+                           has_head=head.astype(bool), totals=False, **mix)
+            full = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (len(sub),))  # noqa: E731
+            if n0 == 1:
+                assert np.array_equal(got.time_s[j], full(rc.microbatch_s)), (name, j)
+                assert np.array_equal(got.extra_s[j], full(rc.step_extra_s)), (name, j)
+            else:
+                assert np.array_equal(got.memory_bytes[j], full(rank_fit_bytes(rc, sub, ctx.calib))), (name, j)

@@ -184,7 +184,7 @@ PROBE_CHUNK_PLANS = 1 << 12
 ~49k rows, about ``even.EVEN_CHUNK_ROWS``, whose temporaries stay in the CPU caches). One call
 over every refinement candidate (Qwen3-30B-A3B on 256 GB200: 314k plans, 3.8M rows) made each
 of its hundreds of passes stream ~30 MB arrays through memory. rank_cost is row-wise: the same
-values (tests/planner/test_search_tables.py)."""
+values (tests/planner/test_search_tables.py: each probe against rank_cost)."""
 
 
 def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None,
