@@ -170,3 +170,22 @@ def test_stage_probes_are_rank_cost_at_each_probe(name, monkeypatch):
                 assert np.array_equal(got.extra_s[j], full(rc.step_extra_s)), (name, j)
             else:
                 assert np.array_equal(got.memory_bytes[j], full(rank_fit_bytes(rc, sub, ctx.calib))), (name, j)
+
+
+def test_shared_layer_cost_in_slices_is_one_call(monkeypatch):
+    # shared_layer_cost passes layer_cost LAYER_CHUNK_ROWS rows at a time: the same values, bit
+    # for bit, as one call over every row (here slices of 53 rows over ~2000 distinct rows).
+    from meshplan.search import tables
+
+    model = model_preset("mixtral-8x7b")
+    cluster = system_preset("dgx-h100", num_nodes=4)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    plans = enumerate_space(model, training, 32, search_options_for("megatron"))
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu, "megatron"))
+    sub = plans.take(np.sort(np.random.default_rng(3).choice(len(plans), 4000, replace=False)))
+    whole = shared_layer_cost(ctx, sub)
+    monkeypatch.setattr(tables, "LAYER_CHUNK_ROWS", 53)
+    sliced = shared_layer_cost(ctx, sub)
+    assert whole.unique.fwd_compute_s.size > 53 and np.array_equal(whole.row, sliced.row)
+    for f in fields(LayerCost):
+        assert np.array_equal(getattr(whole.unique, f.name), getattr(sliced.unique, f.name)), f.name
