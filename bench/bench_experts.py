@@ -51,7 +51,7 @@ from meshplan.plan import Recompute
 from meshplan.report.attribution import attribute
 from meshplan.search.planner import search
 from meshplan.search.robust import model_error, robust_choice
-from meshplan.search.space import why_outside
+from meshplan.search.space_membership import why_outside
 from meshplan.targets import Target, search_options
 
 from experts_band import band_section  # bench/ is the script's directory, on sys.path

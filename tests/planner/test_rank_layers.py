@@ -129,7 +129,8 @@ def _small_deepseek():
 
 def test_score_splits_matches_estimate_with_dense_first_layers_and_mtp():
     from meshplan.search.space import enumerate_space
-    from meshplan.search.tables import CostContext, chunk_split, score_splits, shared_layer_cost
+    from meshplan.search.split_scoring import chunk_split, score_splits
+    from meshplan.search.tables import CostContext, shared_layer_cost
 
     m, cluster, training = _small_deepseek()
     space = enumerate_space(m, training, 32)
@@ -223,7 +224,8 @@ def test_pp1_stage_table_memory_within_the_prune_margin_of_exact():
     # MEMORY_PROBE_LAYERS) a 12-layer pp=1 rank was overstated by 10 gathered layers (up to 2x).
     from meshplan.search.planner import PRUNE_MARGIN
     from meshplan.search.space import enumerate_space
-    from meshplan.search.tables import CostContext, score_splits, shared_layer_cost, stage_probes, stage_table
+    from meshplan.search.split_scoring import score_splits
+    from meshplan.search.tables import CostContext, shared_layer_cost, stage_probes, stage_table
 
     m, cluster, training = _small_deepseek()
     space = enumerate_space(m, training, 32)

@@ -30,7 +30,8 @@ from meshplan.errors import MeshplanError
 from meshplan.export.common import export_job, search_options_for
 from meshplan.plan import Job, Offload, ParallelDims, Plan, Recompute, missing_module, recompute_module_code
 from meshplan.plan import RecomputeModule as M
-from meshplan.search.space import enumerate_space, in_space, why_outside
+from meshplan.search.space import enumerate_space
+from meshplan.search.space_membership import in_space, why_outside
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec

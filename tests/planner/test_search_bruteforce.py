@@ -16,7 +16,8 @@ from meshplan.plan import Recompute
 from meshplan.search.frontier import pareto_indices
 from meshplan.search.planner import search
 from meshplan.search.space import RECOMPUTES, SearchOptions, enumerate_space
-from meshplan.search.tables import CostContext, chunk_split, shared_layer_cost
+from meshplan.search.split_scoring import chunk_split
+from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec

@@ -7,7 +7,7 @@ import pytest
 from meshplan.cost import estimate
 from meshplan.calib.validate import RUN_SETTINGS, load_runs, setting_calibration
 from meshplan.search.planner import search
-from meshplan.search.space import canonical, in_space
+from meshplan.search.space_membership import canonical, in_space
 
 from meshplan.data.published import runs_csv
 

@@ -17,7 +17,8 @@ from meshplan.search.embedding_chunks import embedding_loss_layers, embedding_lo
 from meshplan.search.frontier import pareto_indices
 from meshplan.search.planner import search
 from meshplan.search.space import (SearchOptions, cost_module_code, embedding_loss_space, embedding_loss_vpp,
-                                   enumerate_groups, in_space, why_outside)
+                                   enumerate_groups)
+from meshplan.search.space_membership import in_space, why_outside
 from meshplan.search.tables import CostContext
 from meshplan.spec.cluster import GIB, cluster_for_gpu
 from meshplan.spec.model import ModelSpec

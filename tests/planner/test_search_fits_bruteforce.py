@@ -17,7 +17,7 @@ from meshplan.plan import Recompute
 from meshplan.search import planner
 from meshplan.search.frontier import pareto_indices
 from meshplan.search.space import RECOMPUTES, enumerate_space
-from meshplan.search.tables import chunk_split
+from meshplan.search.split_scoring import chunk_split
 from meshplan.spec.cluster import GIB
 from _compositions import compositions
 from test_search_bruteforce import OPTIONS, small_cases

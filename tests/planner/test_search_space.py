@@ -10,9 +10,8 @@ from hypothesis import given, settings, strategies as st
 from meshplan.cost.arrays import PlanArrays
 from meshplan.errors import MeshplanError
 from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule
-from meshplan.search.space import (
-    SearchOptions, canonical, divisors, enumerate_space, factorisations, in_space,
-)
+from meshplan.search.space import SearchOptions, divisors, enumerate_space, factorisations
+from meshplan.search.space_membership import canonical, in_space
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec

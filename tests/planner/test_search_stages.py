@@ -159,3 +159,50 @@ def test_walk_one_chunk_count_at_a_time_is_the_whole_walk(tbl, cap, points, stop
         split = stages._walk_by_chunks(tbl, points, keep, cap, None)
     for f in ("config", "max_time_s", "peak_bytes", "layers", "recomputed"):
         assert np.array_equal(getattr(split, f), getattr(whole, f)), f
+
+
+@st.composite
+def one_rank_tables(draw):
+    """pp = 1 tables (one rank holding all L layers), shallow and deep, with mixed v."""
+    tbl = draw(deep_tables())
+    C, L = tbl.num_configs, tbl.num_layers
+    return StageTable(**{**tbl.__dict__, "rank_time_s": tbl.rank_time_s[:, :1], "rank_bytes": tbl.rank_bytes[:, :1],
+                         "inflight": tbl.inflight[:, :1], "num_layers": draw(st.integers(1, L)),
+                         "chunks": tbl.chunks if np.ndim(tbl.chunks) == 0 else tbl.chunks[:C]})
+
+
+@settings(max_examples=300, deadline=None)
+@given(one_rank_tables(), st.sampled_from([np.inf, 2000.0, 600.0, 150.0]), st.integers(1, 60),
+       st.sampled_from([None, 0.5, 0.8]))
+def test_one_rank_walk_is_the_whole_grid_walk(tbl, cap, points, stop_at):
+    # A pp = 1 table is walked on the grid's last column alone (stages._walk_one_rank, what
+    # stage_frontier does for one rank; configs whose layers cost next to nothing on the whole
+    # grid): the same points, splits and order as the walk over every layer count, whole or cut
+    # (stages._walk), bit for bit, with keep_going asked the same rows.
+    from meshplan.search import stages
+
+    tbl = StageTable(**{**tbl.__dict__, "chunks": np.minimum(tbl.chunk_array(), tbl.num_layers)
+                        if np.ndim(tbl.chunks) else min(int(tbl.chunks), tbl.num_layers)})
+    asked = {}
+
+    def keeper(tag):
+        if stop_at is None:
+            return None
+        limit = stop_at * (tbl.rank_time_s[:, 0] + tbl.num_layers * tbl.layer_time_s)
+
+        def keep(rows, t_next, m_floor):
+            asked.setdefault(tag, []).append((rows.copy(), t_next.copy(), m_floor.copy()))
+            return t_next <= limit[rows]
+        return keep
+
+    with stages._quiet():
+        one = stages._walk_one_rank_table(tbl, points, keeper("one"), cap, None)
+        for truncate in (False, True):
+            asked.pop("whole", None)
+            whole = stages._walk(tbl, points, keeper("whole"), cap, truncate)
+            for f in ("config", "max_time_s", "peak_bytes", "layers", "recomputed"):
+                assert np.array_equal(getattr(one, f), getattr(whole, f)), (f, truncate)
+            if len(asked.get("one", [])) != len(asked.get("whole", [])):  # (split in parts: asked per part)
+                continue
+            for a, b in zip(asked.get("one", []), asked.get("whole", []), strict=True):
+                assert all(np.array_equal(x, y) for x, y in zip(a, b))

@@ -10,7 +10,8 @@ from meshplan.cost import calibration_for, estimate
 from meshplan.cost.layer import LayerCost, layer_cost
 from meshplan.export.common import search_options_for
 from meshplan.search.space import enumerate_space
-from meshplan.search.tables import CostContext, chunk_split, score_splits, shared_layer_cost
+from meshplan.search.split_scoring import chunk_split, score_splits
+from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
@@ -85,7 +86,7 @@ def test_chunk_weights_equal_the_per_row_rule():
     micro-batch count) equal ``layout_chunk_weight`` of each row's own ``chunk_split`` layout."""
     from meshplan.cost.batch import num_microbatches
     from meshplan.cost.chunk_inflight import layout_chunk_weight
-    from meshplan.search.tables import _chunk_weights
+    from meshplan.search.split_scoring import _chunk_weights
 
     model = model_preset("llama2-13b")  # 40 layers
     training = TrainingSpec(seq_len=4096, global_batch=64)
@@ -128,3 +129,63 @@ def test_take_column_keeps_repeated_values_as_views():
     mask = np.array([True, False, True, False, True])
     assert np.array_equal(_take_column(same, mask), same[mask])
     assert np.array_equal(_take_column(same, slice(1, 3)), same[1:3])
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "deepseek-v3"])  # deepseek-v3: leading dense layers (lead)
+def test_stage_probes_are_rank_cost_at_each_probe(name, monkeypatch):
+    # Each probe stage_table reads is rank_cost at its (rank, layers, recomputed, embedding, head,
+    # lead), bit for bit, though stage_probes costs each distinct row once and in calls of
+    # PROBE_CHUNK_PLANS plans (here 7: many calls).
+    from meshplan.cost.batch import rank_cost
+    from meshplan.search import tables
+    from meshplan.search.tables import rank_fit_bytes, stage_probes
+
+    model = model_preset(name)
+    gpus = 64 if name == "deepseek-v3" else 16
+    cluster = system_preset("dgx-h100", num_nodes=gpus // 8)
+    training = TrainingSpec(seq_len=4096, global_batch=128)
+    plans = enumerate_space(model, training, gpus)
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    sub = plans.take(np.sort(np.random.default_rng(2).choice(len(plans), 60, replace=False)))
+    shared = shared_layer_cost(ctx, sub)
+    monkeypatch.setattr(tables, "PROBE_CHUNK_PLANS", 7)
+    got = stage_probes(ctx, sub, shared=shared)
+    layer, stack = shared.take(slice(None)), shared.stack
+    d = stack.lead_layers if stack is not None else 0
+    last, one = sub.pp - 1, sub.pp == 1
+    for n0, rows in ((1, (0, 1, 2, 6, 7)), (tables.MEMORY_PROBE_LAYERS, range(8))):
+        probes = ((0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
+                  (0, n0 + 1, 2, False, False, 0), (last, n0, 0, False, False, 0),
+                  (last, n0 + 1, 0, False, False, 0), (0, n0 + d, 0, True, one, d),
+                  (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0)))
+        for j in rows:
+            rk, n, r, emb, head, lead = (np.broadcast_to(np.asarray(x), (len(sub),)) for x in probes[j])
+            mix = {} if stack is None else {"stack": shared.take_stack(slice(None)), "lead": lead.astype(float)}
+            rc = rank_cost(model, cluster, training, sub, ctx.calib, layer, rank=rk.astype(np.int64),
+                           layers=n.astype(np.int64), recomputed=r.astype(np.int64), has_embedding=emb.astype(bool),
+                           has_head=head.astype(bool), totals=False, **mix)
+            full = lambda x: np.broadcast_to(np.asarray(x, dtype=float), (len(sub),))  # noqa: E731
+            if n0 == 1:
+                assert np.array_equal(got.time_s[j], full(rc.microbatch_s)), (name, j)
+                assert np.array_equal(got.extra_s[j], full(rc.step_extra_s)), (name, j)
+            else:
+                assert np.array_equal(got.memory_bytes[j], full(rank_fit_bytes(rc, sub, ctx.calib))), (name, j)
+
+
+def test_shared_layer_cost_in_slices_is_one_call(monkeypatch):
+    # shared_layer_cost passes layer_cost LAYER_CHUNK_ROWS rows at a time: the same values, bit
+    # for bit, as one call over every row (here slices of 53 rows over ~2000 distinct rows).
+    from meshplan.search import tables
+
+    model = model_preset("mixtral-8x7b")
+    cluster = system_preset("dgx-h100", num_nodes=4)
+    training = TrainingSpec(seq_len=4096, global_batch=64)
+    plans = enumerate_space(model, training, 32, search_options_for("megatron"))
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu, "megatron"))
+    sub = plans.take(np.sort(np.random.default_rng(3).choice(len(plans), 4000, replace=False)))
+    whole = shared_layer_cost(ctx, sub)
+    monkeypatch.setattr(tables, "LAYER_CHUNK_ROWS", 53)
+    sliced = shared_layer_cost(ctx, sub)
+    assert whole.unique.fwd_compute_s.size > 53 and np.array_equal(whole.row, sliced.row)
+    for f in fields(LayerCost):
+        assert np.array_equal(getattr(whole.unique, f.name), getattr(sliced.unique, f.name)), f.name

@@ -2,7 +2,8 @@
 reports it for published plans), and agrees with ``in_space``."""
 
 from meshplan.plan import ParallelDims, Plan, Schedule
-from meshplan.search.space import SearchOptions, in_space, why_outside
+from meshplan.search.space import SearchOptions
+from meshplan.search.space_membership import in_space, why_outside
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
 

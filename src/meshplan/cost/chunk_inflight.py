@@ -76,7 +76,7 @@ def layout_chunk_weight(stage_layers: tuple[int, ...], pp: int, vpp: int, rank: 
     """:func:`chunk_weight` of ``rank`` under the interleaved schedule over virtual stages holding
     ``stage_layers`` (model order; virtual stage ``j * pp + rank`` is the rank's chunk j), 1.0 for
     the even split (:func:`plan_chunk_weight`). The one rule ``estimate`` and the search's exact
-    re-scoring (``meshplan.search.tables.score_splits``) both apply."""
+    re-scoring (``meshplan.search.split_scoring.score_splits``) both apply."""
     layers, stages = sum(stage_layers), len(stage_layers)
     if stages <= layers and stage_layers == even_split(layers, stages):
         return 1.0

@@ -150,7 +150,7 @@ def lead_on_rank(model: ModelSpec, stage_layers: tuple[int, ...], pp: int, rank:
 
 def lead_on_ranks(model: ModelSpec, rank_layers: np.ndarray, vpp) -> np.ndarray:
     """Leading dense layers per rank, (P, pp), of per-rank layer counts ``rank_layers`` (P, pp)
-    spread over each rank's ``vpp`` chunks as search/tables.chunk_split spreads them (the last
+    spread over each rank's ``vpp`` chunks as search/split_scoring.chunk_split spreads them (the last
     chunks take the extra): virtual stage s = chunk * pp + rank, in model order."""
     P, pp = rank_layers.shape
     v = np.broadcast_to(np.asarray(vpp, dtype=np.int64), (P,))[:, None]

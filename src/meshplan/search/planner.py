@@ -8,7 +8,9 @@ Order of work (each step vectorised over all candidates, no Python call per plan
    layer; their frontier is a first, exact set of achievable points.
 3. Configurations that could still reach the frontier with an uneven split are refined: their
    affine per-rank tables (:mod:`meshplan.search.tables`) feed the exact stage-split frontier
-   (:mod:`meshplan.search.stages`), whose points are re-scored exactly by the cost model.
+   (:mod:`meshplan.search.stages`), whose points are re-scored exactly by the cost model
+   (:mod:`meshplan.search.refine`); the variant passes (offload, vocabulary parallel, OSDP, expert
+   placement: :mod:`meshplan.search.variant_passes`) score variants of known configurations.
 4. The union of all exact points is reduced to its Pareto frontier (:mod:`meshplan.search.frontier`).
 
 The frontier covers every memory level; the recommended plan is the fastest that fits the budget.
@@ -17,32 +19,29 @@ The frontier covers every memory level; the recommended plan is the fastest that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from meshplan.cost.arrays import PlanArrays
-from meshplan.cost.layer import LayerCost
 from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.flops import model_flops_per_token
 from meshplan.errors import MeshplanError
-from meshplan.plan import Plan, Recompute, check_model_takes
-from meshplan.cost.offload import host_budget_bytes
-from meshplan.search.frontier import Front, dominated_by, merge_fronts
+from meshplan.plan import Plan, check_model_takes
+from meshplan.search.frontier import Front, merge_fronts
 from meshplan.search.embedding_chunks import embedding_loss_front, embedding_loss_plan
-from meshplan.search.expert_load import placement_rows, placement_variants
-from meshplan.search.vocab import vocab_rows, vocab_variants
 from meshplan.search.even import (EVEN_CHUNK_ROWS, PRUNE_MIN_CONFIGS, EvenCost,  # noqa: F401 (re-exported)
                                   even_estimate as _even_estimate, even_slice as _even_slice)
-from meshplan.search.osdp import osdp_rows, osdp_variants
-from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants, searches_offload
+from meshplan.search.offload import searches_offload
 from meshplan.search.group_prune import GROUP_PRUNE_MIN_CONFIGS, prune_groups
-from meshplan.search.space import (RECOMPUTES, SearchOptions, configurations_per_group, cross_groups,
-                                   enumerate_groups, take_groups)
-from meshplan.search.stages import relaxed_bounds, stage_frontier
-from meshplan.search.tables import (CostContext, SharedLayerCost, chunk_split, pipeline_alpha,
-                                    score_splits, shared_layer_cost, stage_probes, stage_table)
+from meshplan.search.refine import PRUNE_MARGIN, _refine  # noqa: F401 (PRUNE_MARGIN re-exported)
+from meshplan.search.space import (SearchOptions, configurations_per_group, cross_groups, enumerate_groups,
+                                   take_groups)
+from meshplan.search.split_scoring import chunk_split
+from meshplan.search.tables import CostContext, shared_layer_cost
+from meshplan.search.variant_passes import (EMBED_KEY_BASE, EXPERT_KEY_BASE, OFFLOAD_KEY_BASE,  # noqa: F401
+                                            OSDP_KEY_BASE, VOCAB_KEY_BASE, _offload_pass, _osdp_pass,
+                                            _placement_pass, _vocab_pass)
 from meshplan.spec.cluster import GIB, ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -58,12 +57,6 @@ recomputing fewer layers than the policy's all; a work bound, not a dominance ru
 Llama-3-70B x 1024 GPUs 0.10 and 0.15 give the same recommended plan and frontiers of 156 and 155
 points at 1.0 s and 1.3 s of CPU. Tests set it to infinity (refine all) to check exactness."""
 
-PRUNE_MARGIN = 0.05
-"""Bounds from the affine per-rank tables are lowered by this fraction before they are compared
-with known plans. The tables are exact for the cost model's linear terms, but the overlap of
-data-parallel and ZeRO-3 communication with compute (``comms.exposed``: a min of two lines) is
-read off at one or two layers and extrapolated, which can overstate a rank's time by a few
-percent; the margin keeps such configurations in the search."""
 
 SEARCH_MAX_LAYERS = 1024
 """Deepest main stack the search takes. Its work grows with the layer count more than linearly
@@ -288,117 +281,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                         pruned_configs=pruned)
 
 
-OFFLOAD_KEY_BASE = 1 << 40
-"""Frontier keys at or above this index the offload variants (below: uneven splits; negative:
-even splits of the space's rows)."""
-
-
-def _offload_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost,
-                  known: Front, budget: float, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
-    """Offload variants of the configurations memory holds back (:mod:`meshplan.search.offload`),
-    even split. First the most offloaded variant of every such configuration (its memory floor:
-    each choice only removes GPU memory); then every choice of the fastest configurations whose
-    floor fits. Variants whose offloaded tensors overflow the host's memory are dropped."""
-    fitting = known.time_s[known.memory_bytes <= budget]
-    rows = held_back_rows(even.step_time_s, even.peak_memory_bytes, budget,
-                          float(fitting.min()) if fitting.size else np.inf)
-    host_cap = host_budget_bytes(ctx.cluster)
-    most, src = offload_variants(space, rows, most_offloaded(options.offloads))
-    most, src = _allowed(most, src, options)
-    floor, _ = _even_estimate(ctx, most, _SharedRows(layer, src))
-    lean = (floor.peak_memory_bytes <= budget) & (floor.host_memory_bytes <= host_cap)
-    firsts = fastest(src[lean], floor.step_time_s[lean])
-    variants, vsrc = offload_variants(space, firsts, options.offloads)
-    variants, vsrc = _allowed(variants, vsrc, options)
-    est, _ = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
-    ok_m = np.flatnonzero(floor.host_memory_bytes <= host_cap)
-    ok_v = np.flatnonzero(est.host_memory_bytes <= host_cap)
-    both = PlanArrays(**{f.name: np.concatenate([getattr(most, f.name)[ok_m], getattr(variants, f.name)[ok_v]])
-                         for f in fields(PlanArrays)})
-    t = np.concatenate([floor.step_time_s[ok_m], est.step_time_s[ok_v]])
-    m = np.concatenate([floor.peak_memory_bytes[ok_m], est.peak_memory_bytes[ok_v]])
-    return both, Front.of(t, m, OFFLOAD_KEY_BASE + np.arange(t.size)), len(most) + len(variants)
-
-
-VOCAB_KEY_BASE = 1 << 41
-"""Frontier keys at or above this index the vocabulary-parallel variants."""
-
-
-def _vocab_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, candidate: np.ndarray,
-                options: SearchOptions) -> tuple[PlanArrays, Front, int]:
-    """Vocabulary-parallel variants of the refinement candidates (:mod:`meshplan.search.vocab`)."""
-    rows = vocab_rows(candidate, space.pp)
-    variants, src = _allowed(vocab_variants(space, rows), rows, options)
-    return _even_variants(ctx, variants, _SharedRows(layer, src), VOCAB_KEY_BASE)
-
-
-OSDP_KEY_BASE = 1 << 43
-"""Frontier keys at or above this index the OSDP variants."""
-
-EMBED_KEY_BASE = 1 << 44
-"""Frontier keys at or above this index the embedding / loss layouts (:mod:`meshplan.search.embedding_chunks`)."""
-
-
-def _osdp_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, even: EvenCost, candidate: np.ndarray,
-               known: Front, budget: float, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
-    """OSDP variants of the configurations near the frontier or held back by memory
-    (:mod:`meshplan.search.osdp`), even split."""
-    fitting = known.time_s[known.memory_bytes <= budget]
-    rows = osdp_rows(space.zero, candidate, even.step_time_s, even.peak_memory_bytes, budget,
-                     float(fitting.min()) if fitting.size else np.inf)
-    variants, src = _allowed(*osdp_variants(ctx.model, ctx.training, space, rows), options)
-    return _even_variants(ctx, variants, _SharedRows(layer, src), OSDP_KEY_BASE)
-
-
-def _even_variants(ctx: CostContext, variants: PlanArrays, layer: _SharedRows,
-                   key_base: int) -> tuple[PlanArrays, Front, int]:
-    """Variants of known configurations under their even split: the variants, their front keyed
-    from ``key_base`` on, and how many were scored."""
-    if len(variants) == 0:
-        return variants, Front.empty(), 0
-    est, _ = _even_estimate(ctx, variants, layer)
-    keys = key_base + np.arange(len(variants))
-    return variants, Front.of(est.step_time_s, est.peak_memory_bytes, keys), len(variants)
-
-
-EXPERT_KEY_BASE = 1 << 42
-"""Frontier keys at or above this index the expert-placement variants."""
-
-
-def _placement_pass(ctx: CostContext, space: PlanArrays, options: SearchOptions) -> tuple[PlanArrays, Front, int]:
-    """Balanced-placement and replica variants of every configuration with ep > 1
-    (:mod:`meshplan.search.expert_load`); their layer costs are their own (the load changes them)."""
-    rows = placement_rows(np.ones(len(space), dtype=bool), space.ep)
-    variants, src = placement_variants(space, rows, ctx.model.moe_num_experts)
-    variants, src = _allowed(variants, src, options)
-    if len(variants) == 0:
-        return variants, Front.empty(), 0
-    est, _ = _even_estimate(ctx, variants, shared_layer_cost(ctx, variants))
-    return variants, Front.of(est.step_time_s, est.peak_memory_bytes,
-                              EXPERT_KEY_BASE + np.arange(len(variants))), len(variants)
-
-
-def _allowed(variants: PlanArrays, src: np.ndarray, options: SearchOptions) -> tuple[PlanArrays, np.ndarray]:
-    if options.allow is None or len(variants) == 0:
-        return variants, src
-    keep = np.flatnonzero(options.allow(variants))
-    return variants.take(keep), src[keep]
-
-
-@dataclass(frozen=True)
-class _SharedRows:
-    """The shared layer costs of the space's rows ``src``, indexed like the variants."""
-
-    layer: SharedLayerCost
-    src: np.ndarray
-
-    def take(self, idx) -> LayerCost:
-        return self.layer.take(self.src[idx])
-
-    def take_stack(self, idx):
-        return self.layer.take_stack(self.src[idx])
-
-
 def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
     """Of several GPU counts, those whose recommended plan is faster than every smaller count's
     (the Pareto frontier over (GPUs, step time))."""
@@ -410,87 +292,3 @@ def scaling_frontier(results: list[SearchResult]) -> list[SearchResult]:
             out.append(r)
             best = rec.step_time_s
     return out
-
-
-def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
-            even: EvenCost, candidate: np.ndarray, fronts: list[Front],
-            splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
-            cap: float, stage_points: int,
-            tick: Callable[[str, float], None], truncate: bool | None = None) -> tuple[int, int]:
-    """Uneven splits of the promising configurations (step 3 of the module docstring).
-
-    Appends one Front per group of configurations to ``fronts`` (keys >= 0 number the rows of
-    ``splits``, in order: each item holds the per-rank layer and recomputed counts and the
-    configuration of its next rows) and returns (configurations refined, splits scored).
-    """
-    model = ctx.model
-    refined = evaluated = 0
-    # Policy 'none' is recompute policy 'selective' with zero recomputed layers: refine the
-    # recomputing policies only (their frontier contains every no-recompute split).
-    none_code = RECOMPUTES.index(Recompute.NONE)
-    has_rec = np.isin(space.recompute, [RECOMPUTES.index(r) for r in options.recomputes
-                                        if r != Recompute.NONE])
-    if has_rec.any():
-        candidate = candidate & (space.recompute != none_code)  # (a new array: the caller's is shared)
-    # One group per pipeline degree and grid width class: configurations with different
-    # virtual-stage counts share a table (StageTable.chunks per config) when their usable
-    # layer-count ranges (L - p v + 1 values per rank) are within a factor of two, so that no
-    # table is padded to much more than its configurations need. Most promising groups first so
-    # that their plans prune the later groups; within a group fastest even split first.
-    cand = np.flatnonzero(candidate)  # the rest of the space is not read below
-    width = model.num_layers - space.pp[cand] * space.vpp[cand] + 1
-    group_of = space.pp[cand].astype(np.int64) * 64 + np.floor(np.log2(np.maximum(width, 1))).astype(np.int64)
-    groups, group_idx = np.unique(group_of, return_inverse=True)
-    best = np.full(groups.size, np.inf)
-    np.minimum.at(best, group_idx, even.step_time_s[cand])
-    order = np.argsort(best, kind="stable")
-    by_group = np.argsort(group_idx, kind="stable")  # candidates grouped, in row order within a group
-    starts = np.searchsorted(group_idx[by_group], np.arange(groups.size + 1))
-    # The stage tables' probes of every candidate in one cost-model call (cand is ascending).
-    probes = stage_probes(ctx, plans.take(cand), shared=layer.rows(cand))
-    next_key = 0
-    for gi, g in enumerate(order):
-        idx = cand[by_group[starts[g]:starts[g + 1]]]
-        idx = idx[np.argsort(even.step_time_s[idx], kind="stable")]
-        pp = int(space.pp[idx[0]])
-        # pp = 1: the staircase is one point per recomputed-layer count, L + 1 at most, walked
-        # whole (a cap would keep the points nearest the memory cap and drop the leaner ones).
-        walk_points = stage_points if pp > 1 else max(stage_points, model.num_layers + 1)
-        refined += idx.size
-        pts_t, pts_m, pts_k = [], [], []
-        for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
-            sub = plans.take(chunk)
-            tbl = stage_table(ctx, sub, int(pp), sub.vpp, probes=probes.take(np.searchsorted(cand, chunk)))
-            alpha = pipeline_alpha(ctx, sub)
-            known = merge_fronts(*fronts)
-
-            def keep_going(rows, t_next, m_floor, alpha=alpha, known=known):
-                # alpha * max(t + x/alpha) = max(alpha t + x) bounds the step from below.
-                return ~dominated_by(known.time_s, known.memory_bytes,
-                                     alpha[rows] * t_next * (1 - PRUNE_MARGIN),
-                                     m_floor * (1 - PRUNE_MARGIN))
-
-            t_lb, m_lb = relaxed_bounds(tbl)
-            live = keep_going(np.arange(len(sub)), t_lb, m_lb) & (m_lb <= cap)
-            if not live.any():
-                continue
-            chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
-            alpha = alpha[live]
-            pts = stage_frontier(tbl, max_points=walk_points, memory_cap_bytes=cap,
-                                 keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
-                                 truncate=truncate)
-            if pts.config.size == 0:
-                continue
-            exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
-                                 shared=layer.rows(chunk[pts.config]))  # chunk: the live rows by now
-            evaluated += pts.config.size
-            splits.append((pts.layers, pts.recomputed, chunk[pts.config]))  # keys next_key...
-            pts_t.append(exact.step_time_s)
-            pts_m.append(exact.peak_memory_bytes)
-            pts_k.append(np.arange(next_key, next_key + pts.config.size))
-            next_key += pts.config.size
-        if pts_t:
-            fronts.append(Front.of(np.concatenate(pts_t), np.concatenate(pts_m), np.concatenate(pts_k)))
-        tick("stage splits", 0.4 + 0.55 * (gi + 1) / len(groups))
-
-    return refined, evaluated

@@ -10,43 +10,32 @@ micro-batch size and recompute policy.
 Every pruning rule used here is listed in docs/search.md with the reason it loses no optimum:
 either the choice is illegal (a degree that does not divide heads, layers, sequence or batch) or
 it duplicates another row exactly (e.g. a schedule with ``pp == 1``, a ZeRO stage over one rank).
+
+Modules: :mod:`~meshplan.search.options` (what may vary, the column codes),
+:mod:`~meshplan.search.space_rules` (the legality rules), this one (enumeration and crossing),
+:mod:`~meshplan.search.space_membership` (is a given plan in the space, and why not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
-from meshplan.cost.arrays import CP_METHOD_CODES, RECOMPUTE_CODES, SCHEDULE_CODES, PlanArrays
+from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.rank_layers import needs_rank_mix
 from meshplan.cost.recompute_modules import SUBSUMED
 from meshplan.errors import MeshplanError
-from meshplan.plan import (CPMethod, Offload, Plan, Recompute, RecomputeModule, Schedule, missing_module,
-                           recompute_module_code)
+from meshplan.plan import Recompute, RecomputeModule, Schedule, missing_module, recompute_module_code
+from meshplan.search.options import (CP_METHODS, MAX_VPP, OFFLOAD_CHOICES, RECOMPUTES, SCHEDULES,  # noqa: F401
+                                     SearchOptions)  # (re-exported: the space's options and codes)
+from meshplan.search.space_rules import (MICRO_BATCH_READS, _rule_cp_method, _rule_degrees, _rule_ep,  # noqa: F401
+                                         _rule_max_cp, _rule_micro_batch, _rule_schedule, _rule_sp, _rule_zero,
+                                         _schedule_pairs)
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-
-# The integer codes of the enum columns: the cost model's (one table, cost.arrays).
-SCHEDULES: tuple[Schedule, ...] = SCHEDULE_CODES
-RECOMPUTES: tuple[Recompute, ...] = RECOMPUTE_CODES
-CP_METHODS: tuple[CPMethod, ...] = CP_METHOD_CODES
-
-OFFLOAD_CHOICES: tuple[tuple[Offload, ...], ...] = (
-    (Offload.OPTIMIZER,), (Offload.ACTIVATIONS,), (Offload.OPTIMIZER, Offload.ACTIVATIONS),
-    (Offload.OPTIMIZER, Offload.PARAMS), (Offload.OPTIMIZER, Offload.PARAMS, Offload.ACTIVATIONS))
-"""Every legal non-empty offload combination (``params`` goes with ``optimizer``: Plan's rule)."""
-
-MAX_VPP = 8
-"""Virtual stages per pipeline rank searched with any layer split. Beyond it (published
-Megatron-Core recipes use 10 to 24 chunks per rank) only chunk counts that split the layers
-evenly are searched, the layers alone or with the embedding and the loss counted as one layer
-each: Megatron needs ``num_layers`` (or ``num_layers + 2`` with
-``--account-for-embedding/loss-in-pipeline-split``) divisible by ``pp * vpp`` without a custom
-layout (Qwen3-235B's 94 layers: pp 4 x vpp 12). This bounds the space (it is not a dominance
-rule)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -69,53 +58,6 @@ def factorisations(n: int, parts: int) -> np.ndarray:
         out = np.concatenate(rows)
     out.flags.writeable = False
     return out
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """What the search may vary; defaults search everything the cost model can estimate."""
-
-    schedules: tuple[Schedule, ...] = (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
-    recomputes: tuple[Recompute, ...] = RECOMPUTES
-    cp_methods: tuple[CPMethod, ...] = CP_METHODS
-    max_vpp: int | None = None
-    """Largest vpp searched; None: as many as the layer count allows (``MAX_VPP`` with any
-    split, beyond it even splits only)."""
-    nonuniform_stages: bool = True
-    """Search per-stage layer counts and recomputed-layer counts (else even split, all layers)."""
-    max_cp: int | None = None
-    """Largest context-parallel degree (None: any); 1 for a target without context parallel."""
-    offloads: tuple[tuple[Offload, ...], ...] = OFFLOAD_CHOICES
-    """Offload choices tried on the configurations memory holds back (``meshplan.search.offload``);
-    empty: no offload. Tried only on clusters that describe their host side."""
-    vocab_parallel: bool = True
-    """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
-    osdp: bool = True
-    """Try OSDP's groups kept gathered and operator splits on zero-3 configurations
-    (``meshplan.search.osdp``)."""
-    expert_placement: bool = True
-    """Try balanced expert placement and hot-expert replicas when the training describes its
-    expert load (``meshplan.search.expert_load``)."""
-    recompute_module_sets: tuple[tuple[RecomputeModule, ...], ...] = ()
-    """Beyond the default (the attention core), the module sets selective recompute is also
-    tried with on MoE models (Megatron-Core's ``--recompute-modules``); sets naming a module the
-    model lacks are skipped. Empty: the default only."""
-    embedding_loss_chunks: bool = False
-    """Also search interleaved plans of ``num_layers + 2`` virtual stages, the embedding and the
-    loss each a virtual stage of its own (Megatron-Core's
-    ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``,
-    ``TransformerConfig.account_for_*_in_pipeline_split``: the embedding and the loss count as one
-    layer each and the ``num_layers + 2`` slots split evenly over ``pp * vpp``; the Llama 3.1 405B
-    Megatron-Bridge recipe, pp16 x vpp8 for 126 layers, scripts/performance/configs/llama/
-    llama31_workload_base_configs.py@0013c9a). Such a layout has one split (``plan.embedding_loss_split``):
-    :mod:`meshplan.search.embedding_chunks` scores it exactly. On for the targets that run stages
-    holding no transformer layer: Megatron, torchtitan (its default split gives them with L + 2
-    stages: ``export.common.search_options_for``) and meshplan's runtime (its pipeline cuts such a
-    stage as any other: tests/runtime/test_pipeline_embedding_chunks.py checks loss parity); off by
-    default (``search()`` without a target) and for DeepSpeed (no interleaving)."""
-    allow: "Callable[[PlanArrays], np.ndarray] | None" = None
-    """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
-    not a pruning rule: the frontier is then the restricted space's frontier."""
 
 
 def _cross(cols: dict[str, np.ndarray], name: str, values: np.ndarray) -> dict[str, np.ndarray]:
@@ -151,101 +93,6 @@ def _cross_legal(cols: dict[str, np.ndarray], name: str, values: np.ndarray,
     pos = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     out[name] = flat[np.repeat(starts, counts) + pos]
     return out
-
-
-# ---- the rules, one function per column group (docs/search.md lists them with reasons) -------
-def _rule_degrees(c, model: ModelSpec, training: TrainingSpec) -> np.ndarray:
-    """TP splits heads and FFN columns (KV heads split or replicate); every pipeline stage needs
-    a layer; the batch splits evenly over data parallel; load-balanced CP cuts 2*cp chunks."""
-    tp, cp, pp = c["tp"], c["cp"], c["pp"]
-    dp = c["dp_replicate"] * c["dp_shard"]
-    ok = (model.num_heads % tp == 0) & (model.ffn_hidden_size % tp == 0)
-    ok &= (model.num_kv_heads % tp == 0) | (tp % model.num_kv_heads == 0)
-    if "M" in model.hybrid_pattern:  # Mamba-2 TP splits heads and B/C groups (Megatron MambaMixer)
-        ok &= (model.mamba_num_heads % tp == 0) & (model.mamba_groups % tp == 0)
-        ok &= (model.mamba_num_heads // tp) % cp == 0  # Mamba CP exchanges heads (all-to-all)
-    ok &= (pp <= model.num_layers) & (training.global_batch % dp == 0)
-    ok &= (cp == 1) | (training.seq_len % (2 * cp) == 0)
-    return ok
-
-
-def _rule_max_cp(c, options: SearchOptions) -> np.ndarray:
-    """A caller's restriction (e.g. an export target without context parallel), not a pruning rule."""
-    return np.ones(c["cp"].shape, dtype=bool) if options.max_cp is None else c["cp"] <= options.max_cp
-
-
-def _rule_zero(c) -> np.ndarray:
-    """dp_shard > 1 needs ZeRO >= 1; ZeRO shards over dp_shard x cp, so with dp_shard = 1 and
-    cp > 1 every stage is its own plan (ZeRO over the context-parallel ranks alone); over a
-    single rank every stage equals plain DP (stage 0)."""
-    return np.where(c["dp_shard"] > 1, c["zero"] >= 1, (c["cp"] > 1) | (c["zero"] == 0))
-
-
-def _rule_sp(c, training: TrainingSpec) -> np.ndarray:
-    return ~c["sp"] | ((c["tp"] > 1) & (training.seq_len % c["tp"] == 0))
-
-
-def _rule_cp_method(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
-    """The method matters only with cp > 1 (else one row); all-to-all needs heads/tp % cp == 0."""
-    codes = [CP_METHODS.index(m) for m in options.cp_methods]
-    ring = CP_METHODS.index(CPMethod.RING) if CPMethod.RING in options.cp_methods else codes[0]
-    a2a = c["cp_method"] == CP_METHODS.index(CPMethod.ALL_TO_ALL)
-    heads_per_tp = model.num_heads // c["tp"]
-    return np.isin(c["cp_method"], codes) & np.where(
-        c["cp"] == 1, c["cp_method"] == ring, ~a2a | (heads_per_tp % c["cp"] == 0))
-
-
-def _rule_ep(c, model: ModelSpec) -> np.ndarray:
-    """Experts fold onto the dp_shard x cp x tp ranks as edp x ep x etp (Megatron's MoE parallel
-    folding): etp * ep divides them, etp divides tp and the expert FFN; dense models: etp = tp."""
-    experts = model.moe_num_experts if model.is_moe else 1
-    ok = ((c["dp_shard"] * c["cp"] * c["tp"]) % (c["etp"] * c["ep"]) == 0) & (experts % c["ep"] == 0)
-    ok &= c["tp"] % c["etp"] == 0
-    if model.is_moe:
-        return ok & (model.moe_ffn_hidden_size % c["etp"] == 0)
-    return ok & (c["etp"] == c["tp"])
-
-
-def _max_vpp(model: ModelSpec, options: SearchOptions) -> int:
-    return options.max_vpp if options.max_vpp is not None else max(model.num_layers // 2, 1)
-
-
-def _schedule_pairs(options: SearchOptions, model: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-    # beyond MAX_VPP only chunk counts that can split the layers evenly (see MAX_VPP)
-    L = model.num_layers
-    vpps = [v for v in range(2, _max_vpp(model, options) + 1) if v <= MAX_VPP or L % v == 0 or (L + 2) % v == 0]
-    pairs = [(SCHEDULES.index(s), v) for s in options.schedules
-             for v in (vpps if s.supports_virtual_stages else (1,))]
-    if not pairs:
-        raise MeshplanError("no pipeline schedule to search")
-    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-
-
-def _rule_schedule(c, model: ModelSpec, options: SearchOptions) -> np.ndarray:
-    """With pp == 1 the schedule is irrelevant: one row (1F1B, else the first listed)."""
-    sched, vpp = _schedule_pairs(options, model)
-    listed = np.zeros(c["pp"].shape, dtype=bool)
-    for s_code, v in zip(sched, vpp):
-        listed |= (c["schedule"] == s_code) & (c["vpp"] == v)
-    one_f1b = SCHEDULES.index(Schedule.ONE_F_ONE_B)
-    base = one_f1b if Schedule.ONE_F_ONE_B in options.schedules else int(sched[0])
-    first = (c["schedule"] == base) & (c["vpp"] == vpp[sched == base].min())
-    chunks = c["pp"] * c["vpp"]
-    bounded = (c["vpp"] <= MAX_VPP) | (model.num_layers % chunks == 0) | ((model.num_layers + 2) % chunks == 0)
-    return listed & np.where(c["pp"] == 1, first, (chunks <= model.num_layers) & bounded)
-
-
-MICRO_BATCH_READS = ("dp_replicate", "dp_shard", "pp", "schedule", "vpp")
-"""The columns besides ``micro_batch`` that :func:`_rule_micro_batch` reads."""
-
-
-def _rule_micro_batch(c, training: TrainingSpec) -> np.ndarray:
-    """Micro-batches divide the per-replica batch; interleaving needs m % pp == 0 (Megatron)."""
-    per_dp = training.global_batch // (c["dp_replicate"] * c["dp_shard"])
-    ok = per_dp % c["micro_batch"] == 0
-    nmicro = per_dp // c["micro_batch"]
-    interleaved = (c["schedule"] == SCHEDULES.index(Schedule.INTERLEAVED_1F1B)) & (c["vpp"] > 1)
-    return ok & (~interleaved | (nmicro % c["pp"] == 0))
 
 
 GROUP_COLUMNS = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "zero", "sp", "cp_method", "ep", "etp")
@@ -501,87 +348,3 @@ def module_codes(model: ModelSpec, options: SearchOptions) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     codes = {cost_module_code(s) for s in options.recompute_module_sets if missing_module(model, s) is None}
     return np.array(sorted(codes - {0}), dtype=np.int64)
-
-
-def canonical(plan: Plan) -> Plan:
-    """The plan the space holds for an equivalent one: ZeRO over a single shard is stage 0, a
-    schedule with pp == 1 (or interleaved 1F1B with one chunk) is 1F1B, the CP method with
-    cp == 1 is ring."""
-    from dataclasses import replace
-
-    d = plan.dims
-    out = plan
-    if d.dp_shard * d.cp == 1 and plan.zero:
-        out = replace(out, zero=0)
-    if (d.pp == 1 and out.schedule != Schedule.ONE_F_ONE_B) or (
-            out.schedule == Schedule.INTERLEAVED_1F1B and out.vpp == 1):
-        out = replace(out, schedule=Schedule.ONE_F_ONE_B, vpp=1)  # interleaving one chunk is 1F1B
-    if d.cp == 1 and out.cp_method != CPMethod.RING:
-        out = replace(out, cp_method=CPMethod.RING)
-    return out
-
-
-def in_space(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan,
-             options: SearchOptions = SearchOptions()) -> bool:
-    """Whether the global configuration of ``plan`` is one ``enumerate_space`` lists (same rules,
-    one row; the layer split is the stage search's business)."""
-    g = PlanArrays.from_plans([plan])
-    c = {f.name: getattr(g, f.name) for f in fields(PlanArrays)}
-    d = plan.dims
-    if d.world_size != num_gpus or plan.recompute not in options.recomputes:
-        return False
-    code = cost_module_code(plan.recompute_modules)
-    if code and code not in module_codes(model, options):
-        return False
-    ok = (_rule_degrees(c, model, training) & _rule_max_cp(c, options) & _rule_zero(c) & _rule_sp(c, training)
-          & _rule_cp_method(c, model, options) & _rule_ep(c, model)
-          & _rule_schedule_or_embedding(c, model, plan, options) & _rule_micro_batch(c, training))
-    return bool(ok[0]) and training.global_batch % plan.micro_batch == 0
-
-
-def _rule_schedule_or_embedding(c, model: ModelSpec, plan: Plan, options: SearchOptions) -> np.ndarray:
-    """``_rule_schedule``, or the embedding / loss layout (:func:`embedding_loss_vpp`) with its
-    one split (``plan.embedding_loss_split``; an empty split is filled with it)."""
-    from meshplan.plan import embedding_loss_split
-
-    v = int(embedding_loss_vpp(model, c["pp"], options)[0])
-    own = (plan.schedule == Schedule.INTERLEAVED_1F1B and v == plan.vpp and (
-        not plan.stage_layers or tuple(plan.stage_layers) == embedding_loss_split(model.num_layers, plan.dims.pp * v)))
-    return _rule_schedule(c, model, options) | own
-
-
-def why_outside(model: ModelSpec, training: TrainingSpec, num_gpus: int, plan: Plan,
-                options: SearchOptions = SearchOptions()) -> str | None:
-    """The first rule of the space that ``plan`` (taken canonical) breaks, in words, or None when
-    ``in_space`` holds it: what `bench/bench_experts.py` says of a published plan the search
-    cannot propose."""
-    plan = canonical(plan)
-    g = PlanArrays.from_plans([plan])
-    c = {f.name: getattr(g, f.name) for f in fields(PlanArrays)}
-    if plan.dims.world_size != num_gpus:
-        return f"the plan uses {plan.dims.world_size} GPUs, the job {num_gpus}"
-    if plan.recompute not in options.recomputes:
-        return f"recompute {plan.recompute.value} is not searched for this target"
-    code = cost_module_code(plan.recompute_modules)
-    if code and code not in module_codes(model, options):
-        return (f"recompute modules {'+'.join(m.value for m in plan.recompute_modules)} are not searched "
-                "for this target and model")
-    if training.global_batch % plan.micro_batch:
-        return f"micro-batch {plan.micro_batch} does not divide the global batch {training.global_batch}"
-    rules = (
-        (_rule_degrees(c, model, training), "tp must divide the heads, FFN and KV heads; pp <= layers; "
-                                            "dp divides the batch; seq divisible by 2*cp"),
-        (_rule_max_cp(c, options), "context parallel is not available on this target"),
-        (_rule_zero(c), "ZeRO stage and sharding degree disagree"),
-        (_rule_sp(c, training), "sequence parallel needs tp > 1 dividing the sequence"),
-        (_rule_cp_method(c, model, options), "the CP method is not searched (or heads/tp not divisible by cp)"),
-        (_rule_ep(c, model), "expert parallel must fold onto dp_shard x cp x tp and divide the experts"),
-        (_rule_schedule_or_embedding(c, model, plan, options),
-         f"schedule {plan.schedule.value} with pp={plan.dims.pp}, vpp={plan.vpp} is not searched (pp*vpp "
-         f"chunks <= the {model.num_layers} layers, vpp <= {MAX_VPP} or chunks dividing the layers"
-         + (f"; or {model.num_layers + 2} chunks with the embedding and the loss on chunks of their own, "
-            "not for models with leading dense layers or MTP modules"
-            if options.embedding_loss_chunks else "; more chunks than layers not for this target") + ")"),
-        (_rule_micro_batch(c, training), "interleaving needs the micro-batch count to be a multiple of pp"),
-    )
-    return next((why for ok, why in rules if not bool(np.asarray(ok)[0])), None)

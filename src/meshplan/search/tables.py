@@ -1,4 +1,5 @@
-"""Bridge from the cost model to the stage search: affine per-rank tables and exact re-scoring.
+"""Bridge from the cost model to the stage search: affine per-rank tables and exact re-scoring
+(:mod:`meshplan.search.split_scoring`).
 
 The stage search (:mod:`meshplan.search.stages`) needs, for each global configuration, the cost
 of one pipeline rank as an affine function of its layer count n and recomputed count r. This
@@ -18,17 +19,16 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from meshplan.cost.arrays import SCHEDULE_CODES, PlanArrays
+from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import StepPeak, compose_maxima, num_microbatches, rank_cost
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.chunk_inflight import layout_chunk_weight
 from meshplan.cost.device_memory import fit_bytes
 from meshplan.cost.layer import LayerCost, layer_cost
-from meshplan.cost.rank_layers import StackLayers, lead_on_ranks, needs_rank_mix, stack_layers
+from meshplan.cost.rank_layers import StackLayers, needs_rank_mix, stack_layers
 from meshplan.cost.pipeline import in_flight_chunks, pipeline_time
 from meshplan.search.space import RECOMPUTES
 from meshplan.search.stages import StageTable
-from meshplan.plan import Recompute, Schedule, even_split
+from meshplan.plan import Recompute
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -130,9 +130,7 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays, with_stack: bool = Tr
     _, first, run_inverse = np.unique(key[head], return_index=True, return_inverse=True)
     first = head[first]
     inverse = np.repeat(run_inverse.reshape(-1), np.diff(np.append(head, key.size)))
-    unique = layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
-    unique = LayerCost(**{f.name: np.broadcast_to(np.asarray(getattr(unique, f.name), dtype=float),
-                                                  (first.size,)) for f in fields(LayerCost)})
+    unique = _layer_cost_in_slices(ctx, plans.take(first))
     stack = None
     if with_stack and needs_rank_mix(ctx.model):
         stack = stack_layers(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
@@ -142,6 +140,31 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays, with_stack: bool = Tr
         stack = StackLayers(lead_layers=stack.lead_layers, lead=full(stack.lead), rest=full(stack.rest),
                             mtp=full(stack.mtp))
     return SharedLayerCost(unique=unique, row=inverse.reshape(-1), stack=stack)
+
+
+LAYER_CHUNK_ROWS = 1 << 16
+"""Rows :func:`shared_layer_cost` passes to ``layer_cost`` at once: its temporaries then stay in
+the CPU caches (DeepSeek-V3 on 1024 GB200: the group bounds' 1.77M distinct rows in one call were
+a third of the search). ``layer_cost`` is row-wise: the same values
+(tests/planner/test_search_tables.py)."""
+
+
+def _layer_cost_in_slices(ctx: CostContext, plans: PlanArrays) -> LayerCost:
+    """``layer_cost`` of ``plans``, every field a (len(plans),) float column, computed in slices of
+    LAYER_CHUNK_ROWS rows; a field that is one value in every slice stays a broadcast of it."""
+    n = len(plans)
+    parts = [layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(np.arange(lo, min(n, lo + LAYER_CHUNK_ROWS))),
+                        ctx.calib) for lo in range(0, n, LAYER_CHUNK_ROWS)] or [
+        layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)]
+    out = {}
+    for f in fields(LayerCost):
+        values = [np.asarray(getattr(part, f.name), dtype=float) for part in parts]
+        if all(v.ndim == 0 for v in values) and len({float(v) for v in values}) == 1:
+            out[f.name] = np.broadcast_to(values[0], (n,))
+        else:
+            sizes = [min(LAYER_CHUNK_ROWS, n - lo) for lo in range(0, n, LAYER_CHUNK_ROWS)] or [0]
+            out[f.name] = np.concatenate([np.broadcast_to(v, (k,)) for v, k in zip(values, sizes)])
+    return LayerCost(**out)
 
 
 def pipeline_alpha(ctx: CostContext, plans: PlanArrays) -> np.ndarray:
@@ -165,8 +188,8 @@ gathered layer, the only place the table is not exact in memory."""
 @dataclass(frozen=True)
 class StageProbes:
     """``rank_cost`` of plans at the eight probes :func:`stage_table` reads its coefficients off,
-    each (8, C): per-micro-batch time, per-step tail (at n0 = 1) and memory (at n0 =
-    :data:`MEMORY_PROBE_LAYERS`)."""
+    each (8, C): per-micro-batch time, per-step tail (at n0 = 1; NaN in the rows
+    ``_PROBES_TIME_UNREAD``, which it does not read) and memory (at n0 = :data:`MEMORY_PROBE_LAYERS`)."""
 
     time_s: np.ndarray
     extra_s: np.ndarray
@@ -179,18 +202,43 @@ class StageProbes:
         return StageProbes(self.time_s[:, idx], self.extra_s[:, idx], self.memory_bytes[:, idx], self.lead)
 
 
+PROBE_CHUNK_PLANS = 1 << 12
+"""Plans whose probes :func:`stage_probes` costs in one ``rank_cost`` call (at most 12 rows each:
+~49k rows, about ``even.EVEN_CHUNK_ROWS``, whose temporaries stay in the CPU caches). One call
+over every refinement candidate (Qwen3-30B-A3B on 256 GB200: 314k plans, 3.8M rows) made each
+of its hundreds of passes stream ~30 MB arrays through memory. rank_cost is row-wise: the same
+values (tests/planner/test_search_tables.py: each probe against rank_cost)."""
+
+
 def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = None,
                  stack: StackLayers | None = None, shared: SharedLayerCost | None = None) -> StageProbes:
-    """The probes of :func:`stage_table` for plans of any pipeline degrees, in one stacked
-    ``rank_cost`` call (a caller tabling many groups pays its fixed cost once); each plan's
-    columns are what ``stage_table`` computes for it alone. With ``stack`` the slopes are the
-    non-leading layers', and the embedding rank's probe holds the leading dense layers too.
-    ``shared`` (the plans' rows of a :class:`SharedLayerCost`) stands for ``layer`` and ``stack``."""
+    """The probes of :func:`stage_table` for plans of any pipeline degrees, in stacked
+    ``rank_cost`` calls of PROBE_CHUNK_PLANS plans (a caller tabling many groups pays their
+    fixed cost once); each plan's columns are what ``stage_table`` computes for it alone. With
+    ``stack`` the slopes are the non-leading layers', and the embedding rank's probe holds the
+    leading dense layers too. ``shared`` (the plans' rows of a :class:`SharedLayerCost`) stands
+    for ``layer`` and ``stack``."""
+    if shared is None and layer is None:
+        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
+    C = len(plans)
+    if C <= PROBE_CHUNK_PLANS:
+        return _stage_probes(ctx, plans, layer, stack, shared)
+    parts = []
+    for lo in range(0, C, PROBE_CHUNK_PLANS):
+        idx = np.arange(lo, min(C, lo + PROBE_CHUNK_PLANS))
+        parts.append(_stage_probes(ctx, plans.take(idx), None if shared is not None else _take_layer(layer, idx),
+                                   None if stack is None or shared is not None else _take_stack(stack, idx),
+                                   None if shared is None else shared.rows(idx)))
+    return StageProbes(*(np.concatenate([getattr(p, f) for p in parts], axis=1)
+                         for f in ("time_s", "extra_s", "memory_bytes")), lead=parts[0].lead)
+
+
+def _stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None,
+                  stack: StackLayers | None, shared: SharedLayerCost | None) -> StageProbes:
+    """:func:`stage_probes` in one stacked call (``layer`` or ``shared`` given)."""
     C = len(plans)
     if shared is not None:
         stack = shared.stack
-    elif layer is None:
-        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
     last, one = plans.pp - 1, plans.pp == 1
     d = stack.lead_layers if stack is not None else 0
     # Eight probes at n0 and n0 + 1 layers, (rank, n, r, embedding, head, lead), for time at
@@ -199,19 +247,47 @@ def stage_probes(ctx: CostContext, plans: PlanArrays, layer: LayerCost | None = 
               (0, n0, 0, False, False, 0), (0, n0 + 1, 0, False, False, 0), (0, n0 + 1, 1, False, False, 0),
               (0, n0 + 1, 2, False, False, 0), (last, n0, 0, False, False, 0), (last, n0 + 1, 0, False, False, 0),
               (0, n0 + d, 0, True, one, d), (last, np.where(one, n0 + d, n0), 0, one, True, np.where(one, d, 0)))]
+    # Of the 16 probes, stage_table reads neither the time of 3, 4 and 5 (they are there for the
+    # memory set) nor anything twice: time probe 1 is memory probe 0 (n0 + 1 = MEMORY_PROBE_LAYERS),
+    # and with pp = 1 the last rank is rank 0 (probes 4, 5 and 7 repeat 0, 1 and 6). rank_cost
+    # is row-wise, so each distinct (plan, probe) row is costed once and copied to its repeats:
+    # 12 rows per plan with pp > 1, 8 with pp = 1, instead of 16 (the same values).
     K = len(probes)
-    sp, idx = _stack(plans, K)
-    col = lambda j, dtype: np.concatenate([np.broadcast_to(np.asarray(pr[j], dtype=dtype), (C,))  # noqa: E731
-                                           for pr in probes])
+    cols = [[np.broadcast_to(np.asarray(pr[j]), (C,)) for j in range(6)] for pr in probes]
+    read = [j for j in range(K) if not (j < 8 and j in _PROBES_TIME_UNREAD)]
+    src = np.broadcast_to(np.arange(K)[:, None], (K, C)).copy()  # per (probe, plan): the probe costed
+    for jj, j in enumerate(read):
+        for i in read[:jj]:
+            same = src[j] == j
+            for a, b in zip(cols[i], cols[j]):
+                same &= a == b
+            src[j] = np.where(same, src[i], src[j])
+    costed = np.zeros((K, C), dtype=bool)
+    costed[read] = src[read] == np.asarray(read)[:, None]
+    which, idx = np.nonzero(costed)  # probe-major, as the stacked call of all 16 was
+    pos = np.full((K, C), -1, dtype=np.int64)
+    pos[which, idx] = np.arange(which.size)
+    sp = plans.take(idx)
+    col = lambda j, dtype: np.concatenate([c[j].astype(dtype)[costed[k]]  # noqa: E731
+                                           for k, c in enumerate(cols)])
     rows_layer, rows_stack = _gather(layer, stack, shared, idx)
     mix = {} if stack is None else {"stack": rows_stack, "lead": col(5, float)}
     rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, rows_layer,
                    rank=col(0, np.int64), layers=col(1, np.int64), recomputed=col(2, np.int64),
                    has_embedding=col(3, bool), has_head=col(4, bool), totals=False, **mix)
-    return StageProbes(time_s=np.asarray(rc.microbatch_s * np.ones(K * C)).reshape(K, C)[:8],
-                       extra_s=np.asarray(rc.step_extra_s * np.ones(K * C)).reshape(K, C)[:8],
-                       memory_bytes=np.asarray(rank_fit_bytes(rc, sp, ctx.calib) * np.ones(K * C)).reshape(K, C)[8:],
-                       lead=d)
+    at = pos[src, np.arange(C)[None, :]]  # (K, C) row of each probe's value (-1: unread)
+
+    def spread(values, lo, hi):
+        v = np.broadcast_to(np.asarray(values, dtype=float), (which.size,))
+        out = v[np.maximum(at[lo:hi], 0)]
+        return np.where(at[lo:hi] >= 0, out, np.nan)
+
+    return StageProbes(time_s=spread(rc.microbatch_s, 0, 8), extra_s=spread(rc.step_extra_s, 0, 8),
+                       memory_bytes=spread(rank_fit_bytes(rc, sp, ctx.calib), 8, 16), lead=d)
+
+
+_PROBES_TIME_UNREAD = (3, 4, 5)
+"""Time probes :func:`stage_table` does not read (NaN in ``StageProbes.time_s`` / ``extra_s``)."""
 
 
 def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndarray,
@@ -281,105 +357,3 @@ def fit_step_peak(ctx: CostContext, plans: PlanArrays, ranks: list) -> StepPeak:
                           step_extra_s=most([r.step_extra_s for r in ranks]),
                           memory_bytes=most([rank_fit_bytes(r, plans, ctx.calib) for r in ranks]),
                           host_bytes=most([r.host_bytes for r in ranks]))
-
-
-def score_splits(ctx: CostContext, plans: PlanArrays, layers: np.ndarray, recomputed: np.ndarray,
-                 layer: LayerCost | None = None, stack: StackLayers | None = None,
-                 shared: SharedLayerCost | None = None) -> StepPeak:
-    """Exact cost of each plan (row) with per-rank layer and recomputed counts (P, pp): what
-    ``compose`` gives for step time and peak memory (``stack``: each rank charged its kinds;
-    ``shared``, the plans' rows of a :class:`SharedLayerCost`, stands for ``layer`` and ``stack``)."""
-    P, pp = layers.shape
-    if shared is not None:
-        stack = shared.stack
-    elif layer is None:
-        layer = layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)
-    sp, idx = _stack(plans, pp)  # rank-major blocks: block j is rank j of every plan
-    rank = np.repeat(np.arange(pp), P)
-    rows_layer, rows_stack = _gather(layer, stack, shared, idx)
-    mix = {} if stack is None else {"stack": rows_stack,
-                                    "lead": lead_on_ranks(ctx.model, layers, plans.vpp).T.reshape(-1)}
-    rc = rank_cost(ctx.model, ctx.cluster, ctx.training, sp, ctx.calib, rows_layer,
-                   rank=rank, layers=layers.T.reshape(-1), recomputed=recomputed.T.reshape(-1),
-                   has_embedding=rank == 0, has_head=rank == pp - 1, totals=False,
-                   chunk_weight=_chunk_weights(ctx.training, plans, layers, recomputed).T.reshape(-1), **mix)
-
-    def most(x):  # rank-major (pp * P,) -> the max over the ranks, (P,)
-        return np.broadcast_to(x, (pp * P,)).reshape(pp, P).max(axis=0)
-
-    return compose_maxima(ctx.training, plans, ctx.calib, microbatch_s=most(rc.microbatch_s),
-                          step_extra_s=most(rc.step_extra_s), memory_bytes=most(rank_fit_bytes(rc, sp, ctx.calib)),
-                          host_bytes=most(rc.host_bytes))
-
-
-def _chunk_weights(training: TrainingSpec, plans: PlanArrays, layers: np.ndarray,
-                   recomputed: np.ndarray) -> np.ndarray:
-    """(P, pp) interleaved chunk weights of the plans the search writes (:func:`chunk_split` of
-    each row), as ``estimate`` charges them (``cost.chunk_inflight.layout_chunk_weight``).
-
-    That weight is 1 for an even layout (the virtual stages as ``plan.even_split`` makes them) and
-    otherwise depends on the rank only through its own chunks, i.e. its layer count n and v, and
-    on its index and the micro-batch count m: it is computed once per distinct (n, rank, v, m)
-    of the uneven rows (from the first such row's layout), not once per row and rank."""
-    P, pp = layers.shape
-    weights = np.ones((P, pp))
-    interleaved = (plans.schedule == SCHEDULE_CODES.index(Schedule.INTERLEAVED_1F1B)) & (plans.vpp > 1)
-    rows = np.flatnonzero(interleaved)
-    if rows.size == 0:
-        return weights
-    m = np.broadcast_to(np.asarray(num_microbatches(training, plans), dtype=np.int64), (P,))
-    n = layers.astype(np.int64)
-    for vpp in np.unique(plans.vpp[rows]):
-        vpp = int(vpp)
-        sub = rows[plans.vpp[rows] == vpp]
-        stage = _stage_layers(n[sub], vpp)  # (R, vpp * pp), model order, as chunk_split
-        total = stage.sum(axis=1)
-        uneven = np.ones(sub.size, dtype=bool)
-        for tot in np.unique(total):
-            same = total == tot
-            if pp * vpp <= tot:
-                uneven[same] = np.any(stage[same] != np.asarray(even_split(int(tot), pp * vpp)), axis=1)
-        sub, stage = sub[uneven], stage[uneven]
-        if sub.size == 0:
-            continue
-        # one key per (row, rank): (n, rank, m) (v is this loop's)
-        key_n, key_r = n[sub].reshape(-1), np.tile(np.arange(pp), sub.size)
-        key_m = np.repeat(m[sub], pp)
-        code = (key_m * (int(key_n.max()) + 1) + key_n) * pp + key_r  # mixed radix: 1-D unique is fast
-        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-        values = np.array([layout_chunk_weight(tuple(int(x) for x in stage[j // pp]), pp, vpp, int(key_r[j]),
-                                               int(key_m[j])) for j in first])
-        weights[sub] = values[inverse.reshape(-1)].reshape(sub.size, pp)
-    return weights
-
-
-def _stage_layers(rank_layers: np.ndarray, vpp: int) -> np.ndarray:
-    """:func:`chunk_split`'s virtual-stage layer counts of many rows at once: (R, pp) per-rank
-    totals -> (R, vpp * pp), virtual stage ``ch * pp + rank`` (the remainder on the last chunks)."""
-    base, extra = np.divmod(rank_layers, vpp)  # (R, pp)
-    ch = np.arange(vpp)[None, :, None]  # (1, vpp, 1)
-    stage = base[:, None, :] + (ch >= vpp - extra[:, None, :])  # (R, vpp, pp)
-    return stage.reshape(rank_layers.shape[0], -1)
-
-
-def chunk_split(rank_layers: np.ndarray, rank_recomputed: np.ndarray, vpp: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per virtual stage (model order) layer and recomputed counts from per-rank totals.
-
-    Virtual stage i lives on rank i % pp; a rank's layers are spread evenly over its chunks (the
-    time of a rank is that of its totals), the remainder on its LAST chunks: under the interleaved
-    schedule chunk 0 is held most often (``meshplan.cost.chunk_inflight``), so this order holds the
-    fewest activations. Its recomputed layers are filled chunk by chunk from chunk 0.
-    """
-    pp = len(rank_layers)
-    stage_layers = [0] * (pp * vpp)
-    stage_rec = [0] * (pp * vpp)
-    for rnk in range(pp):
-        n, r = int(rank_layers[rnk]), int(rank_recomputed[rnk])
-        base, extra = divmod(n, vpp)
-        for ch in range(vpp):
-            k = base + (1 if ch >= vpp - extra else 0)
-            take = min(k, r)
-            stage_layers[ch * pp + rnk] = k
-            stage_rec[ch * pp + rnk] = take
-            r -= take
-    return tuple(stage_layers), tuple(stage_rec)

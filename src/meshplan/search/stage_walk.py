@@ -1,0 +1,131 @@
+"""The staircase walk of :mod:`meshplan.search.stages`: point by point, every config of a table
+at once (:func:`_walk`), one virtual-stage count at a time on large mixed tables
+(:func:`_walk_by_chunks`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.search.stage_grid import (CAP_SLACK, _assignment, _memory_given_time, _min_bottleneck,
+                                        _time_given_memory, _times_given_memory, _top)
+from meshplan.search.stage_table import StagePoints, StageTable, _empty_points
+
+TRUNCATE_MIN_LAYER_COUNTS = 40
+"""``stage_frontier``'s default: grids are cut short (:func:`_top`) only when a rank can hold at
+least this many layer counts; on smaller grids the bounds' own passes cost about what they save
+(Llama-2-7B's 32 layers: 0.074 s cut against 0.063 s whole; Llama-3-70B's 80: 0.34 s against
+0.73 s)."""
+
+
+def _point(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray, t_last: np.ndarray,
+           truncate: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The split (n, r) of the staircase point (t_lim, m_lim) and the next point's time (the
+    least time that lets memory go strictly below m_lim; inf at the last point).
+
+    With ``truncate`` the time grids stop where no rank can use more layers within ``m_lim``
+    or within ``t_last`` (the staircase's slowest point, :func:`_top`); configurations whose
+    answers that bound could have cut are redone on the whole grid."""
+    top, pure = _top(tbl, mem_limit=m_lim, time_limit=t_last) if truncate else (None, None)
+    loose, strict = _times_given_memory(tbl, m_lim, (False, True), top)
+    n, r = _assignment(tbl, t_lim, m_lim, loose)
+    t_next = _min_bottleneck(strict, tbl)
+    if truncate:
+        bound = t_last * (1 + CAP_SLACK)
+        redo = np.flatnonzero(~pure & ((t_next > bound) | (t_lim > bound)))
+        if redo.size:
+            n[redo], r[redo], t_next[redo] = _point(tbl.take(redo), t_lim[redo], m_lim[redo], t_last[redo], False)
+    return n, r, t_next
+
+
+def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+                    truncate: bool | None) -> StagePoints:
+    """:func:`_walk` of a table of several virtual-stage counts v, one v at a time: each v's
+    grid starts at its own v and needs no masks (:func:`_mask_grid`), and a larger v's grid is
+    narrower. A config's walk reads its own row only (every grid pass, the partition and the
+    assignment are per row; ``keep_going`` is asked per row), so its points are the ones the
+    whole table's walk gives it; they are returned in that walk's order (step, then row), so
+    that ties between configs resolve as they did."""
+    v = tbl.chunk_array()
+    return _walk_parts(tbl, [(np.flatnonzero(v == vv), _walk) for vv in np.unique(v)], max_points, keep_going,
+                       memory_cap_bytes, truncate)
+
+
+def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memory_cap_bytes: float,
+                truncate: bool | None) -> StagePoints:
+    """The walk of ``tbl`` as walks of its parts (rows, walker): each config's points are its own
+    walk's, returned in the whole walk's order (step, then row)."""
+    walked = []
+    for rows, walker in parts:
+        if rows.size == 0:
+            continue
+        go = None if keep_going is None else (lambda r, t, m, rows=rows: keep_going(rows[r], t, m))
+        pts = walker(tbl.take(rows), max_points, go, memory_cap_bytes, truncate)
+        walked.append((rows[pts.config], pts))
+    parts = walked
+    if not parts:
+        return _empty_points(tbl.num_ranks)
+    cfg = np.concatenate([c for c, _ in parts])
+    if cfg.size == 0:
+        return _empty_points(tbl.num_ranks)
+    # A config's points come out fastest first, one per step: its k-th point is step k's.
+    order = np.argsort(cfg, kind="stable")
+    first = np.searchsorted(cfg[order], cfg[order])  # index of the config's first point in order
+    step = np.empty(cfg.size, dtype=np.int64)
+    step[order] = np.arange(cfg.size) - first
+    out = np.lexsort((cfg, step))
+    return StagePoints(cfg[out], *(np.concatenate([getattr(p, f) for _, p in parts])[out]
+                                   for f in ("max_time_s", "peak_bytes", "layers", "recomputed")))
+
+
+SPLIT_MIN_CELLS = 1 << 18
+"""A table of several virtual-stage counts is walked one count at a time
+(:func:`_walk_by_chunks`) when its grid holds at least this many cells (configs x ranks x layer
+counts); below, the per-walk fixed cost of the extra walks outweighs the masks they save
+(Qwen3-30B-A3B's p = 2 tables, 10k configs x 2 x 47 counts, v 1-8: 0.46 -> 0.36 s; Llama-2-7B on
+8 GPUs, small tables: 0.10 -> 0.12 s split, session 9)."""
+
+
+
+def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+          truncate: bool | None) -> StagePoints:
+    """:func:`stage_frontier` (the caller holds the floating-point warnings off)."""
+    C = tbl.num_configs
+    out: list[tuple[np.ndarray, ...]] = []
+    if C == 0:
+        return _empty_points(tbl.num_ranks)
+    inf = np.full(C, np.inf)
+    if truncate is None:
+        v_min = tbl.min_chunks()
+        truncate = tbl.num_layers - tbl.num_ranks * v_min + 1 >= TRUNCATE_MIN_LAYER_COUNTS
+    mem_cap = np.full(C, float(memory_cap_bytes))
+    top = _top(tbl, mem_limit=mem_cap)[0] if truncate else None
+    t_cur = _min_bottleneck(_time_given_memory(tbl, mem_cap, strict=False, top=top), tbl)
+    active = np.isfinite(t_cur)
+    m_floor = _min_bottleneck(_memory_given_time(tbl, inf, strict=False), tbl)
+    # The slowest point of the staircase (its leanest): no point of the walk is slower.
+    t_last = (_min_bottleneck(_time_given_memory(tbl, m_floor, strict=False, top=_top(tbl, mem_limit=m_floor)[0]),
+                              tbl) if truncate else inf)
+    rows = np.arange(C)
+    for _ in range(max_points):
+        if not active.any():
+            break
+        every = bool(active.all())
+        sub = tbl if every else tbl.take(rows[active])
+        t_a = t_cur if every else t_cur[active]
+        top = _top(sub, time_limit=t_a)[0] if truncate else None
+        m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=top), sub)
+        # The split of this point, and the next point: the least time that lets memory go
+        # strictly below this point's.
+        n, r, t_next = _point(sub, t_a, m_a, t_last[active], truncate)
+        t_s, m_s = sub.rank_costs(n, r)
+        out.append((rows[active], t_s.max(axis=1), m_s.max(axis=1), n, r))
+        idx = rows[active]
+        t_cur[idx] = t_next
+        active[idx] = np.isfinite(t_next)
+        if keep_going is not None and active.any():
+            live = rows[active]
+            active[live] = keep_going(live, t_cur[live], m_floor[live])
+    if not out:
+        return _empty_points(tbl.num_ranks)
+    cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
+    return StagePoints(cfg, t, m, n, r)
