@@ -47,6 +47,19 @@ way a stack release's values are applied, ``Run.release_values``, so the fit see
 
 Blank: the file was not read for it, the stack's value stands.
 
+and, for its data-parallel gradient reduction, the training's ``overlap_grad_reduce``
+(``Overlay.overlap_grad_reduce``, ``TrainingSpec.overlap_grad_reduce``): 0 -> the reduction runs
+after the backward, exposed; 1 -> overlapped, at the stack's fitted ``dp_overlap``. Megatron-
+Bridge's ``CommOverlapConfig`` turns ``overlap_grad_reduce`` / ``overlap_param_gather`` on whenever
+the run has data parallelism over the distributed optimizer (``_get_optimizer_overlap_cfgs``:
+``data_parallel_size > 1``, src/megatron/bridge/training/comm_overlap.py@0685ff5) unless the
+recipe sets them; the DeepSeek-V3 and Kimi-K2 H100 presets set ``cfg.comm_overlap.
+overlap_grad_reduce = False`` ("Disabling to avoid functional errors", scripts/performance/configs/
+deepseek/deepseek_llm_pretrain.py@69655bf and @0132842, kimi/kimi_llm_pretrain.py@a4fcff1), their
+B200 / B300 / GB200 / GB300 presets True; GPT-OSS 120B's resolved configs run it on
+(scripts/performance/dryrun_configs/gpt_oss/*.yaml@a9497c6: ``ddp.overlap_grad_reduce: true``),
+and DeepSeek-V3 H100's off with ``overlap_param_gather`` still on (deepseek_v3_pretrain_h100_fp8_sc_v1.yaml@a9497c6).
+
 A preset setting meshplan has no term for (``not_expressed``: Nemotron 3 Ultra's offload of the
 expert MLP's FC1 output, ``offload_modules`` ``fused_group_mlp``) skips the row with that reason
 (:class:`NotExpressible`) rather than estimating a run the preset did not make.
@@ -79,6 +92,9 @@ SETTING_COLUMNS = ("megatron_fsdp", "recompute_num_layers", "recompute_modules",
 RECIPE_COLUMNS = KEY_COLUMNS + SETTING_COLUMNS + ("config", "source")
 COMM_COLUMNS = ("moe_a2a_overlap", "moe_token_dispatcher_type", "moe_flex_dispatcher_backend")
 """The preset's expert all-to-all (optional columns: a file without them reads as all blank)."""
+GRAD_REDUCE_COLUMN = "overlap_grad_reduce"
+"""Optional column: 1 / 0, the preset's ``comm_overlap.overlap_grad_reduce`` (module docstring);
+blank: not read (the stack's overlap)."""
 NOT_EXPRESSED_COLUMN = "not_expressed"
 """Optional column: a memory setting of the preset that meshplan cannot express, in words (blank:
 none). A row of that preset is not estimated (:class:`NotExpressible`): a plan without the setting
@@ -122,6 +138,8 @@ class BridgeRecipe:
     """'alltoall' or 'flex'; empty: not read."""
     moe_flex_dispatcher_backend: str = ""
     """Under flex: 'deepep' or 'hybridep'."""
+    overlap_grad_reduce: bool | None = None
+    """``comm_overlap.overlap_grad_reduce`` as the preset runs it; None: not read (on, the stack's)."""
     not_expressed: str = ""
     """A setting of the preset meshplan cannot express (NOT_EXPRESSED_COLUMN); empty: none."""
     config: str
@@ -159,6 +177,8 @@ class Overlay:
     """Calibration fields the preset's expert all-to-all sets (module docstring), over the row's."""
     moe_dispatcher: MoeDispatcher | None = None
     """The training's token dispatcher the preset runs (module docstring); None: the default."""
+    overlap_grad_reduce: bool | None = None
+    """The training's ``overlap_grad_reduce`` the preset runs (module docstring); None: the default (on)."""
     fp8_recipe: Recipe | None = None
     """The fp8 recipe the preset was written for (:func:`preset_fp8_recipe`); None: not one."""
     notes: tuple[str, ...] = ()
@@ -166,7 +186,7 @@ class Overlay:
 
     @property
     def applied(self) -> bool:
-        return bool(self.calibration_values) or any(
+        return bool(self.calibration_values) or self.overlap_grad_reduce is False or any(
             v is not None for v in (self.zero, self.recompute, self.offload_layers, self.moe_dispatcher))
 
     def recompute_layers(self, num_layers: int, num_stages: int, stage_layers: tuple[int, ...]) -> tuple[int, ...]:
@@ -231,6 +251,9 @@ def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
             raise MeshplanError(f"{where}: column moe_flex_dispatcher_backend: "
                                 f"{comm['moe_flex_dispatcher_backend']!r} is not one of {', '.join(FLEX_BACKENDS)}"
                                 + ("" if flex else " under moe_token_dispatcher_type flex (blank otherwise)"))
+        grad_reduce = (row.get(GRAD_REDUCE_COLUMN) or "").strip()
+        if grad_reduce not in ("", "0", "1"):
+            raise MeshplanError(f"{where}: column {GRAD_REDUCE_COLUMN}: {grad_reduce!r} is not 0, 1 or blank")
         if key in out:
             raise MeshplanError(f"{where}: repeats the key of line {first_line[key]} "
                                 f"({', '.join(map(str, key))}): one preset per layout")
@@ -244,6 +267,7 @@ def parse_recipes(text: str, name: str) -> Mapping[RecipeKey, BridgeRecipe]:
             moe_a2a_overlap=None if not comm["moe_a2a_overlap"] else comm["moe_a2a_overlap"] == "1",
             moe_token_dispatcher_type=comm["moe_token_dispatcher_type"],
             moe_flex_dispatcher_backend=comm["moe_flex_dispatcher_backend"],
+            overlap_grad_reduce=None if not grad_reduce else grad_reduce == "1",
             not_expressed=(row.get(NOT_EXPRESSED_COLUMN) or "").strip(),
             config=cells["config"], source=cells["source"])
         first_line[key] = n
@@ -331,7 +355,10 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
     fp8_recipe = preset_fp8_recipe(recipe)
     if fp8_recipe is not None:
         notes.append(f"fp8 recipe: {fp8_recipe.value} ({label})")
-    return Overlay(fp8_recipe=fp8_recipe, zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
+    if recipe.overlap_grad_reduce is False:
+        notes.append(f"overlap_grad_reduce: off ({label}: comm_overlap.overlap_grad_reduce False, the "
+                     "data-parallel gradient reduction runs after the backward, exposed)")
+    return Overlay(fp8_recipe=fp8_recipe, overlap_grad_reduce=recipe.overlap_grad_reduce, zero=zero, recompute=recompute, recompute_block_layers=block if recompute else None,
                    recompute_modules=modules if recompute else (),
                    offload_layers=offload_layers, calibration_values=values, moe_dispatcher=dispatcher,
                    notes=(*notes, *comm_notes, *dispatcher_note))

@@ -168,6 +168,7 @@ def build_run(row: dict[str, str]) -> Run:
     alias = resolve_alias(row.get("model") or "")  # a token-drop run's capacity (spec/aliases.py)
     training = TrainingSpec(seq_len=S, global_batch=gbs, precision=precision, recipe=recipe,
                             moe_dispatcher=extra.moe_dispatcher or MoeDispatcher.ALLTOALL,
+                            overlap_grad_reduce=extra.overlap_grad_reduce is not False,
                             moe_capacity_factor=alias.moe_capacity_factor if alias is not None else None)
     plan.validate_for(model, training, cluster.num_gpus)
     release = release_of(fw.stack, row.get("framework"), row.get("source"))

@@ -115,6 +115,9 @@ DocBalanceOpt = Annotated[Optional[DocBalance], typer.Option(
 CpBucketsOpt = Annotated[Optional[bool], typer.Option(
     "--cp-buckets/--no-cp-buckets", help="Per-bucket context parallel: documents of at most "
     "seq-len/cp tokens train without CP, longer ones over the CP ranks (ByteScale); needs --seq-len-dist.")]
+OverlapGradReduceOpt = Annotated[Optional[bool], typer.Option(
+    "--overlap-grad-reduce/--no-overlap-grad-reduce", help="Data-parallel gradient reduction overlapped "
+    "with the backward (Megatron --overlap-grad-reduce) [default: on]; off: it runs after the backward, exposed.")]
 ExpertSkewOpt = Annotated[Optional[float], typer.Option(
     "--expert-skew", help="MoE routing skew: expert e gets a share ~ (e+1)^-S (Zipf exponent S; 0 = uniform). "
     "Default: the calibration's imbalance. See docs/expert-load.md.")]
@@ -139,6 +142,7 @@ class TrainingFlags:
     seq_len_dist: SeqLenDistOpt = None
     doc_balance: DocBalanceOpt = None
     cp_buckets: CpBucketsOpt = None
+    overlap_grad_reduce: OverlapGradReduceOpt = None
     expert_skew: ExpertSkewOpt = None
     expert_load: ExpertLoadOpt = None
 
@@ -178,6 +182,9 @@ class TrainingFlags:
         if base is not None:
             training = replace(training, seq_len_dist=base.seq_len_dist, doc_balance=base.doc_balance,
                                cp_buckets=base.cp_buckets)
+        overlap = self.overlap_grad_reduce if self.overlap_grad_reduce is not None else (
+            base.overlap_grad_reduce if base is not None else True)
+        training = replace(training, overlap_grad_reduce=overlap)
         return self.with_data(training)
 
     def expert_load_spec(self, job_load: ExpertLoad | None = None) -> ExpertLoad | None:

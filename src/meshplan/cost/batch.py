@@ -211,7 +211,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     mb_bwd = layers * (layer.bwd_compute_s + layer.bwd_comm_exposed_s)
     dp = step_dp_comm(model, cluster, plans, calib, terms, osdp, layers=layers, dense_params=dense_p,
                       expert_params=expert_p, total_params=total_p, grad_bytes_per_param=gb,
-                      backward_s=mb_bwd, experts_on=experts_on)
+                      backward_s=mb_bwd, experts_on=experts_on,
+                      overlap_grad_reduce=training.overlap_grad_reduce)
     rest_compute = np.maximum(compute - layers * (layer.fwd_compute_s + layer.bwd_compute_s), 0.0)
     if osdp.active:
         compute = compute + osdp.compute_s

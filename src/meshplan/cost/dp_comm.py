@@ -41,19 +41,24 @@ class StepDpComm:
 
 def step_dp_comm(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, calib: Calibration,
                  terms: PlanTerms, osdp: OsdpCost, *, layers, dense_params, expert_params, total_params,
-                 grad_bytes_per_param: float, backward_s, experts_on: bool) -> StepDpComm:
+                 grad_bytes_per_param: float, backward_s, experts_on: bool,
+                 overlap_grad_reduce: bool = True) -> StepDpComm:
     """Per step: ZeRO-0 all-reduces the gradients; ZeRO-1/2 reduce-scatter them and all-gather the
     updated weights; ZeRO-3 does neither here (per micro-batch: :func:`zero_microbatch_comm`).
-    The dp_replicate level (HSDP) all-reduces the shards; ``backward_s`` hides part of it."""
+    The dp_replicate level (HSDP) all-reduces the shards; ``backward_s`` hides part of it
+    (``calib.dp_overlap``). Without ``overlap_grad_reduce`` (``TrainingSpec``) the gradient
+    reduction waits for the backward and is all exposed; the ZeRO-1/2 weights' all-gather keeps
+    its overlap (``overlap_param_gather``, a separate setting that the presets leave on)."""
     z = plans.zero
     n1, lvl1 = terms.zero_ranks, terms.zero_link
     gb, wb = grad_bytes_per_param, calib.weight_bytes_per_param
     g_bytes = total_params * gb  # gradients are reduced in their buffer's dtype
     rs_grads = dp_ring(comms.reduce_scatter_time, terms, experts_on, dense_params * gb, expert_params * gb)
     ag_weights = dp_ring(comms.all_gather_time, terms, experts_on, dense_params * wb, expert_params * wb)
-    step_lvl1 = np.where(z == 0, dp_ring(comms.all_reduce_time, terms, experts_on, dense_params * gb,
-                                         expert_params * gb),
-                         np.where(z <= 2, rs_grads + ag_weights, 0.0))
+    grads_lvl1 = np.where(z == 0, dp_ring(comms.all_reduce_time, terms, experts_on, dense_params * gb,
+                                          expert_params * gb), np.where(z <= 2, rs_grads, 0.0))
+    params_lvl1 = np.where((z >= 1) & (z <= 2), ag_weights, 0.0)
+    step_lvl1 = grads_lvl1 + params_lvl1
     # OSDP's kept groups (zero 3): their updated weights all-gathered once per step, as ZeRO-2
     if osdp.active:
         step_lvl1 = step_lvl1 + comms.all_gather_time(osdp.kept_params * wb, n1, lvl1)
@@ -64,7 +69,11 @@ def step_dp_comm(model: ModelSpec, cluster: ClusterSpec, plans: PlanArrays, cali
         ep_link = comms.group_link(cluster, calib, plans.ep, plans.etp)
         dp_total = dp_total + np.where(plans.expert_replicas > 0, comms.all_reduce_time(
             expert_params * replica_share * gb, plans.ep, ep_link), 0.0)
-    dp_exposed = comms.exposed(dp_total, calib.dp_overlap, backward_s)
+    if overlap_grad_reduce:
+        dp_exposed = comms.exposed(dp_total, calib.dp_overlap, backward_s)
+    else:  # the gradient reduction (and the replicas' all-reduce) after the backward, exposed
+        params_s = params_lvl1 + (comms.all_gather_time(osdp.kept_params * wb, n1, lvl1) if osdp.active else 0.0)
+        dp_exposed = (dp_total - params_s) + comms.exposed(params_s, calib.dp_overlap, backward_s)
     if calib.dp_layer_overhead_s:  # the runtime's per-layer gradient reduction, once per step
         dp_ranks = plans.dp_replicate * n1
         dp_exposed = dp_exposed + np.where(z <= 1, layers * (dp_ranks - 1) * calib.dp_layer_overhead_s, 0.0)

@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                  "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
                  "--optimizer-cpu-offload", "--cpu-offloading", "--moe-enable-deepep",
                  "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split",
-                 "--account-for-loss-in-pipeline-split"):
+                 "--account-for-loss-in-pipeline-split", "--overlap-grad-reduce", "--overlap-param-gather"):
         add(name, action="store_true")
     add("--moe-token-dispatcher-type", choices=[d.value for d in MoeDispatcher], default=None)
     add("--moe-expert-capacity-factor", type=float, default=None)
@@ -356,8 +356,15 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("the Megatron arguments give no --global-batch-size")
     if a.seq_length is None:
         raise MeshplanError("the Megatron arguments give no --seq-length")
+    if a.overlap_param_gather and not (a.overlap_grad_reduce and a.use_distributed_optimizer):
+        raise MeshplanError("--overlap-param-gather needs --overlap-grad-reduce and --use-distributed-optimizer "
+                            "(Megatron-LM's validate_args refuses it otherwise)")
+    # Megatron-LM reduces the gradients after the backward unless told (--overlap-grad-reduce is
+    # off by default); with no data parallelism, or under FSDP2, the flag has nothing to say
+    overlap_grad_reduce = bool(a.overlap_grad_reduce) or dp == 1 or zero == 3
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
-                            recipe=recipe, **_moe_fields(a, default_dispatcher if _is_moe(a, spec) else None))
+                            recipe=recipe, overlap_grad_reduce=overlap_grad_reduce,
+                            **_moe_fields(a, default_dispatcher if _is_moe(a, spec) else None))
     cp_method = CPMethod.ALL_TO_ALL if a.cp_comm_type and a.cp_comm_type[0] == "a2a" else CPMethod.RING
     plan = Plan(
         dims=ParallelDims(tp=tp, pp=pp, cp=cp, ep=ep, etp=0 if etp == tp else etp, **dims),

@@ -248,10 +248,16 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
             args.append(["--use-distributed-optimizer"])
             if d.dp_replicate > 1:
                 args.append(["--num-distributed-optimizer-instances", str(d.dp_replicate)])
+            if t.overlap_grad_reduce:  # the parameter all-gather needs both (validate_args)
+                args += [["--overlap-grad-reduce"], ["--overlap-param-gather"]]
             if plan.zero == 2:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
+    if d.dp_replicate > 1 and plan.zero == 0 and t.overlap_grad_reduce:
+        # Megatron-LM's --overlap-grad-reduce is off by default (store_true,
+        # megatron/training/arguments.py _add_distributed_args): the plan's costs assume it on
+        args.append(["--overlap-grad-reduce"])
     refuse_expert_placement(plan, "Megatron-LM")
     refuse_data_schedule(job, "Megatron-LM")
     if plan.vocab_parallel:

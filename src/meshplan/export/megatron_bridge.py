@@ -53,6 +53,10 @@ FIELDS = {
     "--seq-length": "model.seq_length",
     "--use-distributed-optimizer": "ddp.use_distributed_optimizer",
     "--num-distributed-optimizer-instances": "ddp.num_distributed_optimizer_instances",
+    # DistributedDataParallelConfig; a recipe's CommOverlapConfig turns both on at dp > 1 itself
+    # (training/comm_overlap.py _get_optimizer_overlap_cfgs), so the flags' absence is left to it
+    "--overlap-grad-reduce": "ddp.overlap_grad_reduce",
+    "--overlap-param-gather": "ddp.overlap_param_gather",
     "--use-torch-fsdp2": "dist.use_torch_fsdp2",
     "--optimizer-cpu-offload": "optimizer.optimizer_cpu_offload",  # megatron.core OptimizerConfig
     "--optimizer-offload-fraction": "optimizer.optimizer_offload_fraction",

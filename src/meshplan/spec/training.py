@@ -88,6 +88,14 @@ class TrainingSpec:
 
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     """Token dispatcher of MoE layers (Megatron-Core's default: alltoall)."""
+    overlap_grad_reduce: bool = True
+    """Megatron-Core's ``--overlap-grad-reduce``: the data-parallel gradient reduction (all-reduce,
+    or reduce-scatter under the distributed optimizer) runs in buckets during the backward,
+    hidden behind it up to the stack's fitted ``Calibration.dp_overlap``; False: it runs after
+    the backward, all of it exposed. Megatron-LM's flag is off by default (store_true), but
+    Megatron-Bridge's ``CommOverlapConfig`` and NeMo 2.0's recipes turn it on at any data
+    parallelism over the distributed optimizer (calib/recipes.py), and meshplan's plans are for
+    runtimes that do: on unless a run says otherwise."""
     moe_capacity_factor: float | None = None
     """Expert capacity over the mean tokens per expert: tokens beyond it are dropped (Fedus et
     al. 2022 Sec. 2.2; Megatron --moe-expert-capacity-factor). None: dropless."""
@@ -120,6 +128,8 @@ class TrainingSpec:
         if self.seq_len_dist is None and (self.doc_balance != DocBalance.STREAM or self.cp_buckets):
             raise MeshplanError("balanced documents and per-bucket context parallel need a sequence-length "
                                 "distribution (--seq-len-dist)")
+        if not isinstance(self.overlap_grad_reduce, bool):
+            raise MeshplanError(f"overlap_grad_reduce must be true or false, got {self.overlap_grad_reduce!r}")
         if not isinstance(self.cp_buckets, bool):
             raise MeshplanError(f"cp_buckets must be true or false, got {self.cp_buckets!r}")
         if self.expert_load is not None and not isinstance(self.expert_load, ExpertLoad):
