@@ -26,6 +26,18 @@ class MemoryFields:
     default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
+    params_are_master: bool = False
+    """Whether the stack's parameter is the fp32 master itself, with no persistent low-precision
+    copy: torch FSDP1 / FSDP2 with a bf16 ``param_dtype`` keep the fp32 sharded parameter, cast a
+    layer's all-gather input to bf16 on the fly and hold bf16 only unsharded, while the layer is
+    gathered (pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_api.py@05f814f
+    MixedPrecisionPolicy: "FSDP ... keeps the high-precision sharded parameters in memory anyway"
+    and needs no extra copy for the optimizer step). States per parameter: 4 (the fp32
+    parameter, counted as the weights) + the gradients + the moments, no 2-byte shard and no
+    separate master (16 B with fp32 Adam and fp32 sharded gradients, not 2 + 4 + 12).
+    False: a low-precision parameter beside the fp32 master (Megatron's distributed optimizer:
+    bf16 parameters, fp32 main parameters; DeepSpeed ZeRO: bf16 partitioned parameters and an
+    fp32 partition). A stack field (frameworks.json); cost/memory.py ``rank_states``."""
     adam_bytes_per_param: float = 8.0
     """Adam first and second moments in fp32 (Rajbhandari et al. 2020, ZeRO Sec. 3.1)."""
     sgd_bytes_per_param: float = 4.0
