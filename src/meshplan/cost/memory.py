@@ -138,6 +138,17 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
                            logits_bytes=logits)
 
 
+def deepspeed_live_params(model: ModelSpec, calib: Calibration, tp):
+    """Gathered elements DeepSpeed's ZeRO-3 keeps live at once (Calibration.zero3_max_live_params):
+    the current module, the largest linear weight of a layer (``m``, per tensor-parallel rank),
+    and what the prefetch holds ahead: a whole next module where modules are larger than the
+    prefetch bucket, the window up to the live cap where they are smaller (a bucket added at
+    every module, one module released). Upper end of the window; the rank's layers bound it."""
+    m = model.hidden_size * max(model.ffn_hidden_size, model.q_size + 2 * model.kv_size) / tp
+    cap = calib.zero3_max_live_params
+    return m + np.where(m < calib.zero3_prefetch_bucket_params, cap, np.minimum(m, cap))
+
+
 @dataclass(frozen=True)
 class RankOther:
     other_bytes: np.ndarray
@@ -166,11 +177,15 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
         gathered = np.where(keep, layers, gathered)
         if osdp.active:
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
+    gathered_params = gathered * gathered_p
     # Beyond the shard already held, unless the shard is the fp32 parameter (torch FSDP,
-    # Calibration.params_are_master): then the bf16 gathered layer is all new.
+    # Calibration.params_are_master) or the stack gathers into a buffer of its own (DeepSpeed):
+    # then the bf16 gathered parameters are all new.
     not_held = 1.0 if calib.params_are_master else 1.0 - 1.0 / terms.zero_ranks
-    z3_buffers = np.where(z >= 3, gathered * gathered_p
-                          * gathered_bytes_per_param(training, calib, gpu) * not_held, 0.0)
+    if calib.zero3_max_live_params:
+        gathered_params = np.minimum(layers * gathered_p, deepspeed_live_params(model, calib, terms.t))
+        not_held = 1.0
+    z3_buffers = np.where(z >= 3, gathered_params * gathered_bytes_per_param(training, calib, gpu) * not_held, 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:
         allocated_bytes = allocated_bytes + step_excess_bytes

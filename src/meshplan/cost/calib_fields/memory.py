@@ -26,6 +26,20 @@ class MemoryFields:
     default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
+    zero3_max_live_params: float = 0.0
+    """Elements of gathered parameters a rank keeps live under ZeRO-3 before it releases any:
+    DeepSpeed's ``stage3_max_live_parameters`` (default 1e9, deepspeed/runtime/zero/config.py
+    @1b88ac3). DeepSpeed gathers module by module (each Linear a submodule), not layer by layer,
+    and its prefetch adds up to a bucket (``zero3_prefetch_bucket_params``) ahead at every module
+    while the window stays under this cap (partitioned_param_coordinator.py@00a31c9
+    fetch_sub_module: ``min(max_n_available_params - n_available_params, prefetch_bucket_sz)``,
+    whole parameters until the bucket is full). 0: torch FSDP's two layers gathered (Zhao et al.
+    2023 Sec. 3.2). A stack field (frameworks.json); cost/memory.py ``rank_other``."""
+    zero3_prefetch_bucket_params: float = 5e7
+    """DeepSpeed's ``stage3_prefetch_bucket_size`` (elements; default 5e7, config.py@1b88ac3):
+    where a module is smaller, the prefetch runs ahead until the window reaches
+    ``zero3_max_live_params``; where it is larger, one whole module is prefetched beside the
+    current one. Read only where ``zero3_max_live_params`` is set."""
     params_are_master: bool = False
     """Whether the stack's parameter is the fp32 master itself, with no persistent low-precision
     copy: torch FSDP1 / FSDP2 with a bf16 ``param_dtype`` keep the fp32 sharded parameter, cast a
