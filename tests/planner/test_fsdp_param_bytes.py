@@ -8,6 +8,8 @@ q 4096^2 + k, v 2 x 4096 x 1024 + o 4096^2 + MLP 3 x 4096 x 14336 + 2 norms x 40
 4096 = 8,030,261,248. Per GPU: parameters 4 x P / 8 (fp32 shard) against 2 x P / 8, Adam 8 x P / 8
 against 12 x P / 8 (moments + master); gathered, two layers in bf16, all of it beyond the fp32
 shard (2 x 218,112,000 x 2 = 872,448,000 B) against 7/8 of it beside a bf16 shard (763,392,000 B).
+FSDP2's reduce-scatter (Calibration.fsdp_reduce_scatter_bytes_per_param): one layer's fp32
+input + its bf16 gradients, 6 x 218,112,000 = 1,308,672,000 B more.
 """
 
 from pathlib import Path
@@ -27,10 +29,10 @@ P = 8_030_261_248
 LAYER_P = 218_112_000
 
 
-def _memory(flag: bool):
+def _memory(flag: bool, rs_bytes: float = 0.0):
     run = next(r for r in load_runs(HELDOUT)[0] if r.row_id == "tt-1")
     calib = setting_calibration(run, None, {**run.settings, **run.release_values}).replace_fields(
-        params_are_master=flag)
+        params_are_master=flag, fsdp_reduce_scatter_bytes_per_param=rs_bytes)
     return estimate(run.model, run.cluster, run.training, run.plan, calib).memory
 
 
@@ -47,6 +49,12 @@ def test_a_bf16_shard_beside_the_fp32_master():
     assert m.parameters_bytes == pytest.approx(2 * P / 8)
     assert m.optimizer_bytes == pytest.approx(12 * P / 8)
     assert m.gathered_weight_bytes == pytest.approx(2 * LAYER_P * 2 * 7 / 8)
+
+
+def test_the_reduce_scatter_holds_one_layer_in_fp32_beside_its_bf16_gradients():
+    # torchtitan's stack: + 6 x 218,112,000 = 1,308,672,000 B (1.22 GiB) beyond the gathered layers
+    assert _memory(True, 6.0).gathered_weight_bytes == pytest.approx(2 * LAYER_P * 2 + 6 * LAYER_P)
+    assert framework_defaults("torchtitan").settings["fsdp_reduce_scatter_bytes_per_param"] == 6.0
 
 
 def test_states_per_parameter():

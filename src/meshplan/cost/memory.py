@@ -185,7 +185,10 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
     if calib.zero3_max_live_params:
         gathered_params = np.minimum(layers * gathered_p, deepspeed_live_params(model, calib, terms.t))
         not_held = 1.0
-    z3_buffers = np.where(z >= 3, gathered_params * gathered_bytes_per_param(training, calib, gpu) * not_held, 0.0)
+    z3_bytes = gathered_params * gathered_bytes_per_param(training, calib, gpu) * not_held
+    if calib.fsdp_reduce_scatter_bytes_per_param:  # one layer's gradients on their way to the reduce-scatter
+        z3_bytes = z3_bytes + gathered_p * calib.fsdp_reduce_scatter_bytes_per_param
+    z3_buffers = np.where(z >= 3, z3_bytes, 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:
         allocated_bytes = allocated_bytes + step_excess_bytes

@@ -26,6 +26,16 @@ class MemoryFields:
     default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
+    fsdp_reduce_scatter_bytes_per_param: float = 0.0
+    """Bytes per parameter of one layer that ZeRO-3 holds in its backward for the gradients'
+    reduce-scatter, beyond the gathered layers: FSDP2 with a wider ``reduce_dtype`` (torchtitan:
+    bf16 compute, fp32 reduce) allocates the reduce-scatter input in fp32 for the whole layer (4)
+    and copies the layer's unsharded bf16 gradients (2) into it before freeing them; the input is
+    held until the next layer's reduce-scatter, while that layer's bf16 gradients are produced
+    (pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py@010ae4a
+    ``foreach_reduce``: ``reduce_scatter_comm.allocate(..., dtype=reduce_dtype)``, "Only after the
+    copy-in finishes can we free the gradients"): 2 + 4 = 6 at either moment. 0: not counted
+    (a stack field, frameworks.json; cost/memory.py ``rank_other``)."""
     zero3_max_live_params: float = 0.0
     """Elements of gathered parameters a rank keeps live under ZeRO-3 before it releases any:
     DeepSpeed's ``stage3_max_live_parameters`` (default 1e9, deepspeed/runtime/zero/config.py
