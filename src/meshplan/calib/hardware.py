@@ -96,7 +96,7 @@ def runtime_storage(calib: Calibration, precision: Precision, device: str) -> Ca
     changes: dict[str, Any] = {}
     if precision is Precision.FP32:
         changes.update(weight_bytes_per_param=FP32_BYTES,  # fp32 gradients: Calibration.grad_bytes_per_param gives 4
-                       master_bytes_per_param=0.0,
+                       master_bytes_per_param=0.0, params_are_master=False,
                        # logits and their log-softmax, 2 x fp32 per element
                        logits_bytes_per_element=2 * FP32_BYTES)
     if device == CPU_DEVICE:

@@ -224,8 +224,10 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         comm_tot = comm_tot + zero.total_s
 
     # ---- optimizer step: read grads, master, moments; write master, moments, weights -------
+    # (where the parameter is the master, Calibration.params_are_master: read and write it, fp32)
+    param_rw = 2.0 * calib.master_bytes_per_param if calib.params_are_master else calib.weight_bytes_per_param
     opt_bytes = sharded_bytes(terms, experts_on, dense_p, expert_p, 1) * (
-        2 * optimizer_state_bytes_per_param(calib, training) + gb + calib.weight_bytes_per_param)
+        2 * optimizer_state_bytes_per_param(calib, training) + gb + param_rw)
     optimizer_s = opt_bytes / hbm
 
     # ---- activations (cost.memory) ------------------------------------------------------------

@@ -112,16 +112,24 @@ class LayerCost:
 
 
 def optimizer_state_bytes_per_param(calib: Calibration, training: TrainingSpec) -> float:
-    """fp32 master weights + optimizer moments (Adam 2, SGD 1)."""
+    """fp32 master weights + optimizer moments (Adam 2, SGD 1); the moments only where the
+    parameter is the master (Calibration.params_are_master: counted as the weights)."""
     moments = calib.sgd_bytes_per_param if training.optimizer == Optimizer.SGD else calib.adam_bytes_per_param
-    return calib.master_bytes_per_param + moments
+    return moments if calib.params_are_master else calib.master_bytes_per_param + moments
+
+
+def param_bytes_per_param(calib: Calibration) -> float:
+    """Bytes of the parameter a rank keeps (sharded under ZeRO-3): the low-precision working
+    copy, or the fp32 master itself where the stack keeps no other (Calibration.params_are_master:
+    torch FSDP's fp32 sharded parameter)."""
+    return calib.master_bytes_per_param if calib.params_are_master else calib.weight_bytes_per_param
 
 
 def state_bytes(calib: Calibration, training: TrainingSpec, params, zero, shard):
     """Weights + grads + optimizer of ``params`` on one GPU, ZeRO stage ``zero`` over ``shard``
     ranks (Rajbhandari et al. 2020 Sec. 5: stage 1 optimizer, 2 + gradients, 3 + weights)."""
     opt = optimizer_state_bytes_per_param(calib, training)
-    w = calib.weight_bytes_per_param / np.where(zero >= 3, shard, 1)
+    w = param_bytes_per_param(calib) / np.where(zero >= 3, shard, 1)
     g = calib.grad_bytes_per_param(training.precision) / np.where(zero >= 2, shard, 1)
     o = opt / np.where(zero >= 1, shard, 1)
     return params * (w + g + o)

@@ -14,7 +14,7 @@ import numpy as np
 
 from meshplan.cost.arrays import ZERO_BUBBLE, PlanArrays
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.layer import LayerCost, activation_bytes, optimizer_state_bytes_per_param
+from meshplan.cost.layer import LayerCost, activation_bytes, optimizer_state_bytes_per_param, param_bytes_per_param
 from meshplan.cost.osdp import OsdpCost
 from meshplan.cost.pipeline import head_microbatches_held, in_flight_chunks, recv_buffers_held
 from meshplan.cost.plan_terms import PlanTerms
@@ -65,14 +65,15 @@ def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, te
     """Weights (ZeRO-3 shards them, OSDP keeps ``kept_weight_bytes`` beyond the shards),
     gradients (ZeRO-2) and optimizer states (ZeRO-1) of a rank holding ``dense_params`` +
     ``expert_params`` parameters before sharding (``total_params`` their sum)."""
-    wb = calib.weight_bytes_per_param
-    weights = sharded_bytes(terms, experts_on, dense_params * wb, expert_params * wb, 3)
+    # the parameter held: bf16 beside an fp32 master, or the fp32 master itself (torch FSDP)
+    pb = param_bytes_per_param(calib)
+    weights = sharded_bytes(terms, experts_on, dense_params * pb, expert_params * pb, 3)
     weights = weights + kept_weight_bytes
     # fp8/fp4 copies of the layers' linear weights (cost/precision.py; not embedding / LM head)
     copy_b = weight_copy_bytes_per_param(training, calib, gpu)
     if copy_b:
         # fp8 primary weights (--fp8-param-gather): the copies replace the bf16 linear weights
-        copy_b = copy_b - wb if fp8_primary_weights(training, calib) else copy_b
+        copy_b = copy_b - calib.weight_bytes_per_param if fp8_primary_weights(training, calib) else copy_b
         weights = weights + sharded_bytes(terms, experts_on, layers * layer.dense_params_per_gpu * copy_b,
                                           expert_params * copy_b, 3)
     gb = calib.grad_bytes_per_param(training.precision)
@@ -137,6 +138,17 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
                            logits_bytes=logits)
 
 
+def deepspeed_live_params(model: ModelSpec, calib: Calibration, tp):
+    """Gathered elements DeepSpeed's ZeRO-3 keeps live at once (Calibration.zero3_max_live_params):
+    the current module, the largest linear weight of a layer (``m``, per tensor-parallel rank),
+    and what the prefetch holds ahead: a whole next module where modules are larger than the
+    prefetch bucket, the window up to the live cap where they are smaller (a bucket added at
+    every module, one module released). Upper end of the window; the rank's layers bound it."""
+    m = model.hidden_size * max(model.ffn_hidden_size, model.q_size + 2 * model.kv_size) / tp
+    cap = calib.zero3_max_live_params
+    return m + np.where(m < calib.zero3_prefetch_bucket_params, cap, np.minimum(m, cap))
+
+
 @dataclass(frozen=True)
 class RankOther:
     other_bytes: np.ndarray
@@ -165,8 +177,18 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
         gathered = np.where(keep, layers, gathered)
         if osdp.active:
             gathered_p = np.where(keep, osdp.sharded_layer_params, gathered_p)
-    z3_buffers = np.where(z >= 3, gathered * gathered_p
-                          * gathered_bytes_per_param(training, calib, gpu) * (1.0 - 1.0 / terms.zero_ranks), 0.0)
+    gathered_params = gathered * gathered_p
+    # Beyond the shard already held, unless the shard is the fp32 parameter (torch FSDP,
+    # Calibration.params_are_master) or the stack gathers into a buffer of its own (DeepSpeed):
+    # then the bf16 gathered parameters are all new.
+    not_held = 1.0 if calib.params_are_master else 1.0 - 1.0 / terms.zero_ranks
+    if calib.zero3_max_live_params:
+        gathered_params = np.minimum(layers * gathered_p, deepspeed_live_params(model, calib, terms.t))
+        not_held = 1.0
+    z3_bytes = gathered_params * gathered_bytes_per_param(training, calib, gpu) * not_held
+    if calib.fsdp_reduce_scatter_bytes_per_param:  # one layer's gradients on their way to the reduce-scatter
+        z3_bytes = z3_bytes + gathered_p * calib.fsdp_reduce_scatter_bytes_per_param
+    z3_buffers = np.where(z >= 3, z3_bytes, 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:
         allocated_bytes = allocated_bytes + step_excess_bytes

@@ -26,6 +26,42 @@ class MemoryFields:
     default without --accumulate-allreduce-grads-in-fp32; DeepSpeed fp16 ZeRO-1)."""
     master_bytes_per_param: float = 4.0
     """fp32 master weights under mixed precision (Micikevicius et al. 2018)."""
+    fsdp_reduce_scatter_bytes_per_param: float = 0.0
+    """Bytes per parameter of one layer that ZeRO-3 holds in its backward for the gradients'
+    reduce-scatter, beyond the gathered layers: FSDP2 with a wider ``reduce_dtype`` (torchtitan:
+    bf16 compute, fp32 reduce) allocates the reduce-scatter input in fp32 for the whole layer (4)
+    and copies the layer's unsharded bf16 gradients (2) into it before freeing them; the input is
+    held until the next layer's reduce-scatter, while that layer's bf16 gradients are produced
+    (pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py@010ae4a
+    ``foreach_reduce``: ``reduce_scatter_comm.allocate(..., dtype=reduce_dtype)``, "Only after the
+    copy-in finishes can we free the gradients"): 2 + 4 = 6 at either moment. 0: not counted
+    (a stack field, frameworks.json; cost/memory.py ``rank_other``)."""
+    zero3_max_live_params: float = 0.0
+    """Elements of gathered parameters a rank keeps live under ZeRO-3 before it releases any:
+    DeepSpeed's ``stage3_max_live_parameters`` (default 1e9, deepspeed/runtime/zero/config.py
+    @1b88ac3). DeepSpeed gathers module by module (each Linear a submodule), not layer by layer,
+    and its prefetch adds up to a bucket (``zero3_prefetch_bucket_params``) ahead at every module
+    while the window stays under this cap (partitioned_param_coordinator.py@00a31c9
+    fetch_sub_module: ``min(max_n_available_params - n_available_params, prefetch_bucket_sz)``,
+    whole parameters until the bucket is full). 0: torch FSDP's two layers gathered (Zhao et al.
+    2023 Sec. 3.2). A stack field (frameworks.json); cost/memory.py ``rank_other``."""
+    zero3_prefetch_bucket_params: float = 5e7
+    """DeepSpeed's ``stage3_prefetch_bucket_size`` (elements; default 5e7, config.py@1b88ac3):
+    where a module is smaller, the prefetch runs ahead until the window reaches
+    ``zero3_max_live_params``; where it is larger, one whole module is prefetched beside the
+    current one. Read only where ``zero3_max_live_params`` is set."""
+    params_are_master: bool = False
+    """Whether the stack's parameter is the fp32 master itself, with no persistent low-precision
+    copy: torch FSDP1 / FSDP2 with a bf16 ``param_dtype`` keep the fp32 sharded parameter, cast a
+    layer's all-gather input to bf16 on the fly and hold bf16 only unsharded, while the layer is
+    gathered (pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_api.py@05f814f
+    MixedPrecisionPolicy: "FSDP ... keeps the high-precision sharded parameters in memory anyway"
+    and needs no extra copy for the optimizer step). States per parameter: 4 (the fp32
+    parameter, counted as the weights) + the gradients + the moments, no 2-byte shard and no
+    separate master (16 B with fp32 Adam and fp32 sharded gradients, not 2 + 4 + 12).
+    False: a low-precision parameter beside the fp32 master (Megatron's distributed optimizer:
+    bf16 parameters, fp32 main parameters; DeepSpeed ZeRO: bf16 partitioned parameters and an
+    fp32 partition). A stack field (frameworks.json); cost/memory.py ``rank_states``."""
     adam_bytes_per_param: float = 8.0
     """Adam first and second moments in fp32 (Rajbhandari et al. 2020, ZeRO Sec. 3.1)."""
     sgd_bytes_per_param: float = 4.0
