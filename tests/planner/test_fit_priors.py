@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.calib.fit import SPECIFIC_GRID, TIME_GRID, fit_all, fit_start
+from meshplan.calib.fit import PER_TOKEN_GRID, SPECIFIC_GRID, TIME_GRID, fit_all, fit_start
 from meshplan.calib.fit_search import Objective, descend
 from meshplan.calib.forked import map_forked
 from meshplan.calib.holdout import HOW, _fold, leave_one_out
@@ -29,12 +29,15 @@ ROW = dict(id="1", source="Synth2024 Table 1", model="GPT", num_layers="8", hidd
 
 
 def test_every_fitted_time_field_has_a_range_with_a_source_that_holds_its_start():
-    for name in {**TIME_GRID, **SPECIFIC_GRID}:
+    grids = {**TIME_GRID, **SPECIFIC_GRID, **PER_TOKEN_GRID}
+    for name, grid in grids.items():
         prior = FIELD_PRIORS[name]
         assert prior.source and prior.low < prior.high
         start = getattr(Calibration(), name)
         assert prior.low <= start <= prior.high, name  # the literature default is physical
-        assert len(bounded_grid(name, TIME_GRID.get(name) or SPECIFIC_GRID[name])) >= 2, name
+        assert len(bounded_grid(name, grid)) >= 2, name
+    # the per-token memory factor cannot go below one fused pass per op nor past three
+    assert bounded_grid("elementwise_time_factor", (0.5, 1.0, 3.0, 4.0)) == (1.0, 3.0)
     # the session-8 edges are outside: NVLink at 0.4 of its rate, a NIC at its whole line rate
     assert 0.4 not in bounded_grid("intra_node_comm_efficiency", (0.4, 0.5, 0.6, 0.8))
     assert bounded_grid("inter_node_comm_efficiency", (0.6, 0.9, 1.0)) == (0.6, 0.9)

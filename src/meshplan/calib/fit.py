@@ -61,6 +61,16 @@ TIME_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
 """Factors fitted on throughput, with their grids. Groups with few rows fit only the first; a
 field a row's framework fixes (its ``settings``) is not fitted. Every grid is cut to its field's
 physical range (calib/priors.py ``FIELD_PRIORS``, each with its source) before the fit."""
+PER_TOKEN_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
+    # the memory-bound passes per layer (norms, activation, residual, casts with amax, MoE permute)
+    # over the one-fused-pass-per-op bytes at the achievable HBM rate (cost/layer.py)
+    "elementwise_time_factor": (1.0, 1.25, 1.5, 2.0, 2.5, 3.0),
+})
+"""A per-token device cost the shipped fit does not move (bench/bench_overhead_per_token.py fits it
+with ``layer_overhead_s`` and ``matmul_efficiency``): with ``layer_overhead_on_host`` it takes the
+place of the per-layer device overhead and reaches the top of its range on Blackwell, and the
+Megatron-Bridge p90 gets worse (docs/accuracy.md, session 10 round 2), so it stays out of
+``TIME_GRID``."""
 SPECIFIC_GRID: Mapping[str, tuple[float, ...]] = MappingProxyType({
     # the experts' grouped GEMMs over a single GEMM's efficiency (cost/moe.py): MoE rows only
     "moe_grouped_gemm_efficiency": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),

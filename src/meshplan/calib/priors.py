@@ -67,6 +67,13 @@ FIELD_PRIORS: Mapping[str, FieldPrior] = MappingProxyType({
         low=0.3, high=0.9, log_scale=True,
         source="fused attention forward+backward: FlashAttention-2 30-73% (Dao 2023 Sec. 4.1), "
                "FlashAttention-3 up to ~75% of H100 bf16 peak (Shah et al. 2024 Fig. 5)"),
+    "elementwise_time_factor": FieldPrior(
+        low=1.0, high=3.0, log_scale=True,
+        source="one HBM round trip per memory-bound op at the achievable rate (fused Megatron/TE kernels: "
+               "norm, bias-swiglu, bias-dropout-add, cost/layer.py) to three: TE's fp8 cast_transpose "
+               "writes the data and its transpose and the amax reduction reads it again (Transformer "
+               "Engine docs, 'FP8 primer', delayed/current scaling), and autograd keeps a saved copy; "
+               "eager torchtitan code runs 2-4x the fused bytes (cost/eager_passes.py)"),
     "intra_node_comm_efficiency": FieldPrior(
         low=0.6, high=0.9, log_scale=True,
         source=_NCCL + "; 0.6 leaves room for mid-size messages, 0.9 for NVLink SHARP. Not ordered against "

@@ -49,7 +49,10 @@ class ComputeFields:
     a large layer hides it at any micro-batch. Never on a CPU device (host and device one). Off:
     with it on and a refit, Megatron-Bridge validate goes 5.6% / 20.1% -> 4.8% / 23.6% (median /
     p90), held-out 7.2 / 19.0 -> 7.1 / 18.3, the measured micro-batch pairs' ratio error 8.2% ->
-    1.7%, but 4 of 5 tp+cp pairs misordered (docs/accuracy.md, session 10)."""
+    1.7%, but 4 of 5 tp+cp pairs misordered (docs/accuracy.md, session 10). With it on and a
+    per-token memory-bound factor free instead (bench/bench_overhead_per_token.py), the Blackwell
+    fit drops the per-layer cost for elementwise_time_factor 2.5 (micro-batch pairs 8.9% -> 1.3%)
+    but the p90 goes 20.8% -> 24.1% (Nemotron-3-Super GB200 tp2 mb1 +38..46%): still off."""
     microbatch_overhead_s: float = 0.0
     """Fixed time per micro-batch (forward + backward) on every pipeline rank, independent of
     the layers it holds: the host work of the schedule (the loss and its scaling, posting the
