@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.calib.validate import load_runs, setting_calibration
-from meshplan.cost.calibration import Calibration
+from meshplan.cost.calibration import Calibration, calibration_for
 from meshplan.cost.layer import optimizer_state_bytes_per_param, param_bytes_per_param, state_bytes
 from meshplan.cost.step import estimate
 from meshplan.spec.frameworks import framework_defaults
@@ -72,3 +72,24 @@ def test_only_the_torch_fsdp_stacks_keep_the_fp32_parameter():
         assert framework_defaults(name).settings["params_are_master"] is True
     for name in ("megatron-core", "megatron-lm", "deepspeed", "unstated"):
         assert not framework_defaults(name).settings.get("params_are_master", False)
+
+
+def test_the_torchtitan_stack_record_carries_fsdp2s_bytes():
+    # the stack's own record (spec/presets/calibration_fitted.json 'stacks'), what calibration_for
+    # gives any caller without the framework's settings: tt-1 by hand as above, 4 x P / 8 and 8 x P / 8
+    run = next(r for r in load_runs(HELDOUT)[0] if r.row_id == "tt-1")
+    calib = calibration_for(run.cluster.gpu, "torchtitan")
+    assert calib.params_are_master and calib.fp8_tp_all_gather
+    assert calib.fsdp_reduce_scatter_bytes_per_param == 6.0
+    m = estimate(run.model, run.cluster, run.training, run.plan, calib).memory
+    assert m.parameters_bytes == pytest.approx(4 * P / 8)
+    assert m.optimizer_bytes == pytest.approx(8 * P / 8)
+    assert m.gathered_weight_bytes == pytest.approx(2 * LAYER_P * 2 + 6 * LAYER_P)
+
+
+def test_torch_fsdp_frameworks_on_the_torchtitan_stack_keep_their_own_reduce_dtype():
+    # llm-foundry's mixed_precision PURE reduces in bf16; plain FSDP scripts state no reduce dtype
+    for name in ("llm-foundry", "pytorch-fsdp"):
+        settings = framework_defaults(name).settings
+        assert settings["fsdp_reduce_scatter_bytes_per_param"] == 0.0
+        assert settings["fp8_tp_all_gather"] is False
