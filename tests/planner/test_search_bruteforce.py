@@ -6,6 +6,7 @@ import itertools
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from meshplan.cost import estimate
@@ -149,3 +150,46 @@ def test_balanced_bound_is_below_every_split(case, mtp):
             layers, rec = chunk_split(np.array(n), np.zeros(pp, int) if none else np.array(n), vpp)
             est = estimate(model, cluster, training, space.plan(i, layers, rec))
             assert est.step_time_s * tol >= bound.step_time_s[i], (space.plan(i, layers, rec), est.step_time_s)
+
+
+def _seed_case():
+    # hypothesis seed 308895570115885929309294243342861125709 (session 10): 4 layers, 2 A100-40GB.
+    model = ModelSpec(name="rand", num_layers=4, hidden_size=2048, num_heads=8, num_kv_heads=4,
+                      ffn_hidden_size=8192, gated_mlp=False, vocab_size=8000)
+    cluster = cluster_for_gpu("a100-40gb", gpus_per_node=2).with_gpus(2)
+    return model, cluster, TrainingSpec(seq_len=512, global_batch=4)
+
+
+def _missing_below_cap(**limits):
+    model, cluster, training = _seed_case()
+    bt, bm, _ = brute_force(model, cluster, training, OPTIONS)
+    res = search(model, cluster, training, options=OPTIONS, **limits)
+    cap = max(res.budget_bytes, cluster.gpu.memory_bytes)
+    ft = np.array([p.step_time_s for p in res.frontier])
+    fm = np.array([p.peak_memory_bytes for p in res.frontier])
+    missing = [(t, m) for t, m in zip(bt, bm) if m <= cap
+               and not np.any(np.isclose(ft, t, rtol=1e-9) & np.isclose(fm, m, rtol=1e-9))]
+    return missing, ft, fm
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (docs/search.md, Speed): the stage table's affine rank "
+                   "times order pp2 vpp2 full-recompute r=(2,0) as tied with r=(2,1) on their slowest rank "
+                   "(0.00309813 s both) though estimate() makes (2,0) 0.6% faster; the walk drops it with "
+                   "every work limit off too. Turn into a plain test when fixed.")
+def test_seed_case_interleaved_recompute_point_is_found():
+    missing, _, _ = _missing_below_cap(refine_slack=float("inf"), memory_cap_bytes=float("inf"),
+                                      stage_points=10_000)
+    assert not missing, missing
+
+
+def test_seed_case_gap_is_one_point_within_one_percent():
+    # What the known gap costs on the pinned case, with the default limits: one brute-force point
+    # (0.0139416 s, 10.033 GiB: pp2 vpp2 mb1 full recompute, rank 0 recomputing both its layers)
+    # is missing, and the frontier holds a point at no more memory at most 1% slower
+    # (r = (2, 1): 0.0140294 s, 10.019 GiB).
+    missing, ft, fm = _missing_below_cap()
+    assert len(missing) == 1, missing
+    (t, m), = missing
+    assert np.isclose(t, 0.0139416, rtol=1e-5) and np.isclose(m / 2**30, 10.0326, rtol=1e-4)
+    near = (fm <= m) & (ft <= t * 1.01)
+    assert near.any()
