@@ -6,7 +6,8 @@ import itertools
 from dataclasses import replace
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+import pytest
+from hypothesis import example, given, settings, strategies as st
 
 from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
@@ -63,6 +64,14 @@ def small_cases(draw):
     return model, cluster, training
 
 
+def _seed_case():
+    # hypothesis seed 308895570115885929309294243342861125709 (session 10): 4 layers, 2 A100-40GB.
+    model = ModelSpec(name="rand", num_layers=4, hidden_size=2048, num_heads=8, num_kv_heads=4,
+                      ffn_hidden_size=8192, gated_mlp=False, vocab_size=8000)
+    cluster = cluster_for_gpu("a100-40gb", gpus_per_node=2).with_gpus(2)
+    return model, cluster, TrainingSpec(seq_len=512, global_batch=4)
+
+
 OPTIONS = SearchOptions(max_vpp=2, offloads=(), vocab_parallel=False, osdp=False)  # the brute force enumerates none
 
 
@@ -89,20 +98,36 @@ def test_frontier_equals_brute_force(case):
 
 @settings(max_examples=8, deadline=None)
 @given(small_cases())
+@example(_seed_case())
 def test_default_settings_equal_brute_force_below_gpu_memory(case):
     # The default work limits (REFINE_SLACK, STAGE_POINTS_PER_CONFIG, the memory cap of the
     # stage walk) lose nothing on small spaces: the frontier up to the GPU memory (the cap) is
-    # the brute-force one. (Points above it are only even splits, kept for the plot.)
+    # the brute-force one (points above it are only even splits, kept for the plot), but for the
+    # stage walk's step-tail gap (docs/search.md, Exactness; test_seed_case_*): a brute-force
+    # point S the search misses must have a searched point P at no more memory and at most P's
+    # spread of per-rank step tails slower, which is at most P's largest tail (exposed
+    # data-parallel time + optimizer, the Estimate breakdown's; every tail is >= 0).
     model, cluster, training = case
     bt, bm, _ = brute_force(model, cluster, training, OPTIONS)
     res = search(model, cluster, training, options=OPTIONS)
     cap = max(res.budget_bytes, cluster.gpu.memory_bytes)
-    st_ = np.array([p.step_time_s for p in res.frontier if p.peak_memory_bytes <= cap])
-    sm = np.array([p.peak_memory_bytes for p in res.frontier if p.peak_memory_bytes <= cap])
+    below = [p for p in res.frontier if p.peak_memory_bytes <= cap]
+    st_ = np.array([p.step_time_s for p in below])
+    sm = np.array([p.peak_memory_bytes for p in below])
     keep = bm <= cap
-    assert len(st_) == keep.sum(), (len(st_), keep.sum())
-    np.testing.assert_allclose(st_, bt[keep], rtol=1e-9)
-    np.testing.assert_allclose(sm, bm[keep], rtol=1e-9)
+    missed = []
+    for t, m in zip(bt[keep], bm[keep]):
+        if np.any(np.isclose(st_, t, rtol=1e-9) & np.isclose(sm, m, rtol=1e-9)):
+            continue
+        missed.append((t, m))
+        tails = [estimate(model, cluster, training, p.plan).time for p in below]
+        assert any(pm <= m * (1 + 1e-9) and pt <= t + tl.exposed_dp_s + tl.optimizer_s
+                   for pt, pm, tl in zip(st_, sm, tails)), ("missed beyond the tail bound", t, m)
+    # Every searched point below the cap is a brute-force frontier point, or one that only a
+    # missed point dominates.
+    for t, m in zip(st_, sm):
+        on = np.any(np.isclose(bt[keep], t, rtol=1e-9) & np.isclose(bm[keep], m, rtol=1e-9))
+        assert on or any(mt <= t and mm <= m for mt, mm in missed), (t, m)
 
 
 def test_default_settings_refine_a_heavy_head_beyond_the_fixed_slack():
@@ -149,3 +174,43 @@ def test_balanced_bound_is_below_every_split(case, mtp):
             layers, rec = chunk_split(np.array(n), np.zeros(pp, int) if none else np.array(n), vpp)
             est = estimate(model, cluster, training, space.plan(i, layers, rec))
             assert est.step_time_s * tol >= bound.step_time_s[i], (space.plan(i, layers, rec), est.step_time_s)
+
+
+def _missing_below_cap(**limits):
+    model, cluster, training = _seed_case()
+    bt, bm, _ = brute_force(model, cluster, training, OPTIONS)
+    res = search(model, cluster, training, options=OPTIONS, **limits)
+    cap = max(res.budget_bytes, cluster.gpu.memory_bytes)
+    ft = np.array([p.step_time_s for p in res.frontier])
+    fm = np.array([p.peak_memory_bytes for p in res.frontier])
+    missing = [(t, m) for t, m in zip(bt, bm) if m <= cap
+               and not np.any(np.isclose(ft, t, rtol=1e-9) & np.isclose(fm, m, rtol=1e-9))]
+    return missing, ft, fm
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (docs/search.md, Exactness): the stage table folds each rank's "
+                   "per-step tail x_s into its micro-batch time as x_s / alpha, so the walk orders splits by "
+                   "max_s(mb_s + x_s / alpha), not estimate()'s alpha max_s mb_s + max_s x_s; here it ties r=(2,0) "
+                   "with r=(2,1) (0.00309813 s, rank 0's larger tail) though (2,0) is exactly 0.6% faster, and the "
+                   "walk drops it with every work limit off too. Turn into a plain test when fixed.")
+def test_seed_case_interleaved_recompute_point_is_found():
+    missing, _, _ = _missing_below_cap(refine_slack=float("inf"), memory_cap_bytes=float("inf"),
+                                      stage_points=10_000)
+    assert not missing, missing
+
+
+def test_seed_case_gap_is_one_point_within_the_tail_spread():
+    # What the known gap costs on the pinned case, with the default limits: one brute-force point
+    # (0.0139416 s, 10.033 GiB: pp2 vpp2 mb1 full recompute, rank 0 recomputing both its layers)
+    # is missing. The bound: the walk keeps a split P whose table time alpha max_s(mb_s + x_s/alpha)
+    # and memory are at most the missed split S's; the table time is at most the exact step and at
+    # least it minus the spread of the step tails (max_s x_s - min_s x_s), so P is at most that
+    # spread slower than S at no more memory. Here P = r (2, 1): 0.0140294 s, 10.019 GiB, 8.8e-5 s
+    # slower; the tails (rank_cost.step_extra_s, checked by hand) are 0.0027673 and 0.0026646 s.
+    missing, ft, fm = _missing_below_cap()
+    assert len(missing) == 1, missing
+    (t, m), = missing
+    assert np.isclose(t, 0.0139416, rtol=1e-5) and np.isclose(m / 2**30, 10.0326, rtol=1e-4)
+    tail_spread_s = 0.0027673 - 0.0026646
+    near = (fm <= m) & (ft <= t + tail_spread_s)
+    assert near.any()
