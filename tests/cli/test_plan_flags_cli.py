@@ -97,3 +97,15 @@ def test_hsdp_notation_is_accepted_as_flags():
     out = json.loads(e.stdout)
     assert out["plan"] == "dp32 zero2x2 tp2sp pp8(interleaved-1f1b,v8) cp2 mb1"
     assert out["flags"] == "--dp 32 --dp-shard 2 --tp 2 --pp 8 --cp 2 --zero 2 --vpp 8"
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_readme_plan_for_a_target_is_exported_by_it(target, tmp_path):
+    """Issue 15 item 2: `plan --target X --out f` then `export f --to X` writes the plan; before,
+    `--target megatron` recommended `dp256 fsdp64 tp4sp ...`, which the Megatron exporter refused
+    ("FSDP ... without replication")."""
+    out = tmp_path / "plan.json"
+    r = run("plan", *README_CASE, "--target", target, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    e = run("export", str(out), "--to", target)
+    assert e.returncode == 0, e.stderr
