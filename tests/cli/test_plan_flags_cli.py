@@ -109,3 +109,18 @@ def test_readme_plan_for_a_target_is_exported_by_it(target, tmp_path):
     assert r.returncode == 0, r.stderr
     e = run("export", str(out), "--to", target)
     assert e.returncode == 0, e.stderr
+
+
+def test_export_best_writes_the_plan_that_plan_recommends(tmp_path):
+    """`export --best --to megatron` wrote the fastest fitting plan (ckpt=full:19, 78.7 of 79.7 GiB)
+    and called it "the recommended plan" while `plan --target megatron` recommended another
+    (ckpt=full:26, which keeps the memory headroom): one recommendation for both."""
+    out = tmp_path / "plan.json"
+    r = run("plan", *README_CASE, "--target", "megatron", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    e = run("export", str(out), "--to", "megatron", "--best", "--json")
+    assert e.returncode == 0, e.stderr
+    best = json.loads(e.stdout)["best"]
+    assert best["plan"] == planned["frontier"][planned["recommended"]]["plan"]
+    assert best["summary"].endswith("the recommended plan")
