@@ -97,3 +97,30 @@ def test_hsdp_notation_is_accepted_as_flags():
     out = json.loads(e.stdout)
     assert out["plan"] == "dp32 zero2x2 tp2sp pp8(interleaved-1f1b,v8) cp2 mb1"
     assert out["flags"] == "--dp 32 --dp-shard 2 --tp 2 --pp 8 --cp 2 --zero 2 --vpp 8"
+
+
+@pytest.mark.parametrize("target", ["megatron", "torchtitan", "deepspeed"])
+def test_readme_plan_for_a_target_is_exported_by_it(target, tmp_path):
+    """Issue 15 item 2: `plan --target X --out f` then `export f --to X` writes the plan; before,
+    `--target megatron` recommended `dp256 fsdp64 tp4sp ...`, which the Megatron exporter refused
+    ("FSDP ... without replication")."""
+    out = tmp_path / "plan.json"
+    r = run("plan", *README_CASE, "--target", target, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    e = run("export", str(out), "--to", target)
+    assert e.returncode == 0, e.stderr
+
+
+def test_export_best_writes_the_plan_that_plan_recommends(tmp_path):
+    """`export --best --to megatron` wrote the fastest fitting plan (ckpt=full:19, 78.7 of 79.7 GiB)
+    and called it "the recommended plan" while `plan --target megatron` recommended another
+    (ckpt=full:26, which keeps the memory headroom): one recommendation for both."""
+    out = tmp_path / "plan.json"
+    r = run("plan", *README_CASE, "--target", "megatron", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    e = run("export", str(out), "--to", "megatron", "--best", "--json")
+    assert e.returncode == 0, e.stderr
+    best = json.loads(e.stdout)["best"]
+    assert best["plan"] == planned["frontier"][planned["recommended"]]["plan"]
+    assert best["summary"].endswith("the recommended plan")

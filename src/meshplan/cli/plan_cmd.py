@@ -164,7 +164,7 @@ def plan_cmd(
     finally:
         bar.close()
 
-    choices = [_robust(r, cl, spec, training) for r, cl in zip(results, clusters)]
+    choices = [robust_recommendation(r, cl, spec, training) for r, cl in zip(results, clusters)]
     # the recommended plan's allocated / reserved / device peaks and the headroom asked (issue 14, 15)
     margins = [None if c is None else plan_margin(spec, hw.cluster, training, r.frontier[c.index].plan, hw.calib,
                                                   r.budget_bytes / GIB) for r, c, hw in zip(results, choices, hardware)]
@@ -262,7 +262,7 @@ def _with_band(comparison, spec, training: TrainingSpec, cluster: ClusterSpec):
     return replace(comparison, band=band, band_basis=basis)
 
 
-def _robust(res, cluster: ClusterSpec, spec, training: TrainingSpec):
+def robust_recommendation(res, cluster: ClusterSpec, spec, training: TrainingSpec):
     """The recommendation robust to the model's error (meshplan.search.robust), or None."""
     from meshplan.cost.calibration import gpu_family
     from meshplan.search.robust import model_error, robust_choice

@@ -77,12 +77,14 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
                              expert_placement=False, osdp=False)
     # no stack runs vocabulary parallelism over pipeline ranks (Yeung et al. 2024 is a Megatron fork),
     # nor places experts by their load (each puts ids [r*E/ep, (r+1)*E/ep) on ep rank r)
-    allow = _torchtitan_runs if ExportTarget(target) == ExportTarget.TORCHTITAN else None
     # per operator-group sharding and operator splits (OSDP) neither (export.osdp)
     megatron = ExportTarget(target) in (ExportTarget.MEGATRON, ExportTarget.MEGATRON_BRIDGE)
+    allow = _torchtitan_runs if ExportTarget(target) == ExportTarget.TORCHTITAN else (
+        _megatron_runs if megatron else None)
     return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, expert_placement=False,
                          osdp=False, allow=allow, recompute_module_sets=MEGATRON_MODULE_SETS if megatron else (),
-                         embedding_loss_chunks=True)
+                         embedding_loss_chunks=True,
+                         allow_split=_megatron_splits if megatron else _whole_stage_recompute)
     # both run stages holding only the embedding or the loss: Megatron under
     # --account-for-embedding/loss-in-pipeline-split, torchtitan as its own default split gives them
     # with L + 2 stages (generate_llm_fqn_per_model_part, input_weight = output_weight = 1:
@@ -92,6 +94,45 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
 def _torchtitan_runs(space) -> "object":
     # torchtitan 0.3's experts follow the dense tp (no expert tensor parallel degree of its own)
     return space.etp == space.tp
+
+
+def _megatron_runs(space) -> "object":
+    # ZeRO-3 is Megatron-LM's --use-torch-fsdp2, which the exporter writes only without pipeline
+    # parallel and without replicas (export.megatron.megatron_args refuses the rest): a plan
+    # searched for Megatron is one its exporter writes (issue 15: a plan for a target runs on it)
+    # and offloads the optimizer only from the distributed optimizer (zero 1 over dp_shard > 1).
+    # No zero 2: Megatron's distributed optimizer reduce-scatters gradients but keeps the full
+    # gradient buffer (DistributedDataParallel's grad_data over every parameter), i.e. ZeRO-1
+    # memory, so a zero-2 plan would be estimated leaner than Megatron runs it; zero 1 is that plan.
+    from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
+
+    fsdp_ok = (space.zero != 3) | ((space.pp == 1) & (space.dp_replicate == 1))
+    dist_opt = (space.zero == 1) & (space.dp_shard > 1)
+    return fsdp_ok & (space.zero != 2) & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | dist_opt)
+
+
+def _whole_stage_recompute(plans, layers, recomputed) -> "object":
+    """Every rank recomputes all its layers or none of them: Megatron's and torchtitan's selective
+    recompute covers every layer (export.megatron._recompute_args, export.torchtitan). torchtitan's
+    every-k-th-block full recompute and Megatron's block method are the other forms they run; the
+    first is not searched (a narrower space, not a wrong plan), the second is _megatron_splits'."""
+    return (recomputed == layers).all(axis=1) | (recomputed == 0).all(axis=1)
+
+
+def _megatron_splits(plans, layers, recomputed) -> "object":
+    """Besides whole stages: full recompute by Megatron's block method, the first k layers of every
+    (virtual) stage (--recompute-method block --recompute-num-layers k: min(k, n) of a stage of n).
+    Per rank, as the search counts them, that is the stage itself only without interleaving (with
+    it the search fills a rank's recomputed layers from its first chunk, not k per chunk)."""
+    import numpy as np
+
+    from meshplan.plan import Recompute
+    from meshplan.search.options import RECOMPUTES
+
+    k = recomputed.max(axis=1, keepdims=True)
+    block = (recomputed == np.minimum(k, layers)).all(axis=1)
+    full = plans.recompute == RECOMPUTES.index(Recompute.FULL)
+    return _whole_stage_recompute(plans, layers, recomputed) | (full & (plans.vpp == 1) & block)
 
 
 def _deepspeed_runs(space) -> "object":

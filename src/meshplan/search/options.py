@@ -76,3 +76,7 @@ class SearchOptions:
     allow: "Callable[[PlanArrays], np.ndarray] | None" = None
     """A caller's vectorised restriction (True = keep), e.g. what an export target can run;
     not a pruning rule: the frontier is then the restricted space's frontier."""
+    allow_split: "Callable[[PlanArrays, np.ndarray, np.ndarray], np.ndarray] | None" = None
+    """The same for uneven splits: given the configurations (one row per point) and each point's
+    per-rank layer and recomputed counts (P, pp), True = keep; e.g. a stack that recomputes
+    every layer of a stage or none (Megatron's selective recompute, torchtitan's)."""

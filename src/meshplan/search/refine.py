@@ -94,6 +94,8 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
                                  truncate=truncate)
             if truncate is not False and pts.config.size:
                 pts = _worth_scoring(pts, keep_going(pts.config, pts.max_time_s, pts.peak_bytes, alpha=alpha))
+            if options.allow_split is not None and pts.config.size:
+                pts = _take(pts, options.allow_split(sub.take(pts.config), pts.layers, pts.recomputed))
             if pts.config.size == 0:
                 continue
             exact = score_splits(ctx, sub.take(pts.config), pts.layers, pts.recomputed,
@@ -122,7 +124,10 @@ def _worth_scoring(pts: StagePoints, undominated: np.ndarray) -> StagePoints:
     of each point's (time, memory): a point so dominated is off the frontier, and ~93 % of the
     walked points of Qwen3-30B-A3B on 256 GB200 are (session 10: 3.2M points, 6 s of exact
     scoring). ``search(prune=False)`` scores them all (tests compare the two)."""
-    keep = undominated | (pts.layers.min(axis=1) < MEMORY_PROBE_LAYERS)
+    return _take(pts, undominated | (pts.layers.min(axis=1) < MEMORY_PROBE_LAYERS))
+
+
+def _take(pts: StagePoints, keep: np.ndarray) -> StagePoints:
     if keep.all():
         return pts
     return StagePoints(pts.config[keep], pts.max_time_s[keep], pts.peak_bytes[keep], pts.layers[keep],
