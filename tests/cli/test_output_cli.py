@@ -44,6 +44,13 @@ def test_explain_prints_whole_numbers(tmp_path):
     assert ELLIPSIS not in e.stdout
     assert max(len(line) for line in e.stdout.splitlines()) > 60  # not folded to the 60 columns
     assert "Per pipeline rank" in e.stdout
+    assert "calibration:" in e.stdout
+    # which source the attention efficiency came from: the kernel table (FA2 on H100, meshplan's stack)
+    j = run("explain", str(job), "--json")
+    assert j.returncode == 0, j.stderr
+    out = json.loads(j.stdout)
+    assert "of fa2 on hopper (attention kernel table)" in out["calibration_source"]
+    assert out["attention_efficiency"] == pytest.approx(0.42)
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from meshplan.calib.fit import calibration_key, fit_rows, fit_start, source_group
+from meshplan.calib.fit import calibration_key, fit_rows, run_start, source_group
 from meshplan.cost.step import estimate
 from meshplan.calib.validate import build_run, predicted_metric
 
@@ -19,7 +19,7 @@ ROW = dict(id="1", source="Synth2024 Table 1", model="GPT", num_layers="8", hidd
 
 def synth(truth: dict, **changes) -> object:
     run = build_run({**ROW, **changes})
-    calib = fit_start(run.stack, run.settings).replace_fields(**truth)  # the fit's own start
+    calib = run_start(run).replace_fields(**truth)  # the fit's own start
     est = estimate(run.model, run.cluster, run.training, run.plan, calib)
     return replace(run, measured=predicted_metric(run, est.step_time_s),
                    measured_memory_gib=est.peak_memory_gib)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from meshplan.calib.fit import fit_rows, fit_start, grid_position, prior_penalty
+from meshplan.calib.fit import fit_rows, grid_position, prior_penalty, run_start
 from meshplan.calib.validate import build_run, predicted_metric
 from meshplan.cost import PlanArrays
 from meshplan.cost.calibration import Calibration
@@ -33,7 +33,7 @@ GRID = {"matmul_efficiency": (0.5, 0.55, 0.6, 0.65, 0.7)}
 
 def _synth(truth: dict, **changes):
     run = build_run({**ROW, **changes})
-    calib = fit_start(run.stack, run.settings).replace_fields(**truth)
+    calib = run_start(run).replace_fields(**truth)
     est = estimate(run.model, run.cluster, run.training, run.plan, calib)
     return replace(run, measured=predicted_metric(run, est.step_time_s))
 
@@ -59,7 +59,7 @@ def test_prior_holds_a_constant_the_rows_do_not_pay_for():
     runs = [_synth({"matmul_efficiency": 0.6}, tp=str(t), micro_batch_size=str(mb), num_gpus=str(t * 8))
             for t, mb in [(1, 2), (2, 2), (4, 1), (8, 4)]]
     settings = runs[0].settings
-    assert fit_start(runs[0].stack, settings).matmul_efficiency == pytest.approx(0.7)
+    assert run_start(runs[0], settings).matmul_efficiency == pytest.approx(0.7)
     free = fit_rows(runs, "ampere/megatron", "megatron", settings, time_grid=GRID, memory_grid={}, prior_weight=0.0)
     assert free.values["matmul_efficiency"] == pytest.approx(0.6)
     held = fit_rows(runs, "ampere/megatron", "megatron", settings, time_grid=GRID, memory_grid={}, prior_weight=10.0)
@@ -97,7 +97,7 @@ def test_grouped_gemm_efficiency_slows_only_the_routed_experts():
 
 def test_dense_rows_never_see_the_grouped_gemm_efficiency():
     run = build_run(ROW)
-    base = fit_start(run.stack, run.settings)
+    base = run_start(run)
     a = estimate(run.model, run.cluster, run.training, run.plan, base).step_time_s
     b = estimate(run.model, run.cluster, run.training, run.plan,
                  base.replace_fields(moe_grouped_gemm_efficiency=0.5)).step_time_s

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.calib.fit import PER_TOKEN_GRID, SPECIFIC_GRID, TIME_GRID, fit_all, fit_start
+from meshplan.calib.fit import PER_TOKEN_GRID, SPECIFIC_GRID, TIME_GRID, fit_all, run_start
 from meshplan.calib.fit_search import Objective, descend
 from meshplan.calib.forked import map_forked
 from meshplan.calib.holdout import HOW, _fold, leave_one_out
@@ -104,7 +104,7 @@ def test_map_forked_keeps_order_and_reports_a_failure():
 
 def _synth(truth: dict, **changes):
     run = build_run({**ROW, **changes})
-    calib = fit_start(run.stack, run.settings).replace_fields(**truth)
+    calib = run_start(run).replace_fields(**truth)
     est = estimate(run.model, run.cluster, run.training, run.plan, calib)
     return replace(run, measured=predicted_metric(run, est.step_time_s))
 

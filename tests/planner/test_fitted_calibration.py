@@ -9,6 +9,7 @@ from importlib import resources
 
 import pytest
 
+from meshplan.cost.attention_kernels import kernel_fields
 from meshplan.cost.calibration import (FITTED_FILE, STACK_FIELDS, Calibration, calibration_for,
                                        fitted_records, gpu_generation, stack_records)
 from meshplan.cost.calib_records import read_stack_records
@@ -62,8 +63,12 @@ def test_a_pair_with_a_record_takes_its_values_over_the_stacks(gpu, stack):
     stack_values = read_stack_records()[stack].values  # the file's, meshplan's with its launcher's
     for field, value in {**stack_values, **rec["values"]}.items():
         assert getattr(calib, field) == value, field
+    # what neither sets is the default, or the stack's kernel's on this generation (the kernel
+    # table is every pair's start: cost/stack_resolution.py)
+    table = kernel_fields(gpu_generation(spec), stack_values.get("attention_kernel", Calibration().attention_kernel))
+    start = Calibration().replace_fields(**table)
     untouched = set(Calibration().to_dict()) - set(rec["values"]) - {"source"} - set(stack_values)
-    assert all(getattr(calib, f) == getattr(Calibration(), f) for f in untouched)
+    assert all(getattr(calib, f) == getattr(start, f) for f in untouched)
 
 
 def test_a_pair_without_a_record_borrows_hardware_fields_but_keeps_its_stacks_mechanisms():

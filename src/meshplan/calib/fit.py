@@ -20,13 +20,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from meshplan.calib.fit_search import Objective, descend, grid_position, prior_penalty  # noqa: F401
-from meshplan.calib.priors import bounded_grid
+from meshplan.calib.priors import bounded_grid, grid_with_start
 from meshplan.calib.validate import Run, predicted_metric
 from meshplan.errors import MeshplanError
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import estimate_batch
 from meshplan.cost.split_batch import estimate_split_batch
 from meshplan.cost.device_memory import predicted_bytes
+from meshplan.cost.attention_kernels import kernel_fields
 from meshplan.cost.calibration import (Calibration, calibration_for, gpu_generation, record_key,
                                        stack_records)
 from meshplan.spec.cluster import GIB
@@ -124,10 +125,26 @@ def calibration_key(run: Run) -> str:
     return record_key(gpu_generation(run.cluster.gpu), run.stack)
 
 
-def fit_start(stack: str, settings: Mapping[str, Any]) -> Calibration:
-    """Where a fit starts: the literature defaults and the stack's mechanisms, not the fitted
-    records, so that a refit is reproducible."""
-    return Calibration().replace_fields(**{**stack_records()[stack].values, **settings})
+def fit_start(stack: str, settings: Mapping[str, Any], *, generation: str) -> Calibration:
+    """Where a fit of ``stack`` on ``generation`` starts: the literature defaults, the attention
+    efficiency (and curve) of the kernel the rows run on this generation (the kernel table,
+    cost/attention_kernels.py, as ``calibration_for`` applies it), the stack's mechanisms and the
+    rows' settings; not the fitted records, so that a refit is reproducible. The record keeps only
+    what moved from here, so a value the fit left at the table's is the table's when estimated."""
+    stack_values = stack_records()[stack].values
+    kernel = settings.get("attention_kernel", stack_values.get("attention_kernel", Calibration().attention_kernel))
+    return Calibration().replace_fields(**{**kernel_fields(generation, kernel), **stack_values, **settings})
+
+
+def run_start(run: Run, settings: Mapping[str, Any] | None = None) -> Calibration:
+    """Where a fit of ``run``'s (generation, stack) with ``settings`` (default: the run's) starts."""
+    return fit_start(run.stack, run.settings if settings is None else settings,
+                     generation=key_generation(calibration_key(run)))
+
+
+def key_generation(key: str) -> str:
+    """The generation of a 'generation/stack' record key."""
+    return key.split("/")[0]
 
 
 @dataclass(frozen=True)
@@ -313,13 +330,14 @@ def fit_rows(rows: list[Run], key: str, stack: str, settings: Mapping[str, Any],
     toward the start."""
     t_rows = [r for r in rows if r.metric and r.measured]
     m_rows = [r for r in rows if r.measured_memory_gib or r.oom]
-    start = fit_start(stack, settings)
-    tg = {k: bounded_grid(k, v) for k, v in (TIME_GRID if time_grid is None else time_grid).items()
-          if k not in settings}
+    start = fit_start(stack, settings, generation=key_generation(key))
+    tg = {k: bounded_grid(k, grid_with_start(v, getattr(start, k)))
+          for k, v in (TIME_GRID if time_grid is None else time_grid).items() if k not in settings}
     if len(t_rows) < MIN_ROWS_FOR_ALL:
         tg = dict(list(tg.items())[:1])
     elif specific_first:
-        tg = {**{k: bounded_grid(k, v) for k, v in SPECIFIC_GRID.items() if k not in settings}, **tg}
+        tg = {**{k: bounded_grid(k, grid_with_start(v, getattr(start, k))) for k, v in SPECIFIC_GRID.items()
+                 if k not in settings}, **tg}
         tg = {**{k: v for k, v in tg.items() if k in SPECIFIC_FIELDS},
               **{k: v for k, v in tg.items() if k not in SPECIFIC_FIELDS}}
     t_prep, m_prep = prepare(t_rows), prepare(m_rows)
@@ -382,7 +400,7 @@ def fitted_calibration(run: Run, fits: Mapping[str, FitResult]) -> Calibration:
     res = fits.get(calibration_key(run))
     if res is None:
         return calibration_for(run.cluster.gpu, run.stack)
-    return fit_start(run.stack, res.settings).replace_fields(**res.values, source=f"fitted just now ({res.key})")
+    return fit_start(run.stack, res.settings, generation=key_generation(res.key)).replace_fields(**res.values, source=f"fitted just now ({res.key})")
 
 
 def median_abs(prep: Prepared, calib: Calibration, which: int) -> float:

@@ -135,6 +135,13 @@ FIELD_PRIORS: Mapping[str, FieldPrior] = MappingProxyType({
 ``SPECIFIC_GRID``): a test checks none is missing."""
 
 
+def grid_with_start(grid: tuple[float, ...], start: float) -> tuple[float, ...]:
+    """``grid`` with the field's start on it (sorted): a start off the grid (the kernel table's
+    0.44 for cuDNN on Blackwell, between the grid's 0.4 and 0.5) can be left and found again, and the
+    prior, centred on the start, is zero at a grid point."""
+    return tuple(sorted({*grid, float(start)}))
+
+
 def bounded_grid(name: str, values: tuple[float, ...]) -> tuple[float, ...]:
     """``values`` of field ``name``'s grid inside its physical range (all of them without a prior)."""
     prior = FIELD_PRIORS.get(name)

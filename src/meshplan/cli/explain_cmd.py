@@ -39,6 +39,8 @@ def explain_cmd(
                       "precision": job.training.precision.value, "plan": plan.to_dict(),
                       "target": target.value,
                       "flags": plan_argv(job.plan)}
+        out["calibration_source"] = hw.calib.source
+        out["attention_efficiency"] = hw.calib.attention_efficiency
         print_json(out)
         return
     con = console()
@@ -52,6 +54,9 @@ def explain_cmd(
               f"{est.tflops_per_gpu:.0f}", f"{100 * est.mfu:.1f}%", f"{est.peak_memory_gib:.1f}",
               f"{est.gpu_memory_gib:.1f}", "yes" if est.fits else f"no (short {est.memory_shortfall_gib:.1f} GiB)")
     con.print(s)
+    # which calibration applied, the attention efficiency's source among them (kernel table or fit)
+    con.print(f"calibration: {hw.calib.source}; attention efficiency {hw.calib.attention_efficiency:g}",
+              style="dim", markup=False)
     con.print(time_breakdown_table(est, f"Time per step ({est.time.num_microbatches} micro-batches)"))
     m = Table(title="Memory of the most loaded GPU (GiB)")
     for col in ("parameters", "gradients", "optimizer", "activations", "other", "allocated",

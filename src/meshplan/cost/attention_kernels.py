@@ -3,8 +3,9 @@
 A training stack names the kernel it runs (``Calibration.attention_kernel``, a stack field); the
 table (``KERNELS_FILE``, each entry with its source: FlashAttention-2 on A100, Dao 2023 Sec. 4.1;
 FlashAttention-2 vs -3 and cuDNN on H100, Shah et al. 2024; FlashAttention-4 vs cuDNN on B200)
-gives the starting ``attention_efficiency`` of a (generation, stack) that has no fitted record
-(``cost.calibration.calibration_for``). Issue 14, item 4.
+gives the ``attention_efficiency`` every (generation, stack) starts from, in
+``cost.calibration.calibration_for`` and in a fit (calib/fit.py ``fit_start``); a fitted record
+overrides it only where the fit moved it (cost/stack_resolution.py). Issue 14, item 4.
 
 Where a kernel's rate by sequence length, head dim and mask is published for a generation (H100:
 FlashAttention-2, -3 and cuDNN, Shah et al. 2024 Figs. 5-6), the entry also carries its

@@ -162,9 +162,9 @@ def calibration_for(gpu: GPUSpec, stack: str | None = None) -> Calibration:
     """The calibration of ``stack`` (default: meshplan's runtime) on ``gpu``'s generation:
     defaults, then, when this pair has no record, the hardware fields of a record borrowed from
     another stack of the same generation (else the GEMM fields carried from another generation's
-    record, cost/generation_transfer.py) and the attention efficiency of the stack's kernel on
-    this generation (cost/attention_kernels.py), then the stack's mechanisms, then the pair's
-    own record (cost/stack_resolution.py)."""
+    record, cost/generation_transfer.py), then the attention efficiency of the stack's kernel on
+    this generation (cost/attention_kernels.py; the fit's start too), then the stack's
+    mechanisms, then the pair's own record (cost/stack_resolution.py)."""
     resolved = resolve_calibration(gpu_generation(gpu), (stack or DEFAULT_STACK).lower(), fitted=fitted_records(),
                                    stacks=stack_records(), lenders=lender_keys(), stack_fields=STACK_FIELDS,
                                    default_kernel=Calibration().attention_kernel, transfers=generation_transfers())

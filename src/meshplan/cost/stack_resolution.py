@@ -2,11 +2,16 @@
 line that says where they came from: a pure function of the calibration data
 (:mod:`meshplan.cost.calib_records`), applied by ``calibration.calibration_for``.
 
-Order, later wins: the hardware fields of a record borrowed from another stack of the same
-generation, or, where the generation has no such lender, the GEMM fields carried from a record of
-another generation (cost/generation_transfer.py), and the attention efficiency of the stack's
-kernel on this generation with its published rate curve where the table has one (all only when the pair has no record of its own), then the stack's
-mechanisms, then the pair's record.
+Order, later wins: where the pair has no record of its own, the hardware fields of a record
+borrowed from another stack of the same generation, or, where the generation has no such lender,
+the GEMM fields carried from a record of another generation (cost/generation_transfer.py); then,
+always, the attention efficiency of the stack's kernel on this generation with its published rate
+curve where the table has one (cost/attention_kernels.py); then the stack's mechanisms; then the
+pair's own record. The kernel table is where a fit of the pair starts (calib/fit.py ``fit_start``)
+and a record keeps only what the fit moved from its start, so a record without
+``attention_efficiency`` means the table's value, and one with it overrides the table. Before
+session 10 a pair with a record skipped the table, so Megatron on Blackwell ran the A100 default
+0.55 instead of cuDNN's 0.44 on Blackwell.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshplan.cost.attention_kernels import kernel_efficiency
+from meshplan.cost.attention_kernels import KernelEfficiency, kernel_efficiency
 from meshplan.cost.calib_records import FittedRecord, StackRecord, record_key
 from meshplan.cost.generation_transfer import Transfer, carried_fields
 from meshplan.errors import MeshplanError
@@ -26,6 +31,16 @@ class ResolvedCalibration:
     values: Mapping[str, Any]
     """Calibration fields over the defaults."""
     source: str
+
+
+def kernel_source(kernel: str, entry: KernelEfficiency, own: FittedRecord | None) -> str:
+    """The source line of the attention efficiency: the table's, or the record's over it."""
+    curve = " and its published curve" if entry.curve else ""
+    table = f"attention_efficiency {entry.attention_efficiency:g}{curve} of {kernel} on {entry.generation} " \
+            "(attention kernel table)"
+    if own is not None and "attention_efficiency" in own.values:
+        return f"attention_efficiency {own.values['attention_efficiency']:g} fitted ({own.key}) over the table's: {table}"
+    return table
 
 
 def resolve_calibration(generation: str, stack: str, *, fitted: Mapping[str, FittedRecord],
@@ -49,12 +64,11 @@ def resolve_calibration(generation: str, stack: str, *, fitted: Mapping[str, Fit
             carried = carried_fields(transfers[generation], fitted)
             values.update({k: v for k, v in carried.values.items() if k not in stack_fields})
             sources.append(carried.source)
-        kernel = stacks[stack].values.get("attention_kernel", default_kernel)
-        entry = kernel_efficiency(generation, kernel)
-        if entry is not None:  # the kernel's efficiency and curve, not another stack's kernel's (the lender's)
-            values.update(entry.fields())
-            curve = " and its published curve" if entry.curve else ""
-            sources.append(f"attention_efficiency{curve} of {kernel} on {entry.generation} (attention kernel table)")
+    kernel = stacks[stack].values.get("attention_kernel", default_kernel)
+    entry = kernel_efficiency(generation, kernel)
+    if entry is not None:  # the kernel's efficiency and curve, not another stack's kernel's (the lender's)
+        values.update(entry.fields())
+        sources.append(kernel_source(kernel, entry, own))
     values.update(stacks[stack].values)
     sources.append(f"{stack} stack mechanisms")
     if own is not None:

@@ -93,9 +93,10 @@ class ComputeFields:
     elementwise probe, meshplan.calib.layer_probe)."""
     attention_efficiency: float = 0.55
     """Fraction of peak reached by the attention core (FlashAttention-2 reaches 50-73% of A100
-    peak forward+backward, Dao 2023 Sec. 4.1). A (generation, stack) without a fitted record
-    starts from the table of its stack's attention_kernel (cost/attention_kernels.py:
-    FlashAttention-2 reaches 35% of H100, FA3 / cuDNN ~60%); a fitted record's value wins."""
+    peak forward+backward, Dao 2023 Sec. 4.1). Every (generation, stack) starts from the table of
+    its stack's attention_kernel (cost/attention_kernels.py: FlashAttention-2 reaches 35% of H100,
+    FA3 / cuDNN ~60%, cuDNN 44% of B200), and so does its fit (calib/fit.py fit_start); a fitted
+    record's value wins only where the fit moved it."""
     attention_kernel: str = "fa2"
     """The fused attention kernel the stack runs (a stack field): 'fa2' (flash-attn 2, torch
     SDPA's flash backend), 'fa3', 'fa4' or 'cudnn' (Transformer Engine's cuDNN fused attention);
