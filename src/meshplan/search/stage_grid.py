@@ -65,14 +65,21 @@ class _Grid:
         return out
 
 
+_WHOLE_GRID = "_whole_grid"
+"""The attribute under which a table keeps its grid over every layer count (built once, by _grid)."""
+
+
 def _grid(tbl: StageTable, top: int | None = None) -> _Grid:
     """Broadcast helpers of shape (C, p, G) over the layer counts n = v_min .. L - (p-1) v_min,
     v_min the least v of the table (see :func:`_mask_grid` for configs with a larger v), or
     v_min .. ``top`` (:func:`_top`: the cells beyond count as +inf)."""
+    whole = tbl.__dict__.get(_WHOLE_GRID)  # one per table, kept on the table (it is never copied)
     if top is None:
-        return tbl._whole_grid  # one per table
-    if "_whole_grid" in tbl.__dict__:
-        return tbl._whole_grid.upto(top - tbl.min_chunks() + 1)
+        if whole is None:
+            whole = tbl.__dict__[_WHOLE_GRID] = _Grid(tbl)
+        return whole
+    if whole is not None:
+        return whole.upto(top - tbl.min_chunks() + 1)
     return _Grid(tbl, top)  # a grid cut short: only its own columns
 
 

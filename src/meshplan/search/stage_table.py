@@ -57,13 +57,6 @@ class StageTable:
             return np.zeros(self.num_configs)
         return self.recompute_jump_bytes
 
-    @cached_property
-    def _whole_grid(self):
-        """The table over every layer count (stage_grid._Grid), built once per table."""
-        from meshplan.search.stage_grid import _Grid  # (the grid module reads this one)
-
-        return _Grid(self)
-
     @property
     def num_configs(self) -> int:
         return int(self.layer_time_s.size)
