@@ -8,7 +8,8 @@ From ``meshplan validate --runs megatron-bridge``'s estimates (nothing is fitted
 1. Per tail row: the signed error, the time the model lacks (measured step - predicted step), the
    share of the predicted step that the fitted per-layer device overhead (``layer_overhead_s``,
    none under full-iteration CUDA graphs) takes, and the value of that one constant that would
-   close the row alone (it is linear in the step; '-' where no value >= 0 can).
+   close the row alone (bisected: the step is not linear in it where the host paces a layer; '-'
+   where no value >= 0 can).
 2. Per tail row: the rows of the same model, GPU, GPU count, global batch and layout from other
    releases (any precision: the 25.09 tables print none), with their measured throughput over the tail row's. The model gives one layout one
    estimate per release's settings, so a tail row whose twin in the next release measures 1.5-2x
@@ -34,6 +35,32 @@ EXCLUDED_FAMILY = "gpt-oss-120b"
 DEFAULT_OVER = 0.15
 
 
+CLOSING_REL_TOL = 1e-9
+"""Bisection stops when the overhead's bracket is this narrow relative to its upper end."""
+
+
+def _closing_overhead_s(run: Run, calib, measured_step: float) -> float | None:
+    """The layer_overhead_s at which the row's predicted step equals the measured one, or None where
+    no value >= 0 reaches it. The step is linear in the overhead only while the device paces each
+    layer; where the host paces it (cost/host.py: max(device, host)) it is not, so bisect: the step
+    never falls as the overhead grows."""
+    def step_at(overhead_s: float) -> float:
+        return _step_s(run, calib.replace_fields(layer_overhead_s=overhead_s))
+
+    lo = 0.0
+    if step_at(lo) > measured_step:
+        return None
+    hi = max(calib.layer_overhead_s, 1e-6)
+    while step_at(hi) < measured_step:
+        lo, hi = hi, 2.0 * hi
+        if hi > 1.0:  # a second per layer and micro-batch: no physical overhead
+            return None
+    while hi - lo > CLOSING_REL_TOL * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if step_at(mid) < measured_step else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def tail_row(run: Run) -> dict[str, Any]:
     calib = _calib(run)
     step = _step_s(run, calib)
@@ -43,8 +70,7 @@ def tail_row(run: Run) -> dict[str, Any]:
     bare = _step_s(run, calib.replace_fields(layer_overhead_s=0.0))
     overhead_s = step - bare
     lacks = measured_step - step
-    closing = (calib.layer_overhead_s * (1.0 + lacks / overhead_s)
-               if overhead_s > 1e-9 and 1.0 + lacks / overhead_s >= 0.0 else None)
+    closing = _closing_overhead_s(run, calib, measured_step) if overhead_s > 1e-9 else None
     return {"row_id": run.row_id, "source": run.source, "model": run.model.name, "gpu": run.cluster.gpu.name,
             "precision": run.training.precision.value, "plan": run.plan.notation(), "error": error,
             "predicted_step_s": step, "missing_s": lacks, "layer_overhead_s": calib.layer_overhead_s,

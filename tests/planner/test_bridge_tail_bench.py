@@ -35,4 +35,4 @@ def test_the_closing_overhead_closes_the_row(runs):
     closing = row["closing_layer_overhead_s"]
     assert closing is not None and closing > row["layer_overhead_s"]  # predicted too fast: more overhead
     step = bg._step_s(run, bg._calib(run).replace_fields(layer_overhead_s=closing))
-    assert step == pytest.approx(262144 / 5113, rel=1e-6)  # the overhead is linear in the step
+    assert step == pytest.approx(262144 / 5113, rel=1e-6)  # the closing overhead closes the row

@@ -233,8 +233,13 @@ def test_estimate_target_megatron_overlaps_activation_offload_as_megatron_core_d
     args = ("estimate", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "8", "--seq-len", "4096",
             "--global-batch", "64", "--zero", "1", "--tp", "8", "--offload", "activations", "--json", "--target")
     mine, meg = (json.loads(_cli(*args, t).stdout) for t in ("meshplan", "megatron"))
-    assert mine["time_s"]["offload"] > 0.0 and meg["time_s"]["offload"] == 0.0
     assert meg["time_s"]["offload_total"] > 0.0
+    # overlap 1: the copies hide behind the whole compute, and only what exceeds it shows (the
+    # calibration decides which is larger, so the test holds either way); meshplan's runtime hides none
+    t = meg["time_s"]
+    assert t["offload"] == pytest.approx(max(0.0, t["offload_total"] - t["compute"]), abs=1e-9)
+    assert mine["time_s"]["offload"] == pytest.approx(mine["time_s"]["offload_total"])
+    assert mine["time_s"]["offload"] > t["offload"]
 
 
 @settings(max_examples=40, deadline=None)
