@@ -45,7 +45,7 @@ def stretched(factor: float):
 
 
 def errors(factor: float) -> dict[str, float]:
-    runs, skipped = load_runs(HERE / "data" / "runs_heldout.csv")
+    runs, _ = load_runs(HERE / "data" / "runs_heldout.csv")
     runs = [r for r in runs if r.row_id in ROWS]
     with mock.patch.object(mixers, "torch_cp_cost", stretched(factor)):
         report = evaluate(runs, [])
