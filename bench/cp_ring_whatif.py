@@ -12,7 +12,10 @@ wait) costs in proportion to the later steps' SDPA time in both. This stretches 
 kernel time by each factor (their efficiency divided by it; step 0 and the dense layers
 unchanged) and prints every CP row's throughput error: a factor that fixes tt-6 / tt-7 while
 tt-16..18 stay near zero would be a ring term; one that moves the 405B rows as far the other way
-says the ring is not where the 8B gap sits. Nothing here is fitted or shipped.
+says the ring is not where the 8B gap sits. ``--eager`` also costs the ring's collectives as
+eager torch waits on them (the K/V gather behind step 0, each dK/dV send behind the next step:
+cost/torch_cp.py ``eager``) instead of where a traced graph issues them. Nothing here is fitted
+or shipped.
 """
 
 from __future__ import annotations
@@ -35,19 +38,22 @@ ROWS = ("tt-4", "tt-5", "tt-6", "tt-7", "tt-15", "tt-16", "tt-17", "tt-18")
 """The two CP series and their cp1 anchors (bench/data/runs_heldout.csv)."""
 
 
-def stretched(factor: float):
-    """torch_cp_cost with the non-causal (later) steps' kernel efficiency divided by ``factor``."""
+def stretched(factor: float, eager: bool = False):
+    """torch_cp_cost with the non-causal (later) steps' kernel efficiency divided by ``factor``;
+    ``eager``: the collectives waited at first use whatever the stack."""
     def cost(**kwargs):
         eff = kwargs["efficiency"]
         kwargs["efficiency"] = lambda kv, causal, bwd: eff(kv, causal, bwd) / (1.0 if causal else factor)
+        if eager:
+            kwargs["eager"] = True
         return torch_cp_cost(**kwargs)
     return cost
 
 
-def errors(factor: float) -> dict[str, float]:
+def errors(factor: float, eager: bool = False) -> dict[str, float]:
     runs, _ = load_runs(HERE / "data" / "runs_heldout.csv")
     runs = [r for r in runs if r.row_id in ROWS]
-    with mock.patch.object(mixers, "torch_cp_cost", stretched(factor)):
+    with mock.patch.object(mixers, "torch_cp_cost", stretched(factor, eager)):
         report = evaluate(runs, [])
     return {r.row_id: r.error for r in report.rows}
 
@@ -55,14 +61,15 @@ def errors(factor: float) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factors", type=float, nargs="+", default=[1.0, 1.5, 2.0])
+    ap.add_argument("--eager", action="store_true", help="collectives waited at first use (module docstring)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    table = {f: errors(f) for f in args.factors}
+    table = {f: errors(f, args.eager) for f in args.factors}
     if args.json:
         print(json.dumps({str(f): e for f, e in table.items()}, indent=1))
         return 0
     t = Table(title="CP rows' throughput error (+ = predicted too fast) with the later ring steps' kernels "
-                    "stretched by each factor")
+                    "stretched by each factor" + (", collectives waited at first use" if args.eager else ""))
     t.add_column("row")
     for f in args.factors:
         t.add_column(f"x{f:g}", justify="right")

@@ -39,3 +39,24 @@ def test_stretch_divides_only_the_non_causal_efficiency():
         wi.stretched(2.0)(efficiency=lambda kv, causal, bwd: 0.6)
     assert seen["eff"](1024, True, False) == pytest.approx(0.6)
     assert seen["eff"](1024, False, True) == pytest.approx(0.3)
+
+
+def test_eager_waits_only_where_asked():
+    seen = []
+
+    def fake(**kwargs):
+        seen.append(kwargs.get("eager", "stack"))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wi, "torch_cp_cost", fake)
+        wi.stretched(1.0)(efficiency=lambda kv, causal, bwd: 0.5, eager=False)
+        wi.stretched(1.0, eager=True)(efficiency=lambda kv, causal, bwd: 0.5, eager=False)
+    assert seen == [False, True]
+
+
+def test_eager_hides_the_405b_ring_collectives():
+    # the 405B CP group spans nodes: waited at first use its gathers hide behind step 0 and the
+    # sends behind the next step, so the estimate is faster (the error rises); cp1 has no ring
+    traced, eager = wi.errors(1.0), wi.errors(1.0, eager=True)
+    assert eager["tt-15"] == pytest.approx(traced["tt-15"])
+    assert eager["tt-18"] > traced["tt-18"] + 0.05
