@@ -44,6 +44,9 @@ class RowResult:
     memory_basis: str = DEFAULT_MEMORY_BASIS.value
     predicted_step_s: float | None = None
     """The model's step time (calib/pairwise.py compares two layouts of a job on it)."""
+    flags: tuple[str, ...] = ()
+    """Marks on the row that leave its error in the figures (calib/release_twins.py: a twin in
+    another release contradicts it)."""
 
 
 OPTIMISTIC_MEMORY_ERROR = 0.05
@@ -125,6 +128,7 @@ class ValidationReport:
                                                         if r.memory_error is not None).items())),
             "oom_rows": self.oom_rows, "oom_predicted_not_fitting": self.oom_predicted,
             "preset_rows": sum(bool(r.preset) for r in self.rows),
+            "flagged_rows": sum(bool(r.flags) for r in self.rows),
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -99,11 +99,15 @@ def validate_cmd(
 
     report = evaluate(rows, skipped, settings=settings, calib_for=calib_for)
     from meshplan.calib.pairwise import MEASURED_TIE, pairs, summarize
+    from meshplan.calib.release_twins import disagreements, mark_rows
 
     found = pairs(rows, report.rows)
+    twins = disagreements(rows, report)
+    report = mark_rows(report, twins)  # marks only: every row stays in the figures
     if json_out:
         out = report.to_dict()
         out["pairwise"] = {**summarize(found), "pairs": [p.to_dict() for p in found]}
+        out["release_twins"] = [d.to_dict() for d in twins]
         out["corrections"] = corrections.to_dict()
         if fit:
             out["fit"] = fitted
@@ -161,6 +165,7 @@ def validate_cmd(
                          _fmt(v["median_abs_error"], ".1%"))
     con.print(bias)
     _print_pairwise(con, summarize(found), MEASURED_TIE)
+    _print_twins(con, report)
     for key, res in fitted.items():
         con.print(f"fit {key}: {res['values']} (throughput median error {res['throughput_error_before']:.1%}"
                   f" -> {res['throughput_error_after']:.1%} on {res['throughput_rows']} rows; memory "
@@ -195,3 +200,17 @@ def _print_pairwise(con, summary: dict, tie: float) -> None:
               f"'alone': the pair differs in that knob only; misordered: measured more than {tie:.0%} apart and the model "
               "orders them the other way round. The robust recommendation holds two plans to this error "
               "(meshplan.search.robust, via bench/model_error.py).")
+
+
+def _print_twins(con, report) -> None:
+    """Rows a twin in another release contradicts (calib/release_twins.py), kept in the figures."""
+    marked = [r for r in report.rows if r.flags]
+    if not marked:
+        return
+    t = Table(title="Rows a twin in another release contradicts (same job and plan, estimated alike, measured "
+                    "far apart): kept in the figures above")
+    for col in ("id", "source", "model", "gpu", "error", "mark"):
+        t.add_column(col, justify="right" if col in ("id", "error") else "left")
+    for r in marked:
+        t.add_row(r.row_id, r.source, r.model, r.gpu, _fmt(r.error, "+.1%"), "; ".join(r.flags))
+    con.print(t)
