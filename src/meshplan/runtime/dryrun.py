@@ -124,7 +124,7 @@ def _materialise(fake: FakeTensorMode, module: nn.Module) -> None:
 
     (init_parameters swaps tensors to keep the tie, but torch refuses to swap a tensor that a
     weak reference points to, which fake-tensor conversion leaves on some parameters.)"""
-    from meshplan.runtime.pipeline import has_tied_embeddings
+    from meshplan.runtime.tied_embedding import has_tied_embeddings
 
     tied = has_tied_embeddings(module)
     with fake:

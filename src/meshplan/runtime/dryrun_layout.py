@@ -183,7 +183,7 @@ def stage_builds(job: Job, stages: list[int]) -> list[StageBuild]:
             params += (model.embedding_params() + model.head_params()) / plan.num_stages
         else:
             # The embedding's rows sit on the first stage; also on the last when a tied head needs
-            # its own copy (runtime/pipeline._TiedEmbedding: synced at start, gradients all-reduced),
+            # its own copy (runtime/tied_embedding.TiedEmbedding: synced at start, gradients all-reduced),
             # and on the MTP stage, which Megatron-Core builds with the embedding and output layer
             # (GPTModel's mtp_process; cost/batch.py charges the same copies).
             if first or mtp:

@@ -10,7 +10,7 @@ Order of work in :func:`build_pipeline` (the runtime's train loop calls it when 
    ``init_stage`` (materialise on the device, deterministic init by FQN);
 3. tied embeddings (GPT-2): the last stage keeps its own copy of the embedding matrix as
    ``output.weight``; it is made equal to the first stage's at start and both receive the sum of
-   the two gradients after every step (Megatron-LM's approach, Shoeybi et al. 2019, Sec. 3);
+   the two gradients after every step (meshplan.runtime.tied_embedding);
 4. one ``PipelineStage`` per local virtual stage over the ``pp`` sub-mesh's process group, and the
    schedule the plan names.
 
@@ -50,6 +50,7 @@ from meshplan.runtime.pipeline_check import (
     local_stage_indices,
     stage_layer_keys,
 )
+from meshplan.runtime.tied_embedding import TiedEmbedding, has_tied_embeddings, local_part, tied_pair_groups
 from meshplan.runtime.vocab_parallel import VOCAB_PARALLEL_SCHEDULES, VocabParallel, VocabShards, pipeline_groups
 from meshplan.targets import VOCAB_PARALLEL_SCHEDULE
 
@@ -112,57 +113,6 @@ def cut_stage(model_meta: nn.Module, layer_keys: list[str], *, is_first: bool, i
     return stage
 
 
-def has_tied_embeddings(model: nn.Module) -> bool:
-    """True when the output projection shares its weight with the token embedding (GPT-2)."""
-    tok, out = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
-    return tok is not None and out is not None and out.weight is tok.weight
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank-local part of a (possibly DTensor) parameter or gradient."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-@dataclass(frozen=True)
-class _TiedEmbedding:
-    """The process group joining the first and last pipeline ranks of one (dp, cp, tp) coordinate."""
-
-    group: dist.ProcessGroup
-    src_rank: int  # global rank holding stage 0 (owner of tok_embeddings)
-    weight: nn.Parameter  # tok_embeddings.weight on the first stage, output.weight on the last
-
-    def sync_weight(self) -> None:
-        """Make the last stage's copy equal to the first stage's matrix (once, after init)."""
-        with torch.no_grad():
-            local = _local(self.weight.data)
-            buf = local.contiguous()
-            dist.broadcast(buf, src=self.src_rank, group=self.group)
-            if buf.data_ptr() != local.data_ptr():
-                local.copy_(buf)
-
-    def all_reduce_grad(self) -> None:
-        """Sum the embedding-side and output-side gradients: both copies then take the same update."""
-        if self.weight.grad is None:
-            raise MeshplanError("tied embedding weight has no gradient after the pipeline step")
-        w = self.weight
-        if isinstance(w, DTensor) and tuple(w.grad.placements) != tuple(w.placements):
-            # e.g. a vocab-parallel embedding's gradient can come back Replicate; both copies
-            # must hold the same shard before their local tensors are summed.
-            w.grad = w.grad.redistribute(w.device_mesh, w.placements)
-        grad = _local(w.grad)
-        buf = grad.contiguous()
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
-        if buf.data_ptr() != grad.data_ptr():
-            grad.copy_(buf)
-
-
-def _tied_pair_groups(pp_mesh_ranks: torch.Tensor) -> tuple[list[list[int]], list[dist.ProcessGroup]]:
-    """One (first pp rank, last pp rank) group per pipeline; every rank must create all of them."""
-    pairs = [[int(r[0]), int(r[-1])] for r in pp_mesh_ranks]
-    groups = [dist.new_group(ranks=p) for p in pairs]
-    return pairs, groups
-
-
 @dataclass
 class PipelineRuntime:
     """The stages this rank runs and the schedule that drives them (see module docstring)."""
@@ -175,7 +125,7 @@ class PipelineRuntime:
     make_schedule: Callable[[int], _PipelineSchedule]
     pp_group: dist.ProcessGroup
     n_microbatches: int | None = None
-    tied: _TiedEmbedding | None = None
+    tied: TiedEmbedding | None = None
     tied_copy_names: tuple[str, ...] = field(default=())
     """FQNs on this rank that are copies of a weight owned elsewhere (``output.weight`` of a tied
     model on the last stage): checkpoints should save the owner's value only."""
@@ -266,7 +216,7 @@ class PipelineRuntime:
         with torch.no_grad():
             for p in self.parameters():
                 if p.grad is not None:
-                    _local(p.grad).mul_(coef.to(p.grad.device))
+                    local_part(p.grad).mul_(coef.to(p.grad.device))
         return total
 
 
@@ -337,7 +287,7 @@ def build_pipeline(
     tied_names: tuple[str, ...] = ()
     if tied_model:
         # All ranks must join the creation of every pair group, owners or not.
-        pairs, groups = _tied_pair_groups(_all_pp_rows(mesh))
+        pairs, groups = tied_pair_groups(_all_pp_rows(mesh))
         me = dist.get_rank()
         for pair, group in zip(pairs, groups):
             if me in pair:
@@ -346,7 +296,7 @@ def build_pipeline(
                 else:
                     weight = modules[local.index(n_stages - 1)].output.weight
                     tied_names = ("output.weight",)
-                tied = _TiedEmbedding(group=group, src_rank=pair[0], weight=weight)
+                tied = TiedEmbedding(group=group, src_rank=pair[0], weight=weight)
         if tied is not None:
             tied.sync_weight()
 
