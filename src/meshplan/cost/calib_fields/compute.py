@@ -65,6 +65,11 @@ class ComputeFields:
     CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
     under CUDA graphs (one graph launch per captured region). A layer
     takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
+    host_kernels_by_op: bool = False
+    """Count in a layer's host launches (cost/host.py ``op_kernels``) the kernels its ops add: the
+    quantize kernels of each fp8 / fp4 GEMM operand per recipe (amax, scale, cast, Hadamard
+    transform: Transformer Engine) and the MoE block's router, dispatcher, permute and grouped
+    expert kernels (Megatron-Core). A stack field; off: the math kernels only."""
     host_fused_kernels: bool = False
     """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
     norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
