@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
         began = time.process_time()
         res = fit_rows(rows, key, rows[0].stack, settings, rounds=3, time_grid=FIELDS, memory_grid={},
                        restarts=1, warm={k: v for k, v in shipped["records"][key]["values"].items() if k in FIELDS})
-        start = fit_start(rows[0].stack, settings)
+        start = fit_start(rows[0].stack, settings, generation=key.split("/")[0])
         values = {k: res.values.get(k, getattr(start, k)) for k in FIELDS}
         out["records"][key]["values"] = {**kept, **values}
         print(f"{key}: {len(rows)} rows, median |err| {res.throughput_error_after:.2%}, "

@@ -89,6 +89,11 @@ FIELD_PRIORS: Mapping[str, FieldPrior] = MappingProxyType({
         source="a Megatron layer forward is ~30-60 kernels at 5-20 us of launch and dispatch each "
                "(PyTorch blog 'Accelerating PyTorch with CUDA Graphs', 2021): at most 1.2 ms, plus the "
                "TP collectives' per-call latency"),
+    "host_s_per_kernel": FieldPrior(
+        low=2e-6, high=40e-6, log_scale=True,
+        source="cudaLaunchKernel alone ~2-5 us; an eager PyTorch op with its Python frame and dispatcher "
+               "5-20 us (PyTorch blog 'Accelerating PyTorch with CUDA Graphs', 2021); a Transformer Engine "
+               "module's Python path per kernel up to ~2x that (the reason TE offers CUDA graphs)"),
     "unaligned_matmul_factor": FieldPrior(
         low=0.05, high=1.0, log_scale=True,
         source="non-tensor-core fallback (~1/16 of the tensor-core rate on A100/H100 bf16, NVIDIA "

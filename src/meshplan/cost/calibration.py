@@ -116,7 +116,7 @@ class Calibration(MechanismFields, MemoryFields, CommFields, MoEFields, LongCont
 STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap", "cp_overlap", "ep_overlap",
                 "pp_p2p_overlap", "zero_bubble_residual", "layer_overhead_s", "layer_overhead_on_host",
                 "microbatch_overhead_s",
-                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_fused_kernels", "eager_memory_passes",
+                "loss_transient_bytes_per_element", "host_s_per_kernel", "host_kernels_by_op", "host_fused_kernels", "eager_memory_passes",
                 "repeat_kv_copy",
                 "logits_bytes_per_element",
                 "fsdp_pp_keeps_unsharded", "fsdp_pp_accumulates_unsharded_grads", "zero_bubble_keeps_unsharded",

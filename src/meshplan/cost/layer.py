@@ -31,7 +31,8 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.gemm import gemm_efficiency, gemm_time  # noqa: F401 (re-exported)
 from meshplan.cost.eager_passes import eager_extra_bytes, repeat_kv_bytes, runs_eager
-from meshplan.cost.host import BACKWARD_KERNELS_PER_FORWARD, host_bound, host_launch_s, host_runs_apart
+from meshplan.cost.host import (BACKWARD_KERNELS_PER_FORWARD, host_bound, host_launch_s, host_runs_apart,
+                               moe_sync_charged)
 from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
@@ -53,20 +54,10 @@ from meshplan.spec.layers import (
 )
 from meshplan.spec.model import Arch, ModelSpec
 from meshplan.spec.seqlen import DocBalance
-from meshplan.spec.training import MoeDispatcher, Optimizer, Precision, TrainingSpec
-
-
-def activation_bytes(precision: Precision) -> float:
-    """Bytes of one activation / activation-gradient element for this training precision.
-
-    fp32 training keeps 4-byte activations; bf16/fp16 (mixed precision) keep 2. fp8 keeps 2 as
-    well: Transformer Engine's fp8_autocast (what Megatron-LM's --fp8-format uses) runs only the
-    GEMMs in FP8, casting their inputs inside each module, while the tensors passed between
-    modules, the residual stream, the attention core and the TP/CP/PP/EP collectives stay in the
-    bf16 compute dtype (TE "Using FP8 with Transformer Engine"; Micikevicius et al. 2022 Sec. 4).
-    The inputs a linear saves for its backward are its fp8 copies (cost/precision.saved_input_bytes).
-    """
-    return 4.0 if precision == Precision.FP32 else 2.0
+from meshplan.spec.training import Precision, TrainingSpec
+# bytes per element and per parameter (cost/state_bytes.py), re-exported for the cost modules
+from meshplan.cost.state_bytes import (activation_bytes, optimizer_state_bytes_per_param,  # noqa: F401
+                                       param_bytes_per_param, state_bytes)
 
 
 @dataclass(frozen=True)
@@ -109,30 +100,6 @@ class LayerCost:
     @property
     def bwd_s(self) -> np.ndarray:
         return self.bwd_compute_s + self.bwd_comm_exposed_s
-
-
-def optimizer_state_bytes_per_param(calib: Calibration, training: TrainingSpec) -> float:
-    """fp32 master weights + optimizer moments (Adam 2, SGD 1); the moments only where the
-    parameter is the master (Calibration.params_are_master: counted as the weights)."""
-    moments = calib.sgd_bytes_per_param if training.optimizer == Optimizer.SGD else calib.adam_bytes_per_param
-    return moments if calib.params_are_master else calib.master_bytes_per_param + moments
-
-
-def param_bytes_per_param(calib: Calibration) -> float:
-    """Bytes of the parameter a rank keeps (sharded under ZeRO-3): the low-precision working
-    copy, or the fp32 master itself where the stack keeps no other (Calibration.params_are_master:
-    torch FSDP's fp32 sharded parameter)."""
-    return calib.master_bytes_per_param if calib.params_are_master else calib.weight_bytes_per_param
-
-
-def state_bytes(calib: Calibration, training: TrainingSpec, params, zero, shard):
-    """Weights + grads + optimizer of ``params`` on one GPU, ZeRO stage ``zero`` over ``shard``
-    ranks (Rajbhandari et al. 2020 Sec. 5: stage 1 optimizer, 2 + gradients, 3 + weights)."""
-    opt = optimizer_state_bytes_per_param(calib, training)
-    w = param_bytes_per_param(calib) / np.where(zero >= 3, shard, 1)
-    g = calib.grad_bytes_per_param(training.precision) / np.where(zero >= 2, shard, 1)
-    o = opt / np.where(zero >= 1, shard, 1)
-    return params * (w + g + o)
 
 
 def _layer_params(model: ModelSpec, kind: LayerKind):
@@ -267,7 +234,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     device_overhead = 0.0 if on_host else overhead
     fwd_device = mix.gemm_s + t_mlp + t_attn + t_mem + device_overhead
     # The host issues the layer's kernels while the device runs them: the slower sets the pace.
-    host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib)
+    host_fwd, host_bwd = host_launch_s(model, cluster, kind, plans, calib, training)
     if on_host:  # the backward, like its math and its launches, 2x
         host_fwd = host_fwd + overhead
         host_bwd = host_bwd + BACKWARD_KERNELS_PER_FORWARD * overhead
@@ -275,10 +242,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # its all-to-all splits are fixed (Megatron-Core's alltoall dispatcher with
     # --moe-pad-expert-input-to-capacity, which Megatron-Bridge's token-drop runs set, leaves its
     # cuda_sync_point at "no_sync"); a capacity factor is read as padded.
-    syncs = training.moe_dispatcher == MoeDispatcher.ALLTOALL or (
-        training.moe_dispatcher == MoeDispatcher.FLEX and calib.moe_flex_host_sync)  # DeepEP: Calibration
-    if (moe and calib.moe_alltoall_sync_s and training.moe_capacity_factor is None
-            and syncs and not calib.cuda_graph_full_iteration):
+    # (DeepEP: Calibration.moe_flex_host_sync; cost/host.py moe_sync_charged)
+    if moe and moe_sync_charged(training, calib):
         # The dropless all-to-all's host sync of the token counts drains the launch queue once
         # per MoE layer; up to the next layer's sync the host launches this layer's MoE block
         # (Calibration.moe_alltoall_sync_s; the backward, like its math, 2x) and the next layer's

@@ -65,6 +65,16 @@ class ComputeFields:
     CUDA Graphs', 2021; NVIDIA 'CUDA Graph Best Practice for PyTorch', 'CUDA Graph basics'); ~0
     under CUDA graphs (one graph launch per captured region). A layer
     takes max(device time, its kernels x this) (cost/host.py). A stack field: 0 = not modelled."""
+    host_kernels_by_op: bool = False
+    """Count in a layer's host launches (cost/host.py ``op_kernels``) the kernels its ops add: the
+    quantize kernels of each fp8 / fp4 GEMM operand per recipe (amax, scale, cast, Hadamard
+    transform: Transformer Engine) and the MoE block's router, dispatcher, permute and grouped
+    expert kernels (Megatron-Core). A stack field; off: the math kernels only. Off because with
+    it and ``layer_overhead_on_host`` on and a full refit, Megatron-Bridge validate goes 5.4% /
+    20.8% -> 5.0% / 21.7% (median / p90), the four tp+cp pairs misordered, held-out 7.1% / 18.8%
+    -> 7.9% / 20.7%, with the launch cost at its range's top on Blackwell (40 us); it keeps fp4
+    (-0.8%) and Nemotron-3-Super where session 10's flat host overhead lost them, and the
+    micro-batch pairs at 1.1% (docs/accuracy.md, session 11, bench/bench_host_pacing.py)."""
     host_fused_kernels: bool = False
     """The stack runs a layer as fused kernels (Megatron-Core + Transformer Engine, torch.compile:
     norm, rotary, activation, residual one kernel each; QKV and gate/up one GEMM), not one kernel
