@@ -82,3 +82,16 @@ def test_run_calibration_matches_validate_with_the_release_presets():
     assert calib.cuda_graph_full_iteration and run.release_values["cuda_graph_full_iteration"]
     step = estimate(run.model, run.cluster, run.training, run.plan, calib).step_time_s
     assert step == pytest.approx(evaluate([run], []).rows[0].predicted_step_s, rel=1e-12)
+
+
+def test_micro_batch_pairs_put_the_larger_micro_batch_first_and_sign_its_over_credit():
+    """Llama 3 70B fp8 on 64 GB200 (Megatron-Bridge, one release): row 542 runs mb2 with FSDP, row 543
+    mb1 with pp4. Whatever order pairwise gives them, the pair names 542 as the larger micro-batch
+    and its ratios are step(542) / step(543); a model ratio below the measured one is an over-credit."""
+    found = {(p.larger, p.smaller): p for p in ev.micro_batch_pairs()}
+    assert ("542", "543") in found and ("543", "542") not in found
+    p = found[("542", "543")]
+    assert p.generation == "blackwell"
+    assert (p.over_credit > 0) == (p.model_ratio < p.measured_ratio)
+    fake = ev.MicroBatchPair("a", "b", "blackwell", model_ratio=0.8, measured_ratio=0.9)
+    assert fake.over_credit == pytest.approx(0.117783, abs=1e-6)  # ln(0.9 / 0.8)
