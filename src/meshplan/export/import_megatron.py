@@ -151,7 +151,10 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         inst = _positive("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances, 1)
         if dp % inst:
             raise MeshplanError(f"--num-distributed-optimizer-instances {inst} does not divide dp={dp}")
-        zero, dims = (1, dict(dp_shard=dp // inst, dp_replicate=inst)) if dp // inst > 1 else (0, dict(dp_replicate=dp))
+        # the optimizer shards over data-parallel x context-parallel ranks (export/megatron.py), so
+        # dp // inst = 1 with cp > 1 is ZeRO-1 over cp alone (dp_shard 1)
+        sharded = dp * cp // inst > 1
+        zero, dims = (1, dict(dp_shard=dp // inst, dp_replicate=inst)) if sharded else (0, dict(dp_replicate=dp))
     else:
         zero, dims = 0, dict(dp_replicate=dp)
 
@@ -195,8 +198,9 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("--overlap-param-gather needs --overlap-grad-reduce and --use-distributed-optimizer "
                             "(Megatron-LM's validate_args refuses it otherwise)")
     # Megatron-LM reduces the gradients after the backward unless told (--overlap-grad-reduce is
-    # off by default); with no data parallelism, or under FSDP2, the flag has nothing to say
-    overlap_grad_reduce = bool(a.overlap_grad_reduce) or dp == 1 or zero == 3
+    # off by default); with no data or context parallelism (its DDP reduces over both), or under
+    # FSDP2, the flag has nothing to say
+    overlap_grad_reduce = bool(a.overlap_grad_reduce) or dp * cp == 1 or zero == 3
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
                             recipe=recipe, overlap_grad_reduce=overlap_grad_reduce,
                             **_moe_fields(a, default_dispatcher if _is_moe(a, spec) else None))
