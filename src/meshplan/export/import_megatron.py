@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
 from meshplan.export.import_megatron_model import _check_same_shape, _model_from_args
-from meshplan.export.import_megatron_parser import _parser, launcher_size, split_command
+from meshplan.export.import_megatron_parser import _parser, launcher_size, legacy_flags, split_command
 from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
                            data_parallel_degree, embedding_loss_split, parse_layout)
 from meshplan.spec.model import ModelSpec
@@ -33,6 +33,9 @@ class MegatronImport:
     gpus_per_node: int | None
     ignored: tuple[str, ...]
     """Flags that were not read (learning rate, data paths...)."""
+    legacy_flags: tuple[str, ...] = ()
+    """Flags only Megatron-LM of 2020-22 spells so (import_megatron_parser.LEGACY_FLAGS): the text
+    describes a run of that era."""
 
 
 MEGATRON_DEFAULT_DISPATCHER = MoeDispatcher.ALLGATHER
@@ -93,7 +96,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size.
     ``default_dispatcher``: the MoE dispatcher when the text names none (Megatron-LM's allgather;
     None keeps meshplan's own, for texts whose defaults come from elsewhere, e.g. a Bridge recipe)."""
-    a, rest = _parser().parse_known_args(split_command(text))
+    words = split_command(text)
+    a, rest = _parser().parse_known_args(words)
     ignored = tuple(w for w in rest if w.startswith("--"))
     launcher_gpus = a.nnodes * a.nproc_per_node if a.nnodes and a.nproc_per_node else None
     gpus = num_gpus or launcher_gpus
@@ -223,7 +227,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     )
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
-                          gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+                          gpus_per_node=nproc if launcher_gpus else None, ignored=ignored,
+                          legacy_flags=legacy_flags(words))
 
 
 def _is_moe(a, spec: ModelSpec | None) -> bool:

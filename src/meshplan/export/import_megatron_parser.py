@@ -10,6 +10,13 @@ import shlex
 from meshplan.errors import MeshplanError
 from meshplan.spec.training import MoeDispatcher
 
+LEGACY_FLAGS = ("--checkpoint-activations", "--model-parallel-size", "--distribute-checkpointed-activations")
+"""Spellings of Megatron-LM before Megatron-Core (2020-22: examples/sc21's scripts for Narayanan et
+al. 2021) that later releases renamed (--recompute-granularity/--recompute-method, --tensor-model-
+parallel-size, --distribute-saved-activations): a command line with one describes a run of that
+era, which ``meshplan validate`` estimates with the ``megatron-lm`` framework's settings
+(spec/presets/frameworks.json), not today's Megatron-Core's."""
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse would print usage and exit
@@ -78,3 +85,9 @@ def launcher_size(text: str) -> tuple[int | None, int | None]:
     if a.nnodes and a.nproc_per_node:
         return a.nnodes * a.nproc_per_node, a.nproc_per_node
     return None, None
+
+
+def legacy_flags(words: list[str]) -> tuple[str, ...]:
+    """The LEGACY_FLAGS among a command line's shell words (``--flag`` or ``--flag=value``), in order."""
+    given = [w.split("=", 1)[0] for w in words]
+    return tuple(f for f in LEGACY_FLAGS if f in given)
