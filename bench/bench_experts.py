@@ -369,7 +369,7 @@ def _recompute_section(big: list[Row]) -> list[str]:
 
 
 PRESET_NOTE = "Megatron-Bridge preset"
-"""How ``calib/recipes.py`` marks a row's ``assumed`` lines that come from its preset."""
+"""How ``calib/recipe_overlay.py`` marks a row's ``assumed`` lines that come from its preset."""
 
 
 def without_preset_settings(run: Run):

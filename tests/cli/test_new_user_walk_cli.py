@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 JOB = ("--model", "llama2-7b", "--gpu", "a100-80gb", "--gpus", "16", "--seq-len", "4096", "--global-batch", "256")
 
@@ -246,3 +248,71 @@ def test_megatron_bridge_round_trip_keeps_the_recomputed_modules(tmp_path):
     plans = [json.loads(run("explain", str(f), "--json").stdout) for f in (planned, back)]
     assert plans[0]["job"]["flags"] == plans[1]["job"]["flags"]
     assert abs(plans[1]["step_time_s"] / plans[0]["step_time_s"] - 1) < 1e-9
+
+
+# ---- session 11: the brief's bad inputs on every command, with and without --json ---------------
+def _bad_input_files(root: Path) -> None:
+    """A plan file with an unknown target, malformed and partial plan JSON, an HF config missing a
+    field, a plan that cannot fit (Llama-3.1-405B on 8 A100-40GB)."""
+    from meshplan.plan import Job, ParallelDims, Plan
+    from meshplan.spec.cluster import cluster_for_gpu
+    from meshplan.spec.presets import model_preset
+    from meshplan.spec.training import TrainingSpec
+
+    nofit = Job(model=model_preset("llama3.1-405b"), training=TrainingSpec(seq_len=4096, global_batch=256),
+                cluster=cluster_for_gpu("a100-40gb", gpus_per_node=8), plan=Plan(dims=ParallelDims(tp=8), sp=True))
+    nofit.save(root / "nofit.json")
+    (root / "target.json").write_text(json.dumps({**nofit.to_dict(), "target": "megatorn"}))
+    (root / "malformed.json").write_text("{ not json")
+    (root / "partial.json").write_text(json.dumps({"meshplan_plan_version": 3, "model": {"name": "x"}}))
+    (root / "hf").mkdir()
+    (root / "hf" / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 4,
+                                                         "num_attention_heads": 4, "vocab_size": 1000}))
+
+
+_SIZES = ("--seq-len", "4096", "--global-batch", "256")
+BAD_INPUTS = [
+    # (argv, what the one line says)
+    (["estimate", "--model", "nosuch", "--gpu", "a100-80gb", "--gpus", "8", *_SIZES], "nosuch"),
+    (["plan", "--model", "llama3-8b", "--gpu", "h900", "--gpus", "8", *_SIZES], "unknown GPU 'h900'"),
+    (["import", "--from", "megatron", "--seq-length 8 --global-batch-size 8", "--gpu", "h900", "--gpus", "8",
+      "--model", "llama3-8b"], "unknown GPU 'h900'"),
+    (["estimate", "--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "0", *_SIZES], "--gpus must be a positive"),
+    (["plan", "--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "8", "--seq-len", str(10**30),
+      "--global-batch", "8"], "too large"),
+    (["estimate", "--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "8", *_SIZES, "--tp", "3"], "not divisible"),
+    (["plan", "--model", "llama3.1-405b", "--gpu", "a100-40gb", "--gpus", "8", *_SIZES], "no plan fits"),
+    (["plan", "--compare", "nofit.json"], "no plan fits"),
+    (["estimate", "--model", "./hf", "--gpu", "a100-80gb", "--gpus", "8", *_SIZES], "no hidden_size field"),
+    (["plan", "--model", "./hf", "--gpu", "a100-80gb", "--gpus", "8", *_SIZES], "no hidden_size field"),
+    *[([*cmd, f], says) for f, says in (("malformed.json", "not valid JSON"), ("partial.json", "no 'training' section"),
+                                        ("target.json", "target 'megatorn' is not one of"))
+      for cmd in (["estimate", "--plan"], ["explain"], ["report", "--out", "r.html", "--plan"],
+                  ["train", "--dry-run", "--plan"], ["plan", "--compare"])],
+    # export and train --dry-run used a file with an unknown target (the others refused it)
+    (["export", "target.json", "--to", "megatron"], "target 'megatorn' is not one of"),
+    (["export", "malformed.json", "--to", "megatron"], "not valid JSON"),
+]
+
+
+@pytest.mark.usefixtures("no_processes")
+@pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
+@pytest.mark.parametrize("argv,says", BAD_INPUTS, ids=[" ".join(a)[:60] for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2(argv, says, json_out, tmp_path):
+    from _fuzz_harness import run_cli
+
+    _bad_input_files(tmp_path)  # no_processes made tmp_path the working directory
+    code, out, err = run_cli([*argv, *(["--json"] if json_out else [])])
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and says in lines[0], (code, err)
+    assert out == ""
+
+
+def test_export_of_a_plan_that_does_not_fit_warns(tmp_path):
+    """`export` wrote a config for a run that the cost model says runs out of memory, silently."""
+    _bad_input_files(tmp_path)
+    r = run("export", "nofit.json", "--to", "megatron", cwd=tmp_path)
+    assert r.returncode == 0 and "--tensor-model-parallel-size 8" in r.stdout
+    assert "warning: the plan does not fit: it needs" in r.stderr and "a100-40gb has 39.6 GiB" in r.stderr
+    warnings = json.loads(run("export", "nofit.json", "--to", "megatron", "--json", cwd=tmp_path).stdout)["warnings"]
+    assert any(w.startswith("the plan does not fit") for w in warnings)

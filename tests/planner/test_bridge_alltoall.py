@@ -1,6 +1,6 @@
 """What each Megatron-Bridge preset sets for its expert all-to-all (issue 14 items 2 and 6):
 bridge_recipes.csv's moe_a2a_overlap / moe_token_dispatcher_type / moe_flex_dispatcher_backend,
-applied per row as Calibration values (calib/recipes.py: alltoall_values).
+applied per row as Calibration values (calib/recipe_overlay.py: alltoall_values).
 
 Golden values are read off the preset files named in bridge_recipes.csv's source column
 (NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/gpt_oss/gpt_oss_workload_base_configs.py
@@ -17,14 +17,8 @@ from math import comb
 import pytest
 
 from meshplan.calib.fit import row_calibration
-from meshplan.calib.recipes import (
-    COMM_COLUMNS,
-    RECIPE_COLUMNS,
-    alltoall_values,
-    parse_recipes,
-    preset_dispatcher,
-    shipped_recipes,
-)
+from meshplan.calib.recipe_overlay import alltoall_values, preset_dispatcher
+from meshplan.calib.recipes import COMM_COLUMNS, RECIPE_COLUMNS, parse_recipes, shipped_recipes
 from meshplan.calib.validate import build_run
 from meshplan.cost import estimate
 from meshplan.cost.calibration import Calibration, calibration_for

@@ -10,12 +10,12 @@ import re
 
 import pytest
 
+from meshplan.calib.recipe_overlay import find_recipe
 from meshplan.calib.recipes import (
     KEY_COLUMNS,
     NOT_EXPRESSED_COLUMN,
     RECIPE_COLUMNS,
     NotExpressible,
-    find_recipe,
     load_recipes,
     parse_recipes,
     shipped_recipes,

@@ -101,3 +101,50 @@ def test_2026_layouts_roundtrip_through_megatron_arguments(name):
     assert (back.moe_shared_experts * back.moe_shared_ffn_hidden_size
             == model.moe_shared_experts * model.moe_shared_ffn_hidden_size)
     assert back.num_params() == model.num_params()
+
+
+@pytest.mark.parametrize("dp_replicate", [1, 2])
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_over_context_parallel_ranks_alone_roundtrips(dp_replicate, zero):
+    """dp_shard 1, cp 4, zero >= 1: meshplan shards over dp_shard x cp (4 ways), and so does
+    Megatron-LM (the distributed optimizer over intra_dp_cp_group, FSDP2 over the dp x cp group):
+    the export writes the sharding flag and reads back as the same plan, costed the same."""
+    from meshplan.cost import estimate
+    from meshplan.spec.cluster import system_preset
+    from meshplan.spec.training import TrainingSpec
+
+    model = model_preset("llama3-8b")
+    plan = Plan(dims=ParallelDims(dp_replicate=dp_replicate, dp_shard=1, cp=4, tp=2), zero=zero, sp=True)
+    job = replace(cases.llama8b_zero2(), model=model, plan=plan,
+                  training=TrainingSpec(seq_len=16384, global_batch=16),
+                  cluster=system_preset("dgx-h100", num_nodes=dp_replicate))
+    if zero == 3 and dp_replicate > 1:  # Megatron's FSDP2 has no replicas (HSDP)
+        with pytest.raises(MeshplanError, match="without replication"):
+            megatron_args(job)
+        return
+    f = flags(job)
+    assert ("--use-torch-fsdp2" if zero == 3 else "--use-distributed-optimizer") in f
+    if zero == 1:
+        assert "--overlap-param-gather" in f and "--overlap-grad-reduce" in f
+        assert f.get("--num-distributed-optimizer-instances") == (["2"] if dp_replicate > 1 else None)
+    back = import_megatron(export_job(job, "megatron").text, num_gpus=job.cluster.num_gpus, model=model)
+    assert back.plan.with_defaults(model) == job.full_plan
+    assert back.training.overlap_grad_reduce is job.training.overlap_grad_reduce
+    mine = estimate(model, job.cluster, job.training, job.plan)
+    theirs = estimate(model, job.cluster, back.training, back.plan)
+    assert theirs.peak_memory_gib == mine.peak_memory_gib and theirs.step_time_s == mine.step_time_s
+    # what the import read before: the optimizer replicated over the cp ranks, more memory per GPU
+    unsharded = estimate(model, job.cluster, job.training, replace(plan, zero=0))
+    assert theirs.peak_memory_gib < unsharded.peak_memory_gib
+
+
+def test_context_parallel_gradient_reduction_overlap_roundtrips():
+    """No data parallelism, cp 2, zero 0: Megatron's DDP still reduces the gradients over the cp
+    ranks, so --overlap-grad-reduce is written when the plan overlaps it and its absence reads as
+    the reduction after the backward."""
+    job = replace(cases.llama8b_zero2(), plan=Plan(dims=ParallelDims(cp=2, tp=8), zero=0, sp=True))
+    assert "--overlap-grad-reduce" in flags(job) and "--use-distributed-optimizer" not in flags(job)
+    text = export_job(job, "megatron").text
+    assert import_megatron(text, num_gpus=16).training.overlap_grad_reduce is True
+    off = import_megatron(text.replace("--overlap-grad-reduce", ""), num_gpus=16).training
+    assert off.overlap_grad_reduce is False

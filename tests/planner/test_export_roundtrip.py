@@ -72,8 +72,16 @@ def _canonical(job: Job, plan: Plan) -> Plan:
     )
 
 
+def _canonical_megatron(job: Job, plan: Plan) -> Plan:
+    """As _canonical, but ZeRO over dp_shard x cp: Megatron-LM's distributed optimizer shards over
+    data-parallel x context-parallel ranks, so zero 1 with dp_shard 1 and cp > 1 is a plan of its own."""
+    p = _canonical(job, plan)
+    d = p.dims
+    return replace(p, zero=plan.with_defaults(job.model).zero if d.dp_shard * d.cp > 1 else 0)
+
+
 def normalise_megatron(job: Job) -> Plan:
-    p = _canonical(job, job.plan)
+    p = _canonical_megatron(job, job.plan)
     # GPipe runs as 1F1B; interleaving with one stage per rank is 1F1B
     one_f_one_b = p.schedule == Schedule.GPIPE or (p.schedule == Schedule.INTERLEAVED_1F1B and p.vpp == 1)
     return replace(p, zero=1 if p.zero == 2 else p.zero,
@@ -98,7 +106,7 @@ def test_megatron_roundtrip(job):
     back = import_megatron(text, num_gpus=job.cluster.num_gpus)
     assert back.model.num_params() == job.model.num_params()
     assert back.training.precision == job.training.precision
-    assert _canonical(job, back.plan) == normalise_megatron(job)
+    assert _canonical_megatron(job, back.plan) == normalise_megatron(job)
 
 
 def normalise_torchtitan_cli(job: Job) -> Plan:
@@ -147,7 +155,7 @@ def test_megatron_bridge_roundtrip(job):
     back = import_megatron_bridge(text, num_gpus=job.cluster.num_gpus, model=job.model)
     assert back.training.precision == job.training.precision
     assert back.training.global_batch == job.training.global_batch
-    assert _canonical(job, back.plan) == normalise_megatron(job)
+    assert _canonical_megatron(job, back.plan) == normalise_megatron(job)
 
 
 def test_megatron_roundtrip_keeps_model_shape():

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from meshplan.calib.recipes import BridgeRecipe, preset_fp8_recipe
+from meshplan.calib.recipe_overlay import preset_fp8_recipe
+from meshplan.calib.recipes import BridgeRecipe
 from meshplan.calib.validate import load_runs, setting_calibration
 from meshplan.cost import estimate
 from meshplan.cost.calibration import Calibration

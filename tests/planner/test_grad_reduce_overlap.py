@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplan.calib.recipes import overlay, parse_recipes, shipped_recipes
+from meshplan.calib.recipe_overlay import overlay
+from meshplan.calib.recipes import parse_recipes, shipped_recipes
 from meshplan.cost import estimate
 from meshplan.cost.calibration import calibration_for
 from meshplan.errors import MeshplanError

@@ -51,3 +51,28 @@ def test_mask_and_single_plan_check_agree(name, nodes, seq, batch):
     for i in rows:
         refused = why_not(Target.MESHPLAN, model, training, space.plan(int(i))) is not None
         assert refused == (not mask[i]), space.plan(int(i)).notation()
+
+
+def test_a_plan_file_names_only_the_stacks_of_target():
+    """plan/job.py cannot import targets.py (a layer above it): its list is the enum's values."""
+    from meshplan.plan.job import TARGET_STACKS
+
+    assert TARGET_STACKS == tuple(t.value for t in Target)
+
+
+def test_a_plan_file_with_an_unknown_target_is_refused_when_read(tmp_path):
+    """Before, export and train --dry-run used such a file; estimate refused it."""
+    import json
+
+    from meshplan.errors import MeshplanError
+    from meshplan.plan import ParallelDims, Plan
+
+    job = Job(model=model_preset("gpt2"), training=TrainingSpec(seq_len=1024, global_batch=32),
+              cluster=system_preset("dgx-h100"), plan=Plan(dims=ParallelDims(dp_replicate=8)), target="megatron")
+    data = job.to_dict()
+    assert Job.from_dict(data).target == "megatron"
+    with pytest.raises(MeshplanError, match="target 'nosuch' is not one of meshplan, megatron"):
+        Job.from_dict({**data, "target": "nosuch"})
+    (tmp_path / "j.json").write_text(json.dumps({**data, "target": "Megatron"}))
+    with pytest.raises(MeshplanError, match="not one of"):
+        Job.load(tmp_path / "j.json")

@@ -85,6 +85,17 @@ def target_calibration(cluster: ClusterSpec, stack: str | None) -> Calibration:
     return calib.replace_fields(source=f"{calib.source}; {framework} settings", **settings)
 
 
+def framework_calibration(cluster: ClusterSpec, precision: Precision, framework: str) -> Calibration:
+    """The calibration a published run of ``framework`` (spec/presets/frameworks.json) is
+    estimated with, as ``meshplan validate`` does: its stack's, with the framework's settings in
+    place of those of the framework the stack stands for as a target (e.g. Megatron-LM 2020-22:
+    no fused attention, dropout, no TP communication overlap)."""
+    fw = framework_defaults(framework)
+    calib = calibration_for(cluster.gpu, fw.stack)
+    calib = calib.replace_fields(source=f"{calib.source}; {fw.name} settings", **fw.settings)
+    return runtime_storage(calib, precision, device_type(cluster))
+
+
 def runtime_storage(calib: Calibration, precision: Precision, device: str) -> Calibration:
     """The factors that describe how the state is stored, not the hardware.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-from meshplan.calib.recipes import is_bridge_row
+from meshplan.calib.recipe_overlay import is_bridge_row
 from meshplan.errors import MeshplanError
 from meshplan.plan import PipelineLayout, parse_layout
 from meshplan.shipped import shipped_path

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from meshplan.calib.corrections import CorrectionReport, apply_corrections, shipped_corrections
 from meshplan.calib.layouts import find_layout
-from meshplan.calib.recipes import Overlay, find_recipe, overlay
+from meshplan.calib.recipe_overlay import Overlay, find_recipe, overlay
 from meshplan.calib.run_cells import MalformedCell, cell, read_rows, required_cell, whole_number
 from meshplan.cost.calibration import DEFAULT_STACK
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
@@ -71,7 +71,7 @@ class Run:
     release_values: Mapping[str, Any] = field(default_factory=dict)
     """Calibration fields the presets of the stack release the row ran set for it
     (``spec.stack_version``: 'Megatron-Bridge 26.06' MoE presets run full-iteration CUDA graphs)
-    and those its own preset's expert all-to-all sets (``calib/recipes.py``: moe_a2a_overlap off,
+    and those its own preset's expert all-to-all sets (``calib/recipe_overlay.py``: moe_a2a_overlap off,
     a sync-free dispatcher); applied over the row's calibration, per row (rows of one fit may run
     different releases and presets)."""
 
@@ -175,7 +175,7 @@ def build_run(row: dict[str, str]) -> Run:
     family = model_family(model.name, fw.architecture)
     release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset, model=model.name,
                                   precision=precision.value, moe=model.is_moe)
-    # the preset's expert all-to-all (calib/recipes.py): more specific than its release's presets
+    # the preset's expert all-to-all (calib/recipe_overlay.py): more specific than its release's presets
     release_vals.update(extra.calibration_values)
     note = release_notes(fw.stack, release, release_vals)
     assumed += [note] if note else []

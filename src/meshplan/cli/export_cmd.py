@@ -57,6 +57,7 @@ def export(
     chosen = None
     if cluster_profile is not None and not best:
         raise MeshplanError("--cluster-profile only matters with --best (the search); drop it or add --best")
+    fit: tuple[str, ...] = ()
     if best:
         chosen = _best_for_target(job, to, memory_gib, cluster_profile, target_version)
         result = chosen["export"]
@@ -65,24 +66,43 @@ def export(
             result = export_job(job, to, target_version)
         except MeshplanError as exc:  # the plan was made for another stack: say what gets one
             raise MeshplanError(f"{exc} (--best exports the fastest plan of this job that {to.value} can run)") from None
+        fit = _fit_warning(job, to, plan_file)
+    warnings = (*result.warnings, *fit)
     if out is not None:
         try:
             out.write_text(result.text)
         except OSError as exc:
             raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
     if json_out:
-        print_json({"target": result.target.value, "text": result.text, "warnings": list(result.warnings),
+        print_json({"target": result.target.value, "text": result.text, "warnings": list(warnings),
                     "out": str(out) if out else None,
                     **({"best": {k: v for k, v in chosen.items() if k != "export"}} if chosen else {})})
         return
     if chosen is not None:
         err_console().print(chosen["summary"])
-    for w in result.warnings:
-        err_console().print(f"[yellow]warning:[/yellow] {w}")
+    for w in warnings:
+        err_console().print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True)
     if out is None:
         sys.stdout.write(result.text)
     else:
         err_console().print(f"wrote {result.target.value} config to {out}")
+
+
+def _fit_warning(job: Job, to: ExportTarget, plan_file: Path) -> tuple[str, ...]:
+    """A warning when the plan does not fit its GPUs under the cost model with the calibration of
+    the stack that runs the export (a config written for a run that would run out of memory);
+    none when it fits."""
+    from meshplan.calib.hardware import resolve_hardware
+    from meshplan.cost import estimate
+
+    stack = _STACK_OF[to].value
+    hw = resolve_hardware(job.cluster, job.training.precision, None, stack)
+    est = estimate(job.model, hw.cluster, job.training, job.plan, calib=hw.calib)
+    if est.fits:
+        return ()
+    return (f"the plan does not fit: it needs {est.fit_memory_gib:.1f} GiB per GPU, {job.cluster.gpu.name} has "
+            f"{est.gpu_memory_gib:.1f} GiB ({stack} calibration; `meshplan estimate --plan {plan_file}` itemises it); "
+            "--best exports the fastest plan of this job that fits",)
 
 
 def _best_for_target(job: Job, target: ExportTarget, memory_gib: float | None, profile: str | None,

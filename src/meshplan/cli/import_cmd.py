@@ -60,6 +60,32 @@ def _save(job: Job, out: Path) -> None:
         raise MeshplanError(f"cannot write {out}: {exc.strerror}") from None
 
 
+LEGACY_FRAMEWORK = "megatron-lm"
+"""The frameworks.json entry of a Megatron-LM 2020-22 command line (import_megatron_parser.LEGACY_FLAGS)."""
+
+
+def _calibration(job: Job, legacy: tuple[str, ...]) -> dict[str, object]:
+    """Which calibration the Job is estimated with (its stack's, with the settings of the framework
+    the stack stands for today: calib/hardware.py), its tokens/s/GPU; for a command line of
+    Megatron-LM 2020-22 also the estimate with that framework's settings (``legacy``; None
+    otherwise). The Job keeps today's stack: its exports, searches and ``plan --compare`` are for
+    the stack that runs it now."""
+    from meshplan.calib.hardware import TARGET_FRAMEWORKS, framework_calibration, resolve_hardware
+    from meshplan.cost import estimate
+
+    hw = resolve_hardware(job.cluster, job.training.precision, None, job.target)
+    now = estimate(job.model, hw.cluster, job.training, job.plan, calib=hw.calib)
+    out: dict[str, object] = {"stack": job.target, "framework": TARGET_FRAMEWORKS.get(job.target or "", job.target),
+                              "source": hw.calib.source, "tokens_per_s_per_gpu": now.tokens_per_s_per_gpu,
+                              "legacy": None}
+    if legacy:
+        calib = framework_calibration(job.cluster, job.training.precision, LEGACY_FRAMEWORK)
+        then = estimate(job.model, job.cluster, job.training, job.plan, calib=calib)
+        out["legacy"] = {"flags": list(legacy), "framework": LEGACY_FRAMEWORK, "source": calib.source,
+                         "tokens_per_s_per_gpu": then.tokens_per_s_per_gpu}
+    return out
+
+
 @app.command("import", context_settings={"ignore_unknown_options": True})
 @with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags)
 def import_(
@@ -75,6 +101,7 @@ def import_(
     model, override = model_flags.model, model_flags.override
     base_model = model_flags.spec() if model else None
     ignored: tuple[str, ...] = ()
+    legacy: tuple[str, ...] = ()
     if source == ImportSource.MEGATRON:
         from meshplan.export.import_megatron import import_megatron, launcher_size
 
@@ -88,7 +115,7 @@ def import_(
                                 "--num-attention-heads): give --model")
         if imp.model is not None and override:
             spec = spec.with_overrides(parse_overrides(override))
-        plan, training, ignored = imp.plan, imp.training, imp.ignored
+        plan, training, ignored, legacy = imp.plan, imp.training, imp.ignored, imp.legacy_flags
     elif source == ImportSource.MEGATRON_BRIDGE:
         from meshplan.export.megatron_bridge import import_megatron_bridge, recipe_preset
         from meshplan.export.megatron_bridge import parse_overrides as parse_bridge
@@ -118,16 +145,26 @@ def import_(
     job = Job(model=spec, training=training, cluster=spec_cluster, plan=plan, target=_STACK_OF[source].value)
     if out is not None:
         _save(job, out)
+    calibration = _calibration(job, legacy)
     if json_out:
         print_json({**job.to_dict(), "notation": plan.notation(), "ignored_flags": list(ignored),
-                    "out": str(out) if out else None})
+                    "calibration": calibration, "out": str(out) if out else None})
         return
     t = Table(title=f"Imported from {source.value}", show_header=False)
     t.add_row("model", f"{spec.name} ({spec.num_params() / 1e9:.2f}B params, {spec.num_layers} layers)")
     t.add_row("cluster", f"{spec_cluster.name}: {spec_cluster.num_nodes} x {spec_cluster.gpus_per_node} {spec_cluster.gpu.name}")
     t.add_row("training", f"seq {training.seq_len}, global batch {training.global_batch}, {training.precision.value}")
     t.add_row("plan", plan.notation())
+    t.add_row("estimated as", f"{calibration['framework']} ({calibration['stack']} calibration)")
     console().print(t)
+    if calibration["legacy"] is not None:
+        then = calibration["legacy"]
+        console().print(
+            f"this command line is Megatron-LM 2020-22 style ({', '.join(legacy)}); meshplan estimates the job "
+            f"as today's {calibration['framework']} runs it: {calibration['tokens_per_s_per_gpu']:,.0f} tok/s/GPU. "
+            f"As {then['framework']} of that era ran it (no fused attention, dropout, no TP communication overlap: "
+            f"how `meshplan validate` costs the published runs of that era): {then['tokens_per_s_per_gpu']:,.0f} "
+            "tok/s/GPU", soft_wrap=True, markup=False, highlight=False)
     if ignored:
         err_console().print(f"ignored {len(ignored)} flags that do not affect the plan "
                             f"({', '.join(ignored[:6])}{', ...' if len(ignored) > 6 else ''})")

@@ -8,14 +8,17 @@ with ``--nnodes`` and ``--nproc-per-node`` gives the GPU count when present.
 from __future__ import annotations
 
 import argparse
-import shlex
 from dataclasses import dataclass
 
 from meshplan.errors import MeshplanError
+from meshplan.export.import_megatron_model import _check_same_shape, _model_from_args
+from meshplan.export.import_megatron_parser import _parser, launcher_size, legacy_flags, split_command
 from meshplan.plan import (CPMethod, Offload, ParallelDims, Plan, Recompute, RecomputeModule, Schedule,
                            data_parallel_degree, embedding_loss_split, parse_layout)
-from meshplan.spec.model import ModelSpec, Norm, Position
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
+
+__all__ = ["MEGATRON_DEFAULT_DISPATCHER", "MegatronImport", "import_megatron", "launcher_size", "split_command"]
 
 
 @dataclass(frozen=True)
@@ -30,79 +33,13 @@ class MegatronImport:
     gpus_per_node: int | None
     ignored: tuple[str, ...]
     """Flags that were not read (learning rate, data paths...)."""
+    legacy_flags: tuple[str, ...] = ()
+    """Flags only Megatron-LM of 2020-22 spells so (import_megatron_parser.LEGACY_FLAGS): the text
+    describes a run of that era."""
 
 
 MEGATRON_DEFAULT_DISPATCHER = MoeDispatcher.ALLGATHER
 """Megatron-LM's --moe-token-dispatcher-type when none is given (arguments.py@000c4ac, _add_moe_args)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage and exit
-        raise MeshplanError(f"Megatron arguments: {message}")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False, allow_abbrev=False)
-    add = p.add_argument
-    for name in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-                 "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-                 "--num-layers-per-virtual-pipeline-stage",
-                 "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
-                 "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size",
-                 "--seq-length", "--recompute-num-layers", "--num-distributed-optimizer-instances",
-                 "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
-                 "--num-query-groups", "--kv-channels", "--max-position-embeddings", "--vocab-size",
-                 "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-                 "--moe-shared-expert-intermediate-size", "--model-parallel-size",
-                 "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
-                 "--mtp-num-layers", "--moe-latent-size", "--mamba-num-heads", "--mamba-head-dim",
-                 "--mamba-state-dim", "--mamba-num-groups", "--cpu-offloading-num-layers",
-                 # launcher (torchrun) options
-                 "--nnodes", "--nproc-per-node", "--nproc_per_node"):
-        add(name, type=int, default=None)
-    for name in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2",
-                 "--recompute-activations", "--checkpoint-activations", "--group-query-attention",
-                 "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
-                 "--add-qkv-bias", "--bf16", "--fp16", "--multi-latent-attention", "--qk-layernorm",
-                 "--optimizer-cpu-offload", "--cpu-offloading", "--moe-enable-deepep",
-                 "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split",
-                 "--account-for-loss-in-pipeline-split", "--overlap-grad-reduce", "--overlap-param-gather"):
-        add(name, action="store_true")
-    add("--moe-token-dispatcher-type", choices=[d.value for d in MoeDispatcher], default=None)
-    add("--moe-expert-capacity-factor", type=float, default=None)
-    add("--optimizer-offload-fraction", type=float, default=None)
-    add("--recompute-granularity", choices=["full", "selective"], default=None)
-    add("--recompute-method", choices=["uniform", "block"], default=None)
-    add("--recompute-modules", nargs="*", default=None)
-    add("--cp-comm-type", nargs="+", default=None)
-    add("--position-embedding-type", default=None)
-    add("--normalization", default=None)
-    add("--fp8-format", default=None)
-    add("--fp8-recipe", default=None)
-    add("--fp4-format", default=None)
-    add("--fp4-recipe", default=None)
-    add("--moe-layer-freq", default=None)
-    add("--pipeline-model-parallel-layout", default=None)
-    for name in ("--window-size", "--window-attn-skip-freq", "--softmax-type", "--hybrid-override-pattern"):
-        add(name, default=None)
-    return p
-
-
-def split_command(text: str) -> list[str]:
-    """Shell words of a (possibly multi-line, commented) Megatron command line."""
-    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
-    try:
-        return shlex.split(text, comments=True)
-    except ValueError as exc:
-        raise MeshplanError(f"cannot split the Megatron command line: {exc}") from None
-
-
-def launcher_size(text: str) -> tuple[int | None, int | None]:
-    """(total GPUs, GPUs per node) from a torchrun prefix's --nnodes/--nproc-per-node, if present."""
-    a, _ = _parser().parse_known_args(split_command(text))
-    if a.nnodes and a.nproc_per_node:
-        return a.nnodes * a.nproc_per_node, a.nproc_per_node
-    return None, None
 
 
 def _positive(name: str, v: int | None, default: int) -> int:
@@ -110,87 +47,6 @@ def _positive(name: str, v: int | None, default: int) -> int:
     if v < 1:
         raise MeshplanError(f"Megatron argument {name} must be positive, got {v}")
     return v
-
-
-def _model_from_args(a: argparse.Namespace, vocab_default: int | None, name: str) -> ModelSpec | None:
-    shape = (a.num_layers, a.hidden_size, a.num_attention_heads)
-    if all(v is None for v in shape):
-        return None
-    if any(v is None for v in shape):
-        raise MeshplanError("Megatron arguments give part of the model shape: need --num-layers, "
-                            "--hidden-size and --num-attention-heads together")
-    vocab = a.vocab_size or vocab_default
-    if vocab is None:
-        raise MeshplanError("the Megatron arguments do not give --vocab-size (it comes from the "
-                            "tokenizer): add --vocab-size N to them or give --model")
-    moe: dict[str, int] = {}
-    if a.num_experts:
-        moe = dict(moe_num_experts=a.num_experts, moe_top_k=a.moe_router_topk or 2,
-                   moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0)
-        if a.moe_shared_expert_intermediate_size:
-            # n shared experts of the routed width when it divides, else one of the given width
-            width = a.moe_ffn_hidden_size or a.ffn_hidden_size or 4 * a.hidden_size
-            n, rest = divmod(a.moe_shared_expert_intermediate_size, width)
-            if n and not rest:
-                moe["moe_shared_experts"] = n
-            else:
-                moe.update(moe_shared_experts=1, moe_shared_ffn_hidden_size=a.moe_shared_expert_intermediate_size)
-        if a.moe_layer_freq and a.moe_layer_freq.startswith("[0]*"):
-            moe["moe_dense_layers"] = int(a.moe_layer_freq[4:].split("+", 1)[0])
-        if a.moe_latent_size:
-            moe["moe_latent_size"] = a.moe_latent_size
-    pos = a.position_embedding_type or "learned_absolute"
-    if pos not in ("rope", "learned_absolute"):
-        raise MeshplanError(f"--position-embedding-type {pos!r} is not supported (rope, learned_absolute)")
-    gqa = a.group_query_attention and a.num_query_groups
-    return ModelSpec(
-        name=name,
-        num_layers=a.num_layers,
-        hidden_size=a.hidden_size,
-        num_heads=a.num_attention_heads,
-        num_kv_heads=a.num_query_groups if gqa else 0,
-        head_dim=a.kv_channels or 0,
-        ffn_hidden_size=a.ffn_hidden_size or 0,
-        gated_mlp=a.swiglu,
-        vocab_size=vocab,
-        tied_embeddings=not a.untie_embeddings_and_output_weights,
-        norm=Norm.RMSNORM if (a.normalization or "LayerNorm") == "RMSNorm" else Norm.LAYERNORM,
-        position=Position.ROPE if pos == "rope" else Position.LEARNED,
-        max_position=a.max_position_embeddings or (0 if pos == "rope" else 2048),
-        attn_bias=(not a.disable_bias_linear) or a.add_qkv_bias,
-        mlp_bias=not a.disable_bias_linear,
-        **moe,
-        **_layout_fields(a),
-    )
-
-
-def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
-    """MLA, QK-norm, sliding windows and sinks, MTP and hybrid Mamba fields (export/megatron.py)."""
-    out: dict[str, object] = {}
-    if a.multi_latent_attention:
-        out.update(q_lora_rank=a.q_lora_rank or 0, kv_lora_rank=a.kv_lora_rank or 0,
-                   qk_nope_head_dim=a.qk_head_dim or 0, qk_rope_head_dim=a.qk_pos_emb_head_dim or 0,
-                   v_head_dim=a.v_head_dim or 0)
-    elif a.qk_layernorm:
-        out["qk_norm"] = True
-    if a.window_size:
-        try:
-            out["sliding_window"] = int(str(a.window_size).split(",")[0])
-            out["full_attention_period"] = int(a.window_attn_skip_freq or 0)
-        except ValueError:
-            raise MeshplanError(f"--window-size {a.window_size} / --window-attn-skip-freq "
-                                f"{a.window_attn_skip_freq}: only 'W,0' and an integer period are read") from None
-    if a.softmax_type not in (None, "vanilla"):
-        if a.softmax_type != "learnable":
-            raise MeshplanError(f"--softmax-type {a.softmax_type!r} is not supported (vanilla, learnable)")
-        out["attention_sinks"] = True
-    if a.mtp_num_layers:
-        out["mtp_num_layers"] = a.mtp_num_layers
-    if a.hybrid_override_pattern:
-        out.update(hybrid_pattern=a.hybrid_override_pattern, mamba_num_heads=a.mamba_num_heads or 0,
-                   mamba_head_dim=a.mamba_head_dim or 0, mamba_state_size=a.mamba_state_dim or 0,
-                   mamba_groups=a.mamba_num_groups or 1)
-    return out
 
 
 def _accounts_embedding_loss(a: argparse.Namespace) -> bool:
@@ -234,31 +90,14 @@ def _stage_layers(a: argparse.Namespace, num_layers: int, pp: int, vpp: int) -> 
     return tuple(layers)
 
 
-def _check_same_shape(a: argparse.Namespace, model: ModelSpec) -> None:
-    """The shape the arguments give explicitly must be the shape of the ``--model`` named beside
-    them: a contradiction is refused, not settled silently for one side."""
-    gqa = a.group_query_attention and a.num_query_groups
-    given = (("--num-layers", a.num_layers, model.num_layers),
-             ("--hidden-size", a.hidden_size, model.hidden_size),
-             ("--num-attention-heads", a.num_attention_heads, model.num_heads),
-             ("--num-query-groups", a.num_query_groups if gqa else None, model.num_kv_heads),
-             ("--ffn-hidden-size", a.ffn_hidden_size, model.ffn_hidden_size),
-             ("--vocab-size", a.vocab_size, model.vocab_size),
-             ("--num-experts", a.num_experts, model.moe_num_experts))
-    differ = [f"{flag} {mine} (the preset has {theirs})" for flag, mine, theirs in given
-              if mine is not None and mine != theirs]
-    if differ:
-        raise MeshplanError(f"the Megatron arguments contradict --model {model.name}: {', '.join(differ)}; "
-                            "drop --model or fix the arguments")
-
-
 def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: int | None = None,
                     model: ModelSpec | None = None, name: str = "megatron-model",
                     default_dispatcher: MoeDispatcher | None = MEGATRON_DEFAULT_DISPATCHER) -> MegatronImport:
     """Parse a Megatron-LM command line. ``num_gpus`` (else the launcher's) sets the DP size.
     ``default_dispatcher``: the MoE dispatcher when the text names none (Megatron-LM's allgather;
     None keeps meshplan's own, for texts whose defaults come from elsewhere, e.g. a Bridge recipe)."""
-    a, rest = _parser().parse_known_args(split_command(text))
+    words = split_command(text)
+    a, rest = _parser().parse_known_args(words)
     ignored = tuple(w for w in rest if w.startswith("--"))
     launcher_gpus = a.nnodes * a.nproc_per_node if a.nnodes and a.nproc_per_node else None
     gpus = num_gpus or launcher_gpus
@@ -316,7 +155,10 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         inst = _positive("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances, 1)
         if dp % inst:
             raise MeshplanError(f"--num-distributed-optimizer-instances {inst} does not divide dp={dp}")
-        zero, dims = (1, dict(dp_shard=dp // inst, dp_replicate=inst)) if dp // inst > 1 else (0, dict(dp_replicate=dp))
+        # the optimizer shards over data-parallel x context-parallel ranks (export/megatron.py), so
+        # dp // inst = 1 with cp > 1 is ZeRO-1 over cp alone (dp_shard 1)
+        sharded = dp * cp // inst > 1
+        zero, dims = (1, dict(dp_shard=dp // inst, dp_replicate=inst)) if sharded else (0, dict(dp_replicate=dp))
     else:
         zero, dims = 0, dict(dp_replicate=dp)
 
@@ -360,8 +202,9 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         raise MeshplanError("--overlap-param-gather needs --overlap-grad-reduce and --use-distributed-optimizer "
                             "(Megatron-LM's validate_args refuses it otherwise)")
     # Megatron-LM reduces the gradients after the backward unless told (--overlap-grad-reduce is
-    # off by default); with no data parallelism, or under FSDP2, the flag has nothing to say
-    overlap_grad_reduce = bool(a.overlap_grad_reduce) or dp == 1 or zero == 3
+    # off by default); with no data or context parallelism (its DDP reduces over both), or under
+    # FSDP2, the flag has nothing to say
+    overlap_grad_reduce = bool(a.overlap_grad_reduce) or dp * cp == 1 or zero == 3
     training = TrainingSpec(seq_len=a.seq_length, global_batch=a.global_batch_size, precision=precision,
                             recipe=recipe, overlap_grad_reduce=overlap_grad_reduce,
                             **_moe_fields(a, default_dispatcher if _is_moe(a, spec) else None))
@@ -384,7 +227,8 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
     )
     nproc = a.nproc_per_node
     return MegatronImport(plan=plan, training=training, model=parsed_model, num_gpus=launcher_gpus,
-                          gpus_per_node=nproc if launcher_gpus else None, ignored=ignored)
+                          gpus_per_node=nproc if launcher_gpus else None, ignored=ignored,
+                          legacy_flags=legacy_flags(words))
 
 
 def _is_moe(a, spec: ModelSpec | None) -> bool:

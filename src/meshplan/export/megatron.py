@@ -2,7 +2,8 @@
 
 Option names checked against megatron/training/arguments.py (NVIDIA/Megatron-LM, see
 docs/interop.md). Megatron derives the data-parallel size from the world size, so it is not an
-argument; the distributed optimizer (ZeRO-1) shards over all data-parallel ranks unless
+argument; the distributed optimizer (ZeRO-1) shards over all data-parallel x context-parallel
+ranks unless
 ``--num-distributed-optimizer-instances`` keeps several copies (meshplan's dp_replicate).
 """
 
@@ -235,7 +236,13 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
     args += [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(t.global_batch)],
              ["--seq-length", str(t.seq_len)]]
     args += _recompute_args(job)
-    if d.dp_shard > 1:
+    # Megatron-LM shards the distributed optimizer and FSDP2 over the data-parallel x context-
+    # parallel group, as meshplan's ZeRO shards over dp_shard x cp (cost/plan_terms.py): so a plan
+    # with dp_shard 1 and cp > 1 still shards (get_megatron_optimizer passes intra_dp_cp_group as
+    # the optimizer's data_parallel_group, megatron/core/optimizer/__init__.py@0044db1;
+    # TorchFullyShardedDataParallel meshes get_data_parallel_group(with_context_parallel=True),
+    # megatron/core/distributed/torch_fully_sharded_data_parallel.py@00caa53)
+    if plan.zero >= 1 and d.dp_shard * d.cp > 1:
         if plan.zero == 3:
             if d.pp > 1 or d.dp_replicate > 1:
                 raise MeshplanError(
@@ -254,9 +261,11 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
                 warnings.append("zero=2 mapped to Megatron's distributed optimizer: it shards "
                                 "optimizer states and reduce-scatters gradients but keeps a full "
                                 "gradient buffer (ZeRO-1 memory for gradients)")
-    if d.dp_replicate > 1 and plan.zero == 0 and t.overlap_grad_reduce:
+    elif d.dp_replicate * d.cp > 1 and t.overlap_grad_reduce:
         # Megatron-LM's --overlap-grad-reduce is off by default (store_true,
-        # megatron/training/arguments.py _add_distributed_args): the plan's costs assume it on
+        # megatron/training/arguments.py _add_distributed_args): the plan's costs assume it on; its
+        # DDP reduces the gradients over data-parallel x context-parallel ranks (cp ranks hold the
+        # same weights), so cp > 1 alone has a reduction to overlap
         args.append(["--overlap-grad-reduce"])
     refuse_expert_placement(plan, "Megatron-LM")
     refuse_data_schedule(job, "Megatron-LM")
@@ -290,10 +299,10 @@ def _offload_args(job: Job) -> list[list[str]]:
                             "(--cpu-offloading), not the parameters; plan without offload 'params'")
     out: list[list[str]] = []
     if Offload.OPTIMIZER in plan.offload:
-        if plan.zero not in (1, 2) or plan.dims.dp_shard == 1:
+        if plan.zero not in (1, 2) or plan.dims.dp_shard * plan.dims.cp == 1:
             raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
-                                f"(zero 1 or 2 over dp_shard > 1); the plan has zero {plan.zero}, "
-                                f"dp_shard {plan.dims.dp_shard}")
+                                f"(zero 1 or 2 over dp_shard*cp > 1); the plan has zero {plan.zero}, "
+                                f"dp_shard {plan.dims.dp_shard}, cp {plan.dims.cp}")
         out += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
     if Offload.ACTIVATIONS in plan.offload:
         layers = job.model.num_layers

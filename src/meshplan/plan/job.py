@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 _SECTIONS = ("model", "training", "cluster", "plan")
 """The sections of a plan file, beside its ``meshplan_plan_version``."""
+TARGET_STACKS = ("meshplan", "megatron", "torchtitan", "deepspeed")
+"""The stacks a plan file's ``target`` may name: the values of ``meshplan.targets.Target``, which
+this layer cannot import (tests/planner/test_targets.py keeps the two equal). A file naming
+another is refused when read, not by whichever command first estimates it (export and
+``train --dry-run`` never did)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +96,8 @@ class Job:
         target = data.get("target")
         if target is not None and (not isinstance(target, str) or not target.strip()):
             raise MeshplanError(f"plan file's 'target' must name a stack (megatron, torchtitan, ...), got {target!r}")
+        if target is not None and target not in TARGET_STACKS:
+            raise MeshplanError(f"plan file's target {target!r} is not one of {', '.join(TARGET_STACKS)}")
         return cls(
             target=target,
             model=ModelSpec.from_dict(data["model"]),

@@ -47,7 +47,7 @@ class MechanismFields:
     moe_dispatch_nvlink_efficiency: float = 0.0
     """Fraction of the NVLink bandwidth the expert dispatch and combine reach inside one scale-up
     domain when its kernels are not NCCL's; 0: they are (``intra_node_comm_efficiency`` applies).
-    Set per row by a Megatron-Bridge preset that runs HybridEP (calib/recipes.py
+    Set per row by a Megatron-Bridge preset that runs HybridEP (calib/recipe_overlay.py
     HYBRIDEP_NVLINK_EFFICIENCY): TMA copies over NVLink that saturate it with 4-16 SMs (NVIDIA
     Technical Blog, 'Optimizing Communication for Mixture-of-Experts Training with Hybrid Expert
     Parallel', 2026-02-02)."""
@@ -57,7 +57,7 @@ class MechanismFields:
     dispatcher): DeepEP's normal kernels, whose notify step has "the CPU ... wait for GPU's signal
     to arrive" (Megatron-Core moe/fused_a2a.py; DeepEP README, normal kernels: "CPU-GPU
     synchronization"). False: HybridEP, which sizes its buffers on the device. Set per row by a
-    Megatron-Bridge preset that runs DeepEP (calib/recipes.py)."""
+    Megatron-Bridge preset that runs DeepEP (calib/recipe_overlay.py)."""
     cuda_graph_full_iteration: bool = False
     """The whole forward-backward is captured once and replayed as one CUDA graph (Megatron-Core
     ``cuda_graph_impl='full_iteration'``): the host issues no kernel of a layer (cost/host.py
