@@ -316,3 +316,16 @@ def test_export_of_a_plan_that_does_not_fit_warns(tmp_path):
     assert "warning: the plan does not fit: it needs" in r.stderr and "a100-40gb has 39.6 GiB" in r.stderr
     warnings = json.loads(run("export", "nofit.json", "--to", "megatron", "--json", cwd=tmp_path).stdout)["warnings"]
     assert any(w.startswith("the plan does not fit") for w in warnings)
+
+
+def test_train_refuses_a_gpu_plan_that_does_not_fit_before_the_machine_check(tmp_path):
+    """`train` of a GPU plan the cost model puts over the GPU's memory said only that the machine has
+    no GPU (or, on GPUs, launched into an out-of-memory error): it names the shortfall first, and
+    --allow-over-memory gets past it to the machine check."""
+    _bad_input_files(tmp_path)
+    r = run("train", "--plan", "nofit.json", "--steps", "1", cwd=tmp_path)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "does not fit a100-40gb: short by" in lines[0] and "--allow-over-memory" in lines[0]
+    r = run("train", "--plan", "nofit.json", "--steps", "1", "--allow-over-memory", cwd=tmp_path)
+    assert r.returncode == 2 and "does not fit" not in r.stderr and "no GPU" in r.stderr

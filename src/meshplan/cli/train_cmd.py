@@ -17,6 +17,7 @@ from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console
 from meshplan.cli.checks import count_flag, output_path, positive_rate
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
+from meshplan.targets import Target
 from meshplan.plan import Job
 from meshplan.runtime.lifecycle import DEFAULT_COLLECTIVE_TIMEOUT_S
 from meshplan.shipped import shipped_path
@@ -74,6 +75,7 @@ def train(
     clip_grad: Annotated[float, typer.Option("--clip-grad", help="Clip the global gradient norm to this (0: no clipping).", min=0.0)] = 0.0,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay of matrices and embeddings (never of biases and norms).", min=0.0)] = 0.0,
     expert_load_log: Annotated[Optional[Path], typer.Option("--expert-load-log", help="MoE routing log (JSON lines): per step, per MoE layer, the tokens each expert received; `meshplan estimate --expert-load` reads it.")] = None,
+    allow_over_memory: Annotated[bool, typer.Option("--allow-over-memory", help="Launch on GPUs even where the cost model puts a rank's peak memory over the GPU's (its memory error: docs/accuracy.md).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Train the plan's model for some steps with the plan's parallel layout (one process per rank, gloo on CPU, nccl on GPU)."""
@@ -112,6 +114,8 @@ def train(
         run_dry(job, ranks, json_out, simulate=simulate, cluster_profile=cluster_profile, text_data=text_data)
         return
     check_runnable(job, text_data=text_data)
+    if job.cluster.gpu.name != "cpu" and not allow_over_memory and not under_torchrun():
+        _check_gpu_memory(job, cluster_profile)  # the plan's problem before the machine's
     check_machine(job, plan, visible_gpus())  # never one CPU process per planned GPU
     if not (math.isfinite(collective_timeout_s) and collective_timeout_s > 0):
         raise MeshplanError(f"--collective-timeout-s must be a positive number of seconds, got {collective_timeout_s}")
@@ -228,6 +232,21 @@ def _check_host_memory(job: Job, cluster_profile: str | None) -> None:
         raise MeshplanError(f"{job.model.name} on {d.world_size} CPU processes needs about {need / 2**30:,.1f} GiB "
                             f"(the cost model's peak of each rank) and this machine has {have / 2**30:,.1f} GiB: "
                             f"plan a smaller model, or check the plan with --dry-run")
+
+
+def _check_gpu_memory(job: Job, cluster_profile: str | None) -> None:
+    """Refuse, before any rank starts, a plan whose peak memory on some rank the cost model puts over
+    the GPU's (meshplan's runtime runs it: its calibration), rather than an out-of-memory error minutes
+    into the run; ``--allow-over-memory`` launches it anyway."""
+    from meshplan.calib.hardware import resolve_hardware
+    from meshplan.cost import estimate
+
+    hw = resolve_hardware(job.cluster, job.training.precision, cluster_profile, Target.MESHPLAN.value)
+    est = estimate(job.model, hw.cluster, job.training, job.plan, hw.calib)
+    if not est.fits:
+        raise MeshplanError(f"{job.model.name} with {job.plan.notation()} does not fit {job.cluster.gpu.name}: "
+                            f"short by {est.memory_shortfall_gib:.1f} GiB on its fullest rank (the cost model, "
+                            f"meshplan's runtime); plan again (meshplan plan), or launch anyway with --allow-over-memory")
 
 
 def _is_rank0() -> bool:
