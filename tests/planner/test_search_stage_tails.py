@@ -39,9 +39,11 @@ def tailed_tables(draw):
     ya, ye = ints(0, 4, C) / 8.0, ints(0, 16, C * p).reshape(C, p) / 8.0
     return StageTable(
         layer_time_s=ints(1, 9, C) / 4.0 + ya, recompute_time_s=ints(0, 5, C) / 4.0,
-        layer_static_bytes=ints(0, 30, C), layer_act_bytes=d, layer_act_recomputed_bytes=np.floor(d * draw(st.floats(0, 1))),
+        layer_static_bytes=ints(0, 30, C), layer_act_bytes=d,
+        layer_act_recomputed_bytes=np.floor(d * draw(st.floats(0, 1))),
         rank_time_s=ints(0, 12, C * p).reshape(C, p) / 4.0 + ye, rank_bytes=ints(0, 100, C * p).reshape(C, p),
-        inflight=ints(1, 4, C * p).reshape(C, p), allow_recompute=np.array(draw(st.lists(st.booleans(), min_size=C, max_size=C))),
+        inflight=ints(1, 4, C * p).reshape(C, p),
+        allow_recompute=np.array(draw(st.lists(st.booleans(), min_size=C, max_size=C))),
         num_layers=L, chunks=v, recompute_jump_bytes=ints(0, 3, C) * draw(st.integers(0, 1)),
         layer_tail_s=ya, rank_tail_s=ye)
 

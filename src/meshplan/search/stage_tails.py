@@ -65,8 +65,16 @@ def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes:
     prev[by_cfg[1:][same]] = pts.peak_bytes[by_cfg[:-1][same]]
     band = np.flatnonzero(off)
     sub = tbl.take(pts.config[band])
-    _, caps, levels, ok = _caps(sub)
     lb = _least_untailed(sub, prev[band])
+    # (every split's tail is at least the largest of the ranks' tails at v layers: bands whose
+    # bound below is under that have no level to walk, and no cap vectors are made for them)
+    v = sub.chunk_array()[:, None]
+    y_lo = sub.tails(np.broadcast_to(v, sub.rank_tail_s.shape)).max(axis=1)
+    near = exact[band] - lb >= y_lo - np.abs(y_lo) * TAIL_REL
+    band, sub, lb = band[near], sub.take(np.flatnonzero(near)), lb[near]
+    if band.size == 0:
+        return pts
+    col, caps, levels, ok = _caps(sub)
     # a split of the band faster than P has a tail below P's objective less the band's least
     # untailed time; one new at a level has that tail (see _walk_capped) and at least P's memory:
     # the levels a known plan beats so are not walked
@@ -83,8 +91,9 @@ def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes:
     if taken.size == 0:
         return pts
     pick = np.isin(rows, taken)
-    again = _walk_capped(sub, rows[pick], caps[rows[pick], levels_of[pick]], levels[rows[pick], levels_of[pick]],
-                         max_points, prev[band], exact[band])
+    rows, levels_of = rows[pick], levels_of[pick]
+    again = _walk_capped(sub, rows, caps[rows, levels_of][:, col], levels[rows, levels_of], max_points, prev[band],
+                         exact[band])
     again = StagePoints(pts.config[band][again.config], again.max_time_s, again.peak_bytes, again.layers,
                         again.recomputed)
     redo = np.unique(pts.config[band[taken]])
@@ -124,8 +133,9 @@ def _untailed(tbl: StageTable) -> StageTable:
 
 def _caps(tbl: StageTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per config the tail levels (C, J) ascending (each one rank's y at some n, inf where none),
-    the cap vector of each (C, J, p: the most layers whose tail stays within it) and which levels
-    are worth a walk (feasible: every rank v, L in all; the first of each distinct cap vector)."""
+    the cap vector of each (C, J, p': the most layers whose tail stays within it, per distinct
+    tail column; rank s reads column ``col[s]``), and which levels are worth a walk (feasible:
+    every rank v, L in all; the first of each distinct cap vector): (col, caps, levels, ok)."""
     C, p, L = tbl.num_configs, tbl.num_ranks, tbl.num_layers
     v = tbl.chunk_array()
     n_high = L - (p - 1) * v
@@ -139,11 +149,11 @@ def _caps(tbl: StageTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     step = np.where(ya > 0, ya, 1.0)[:, None, None]
     caps = np.floor((levels[:, :, None] - ye[:, None, :]) / step + 1e-9)
     caps = np.where((ya > 0)[:, None, None], caps, np.where(ye[:, None, :] <= levels[:, :, None], np.inf, -np.inf))
-    caps = np.clip(caps, (v - 1)[:, None, None], n_high[:, None, None]).astype(np.int64)
-    caps = caps[:, :, np.asarray(rank_col).reshape(-1)]  # (C, J, p)
-    ok = np.isfinite(levels) & (caps >= v[:, None, None]).all(axis=2) & (caps.sum(axis=2) >= L)
+    caps = np.clip(caps, (v - 1)[:, None, None], n_high[:, None, None]).astype(np.int64)  # (C, J, p')
+    ranks = np.bincount(np.asarray(rank_col).reshape(-1), minlength=ye.shape[1])  # ranks per distinct tail
+    ok = np.isfinite(levels) & (caps >= v[:, None, None]).all(axis=2) & ((caps * ranks).sum(axis=2) >= L)
     ok[:, 1:] &= (caps[:, 1:] != caps[:, :-1]).any(axis=2)
-    return y, caps, levels, ok
+    return np.asarray(rank_col).reshape(-1), caps, levels, ok
 
 
 def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.ndarray, max_points: int,
