@@ -107,12 +107,16 @@ class SearchResult:
     """The device peak a plan may reach to fit (:func:`fit_budget_bytes`): what
     ``peak_memory_bytes`` is compared with."""
     global_configs: int
+    """Configurations of the space; under ``SearchOptions.allow``, counted before that mask
+    (cells dropped unscored are never crossed, so their allowed share is not known)."""
     refined_configs: int
     plans_evaluated: int
     elapsed_s: float
     pruned_configs: int = 0
-    """Global configurations scored by a lower bound only (one mean pipeline rank), not in
-    full (:mod:`meshplan.search.prune`); counted in ``plans_evaluated``."""
+    """Global configurations scored by a lower bound only (one mean pipeline rank, or their cell's:
+    :mod:`meshplan.search.group_prune`), not in full (:mod:`meshplan.search.prune`); counted in
+    ``plans_evaluated``. Under ``SearchOptions.allow`` with cells dropped, the rows it refuses in
+    the crossed cells count here too."""
 
     @property
     def fitting(self) -> tuple[ScoredPlan, ...]:
@@ -177,14 +181,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     per_group = configurations_per_group(groups, model, training, options)
     prune_even = int(per_group.sum()) > PRUNE_MIN_CONFIGS if prune is None else prune
     seeded, cells = 0, None
-    if prune_even and shrink > 0 and options.allow is None and int(per_group.sum()) > GROUP_PRUNE_MIN_CONFIGS:
+    if prune_even and shrink > 0 and int(per_group.sum()) > GROUP_PRUNE_MIN_CONFIGS:
         # Cells (group, micro-batch size, recompute choice) a known plan beats are never crossed
-        # (meshplan.search.group_prune); a caller's `allow` reads the crossed rows: not then.
+        # (meshplan.search.group_prune). Under a caller's `allow` too: the seeds are crossed with
+        # it (cross_groups), so only plans it allows prune, and a cell's bound is below each of
+        # its configurations, allowed or not. (Skipping this step under `allow` made DeepSeek-V3
+        # on 256 GB200 for --target megatron cross and score every cell: 8.5 -> 26.9 s, session 10.)
         cells, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
         live = cells.any(axis=(1, 2))
         groups, cells = take_groups(groups, live), cells[live]
     space = cross_groups(groups, model, training, options, keep=cells)
     dropped = int(per_group.sum()) - len(space) if cells is not None else 0
+    # configurations_per_group counts before `allow`: with it, the space counted before the mask
+    # (the allowed share of a dropped cell is never crossed), the same with or without cells dropped
+    listed = int(per_group.sum()) if options.allow is not None else len(space) + dropped
     if len(space) == 0:
         raise MeshplanError(
             f"no legal plan for {model.name} on {num_gpus} GPUs with global batch "
@@ -276,7 +286,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                       refine_slack=refine_slack, memory_cap_bytes=np.inf, stage_points=stage_points,
                       progress=progress, prune=prune)
     return SearchResult(num_gpus=num_gpus, frontier=tuple(scored), budget_bytes=budget,
-                        global_configs=len(space) + dropped, refined_configs=refined,
+                        global_configs=listed, refined_configs=refined,
                         plans_evaluated=evaluated, elapsed_s=time.perf_counter() - start,
                         pruned_configs=pruned)
 

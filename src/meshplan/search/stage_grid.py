@@ -33,6 +33,9 @@ class _Grid:
         if not tbl.uniform_chunks() and not last_only:  # (one rank: v <= L, no cell is masked)
             vc = tbl.chunk_array()[:, None, None]
             self.below, self.above = self.n < vc, self.n > tbl.num_layers - (tbl.num_ranks - 1) * vc
+        if tbl.max_layers is not None:  # (C, p, G): more than a rank's cap (StageTable.max_layers)
+            capped = self.n > tbl.max_layers[:, :, None]
+            self.above = capped if self.above is None else capped | self.above
 
     @cached_property
     def base(self) -> np.ndarray:
@@ -87,11 +90,12 @@ def _mask_grid(values: np.ndarray, grid: _Grid) -> np.ndarray:
     """Per-config usable range of a (C, p, G) grid of levels: fewer than v layers is free
     (-inf: a rank always holds v) and more than L - (p-1) v is impossible (+inf).
     Overwrites and returns ``values`` (callers pass a fresh array)."""
-    if grid.below is None:
-        return values  # the grid is exactly v .. L - (p-1) v
-    # The masks are (C, 1, G): write through them in place (values is the caller's scratch).
-    np.copyto(values, -np.inf, where=grid.below)
-    np.copyto(values, np.inf, where=grid.above)
+    # The masks are (C, 1, G) (caps: (C, p, G)): write through them in place (values is the
+    # caller's scratch); none: the grid is exactly v .. L - (p-1) v.
+    if grid.below is not None:
+        np.copyto(values, -np.inf, where=grid.below)
+    if grid.above is not None:
+        np.copyto(values, np.inf, where=grid.above)
     return values
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from meshplan.search.stage_grid import (_Grid, _assignment, _fewest_recomputed, _memory_given_time,
                                         _times_given_memory)
 from meshplan.search.stage_table import StagePoints, StageTable, _empty_points
-from meshplan.search.stage_walk import _walk, _walk_parts
+from meshplan.search.stage_walk import _points, _step, _walk, _walk_parts
 
 
 ONE_RANK_MIN_STEP = 1e-6
@@ -76,16 +76,5 @@ def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_byte
         off = np.flatnonzero(~(loose[:, 0, 0] <= t_a + tol))
         if off.size:  # not met at n = L: the whole grid's assignment (never seen; kept exact)
             n[off], r[off] = _assignment(sub.take(off), t_a[off], m_a[off])
-        t_next = strict[:, 0, 0]
-        t_s, m_s = sub.rank_costs(n, r)
-        idx = rows[active]
-        out.append((idx, t_s.max(axis=1), m_s.max(axis=1), n, r))
-        t_cur[idx] = t_next
-        active[idx] = np.isfinite(t_next)
-        if keep_going is not None and active.any():
-            live = rows[active]
-            active[live] = keep_going(live, t_cur[live], m_floor[live])
-    if not out:
-        return _empty_points(1)
-    cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
-    return StagePoints(cfg, t, m, n, r)
+        _step(out, sub, n, r, strict[:, 0, 0], rows, active, t_cur, m_floor, keep_going)
+    return _points(out, 1)

@@ -30,6 +30,16 @@ class StageTable:
     recompute_jump_bytes: np.ndarray | None = None
     """(C,) memory added once a rank recomputes any layer (full recompute rematerialises one
     layer's activations during its backward); None means 0."""
+    layer_tail_s: np.ndarray | None = None
+    """(C,) the part of ``layer_time_s`` that is a per-step tail y (data-parallel and optimizer
+    time per layer over the pipeline factor alpha): the step is alpha (max_s (t_s - y_s) +
+    max_s y_s), which ``t_s`` folded (its max) bounds from below. None: no tail (the folded
+    time is the objective)."""
+    rank_tail_s: np.ndarray | None = None
+    """(C, p) the part of ``rank_time_s`` that is the per-step tail (see ``layer_tail_s``)."""
+    max_layers: np.ndarray | None = None
+    """(C, p) most layers each rank may hold (the walk of :mod:`meshplan.search.stage_tails`
+    caps the tails so); None: L - (p - 1) v."""
 
     def chunk_array(self) -> np.ndarray:
         """v per config, (C,) int (read-only; built once per table)."""
@@ -66,12 +76,32 @@ class StageTable:
         return int(self.rank_time_s.shape[1])
 
     def take(self, idx: np.ndarray) -> "StageTable":
+        opt = lambda x: None if x is None else x[idx]  # noqa: E731
         return StageTable(self.layer_time_s[idx], self.recompute_time_s[idx], self.layer_static_bytes[idx],
                           self.layer_act_bytes[idx], self.layer_act_recomputed_bytes[idx],
                           self.rank_time_s[idx], self.rank_bytes[idx], self.inflight[idx],
                           self.allow_recompute[idx], self.num_layers,
                           self.chunks if np.ndim(self.chunks) == 0 else self.chunks[idx],
-                          self.jump()[idx])
+                          self.jump()[idx], opt(self.layer_tail_s), opt(self.rank_tail_s), opt(self.max_layers))
+
+    def has_tails(self) -> bool:
+        """Whether the step's objective is not the folded time (pp > 1 with a tail)."""
+        return self.layer_tail_s is not None and self.num_ranks > 1
+
+    def tails(self, n: np.ndarray) -> np.ndarray:
+        """(C, p) per-step tail y_s of n layers per rank (0 without tails)."""
+        if self.layer_tail_s is None:
+            return np.zeros(np.shape(n))
+        return n * self.layer_tail_s[:, None] + self.rank_tail_s
+
+    def step_time_s(self, n: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """(C,) the objective of splits (n, r): max_s (t_s - y_s) + max_s y_s (the folded
+        max_s t_s without tails)."""
+        t, _ = self.rank_costs(n, r)
+        if self.layer_tail_s is None:
+            return t.max(axis=1)
+        y = self.tails(n)
+        return (t - y).max(axis=1) + y.max(axis=1)
 
     # ---- the per-rank cost of a concrete choice ------------------------------------------
     def rank_costs(self, n: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -59,14 +59,19 @@ def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memor
         if rows.size == 0:
             continue
         go = None if keep_going is None else (lambda r, t, m, rows=rows: keep_going(rows[r], t, m))
-        pts = walker(tbl.take(rows), max_points, go, memory_cap_bytes, truncate)
+        cap = memory_cap_bytes if np.ndim(memory_cap_bytes) == 0 else memory_cap_bytes[rows]
+        pts = walker(tbl.take(rows), max_points, go, cap, truncate)
         walked.append((rows[pts.config], pts))
-    parts = walked
+    return _merge(walked, tbl.num_ranks)
+
+
+def _merge(parts: list[tuple[np.ndarray, StagePoints]], num_ranks: int) -> StagePoints:
+    """Points of disjoint configurations (each part: the configs of its points, and the points,
+    each config's fastest first) in a walk's order: step, then config."""
+    parts = [(c, p) for c, p in parts if c.size]
     if not parts:
-        return _empty_points(tbl.num_ranks)
+        return _empty_points(num_ranks)
     cfg = np.concatenate([c for c, _ in parts])
-    if cfg.size == 0:
-        return _empty_points(tbl.num_ranks)
     # A config's points come out fastest first, one per step: its k-th point is step k's.
     order = np.argsort(cfg, kind="stable")
     first = np.searchsorted(cfg[order], cfg[order])  # index of the config's first point in order
@@ -97,7 +102,7 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
     if truncate is None:
         v_min = tbl.min_chunks()
         truncate = tbl.num_layers - tbl.num_ranks * v_min + 1 >= TRUNCATE_MIN_LAYER_COUNTS
-    mem_cap = np.full(C, float(memory_cap_bytes))
+    mem_cap = np.broadcast_to(np.asarray(memory_cap_bytes, dtype=float), (C,)).copy()  # (one, or one per config)
     top = _top(tbl, mem_limit=mem_cap)[0] if truncate else None
     t_cur = _min_bottleneck(_time_given_memory(tbl, mem_cap, strict=False, top=top), tbl)
     active = np.isfinite(t_cur)
@@ -117,15 +122,28 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
         # The split of this point, and the next point: the least time that lets memory go
         # strictly below this point's.
         n, r, t_next = _point(sub, t_a, m_a, t_last[active], truncate)
-        t_s, m_s = sub.rank_costs(n, r)
-        out.append((rows[active], t_s.max(axis=1), m_s.max(axis=1), n, r))
-        idx = rows[active]
-        t_cur[idx] = t_next
-        active[idx] = np.isfinite(t_next)
-        if keep_going is not None and active.any():
-            live = rows[active]
-            active[live] = keep_going(live, t_cur[live], m_floor[live])
+        _step(out, sub, n, r, t_next, rows, active, t_cur, m_floor, keep_going)
+    return _points(out, tbl.num_ranks)
+
+
+def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, rows: np.ndarray,
+          active: np.ndarray, t_cur: np.ndarray, m_floor: np.ndarray, keep_going) -> None:
+    """One step of a walk (:func:`_walk`, ``stage_one_rank._walk_one_rank``): record the split
+    (n, r) of the ``active`` rows (``sub`` their table), move them to their next point's time
+    ``t_next`` (in place) and keep walking those with a next point that ``keep_going`` keeps."""
+    t_s, m_s = sub.rank_costs(n, r)
+    idx = rows[active]
+    out.append((idx, t_s.max(axis=1), m_s.max(axis=1), n, r))
+    t_cur[idx] = t_next
+    active[idx] = np.isfinite(t_next)
+    if keep_going is not None and active.any():
+        live = rows[active]
+        active[live] = keep_going(live, t_cur[live], m_floor[live])
+
+
+def _points(out: list, num_ranks: int) -> StagePoints:
+    """The points :func:`_step` recorded, step by step."""
     if not out:
-        return _empty_points(tbl.num_ranks)
+        return _empty_points(num_ranks)
     cfg, t, m, n, r = (np.concatenate(x) for x in zip(*out))
     return StagePoints(cfg, t, m, n, r)

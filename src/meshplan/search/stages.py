@@ -27,8 +27,9 @@ staircase point by point (each point a vectorised partition over all configs at 
 Modules: :mod:`~meshplan.search.stage_table` (the table and its points),
 :mod:`~meshplan.search.stage_grid` (levels over the layer counts, the smallest bottleneck, a
 split meeting a point, the grid cut), :mod:`~meshplan.search.stage_walk` (the staircase walk),
-:mod:`~meshplan.search.stage_one_rank` (pp = 1: the walk on the one layer count a rank holds);
-this one: the entry point and the bounds.
+:mod:`~meshplan.search.stage_one_rank` (pp = 1: the walk on the one layer count a rank holds),
+:mod:`~meshplan.search.stage_tails` (pp > 1: the step's per-step tail apart, the walk by the
+step itself); this one: the entry point and the bounds.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from meshplan.search.stage_grid import _memory_given_time, _min_bottleneck, _quiet, _time_given_memory
 from meshplan.search.stage_one_rank import _walk_one_rank_table
 from meshplan.search.stage_table import StagePoints, StageTable
+from meshplan.search.stage_tails import _walk_tailed
 from meshplan.search.stage_walk import SPLIT_MIN_CELLS, _walk, _walk_by_chunks
 
 __all__ = ["StagePoints", "StageTable", "corner_bounds", "relaxed_bounds", "stage_frontier"]
@@ -58,15 +60,23 @@ def stage_frontier(tbl: StageTable, max_points: int = 64,
     memory, it returns which are still worth walking (e.g. not dominated by known plans).
     ``truncate`` False evaluates every layer count on every grid, True cuts the grids short
     (the same points: tests compare the two); None cuts them when they are large
-    (TRUNCATE_MIN_LAYER_COUNTS).
+    (TRUNCATE_MIN_LAYER_COUNTS). With per-step tails (``StageTable.layer_tail_s``) the time is
+    the step's objective, max_s (t_s - y_s) + max_s y_s (:mod:`meshplan.search.stage_tails`).
     """
     with _quiet():
-        cells = tbl.num_configs * tbl.num_ranks * (tbl.num_layers - tbl.num_ranks * tbl.min_chunks() + 1)
-        if tbl.num_ranks == 1:
+        if tbl.num_ranks == 1:  # (one rank: its tail is the step's, the folded time exact)
             return _walk_one_rank_table(tbl, max_points, keep_going, memory_cap_bytes, truncate)
-        if tbl.uniform_chunks() or cells < SPLIT_MIN_CELLS:
-            return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
-        return _walk_by_chunks(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+        return _walk_tailed(tbl, max_points, keep_going, memory_cap_bytes, truncate, _walk_ranks)
+
+
+def _walk_ranks(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+                truncate: bool | None) -> StagePoints:
+    """The walk of a table of several ranks by its folded time: whole, or one virtual-stage
+    count at a time on large mixed tables (SPLIT_MIN_CELLS)."""
+    cells = tbl.num_configs * tbl.num_ranks * (tbl.num_layers - tbl.num_ranks * tbl.min_chunks() + 1)
+    if tbl.uniform_chunks() or cells < SPLIT_MIN_CELLS:
+        return _walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
+    return _walk_by_chunks(tbl, max_points, keep_going, memory_cap_bytes, truncate)
 
 
 def relaxed_bounds(tbl: StageTable) -> tuple[np.ndarray, np.ndarray]:

@@ -8,9 +8,10 @@ module reads those coefficients off the cost model itself by finite differences 
 (n, r) per rank exactly with ``rank_cost`` + ``compose``, the functions ``estimate`` uses.
 
 Step time is ``alpha * max_s t_s + max_s x_s`` (``pipeline_time`` is linear in the slowest
-rank's micro-batch time t; x is the per-step data-parallel and optimizer tail). The search folds
+rank's micro-batch time t; x is the per-step data-parallel and optimizer tail). The table folds
 x into a per-micro-batch time ``t_s + x_s / alpha`` (exact when one rank is slowest in both) and
-every reported point is re-scored exactly.
+keeps the tails apart too, so that the walk ranks splits by the step itself
+(:mod:`meshplan.search.stage_tails`); every reported point is re-scored exactly.
 """
 
 from __future__ import annotations
@@ -324,18 +325,22 @@ def stage_table(ctx: CostContext, plans: PlanArrays, pp: int, vpp: int | np.ndar
     f_plain = mem[0] - n0 * (c + h0 * d)
     e = np.repeat(e_plain[:, None], pp, axis=1)
     f = np.repeat(f_plain[:, None], pp, axis=1)
+    ye = np.repeat(((x[0] - xa) / alpha)[:, None], pp, axis=1)  # the tails' part of e (StageTable.rank_tail_s)
     # The embedding rank's probes hold n0 layers and the leading dense ones (n0 = 1 for time).
     n6, n6_mem = 1.0 + probes.lead, n0 + probes.lead
     n7, n7_mem = np.where(plans.pp == 1, n6, 1.0), np.where(plans.pp == 1, n6_mem, n0)
-    e[:, last] = (t[7] - n7 * a) + (x[7] - n7 * xa) / alpha
+    ye[:, last] = (x[7] - n7 * xa) / alpha
+    e[:, last] = (t[7] - n7 * a) + ye[:, last]
     f[:, last] = mem[7] - n7_mem * (c + hl * d)
-    e[:, 0] = (t[6] - n6 * a) + (x[6] - n6 * xa) / alpha
+    ye[:, 0] = (x[6] - n6 * xa) / alpha
+    e[:, 0] = (t[6] - n6 * a) + ye[:, 0]
     f[:, 0] = mem[6] - n6_mem * (c + h0 * d)
     return StageTable(
         layer_time_s=a + xa / alpha, recompute_time_s=np.where(allow, b, 0.0), layer_static_bytes=c,
         layer_act_bytes=d, layer_act_recomputed_bytes=d - np.where(h0 > 0, saving, 0.0),
         rank_time_s=e, rank_bytes=f, inflight=h, allow_recompute=allow,
-        num_layers=ctx.model.num_layers, chunks=vpp, recompute_jump_bytes=jump)
+        num_layers=ctx.model.num_layers, chunks=vpp, recompute_jump_bytes=jump,
+        layer_tail_s=xa / alpha, rank_tail_s=ye)
 
 
 def rank_fit_bytes(rc, plans: PlanArrays, calib: Calibration) -> np.ndarray:
