@@ -18,20 +18,18 @@ megatron-bridge --json`` for the figures (pairwise included). ~5-10 CPU min.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
-import time
 from pathlib import Path
 
-from meshplan.calib.fit import PER_TOKEN_GRID, TIME_GRID, calibration_key, fit_rows, fit_start, shared_settings
+from meshplan.calib.fit import PER_TOKEN_GRID, TIME_GRID
 from meshplan.calib.records import fitted_file
 from meshplan.calib.validate import load_runs
 from meshplan.data.published import PUBLISHED_RUNS
 from meshplan.shipped import shipped_path
+from restricted_refit import refit_records
 
 HOST_GRID = (2e-6, 5e-6, 10e-6, 15e-6, 20e-6, 30e-6, 40e-6)
-KEYS = ("blackwell/megatron", "blackwell-ultra/megatron", "hopper/megatron")
 
 
 def main(argv: list[str]) -> int:
@@ -52,7 +50,6 @@ def main(argv: list[str]) -> int:
     fields.update({k: TIME_GRID[k] for k in args.free})
     runs, _ = load_runs(shipped_path("meshplan.data", PUBLISHED_RUNS["megatron-bridge"]))
     shipped = json.loads(fitted_file().read_text())
-    out = copy.deepcopy(shipped)
     flag = {}
     if args.on_host:
         flag["layer_overhead_on_host"] = True
@@ -60,25 +57,7 @@ def main(argv: list[str]) -> int:
         flag["host_kernels_by_op"] = True
     if args.moe_block:
         flag["host_moe_block_kernels"] = True
-    out["stacks"]["megatron"]["values"].update(flag)
-    for key in KEYS:
-        rows = [r for r in runs if calibration_key(r) == key]
-        rec = shipped["records"][key]["values"]
-        kept = {k: v for k, v in rec.items() if k not in fields}
-        if args.no_overhead:
-            kept["layer_overhead_s"] = 0.0
-        settings = {**shared_settings(rows, {}), **kept, **flag}
-        began = time.process_time()
-        generation = key.split("/")[0]
-        start = fit_start(rows[0].stack, settings, generation=generation)
-        warm = {k: rec.get(k, getattr(start, k)) for k in fields}
-        res = fit_rows(rows, key, rows[0].stack, settings, rounds=3, time_grid=fields, memory_grid={},
-                       restarts=1, warm=warm)
-        values = {k: res.values.get(k, getattr(start, k)) for k in fields}
-        out["records"][key]["values"] = {**kept, **values}
-        print(f"{key}: {len(rows)} rows, median |err| {res.throughput_error_after:.2%}, "
-              + ", ".join(f"{k}={v:g}" for k, v in values.items())
-              + f" ({time.process_time() - began:.0f} CPU s)", flush=True)
+    out = refit_records(shipped, runs, fields, flag, {"layer_overhead_s": 0.0} if args.no_overhead else None)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
