@@ -1,6 +1,6 @@
 """The expert all-to-all a Megatron-Bridge release's presets ran, where it is not the one
 bridge_recipes.csv reads at a later commit (spec/stack_version.py ``release_dispatch``,
-calib/recipes.py ``release_comm``; issue 14, the DeepSeek-V3 25.09 / 25.11 rows).
+calib/release_comm.py; issue 14, the DeepSeek-V3 25.09 / 25.11 rows).
 
 Golden values are read off the sources stack_releases.json cites: HybridEP reached Megatron-Core
 (PR #2176) and Megatron-Bridge (PR #1367, r0.2.0 by PR #1425) in November 2025, after 25.09; the
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.calib.recipes import CommSettings, release_comm, shipped_recipes
+from meshplan.calib.recipes import CommSettings, shipped_recipes
+from meshplan.calib.release_comm import release_comm
 from meshplan.calib.validate import build_run
 from meshplan.errors import MeshplanError
 from meshplan.spec.stack_version import release_dispatch, release_values

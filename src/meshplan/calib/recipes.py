@@ -165,7 +165,7 @@ class BridgeRecipe:
 class CommSettings:
     """A preset's expert all-to-all (the COMM_COLUMNS) and who says so: a row of bridge_recipes.csv,
     or a stack release's presets where the file's commit is not the release the row ran
-    (:func:`release_comm`)."""
+    (calib/release_comm.py)."""
 
     moe_a2a_overlap: bool | None = None
     moe_token_dispatcher_type: str = ""
@@ -175,30 +175,6 @@ class CommSettings:
     @property
     def sync_free_dispatch(self) -> bool:
         return self.moe_token_dispatcher_type == "flex" and self.moe_flex_dispatcher_backend in SYNC_FREE_BACKENDS
-
-
-RELEASE_DISPATCH_KEYS = frozenset(COMM_COLUMNS)
-
-
-def release_comm(dispatch: Mapping[str, Any], base: CommSettings | None, label: str) -> CommSettings:
-    """``base`` (the row's preset's all-to-all, None: no preset) with what a stack release's presets
-    ran (spec/stack_version.py ``release_dispatch``: bridge_recipes.csv is read at one commit, a
-    row of an older release ran that release's file); a dispatcher named without a backend runs
-    none. MeshplanError names a bad key or value of the data."""
-    unknown = sorted(set(dispatch) - RELEASE_DISPATCH_KEYS)
-    if unknown:
-        raise MeshplanError(f"stack_releases.json dispatch: {unknown[0]!r} is not one of {', '.join(COMM_COLUMNS)}")
-    kind = dispatch.get("moe_token_dispatcher_type", base.moe_token_dispatcher_type if base else "")
-    backend = dispatch.get("moe_flex_dispatcher_backend",
-                           (base.moe_flex_dispatcher_backend if base else "") if "moe_token_dispatcher_type" not in dispatch else "")
-    overlap = dispatch.get("moe_a2a_overlap", base.moe_a2a_overlap if base else None)
-    if kind not in ("", *DISPATCHERS) or (backend not in FLEX_BACKENDS if kind == "flex" else backend != ""):
-        raise MeshplanError(f"stack_releases.json dispatch: dispatcher {kind!r} with backend {backend!r} is not "
-                            f"alltoall, or flex with one of {', '.join(FLEX_BACKENDS)}")
-    if overlap is not None and not isinstance(overlap, bool):
-        raise MeshplanError(f"stack_releases.json dispatch: moe_a2a_overlap {overlap!r} is not true or false")
-    return CommSettings(moe_a2a_overlap=overlap, moe_token_dispatcher_type=kind, moe_flex_dispatcher_backend=backend,
-                        label=label)
 
 
 class NotExpressible(MeshplanError):
@@ -354,7 +330,7 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
             comm: CommSettings | None = None) -> Overlay:
     """What a row takes from ``recipe``, given the row's own ZeRO stage and recompute (None:
     blank). A value the row gives wins; the notes say which setting went where. ``comm``: the
-    expert all-to-all the row's release ran (:func:`release_comm`), in place of the file's.
+    expert all-to-all the row's release ran (calib/release_comm.py), in place of the file's.
     NotExpressible where the preset sets what meshplan cannot express."""
     if recipe.not_expressed:
         raise NotExpressible(f"{recipe.label} ({recipe.source}) sets {recipe.not_expressed}, which meshplan "
@@ -409,14 +385,6 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
                    recompute_modules=modules if recompute else (),
                    offload_layers=offload_layers, calibration_values=values, moe_dispatcher=dispatcher,
                    notes=(*notes, *comm_notes, *dispatcher_note))
-
-
-def comm_overlay(comm: CommSettings) -> Overlay:
-    """A row with no preset of its layout whose release's presets ran ``comm``: that all-to-all
-    alone (its memory settings stay the row's and its framework's)."""
-    values, notes = alltoall_values(comm)
-    dispatcher, dispatcher_note = preset_dispatcher(comm)
-    return Overlay(calibration_values=values, moe_dispatcher=dispatcher, notes=(*notes, *dispatcher_note))
 
 
 def alltoall_values(recipe: BridgeRecipe | CommSettings) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping
 
 from meshplan.calib.corrections import CorrectionReport, apply_corrections, shipped_corrections
 from meshplan.calib.layouts import find_layout
-from meshplan.calib.recipes import Overlay, comm_overlay, find_recipe, is_bridge_row, overlay, release_comm
+from meshplan.calib.recipes import Overlay, find_recipe, is_bridge_row, overlay
+from meshplan.calib.release_comm import comm_overlay, release_comm
 from meshplan.calib.run_cells import MalformedCell, cell, read_rows, required_cell, whole_number
 from meshplan.cost.calibration import DEFAULT_STACK
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis

@@ -121,7 +121,7 @@ def release_dispatch(stack: str, release: str | None, *, family: str, gpu: str, 
     (entries' ``dispatch``: Megatron-Bridge's ``moe_token_dispatcher_type``,
     ``moe_flex_dispatcher_backend``, ``moe_a2a_overlap``, the columns of data/bridge_recipes.csv,
     which are read at one commit and hold for the releases that commit's presets ran): {} where
-    none says. Applied over the row's preset by calib/recipes.py (``release_comm``)."""
+    none says. Applied over the row's preset by calib/release_comm.py."""
     return _merged("dispatch", stack, release, family=family, gpu=gpu, precision=precision, moe=moe, model=model)
 
 
