@@ -64,7 +64,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from meshplan.calib.recipes import SOURCE_FRAMEWORK, BridgeRecipe, NotExpressible, RecipeKey, shipped_recipes
+from meshplan.calib.recipes import (SOURCE_FRAMEWORK, BridgeRecipe, CommSettings, NotExpressible, RecipeKey,
+                                    shipped_recipes)
 from meshplan.plan import Offload, Recompute, RecomputeModule, even_split
 from meshplan.spec.training import MoeDispatcher, Recipe
 
@@ -136,10 +137,12 @@ def preset_fp8_recipe(recipe: BridgeRecipe) -> Recipe | None:
     return named.pop() if len(named) == 1 else None
 
 
-def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | None) -> Overlay:
+def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | None,
+            comm: CommSettings | None = None) -> Overlay:
     """What a row takes from ``recipe``, given the row's own ZeRO stage and recompute (None:
-    blank). A value the row gives wins; the notes say which setting went where. NotExpressible
-    where the preset sets what meshplan cannot express."""
+    blank). A value the row gives wins; the notes say which setting went where. ``comm``: the
+    expert all-to-all the row's release ran (calib/release_comm.py), in place of the file's.
+    NotExpressible where the preset sets what meshplan cannot express."""
     if recipe.not_expressed:
         raise NotExpressible(f"{recipe.label} ({recipe.source}) sets {recipe.not_expressed}, which meshplan "
                              "cannot express: not estimated")
@@ -181,8 +184,8 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
     if offload_layers is not None:
         notes.append(f"offload: activations of {offload_layers} layers per rank ({label}: "
                      f"cpu_offloading_num_layers={offload_layers})")
-    values, comm_notes = alltoall_values(recipe)
-    dispatcher, dispatcher_note = preset_dispatcher(recipe)
+    values, comm_notes = alltoall_values(comm or recipe.comm)
+    dispatcher, dispatcher_note = preset_dispatcher(comm or recipe.comm)
     fp8_recipe = preset_fp8_recipe(recipe)
     if fp8_recipe is not None:
         notes.append(f"fp8 recipe: {fp8_recipe.value} ({label})")
@@ -195,7 +198,7 @@ def overlay(recipe: BridgeRecipe, *, row_zero: int | None, row_recompute: str | 
                    notes=(*notes, *comm_notes, *dispatcher_note))
 
 
-def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+def alltoall_values(recipe: BridgeRecipe | CommSettings) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
     """The Calibration fields the preset's expert all-to-all sets, and a note per field (module
     docstring); nothing for what the file was not read for."""
     values: list[tuple[str, Any]] = []
@@ -214,7 +217,7 @@ def alltoall_values(recipe: BridgeRecipe) -> tuple[tuple[tuple[str, Any], ...], 
     return tuple(values), tuple(notes)
 
 
-def preset_dispatcher(recipe: BridgeRecipe) -> tuple[MoeDispatcher | None, tuple[str, ...]]:
+def preset_dispatcher(recipe: BridgeRecipe | CommSettings) -> tuple[MoeDispatcher | None, tuple[str, ...]]:
     """The token dispatcher the preset runs, as meshplan costs it, and its note (module docstring);
     None where the file was not read for it or the default (alltoall) stands."""
     backend = recipe.moe_flex_dispatcher_backend

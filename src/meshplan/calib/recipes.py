@@ -93,6 +93,27 @@ class BridgeRecipe:
     def sync_free_dispatch(self) -> bool:
         return self.moe_token_dispatcher_type == "flex" and self.moe_flex_dispatcher_backend in SYNC_FREE_BACKENDS
 
+    @property
+    def comm(self) -> CommSettings:
+        return CommSettings(moe_a2a_overlap=self.moe_a2a_overlap, moe_token_dispatcher_type=self.moe_token_dispatcher_type,
+                            moe_flex_dispatcher_backend=self.moe_flex_dispatcher_backend, label=self.label)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommSettings:
+    """A preset's expert all-to-all (the COMM_COLUMNS) and who says so: a row of bridge_recipes.csv,
+    or a stack release's presets where the file's commit is not the release the row ran
+    (calib/release_comm.py)."""
+
+    moe_a2a_overlap: bool | None = None
+    moe_token_dispatcher_type: str = ""
+    moe_flex_dispatcher_backend: str = ""
+    label: str
+
+    @property
+    def sync_free_dispatch(self) -> bool:
+        return self.moe_token_dispatcher_type == "flex" and self.moe_flex_dispatcher_backend in SYNC_FREE_BACKENDS
+
 
 class NotExpressible(MeshplanError):
     """A row ran a preset with a memory setting meshplan cannot express: the row is skipped

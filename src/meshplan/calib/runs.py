@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping
 
 from meshplan.calib.corrections import CorrectionReport, apply_corrections, shipped_corrections
 from meshplan.calib.layouts import find_layout
-from meshplan.calib.recipe_overlay import Overlay, find_recipe, overlay
+from meshplan.calib.recipe_overlay import Overlay, find_recipe, is_bridge_row, overlay
+from meshplan.calib.release_comm import comm_overlay, release_comm
 from meshplan.calib.run_cells import MalformedCell, cell, read_rows, required_cell, whole_number
 from meshplan.cost.calibration import DEFAULT_STACK
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
@@ -34,7 +35,7 @@ from meshplan.spec.frameworks import framework_defaults
 from meshplan.spec.gpu_names import resolve_gpu
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.row_model import ROW_DIMENSIONS, row_model
-from meshplan.spec.stack_version import release_notes, release_of, release_values
+from meshplan.spec.stack_version import release_dispatch, release_notes, release_of, release_values
 from meshplan.spec.training import MoeDispatcher, Precision, TrainingSpec
 
 
@@ -124,8 +125,23 @@ def build_run(row: dict[str, str]) -> Run:
     mb = cell(row, "micro_batch_size", whole_number, 0) or max(1, gbs // dp)
     # The preset a Megatron-Bridge row ran: its memory settings where the row is blank (recipes.py)
     preset = find_recipe(row, (model.name, gpu_name.preset, precision.value, gpus, gbs, mb, tp, pp, cp, vpp, ep))
-    extra = Overlay() if preset is None else overlay(
-        preset, row_zero=cell(row, "zero", whole_number), row_recompute=(row.get("recompute") or "").strip() or None)
+    release = release_of(fw.stack, row.get("framework"), row.get("source"))
+    family = model_family(model.name, fw.architecture)
+    # bridge_recipes.csv is read at one commit: the expert all-to-all a row's own release ran,
+    # where stack_releases.json dates another (Megatron-Bridge rows: they ran its presets)
+    dispatch = release_dispatch(fw.stack, release, family=family, gpu=gpu_name.preset, model=model.name,
+                                precision=precision.value, moe=model.is_moe) if is_bridge_row(row) else {}
+    comm = release_comm(dispatch, preset.comm if preset is not None else None,
+                        f"Megatron-Bridge {release} presets, spec/presets/stack_releases.json") if dispatch else None
+    if preset is not None:
+        extra = overlay(preset, row_zero=cell(row, "zero", whole_number),
+                        row_recompute=(row.get("recompute") or "").strip() or None, comm=comm)
+    else:
+        extra = comm_overlay(comm) if comm is not None else Overlay()
+    if comm is not None:
+        assumed.append(f"moe all-to-all: {comm.moe_token_dispatcher_type or 'the default dispatcher'}"
+                       f"{' ' + comm.moe_flex_dispatcher_backend if comm.moe_flex_dispatcher_backend else ''}, "
+                       f"moe_a2a_overlap {comm.moe_a2a_overlap} ({comm.label}, over the preset file's)")
     assumed += extra.notes
     recipe = None  # fp4: NVFP4
     if precision == Precision.FP8:  # the preset's recipe, else the framework's on this GPU
@@ -171,8 +187,6 @@ def build_run(row: dict[str, str]) -> Run:
                             overlap_grad_reduce=extra.overlap_grad_reduce is not False,
                             moe_capacity_factor=alias.moe_capacity_factor if alias is not None else None)
     plan.validate_for(model, training, cluster.num_gpus)
-    release = release_of(fw.stack, row.get("framework"), row.get("source"))
-    family = model_family(model.name, fw.architecture)
     release_vals = release_values(fw.stack, release, family=family, gpu=gpu_name.preset, model=model.name,
                                   precision=precision.value, moe=model.is_moe)
     # the preset's expert all-to-all (calib/recipe_overlay.py): more specific than its release's presets

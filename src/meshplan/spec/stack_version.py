@@ -81,8 +81,29 @@ def current_release(stack: str) -> str | None:
     return table["current"] if table else None
 
 
-def _since(release: str, since: str) -> bool:
-    return tuple(int(p) for p in release.split(".")) >= tuple(int(p) for p in since.split("."))
+def _order(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+def _covers(entry: Mapping[str, Any], release: str, *, family: str, gpu: str, precision: str,
+            moe: bool, model: str | None) -> bool:
+    """Whether a preset entry covers this run: from its release ``since`` on and, where it names
+    one, before its release ``before`` (a setting a later release changed), for its families,
+    GPUs, precisions, MoE or dense, and the model presets it names."""
+    return (_order(release) >= _order(entry["since"])
+            and ("before" not in entry or _order(release) < _order(entry["before"]))
+            and family in entry["families"] and gpu in entry["gpus"] and precision in entry["precisions"]
+            and moe == entry.get("moe", moe) and ("models" not in entry or model in entry["models"]))
+
+
+def _merged(key: str, stack: str, release: str | None, **run: Any) -> dict[str, Any]:
+    if not known_release(stack, release):
+        return {}
+    out: dict[str, Any] = {}
+    for entry in _data()[stack].get("presets", ()):
+        if key in entry and _covers(entry, release, **run):
+            out.update(entry[key])
+    return out
 
 
 def release_values(stack: str, release: str | None, *, family: str, gpu: str, precision: str,
@@ -91,15 +112,17 @@ def release_values(stack: str, release: str | None, *, family: str, gpu: str, pr
     (``moe``: a mixture-of-experts model; ``model``: the model preset, read by entries that name
     ``models``) on this GPU preset in this precision; {} for an unnamed release, another stack,
     or a run no preset of the release covers."""
-    if not known_release(stack, release):
-        return {}
-    out: dict[str, Any] = {}
-    for entry in _data()[stack].get("presets", ()):
-        if (_since(release, entry["since"]) and family in entry["families"] and gpu in entry["gpus"]
-                and precision in entry["precisions"] and moe == entry.get("moe", moe)
-                and ("models" not in entry or model in entry["models"])):
-            out.update(entry["values"])
-    return out
+    return _merged("values", stack, release, family=family, gpu=gpu, precision=precision, moe=moe, model=model)
+
+
+def release_dispatch(stack: str, release: str | None, *, family: str, gpu: str, precision: str,
+                     moe: bool, model: str | None = None) -> dict[str, Any]:
+    """How the presets of ``release`` ran the expert all-to-all of this run, where the data says
+    (entries' ``dispatch``: Megatron-Bridge's ``moe_token_dispatcher_type``,
+    ``moe_flex_dispatcher_backend``, ``moe_a2a_overlap``, the columns of data/bridge_recipes.csv,
+    which are read at one commit and hold for the releases that commit's presets ran): {} where
+    none says. Applied over the row's preset by calib/release_comm.py."""
+    return _merged("dispatch", stack, release, family=family, gpu=gpu, precision=precision, moe=moe, model=model)
 
 
 def release_notes(stack: str, release: str | None, values: Mapping[str, Any]) -> str:
