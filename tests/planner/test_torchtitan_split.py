@@ -54,3 +54,20 @@ def test_a_torchtitan_row_without_a_split_runs_torchtitans():
     assert "pipeline split: 15,16x6,15 (torchtitan-compile default)" in run.assumed
     # a stack without a split of its own keeps meshplan's even split (16 x 6, 15, 15)
     assert build_run({**ROW_405B, "framework": "pytorch-fsdp"}).plan.stage_layers == ()
+
+
+def test_the_dated_torchtitan_entries_are_the_2024_12_stack():
+    from meshplan.spec.frameworks import framework_defaults
+
+    base, dated = framework_defaults("torchtitan-compile"), framework_defaults("torchtitan-compile 2024-12")
+    assert dated.name == "torchtitan-compile-2024-12" and dated.stack == base.stack == "torchtitan"
+    assert (base.pipeline_split, dated.pipeline_split) == ("torchtitan", "torchtitan-2024")
+    # the base's calibration fields, and the kept last-stage outputs of torch's pipelining then
+    assert dated.calibration == {**base.calibration, "pp_kept_output_bytes_per_element": 2.0}
+    assert "pp_kept_output_bytes_per_element" not in base.calibration  # --target torchtitan: today's trainer
+    # 32 layers over 4 stages: the 2024 function splits evenly, today's counts the modules
+    row = {**ROW_405B, "model": "Llama-3-8B", "num_layers": "32", "hidden_size": "4096", "num_heads": "32",
+           "ffn_hidden_size": "14336", "num_gpus": "32", "tp": "1", "pp": "4", "global_batch_size": "32",
+           "micro_batch_size": "1"}
+    assert build_run({**row, "framework": "torchtitan-compile 2024-12"}).plan.stage_layers == (8, 8, 8, 8)
+    assert build_run(row).plan.stage_layers == (8, 9, 8, 7)

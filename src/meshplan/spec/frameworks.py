@@ -110,6 +110,20 @@ def resolve_framework(name: str | None) -> str:
                         "(or an alias of one: spec/presets/frameworks.json)")
 
 
+def _entry(key: str) -> Mapping[str, Any]:
+    """An entry as written, or (``extends``) a dated version of another entry: the other's fields
+    with its own over them, the calibration fields merged, both sources."""
+    e = _data()[key]
+    base_key = e.get("extends")
+    if base_key is None:
+        return e
+    if base_key not in _data() or "extends" in _data()[base_key]:
+        raise MeshplanError(f"frameworks.json {key}: extends {base_key!r}, which is not an entry of its own")
+    base = _data()[base_key]
+    return {**base, **e, "calibration": {**base.get("calibration", {}), **e.get("calibration", {})},
+            "source": f"{base['source']}; {e['source']}"}
+
+
 PIPELINE_SPLITS = ("even", "torchtitan-2024", "torchtitan")
 
 
@@ -122,7 +136,7 @@ def _pipeline_split(value: Any, key: str) -> str:
 def framework_defaults(name: str | None) -> FrameworkDefaults:
     """Defaults of the stack ``name`` (blank: ``unstated``); MeshplanError for an unknown one."""
     key = resolve_framework(name)
-    e = _data()[key]
+    e = _entry(key)
     written = framework_key(name or "")
     read_as = f"framework: {name.strip()!r} read as {key}" if written and written != key else ""
     return FrameworkDefaults(
