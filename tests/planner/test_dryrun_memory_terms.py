@@ -70,3 +70,28 @@ def test_pipeline_recv_buffers_when_preallocated() -> None:
     buffer = 2048 // 2 * 2048 * 2
     for rank in (0, 1):
         assert on.stages[rank].memory.other_bytes - off.stages[rank].memory.other_bytes == 16 * buffer
+
+
+def test_last_stage_keeps_every_microbatch_output_when_the_stack_does() -> None:
+    """torch's pipelining before ``return_outputs`` (torchtitan 2024-12) keeps each micro-batch's
+    last-stage output for the step and merges them once the last backward has run
+    (bench/dryrun_kept_outputs.py measures both on meshplan's runtime)."""
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 4})
+    training = TrainingSpec(seq_len=2048, global_batch=32)
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    plan = Plan(dims=ParallelDims(pp=2, dp_shard=4), zero=1)
+    calib = calibration_for(cluster.gpu)
+    assert calib.pp_kept_output_bytes_per_element == 0.0  # meshplan's runtime: return_outputs=False
+    base = estimate(model, cluster, training, plan, calib).stages
+    kept_calib = replace(calib, pp_kept_output_bytes_per_element=2.0)
+    kept = estimate(model, cluster, training, plan, kept_calib).stages
+    # 8 micro-batches of one 2,048-token sequence, V = 128,256, bf16 outputs
+    outputs = 8 * 2048 * 128256 * 2.0
+    assert kept[0].memory.activations_bytes == base[0].memory.activations_bytes  # only the last stage
+    acts = base[-1].memory.activations_bytes
+    assert kept[-1].memory.activations_bytes == max(acts, outputs) + outputs
+    assert kept[-1].memory.logits_bytes == base[-1].memory.logits_bytes + outputs
+    # without pipelining the trainer's own step frees its logits: nothing kept
+    flat = Plan(dims=ParallelDims(dp_shard=8), zero=1)
+    assert (estimate(model, cluster, training, flat, kept_calib).stages[0].memory.activations_bytes
+            == estimate(model, cluster, training, flat, calib).stages[0].memory.activations_bytes)

@@ -69,3 +69,31 @@ def test_not_toml(tmp_path):
     bad.write_text("[parallelism\n")
     with pytest.raises(MeshplanError, match="not valid TOML"):
         load_toml(bad)
+
+
+def _pp_config(extra: str) -> dict:
+    return tomllib.loads(f"""
+[training]
+local_batch_size = 8
+seq_len = 2048
+[parallelism]
+data_parallel_shard_degree = 1
+pipeline_parallel_degree = 4
+{extra}
+""")
+
+
+@pytest.mark.parametrize("extra,stages", [
+    # torchtitan's own split (generate_llm_fqn_per_model_part): 32 layers + embedding + output =
+    # 34 slots over 4 stages -> 9, 9, 8, 8 slots; the first and the last give one to the modules
+    ('pipeline_parallel_schedule = "1F1B"', (8, 9, 8, 7)),
+    # a multi-stage schedule with no split runs 2 stages per rank: 34 over 8 -> 5, 5, 4 x 6
+    ('pipeline_parallel_schedule = "Interleaved1F1B"', (4, 5, 4, 4, 4, 4, 4, 3)),
+    # layers_per_stage 3: ceil(34 / 3) = 12 stages (3 a rank); 34 over 12 -> 3 x 10, 2 x 2 slots
+    ('pipeline_parallel_schedule = "Interleaved1F1B"\npipeline_parallel_layers_per_stage = 3',
+     (2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 1)),
+])
+def test_torchtitan_default_split_when_none_is_given(extra, stages):
+    p = import_torchtitan(_pp_config(extra), num_gpus=4, num_layers=32).plan
+    assert p.stage_layers == stages and sum(stages) == 32
+    assert p.vpp == len(stages) // 4

@@ -28,7 +28,10 @@ from meshplan.calib.run_cells import MalformedCell, cell, read_rows, required_ce
 from meshplan.cost.calibration import DEFAULT_STACK
 from meshplan.cost.device_memory import DEFAULT_MEMORY_BASIS, MemoryBasis, memory_basis
 from meshplan.errors import MeshplanError
-from meshplan.plan import ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split
+from meshplan.plan import (
+    ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, embedding_loss_split, format_counts, torchtitan_split,
+    torchtitan_split_2024,
+)
 from meshplan.spec.aliases import resolve_alias
 from meshplan.spec.cluster import ClusterSpec, cluster_for_gpu, system_preset
 from meshplan.spec.frameworks import framework_defaults
@@ -167,6 +170,12 @@ def build_run(row: dict[str, str]) -> Run:
         # that split (the Llama 3.1 405B recipe sets account_for_embedding_in_pipeline_split).
         stage_layers = embedding_loss_split(model.num_layers, pp * vpp)
         assumed.append(f"pipeline split: embedding and loss count as a layer each ({fw.name} default)")
+    elif pp > 1 and fw.pipeline_split != "even" and pp * vpp <= model.num_layers:
+        # a run that names no split ran its stack's own (torchtitan's generate_split_points), not
+        # meshplan's even split (frameworks.json pipeline_split)
+        split = torchtitan_split_2024 if fw.pipeline_split == "torchtitan-2024" else torchtitan_split
+        stage_layers = split(model.num_layers, pp * vpp)
+        assumed.append(f"pipeline split: {format_counts(stage_layers)} ({fw.name} default)")
     etp = 0
     if model.is_moe and fw.expert_tensor_parallel is not None and fw.expert_tensor_parallel != tp:
         etp = fw.expert_tensor_parallel

@@ -134,8 +134,17 @@ def rank_activations(plans: PlanArrays, calib: Calibration, layer: LayerCost, te
         logits = logits + head_share * head_mbs * gathered
     transient = logits if np.isscalar(attention_transient_bytes) and attention_transient_bytes == 0.0 \
         else np.maximum(logits, attention_transient_bytes)
-    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=acts + transient,
-                           logits_bytes=logits)
+    # Every micro-batch's last-stage output, kept by torch's pipelining until the step ends
+    # (Calibration.pp_kept_output_bytes_per_element), and their merge (torch.cat) once the last
+    # backward has freed the layers' activations: the kept outputs plus the larger of the two.
+    peak = acts + transient
+    kept = 0.0
+    if calib.pp_kept_output_bytes_per_element:
+        kept = np.where(terms.pp_float > 1, head_share * terms.tokens_per_microbatch * terms.vocab_per_tp_rank
+                        * calib.pp_kept_output_bytes_per_element * terms.m_float, 0.0)
+        peak = np.maximum(peak, kept) + kept
+    return RankActivations(microbatch_bytes=per_mb, stored_bytes=stored, activations_bytes=peak,
+                           logits_bytes=logits + kept)
 
 
 def deepspeed_live_params(model: ModelSpec, calib: Calibration, tp):

@@ -13,7 +13,9 @@ from typing import Any
 
 from meshplan.errors import MeshplanError
 from meshplan.export.torchtitan import SCHEDULE_NAMES
-from meshplan.plan import CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, even_split
+from meshplan.plan import (
+    CPMethod, ParallelDims, Plan, Recompute, Schedule, data_parallel_degree, even_split, torchtitan_split,
+)
 from meshplan.spec.training import Precision, TrainingSpec
 from meshplan.textfile import read_text_file
 
@@ -109,13 +111,20 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
                             f"({', '.join(SCHEDULE_NAMES.values())})")
     schedule = sched_by_name.get(sched_name.lower(), Schedule.ONE_F_ONE_B) if pp > 1 else Schedule.ONE_F_ONE_B
     stage_layers: tuple[int, ...] = ()
+    # torchtitan's own split where the config names none (torchtitan/distributed/pipeline_parallel.py@02ef790
+    # pipeline_llm): the embedding and the output weigh first/last_stage_less_layers layers each,
+    # and a multi-stage schedule runs 2 stages per rank unless layers_per_stage sets the count
+    in_w = _int(par, "pipeline_parallel_first_stage_less_layers", 1)
+    out_w = _int(par, "pipeline_parallel_last_stage_less_layers", 1)
     if pp > 1 and par.get("pipeline_parallel_split_points"):
         stage_layers = _stage_layers(list(par["pipeline_parallel_split_points"]), num_layers)
     elif pp > 1 and par.get("pipeline_parallel_layers_per_stage"):
         per = _int(par, "pipeline_parallel_layers_per_stage", 1)
-        if num_layers % per:
-            raise MeshplanError(f"{num_layers} layers are not a multiple of layers_per_stage={per}")
-        stage_layers = (per,) * (num_layers // per)
+        if per < 1:
+            raise MeshplanError(f"torchtitan config: pipeline_parallel_layers_per_stage must be >= 1, got {per}")
+        stage_layers = torchtitan_split(num_layers, -(-(num_layers + in_w + out_w) // per), in_w, out_w)
+    elif pp > 1:
+        stage_layers = torchtitan_split(num_layers, pp * (2 if schedule.supports_virtual_stages else 1), in_w, out_w)
     n_stages = len(stage_layers) if stage_layers else pp
     if n_stages % pp:
         raise MeshplanError(f"{n_stages} pipeline stages do not spread evenly over pp={pp} ranks")

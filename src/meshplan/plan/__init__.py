@@ -30,4 +30,6 @@ from meshplan.plan.dims import ParallelDims, data_parallel_degree  # noqa: F401
 from meshplan.plan.job import Job  # noqa: F401
 from meshplan.plan.notation import plan_notation  # noqa: F401
 from meshplan.plan.layout import PipelineLayout, format_layout, looks_like_layout, parse_layout  # noqa: F401
-from meshplan.plan.split import embedding_loss_split, even_split, format_counts, parse_counts  # noqa: F401
+from meshplan.plan.split import (  # noqa: F401
+    embedding_loss_split, even_split, format_counts, parse_counts, torchtitan_split, torchtitan_split_2024,
+)

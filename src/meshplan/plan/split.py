@@ -58,3 +58,49 @@ def embedding_loss_split(num_layers: int, num_stages: int) -> tuple[int, ...]:
                             f"into {num_stages} stages")
     per = slots // num_stages
     return (per - 1,) + (per,) * (num_stages - 2) + (per - 1,)
+
+
+def torchtitan_split_2024(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """torchtitan's default split when no ``pipeline_parallel_split_points`` are given, from
+    pytorch/torchtitan #604 (2024-10) until #1416 (2025-07): ``generate_split_points``
+    (torchtitan/parallelisms/pipelining_utils.py, the version the 2024-12 rows ran, 9dec370):
+    the first stage takes ``num_layers // num_stages``, each middle stage one more while the
+    remainder lasts, the last stage what is left. 126 layers over 8 stages: 15, 16 x 6, 15."""
+    if num_stages < 1 or num_stages > num_layers:
+        raise MeshplanError(f"torchtitan cannot split {num_layers} layers into {num_stages} stages "
+                            "(total stages cannot be greater than the number of layers)")
+    if num_stages == 1:
+        return (num_layers,)
+    base, extra = divmod(num_layers, num_stages)
+    counts = [base]
+    for _ in range(num_stages - 2):
+        counts.append(base + (1 if extra > 0 else 0))
+        extra -= 1 if extra > 0 else 0
+    return (*counts, num_layers - sum(counts))
+
+
+def torchtitan_split(num_layers: int, num_stages: int, input_weight: int = 1,
+                     output_weight: int = 1) -> tuple[int, ...]:
+    """torchtitan's default split since pytorch/torchtitan #1416 (2025-07):
+    ``generate_llm_fqn_per_model_part`` (torchtitan/distributed/pipeline_parallel.py@02ef790):
+    the embedding counts as ``input_weight`` layers and the norm + output as ``output_weight``
+    (``pipeline_parallel_first/last_stage_less_layers``, 1 each by default), the
+    ``num_layers + weights`` slots split evenly with the earlier stages taking the remainder.
+    32 layers over 4 stages: 8, 9, 8, 7."""
+    if num_stages < 1:
+        raise MeshplanError("torchtitan needs at least one pipeline stage")
+    if num_stages == 1:
+        return (num_layers,)
+    slots = num_layers + input_weight + output_weight
+    per, extra = divmod(slots, num_stages)
+    if per == 0 or input_weight > per or output_weight > per:
+        raise MeshplanError(f"torchtitan cannot split {num_layers} layers (+ {input_weight} for the embedding, "
+                            f"+ {output_weight} for the output) into {num_stages} stages")
+    counts, left = [], num_layers
+    for i in range(num_stages):
+        want = per + (1 if i < extra else 0)
+        want -= input_weight if i == 0 else (output_weight if i == num_stages - 1 else 0)
+        take = min(max(want, 0), left)
+        counts.append(take)
+        left -= take
+    return tuple(counts)

@@ -41,6 +41,11 @@ class FrameworkDefaults:
     embedding_loss_stages: bool
     """With more (virtual) pipeline stages than layers, the embedding and the loss take one
     stage slot each (``plan.embedding_loss_split``); False: such a row is not buildable."""
+    pipeline_split: str
+    """How the stack splits layers over pipeline stages when the run names no split: 'even'
+    (``plan.even_split``; Megatron-LM's default), 'torchtitan-2024' (torchtitan's
+    ``generate_split_points`` of 2024-10 to 2025-07, ``plan.torchtitan_split_2024``) or
+    'torchtitan' (its ``generate_llm_fqn_per_model_part`` since, ``plan.torchtitan_split``)."""
     expert_tensor_parallel: int | None
     """etp of MoE layers when the row does not say (None: as tp, ``ParallelDims.etp`` = 0)."""
     stack: str
@@ -105,10 +110,33 @@ def resolve_framework(name: str | None) -> str:
                         "(or an alias of one: spec/presets/frameworks.json)")
 
 
+def _entry(key: str) -> Mapping[str, Any]:
+    """An entry as written, or (``extends``) a dated version of another entry: the other's fields
+    with its own over them, the calibration fields merged, both sources."""
+    e = _data()[key]
+    base_key = e.get("extends")
+    if base_key is None:
+        return e
+    if base_key not in _data() or "extends" in _data()[base_key]:
+        raise MeshplanError(f"frameworks.json {key}: extends {base_key!r}, which is not an entry of its own")
+    base = _data()[base_key]
+    return {**base, **e, "calibration": {**base.get("calibration", {}), **e.get("calibration", {})},
+            "source": f"{base['source']}; {e['source']}"}
+
+
+PIPELINE_SPLITS = ("even", "torchtitan-2024", "torchtitan")
+
+
+def _pipeline_split(value: Any, key: str) -> str:
+    if value not in PIPELINE_SPLITS:
+        raise MeshplanError(f"frameworks.json {key}: pipeline_split {value!r} is not one of {', '.join(PIPELINE_SPLITS)}")
+    return str(value)
+
+
 def framework_defaults(name: str | None) -> FrameworkDefaults:
     """Defaults of the stack ``name`` (blank: ``unstated``); MeshplanError for an unknown one."""
     key = resolve_framework(name)
-    e = _data()[key]
+    e = _entry(key)
     written = framework_key(name or "")
     read_as = f"framework: {name.strip()!r} read as {key}" if written and written != key else ""
     return FrameworkDefaults(
@@ -117,5 +145,6 @@ def framework_defaults(name: str | None) -> FrameworkDefaults:
         sequence_parallel_with_tp=bool(e["sequence_parallel_with_tp"]), recompute=e["recompute"],
         fused_attention=bool(e["fused_attention"]), dropout=bool(e["dropout"]),
         embedding_loss_stages=bool(e.get("embedding_loss_stages", False)),
+        pipeline_split=_pipeline_split(e.get("pipeline_split", "even"), key),
         expert_tensor_parallel=e.get("expert_tensor_parallel"), stack=e["stack"],
         calibration=dict(e.get("calibration", {})), source=e["source"], read_as=read_as)

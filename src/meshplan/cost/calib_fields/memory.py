@@ -79,6 +79,21 @@ class MemoryFields:
     them for the step: torch.distributed.pipelining does (meshplan's runtime and torchtitan; measured
     by the dry run, docs/dryrun.md: 1.9 GiB on a llama3-70b interleaved rank); Megatron-Core receives
     into a fresh tensor per transfer (p2p_communication.py), the default here."""
+    pp_kept_output_bytes_per_element: float = 0.0
+    """Bytes per logit element (S*b*V/t a micro-batch) of the last pipeline stage's output that the
+    stack keeps for every micro-batch until the step ends. torch.distributed.pipelining before its
+    ``return_outputs`` switch appends each micro-batch's stage output to ``output_chunks`` "for final
+    output merge or reduction" (stage.py ``forward_one_chunk``), and once that micro-batch's backward
+    has run only detaches it (pytorch/pytorch #138504, 2024-10: the graph is freed, the tensor is
+    not); the schedule merges them after the last backward (schedules.py ``step`` ->
+    ``_merge_outputs``). So the last rank holds all m outputs (pytorch/pytorch #153383, 2025-05,
+    stopped the other stages keeping theirs). torchtitan of 2024-12 (torch 1963fc8) ran this with
+    its llama model's bf16 logits as the output (pytorch/torchtitan #642, 2024-10, moved the
+    ``.float()`` of ``self.output(h)`` into the loss): 2 bytes (frameworks.json). In-flight
+    micro-batches' outputs are among the m (the schedule's ``fwd_cache`` holds the same tensor).
+    0 where nothing is kept: meshplan's runtime steps with ``return_outputs=False`` (runtime/
+    pipeline.py; torch 2.13 stage.py keeps an output only ``if self.is_last and
+    save_forward_output``), as torchtitan's trainer does since; Megatron-Core keeps none."""
     moe_routed_copies_kept: float = 2.0
     """(T*k, D) tensors an MoE layer keeps for backward beyond the experts' F-wide ones, in 16-bit
     elements: the permuted tokens the experts' first linear keeps (its input) and the experts'
