@@ -1,7 +1,7 @@
 """The robust recommendation's band against the published plan, for docs/experts.md (issue 15
 items 3 and 5): is the recommended plan ever estimated slower than the published one by more than
 the error the data measures on the model's ratio between two layouts? Rows are
-``bench_experts.Row``."""
+``experts_compare.Row``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bench_experts import Row
+    from experts_compare import Row
 
 NO_PAIRS = " (no pairs)"
 """The suffix bench_experts puts on a knob no pair of measured layouts measures."""

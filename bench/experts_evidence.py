@@ -1,6 +1,6 @@
 """What the measurements say about a gain of bench/bench_experts.py: the published run's measured
 step, other measured layouts of the same job (siblings), and a verdict per large gain (issue 15
-item 5). Rows are ``bench_experts.Row``; runs are read once per process."""
+item 5). Rows are ``experts_compare.Row``; runs are read once per process."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from meshplan.data.published import PUBLISHED_RUNS, runs_csv
 from meshplan.report.attribution import attribute
 
 if TYPE_CHECKING:
-    from bench_experts import Row
+    from experts_compare import Row
 
 LARGE_GAIN = 1.15
 """Ratios above this get their terms listed and a verdict (the issue's threshold)."""

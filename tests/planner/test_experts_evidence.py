@@ -13,7 +13,7 @@ import experts_evidence as ev  # noqa: E402
 
 @dataclass(frozen=True)
 class FakeRow:
-    """The fields of bench_experts.Row the helpers read."""
+    """The fields of experts_compare.Row (bench_experts) the helpers read."""
 
     csv: str
     row_id: str

@@ -7,7 +7,7 @@ then the candidates for the slowest and the most loaded). A row that ran a Megat
 module on the last rank) is paced by another rank; fitted as if even, the calibration would absorb
 the even split's heavier last rank. Here every rank of every plan is costed with its own layers,
 recomputed layers, offloaded layers and MTP modules, as ``estimate`` does, and composed the same
-way (:func:`meshplan.cost.batch.compose`).
+way (:func:`meshplan.cost.step_compose.compose`).
 """
 
 from __future__ import annotations
