@@ -60,15 +60,6 @@ def row_calibration(run: Run, calib: Calibration) -> Calibration:
     return calib.replace_fields(**changes) if changes else calib
 
 
-def _predict(run: Run, calib: Calibration) -> tuple[float | None, float]:
-    calib = row_calibration(run, calib)
-    arrays = PlanArrays.from_plans([run.plan])
-    b = _batch(run, [run.plan], arrays, calib)
-    mem = predicted_bytes(run.memory_basis, allocated_bytes=b.peak_allocated_bytes,
-                          reserved_bytes=b.peak_memory_bytes, plans=arrays, calib=calib)
-    return predicted_metric(run, float(b.step_time_s[0])), float(mem[0]) / GIB
-
-
 @dataclass(frozen=True)
 class Prepared:
     """Runs grouped by (model, cluster, training, memory settings, the stack release's values):
