@@ -123,7 +123,7 @@ def test_bridge_rows_build_where_their_preset_exists():
     have = {i for i, row in rows.items() if resolve_alias(row["model"]).preset in model_names()}
     built = {x["row_id"] for x in d["rows"]}
     unexpressed = {s["row_id"] for s in d["skipped"] if "which meshplan cannot express" in s["reason"]}
-    assert unexpressed == {"302"}
+    assert unexpressed == {"302", "303"}  # Nemotron 3 Ultra GB300 / GB200: expert-MLP fine-grained offload
     assert built <= have and len(built) >= len(have - unexpressed) - 1
     for s in d["skipped"]:
         assert s["reason"]
