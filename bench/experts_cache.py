@@ -117,8 +117,9 @@ def run_all(sample: int | None, workers: int, sets: tuple[str, ...] = tuple(PUBL
 def render_cached(sets: tuple[str, ...] = tuple(PUBLISHED_RUNS)) -> tuple[list[Row], list[tuple[str, str, str]], dict]:
     """The cached rows as they are (``--render-only``), with the rows the CSVs cannot build."""
     data = json.loads(CACHE.read_text())
-    rows = [Row(**v) for v in data["rows"].values() if v["csv"] in sets]
     skipped = [(csv, s.row_id, s.reason) for csv in sets for s in load_runs(runs_csv(csv))[1]]
+    gone = {(csv, row_id) for csv, row_id, _ in skipped}  # skipped since the cache was filled
+    rows = [Row(**v) for v in data["rows"].values() if v["csv"] in sets and (v["csv"], v["row_id"]) not in gone]
     stale = data["source_hash"] != source_hash()
     jobs = {job_key(r, run_calibration(r)) for csv in sets
             for r in load_runs(runs_csv(csv))[0]}
