@@ -34,7 +34,7 @@ from meshplan.search.space import enumerate_space
 from meshplan.search.space_membership import in_space, why_outside
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.presets import model_preset
-from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training import Precision, TrainingSpec
 from meshplan.targets import runnable_mask, why_not
 
 H100 = system_preset("dgx-h100")
@@ -257,6 +257,37 @@ def test_one_more_module_keeps_no_more_and_reruns_no_less(model_name, modules, e
     assert lc.act_selective_bytes[1] <= lc.act_selective_bytes[0] * (1 + 1e-12)
     assert lc.recompute_selective_s[1] >= lc.recompute_selective_s[0] * (1 - 1e-12)
     assert 0 < lc.act_selective_bytes[1] <= lc.act_none_bytes[1] * (1 + 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["llama3-8b", "qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"]),
+       st.lists(st.sets(st.sampled_from(list(M))), min_size=1, max_size=4), st.sampled_from([1, 2, 4]),
+       st.booleans(), st.sampled_from(["megatron", "meshplan"]), st.sampled_from(["bf16", "fp8"]))
+def test_module_columns_equal_one_call_per_code(model_name, sets, tp, sp, stack, precision):
+    """layer_cost(module_codes=...) (the group bounds' table): each column is, bit for bit, the
+    selective fields of the same plans with that code among codes also > 0 (layer_cost's path for a
+    mixed batch), and every other field the plans' own."""
+    model = model_preset(model_name)
+    sets = [tuple(m for m in s if missing_module(model, (m,)) is None) for s in sets]
+    codes = np.unique([0, 1 << 20] + [recompute_module_code(s) for s in sets])  # 1 << 20: no module's bit
+    calib = calibration_for(H100.gpu, stack)
+    training = TrainingSpec(seq_len=4096, global_batch=64, precision=Precision(precision))
+    plans = PlanArrays.from_plans([Plan(dims=ParallelDims(tp=tp), sp=sp and tp > 1, micro_batch=b) for b in (1, 2)])
+    cols = layer_cost(model, H100, training, plans, calib, module_codes=codes)
+    for j, code in enumerate(codes):
+        one = PlanArrays(**{**{f: getattr(plans, f) for f in plans.__dataclass_fields__},
+                            "recompute_modules": np.full(len(plans), code)})
+        # (a batch holding a nonzero code: the module path, as every row of the bounds' table)
+        both = PlanArrays(**{f: np.concatenate([getattr(one, f), getattr(one, f)[:1]])
+                             for f in one.__dataclass_fields__}
+                          | {"recompute_modules": np.append(np.full(len(plans), code), 1 << 20)})
+        ref = layer_cost(model, H100, training, both, calib)
+        for f in ("act_selective_bytes", "recompute_selective_s"):
+            assert np.array_equal(np.broadcast_to(getattr(cols, f), (len(plans), codes.size))[:, j],
+                                  np.broadcast_to(getattr(ref, f), (len(plans) + 1,))[:2]), f
+    for f in ("fwd_compute_s", "act_none_bytes", "state_bytes"):
+        assert np.array_equal(np.broadcast_to(getattr(cols, f), (2,)),
+                              np.broadcast_to(getattr(layer_cost(model, H100, training, plans, calib), f), (2,)))
 
 
 @pytest.mark.parametrize("fields", [dict(recompute=SEL, recompute_modules=(M.MOE_ACT, M.LAYERNORM)),

@@ -37,7 +37,7 @@ from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
 from meshplan.cost.op_recompute import op_selective
-from meshplan.cost.recompute_modules import ModuleTerm, selective
+from meshplan.cost.recompute_modules import ModuleTerm, selective, selective_columns
 from meshplan.cost.packing import DocAttention, doc_attention
 from meshplan.cost.tp_backward import tp_backward
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes, tp_gather_bytes_per_element
@@ -124,19 +124,24 @@ def framework_overhead_s(calib: Calibration, plans: PlanArrays):
 
 def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration,
-               kinds: tuple[tuple[LayerKind, int], ...] | None = None) -> LayerCost:
+               kinds: tuple[tuple[LayerKind, int], ...] | None = None,
+               module_codes: np.ndarray | None = None) -> LayerCost:
     """The average layer of the stack: each kind of layer (spec/layers.py: attention + MLP, MoE,
     leading dense layers, sliding-window layers, Mamba-2, ...) costed once and weighted by how many
     layers hold it, so that ``num_layers`` times it gives the stack's exact totals of time,
     parameters and memory. ``kinds``: (kind, count) pairs to average over instead of the main
     stack's (cost/rank_layers.py: the leading dense layers, the other layers, an MTP block), which
-    is how a pipeline rank is charged for the kinds it holds."""
+    is how a pipeline rank is charged for the kinds it holds. ``module_codes`` (C,): the selective
+    fields (``recompute_selective_s``, ``act_selective_bytes``) come out (N, C), one column per
+    module code in place of ``plans.recompute_modules`` (which no other field reads), so that a
+    caller wanting every module set (the search's group bounds) costs each row once."""
     kinds = kinds or layer_kind_counts(model)
     bf16_share = bf16_layer_fraction(training, calib, model.num_layers)
     if bf16_share > 0:  # fp4 recipes keep the first and last layers in bf16 (cost/precision.py)
-        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0), kinds)
+        lowp = layer_cost(model, cluster, training, plans, calib.replace_fields(fp4_bf16_edge_layers=0.0), kinds,
+                          module_codes)
         bf16 = layer_cost(model, cluster, replace(training, precision=Precision.BF16, recipe=None), plans, calib,
-                          kinds)
+                          kinds, module_codes)
         return LayerCost(**{f: (1.0 - bf16_share) * getattr(lowp, f) + bf16_share * getattr(bf16, f)
                             for f in LayerCost.__dataclass_fields__})
     docs = packed_documents(model, training, plans, calib)
@@ -144,9 +149,9 @@ def layer_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     docs_bwd = docs if attention_half_seq(calib, causal, backward=True) == attention_half_seq(calib, causal) \
         else packed_documents(model, training, plans, calib, backward=True)
     if len(kinds) == 1:
-        return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs, docs_bwd)
+        return _one_layer(model, cluster, training, plans, calib, kinds[0][0], docs, docs_bwd, module_codes)
     total = sum(n for _, n in kinds)
-    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd), n / total)
+    costs = [(_one_layer(model, cluster, training, plans, calib, kind, docs, docs_bwd, module_codes), n / total)
              for kind, n in kinds]
     return LayerCost(**{f: sum(w * getattr(cost, f) for cost, w in costs)
                         for f in LayerCost.__dataclass_fields__})
@@ -169,7 +174,8 @@ def packed_documents(model: ModelSpec, training: TrainingSpec, plans: PlanArrays
 
 def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                plans: PlanArrays, calib: Calibration, kind: LayerKind,
-               docs: DocAttention | None = None, docs_bwd: DocAttention | None = None) -> LayerCost:
+               docs: DocAttention | None = None, docs_bwd: DocAttention | None = None,
+               module_codes: np.ndarray | None = None) -> LayerCost:
     gpu = cluster.gpu
     rates = op_rates(cluster, training, calib)  # precision per operation (cost/precision.py)
     peak = rates.linear_flops
@@ -342,12 +348,17 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_none = replicated + parallel + mix.score_bytes
     # selective: Megatron's keeps all but the scores; an op-level policy far less (cost/op_recompute.py)
     act_sel = replicated + parallel if op_sel is None else op_sel.kept_bytes
-    if op_sel is None and np.any(plans.recompute_modules):  # Megatron's --recompute-modules
+    codes = plans.recompute_modules if module_codes is None else np.asarray(module_codes)[None, :]
+    if op_sel is None and np.any(codes):  # Megatron's --recompute-modules
         terms = _module_terms(model, kind, calib, mix=mix, T=T, T_rep=T_rep, t=t, ab=ab, sib=sib, hbm=hbm,
                               peak=peak, linear_time=linear_time, t_mlp=t_mlp, t_attn=t_attn,
                               per_channel=(2.0 if model.gated_mlp else 1.0) * ab + sib, moe_routed=moe_routed,
                               sub_block_tp_s=tp_exp / parts, ep_s=ep_exp)
-        act_sel, rec_sel = selective(plans.recompute_modules, terms, act_none)
+        act_sel, rec_sel = (selective(codes, terms, act_none) if module_codes is None
+                            else selective_columns(module_codes, terms, act_none))
+    if module_codes is not None:  # (op-level or the core alone: the same value in every column)
+        act_sel, rec_sel = (np.broadcast_to(np.asarray(v)[..., None] if np.ndim(v) < 2 else v,
+                                            (len(plans), codes.size)) for v in (act_sel, rec_sel))
     act_full = T_rep * D * ab
     return LayerCost(
         fwd_compute_s=fwd_compute, bwd_compute_s=bwd_compute,

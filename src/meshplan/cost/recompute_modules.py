@@ -79,3 +79,12 @@ def selective(codes: np.ndarray, terms: dict[RecomputeModule, ModuleTerm], act_n
         dropped = dropped + np.where(on, term.dropped_bytes, 0.0)
         rerun = rerun + np.where(on, term.rerun_s, 0.0)
     return act_none_bytes - dropped, rerun
+
+
+def selective_columns(codes: np.ndarray, terms: dict[RecomputeModule, ModuleTerm], act_none_bytes):
+    """:func:`selective` for every plan under each of ``codes`` (C,): (N, C) arrays, the plan's
+    terms costed once (the search's bound over every module set, search/group_prune.py)."""
+    column = lambda v: np.asarray(v)[..., None]  # noqa: E731  (N,) -> (N, 1)
+    return selective(np.asarray(codes)[None, :],
+                     {m: ModuleTerm(column(t.dropped_bytes), column(t.rerun_s)) for m, t in terms.items()},
+                     column(act_none_bytes))

@@ -131,7 +131,7 @@ def shared_layer_cost(ctx: CostContext, plans: PlanArrays, with_stack: bool = Tr
     _, first, run_inverse = np.unique(key[head], return_index=True, return_inverse=True)
     first = head[first]
     inverse = np.repeat(run_inverse.reshape(-1), np.diff(np.append(head, key.size)))
-    unique = _layer_cost_in_slices(ctx, plans.take(first))
+    unique = layer_cost_in_slices(ctx, plans.take(first))
     stack = None
     if with_stack and needs_rank_mix(ctx.model):
         stack = stack_layers(ctx.model, ctx.cluster, ctx.training, plans.take(first), ctx.calib)
@@ -150,13 +150,14 @@ a third of the search). ``layer_cost`` is row-wise: the same values
 (tests/planner/test_search_tables.py)."""
 
 
-def _layer_cost_in_slices(ctx: CostContext, plans: PlanArrays) -> LayerCost:
-    """``layer_cost`` of ``plans``, every field a (len(plans),) float column, computed in slices of
+def layer_cost_in_slices(ctx: CostContext, plans: PlanArrays, module_codes: np.ndarray | None = None) -> LayerCost:
+    """``layer_cost`` of ``plans``, every field a (len(plans),) float column ((len(plans), C) for
+    the selective fields under ``module_codes``: ``layer_cost``'s), computed in slices of
     LAYER_CHUNK_ROWS rows; a field that is one value in every slice stays a broadcast of it."""
     n = len(plans)
     parts = [layer_cost(ctx.model, ctx.cluster, ctx.training, plans.take(np.arange(lo, min(n, lo + LAYER_CHUNK_ROWS))),
-                        ctx.calib) for lo in range(0, n, LAYER_CHUNK_ROWS)] or [
-        layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib)]
+                        ctx.calib, module_codes=module_codes) for lo in range(0, n, LAYER_CHUNK_ROWS)] or [
+        layer_cost(ctx.model, ctx.cluster, ctx.training, plans, ctx.calib, module_codes=module_codes)]
     out = {}
     for f in fields(LayerCost):
         values = [np.asarray(getattr(part, f.name), dtype=float) for part in parts]
@@ -164,7 +165,7 @@ def _layer_cost_in_slices(ctx: CostContext, plans: PlanArrays) -> LayerCost:
             out[f.name] = np.broadcast_to(values[0], (n,))
         else:
             sizes = [min(LAYER_CHUNK_ROWS, n - lo) for lo in range(0, n, LAYER_CHUNK_ROWS)] or [0]
-            out[f.name] = np.concatenate([np.broadcast_to(v, (k,)) for v, k in zip(values, sizes)])
+            out[f.name] = np.concatenate([np.broadcast_to(v, (k,) + v.shape[1:]) for v, k in zip(values, sizes)])
     return LayerCost(**out)
 
 
