@@ -37,16 +37,14 @@ from meshplan.cost.mixers import attention_half_seq, mixer_cost
 from meshplan.cost.expert_load import replica_factor
 from meshplan.cost.moe import moe_cost
 from meshplan.cost.op_recompute import op_selective
-from meshplan.cost.recompute_modules import ModuleTerm, selective, selective_columns
+from meshplan.cost.recompute_modules import module_terms, selective, selective_columns
 from meshplan.cost.packing import DocAttention, doc_attention
 from meshplan.cost.tp_backward import tp_backward
 from meshplan.cost.precision import bf16_layer_fraction, op_rates, saved_input_bytes, tp_gather_bytes_per_element
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.plan import RecomputeModule
 from meshplan.spec.layers import (
     Ffn,
     LayerKind,
-    Mixer,
     ffn_params,
     layer_kind_counts,
     mixer_params,
@@ -350,7 +348,7 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_sel = replicated + parallel if op_sel is None else op_sel.kept_bytes
     codes = plans.recompute_modules if module_codes is None else np.asarray(module_codes)[None, :]
     if op_sel is None and np.any(codes):  # Megatron's --recompute-modules
-        terms = _module_terms(model, kind, calib, mix=mix, T=T, T_rep=T_rep, t=t, ab=ab, sib=sib, hbm=hbm,
+        terms = module_terms(model, kind, calib, mix=mix, T=T, T_rep=T_rep, t=t, ab=ab, sib=sib, hbm=hbm,
                               peak=peak, linear_time=linear_time, t_mlp=t_mlp, t_attn=t_attn,
                               per_channel=(2.0 if model.gated_mlp else 1.0) * ab + sib, moe_routed=moe_routed,
                               sub_block_tp_s=tp_exp / parts, ep_s=ep_exp)
@@ -370,41 +368,3 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         act_full_bytes=act_full, tp_exposed_s=tp_exp + tp_exp_bwd, cp_exposed_s=cp_exp + cp_exp_bwd,
         ep_exposed_s=ep_exp + ep_exp_bwd,
     )
-
-
-def _module_terms(model: ModelSpec, kind: LayerKind, calib: Calibration, *, mix, T, T_rep, t, ab, sib, hbm,
-                  peak, linear_time, t_mlp, t_attn, per_channel, moe_routed, sub_block_tp_s,
-                  ep_s) -> dict[RecomputeModule, ModuleTerm]:
-    """What each of Megatron's recompute modules drops and reruns in one layer of ``kind``
-    (formulas in cost/recompute_modules.py). ``per_channel``: bytes kept per token and F-wide
-    channel inside the MLP / experts (g*a + a_l); ``moe_routed``: the MoE block's routed copies and
-    latent tensors;
-    ``sub_block_tp_s`` / ``ep_s``: one sub-block's exposed TP and the block's exposed EP time."""
-    D = float(model.hidden_size)
-    ew = ab / hbm * calib.elementwise_time_factor  # seconds per element read or written
-    m_mlp = 3.0 if model.gated_mlp else 2.0  # activation fn: inputs read + output written
-    terms = {RecomputeModule.CORE_ATTN: ModuleTerm(mix.score_bytes, t_attn + mix.softmax_bytes / hbm)}
-    # both norms' outputs (each the next linear's saved input); a norm reads and writes T_r x D
-    terms[RecomputeModule.LAYERNORM] = ModuleTerm(T_rep * D * kind.parts * sib, T_rep * D * kind.parts * 2.0 * ew)
-    if kind.mixer == Mixer.ATTENTION and model.is_mla:
-        heads = float(model.num_heads) / t
-        dqk, dv = float(model.qk_head_dim), float(model.v_dim)
-        q_in = float(model.q_lora_rank or model.hidden_size)
-        up = (linear_time(calib, peak, T, heads * dqk, q_in)
-              + linear_time(calib, peak, T, heads * (model.qk_nope_head_dim + dv), float(model.kv_lora_rank)))
-        terms[RecomputeModule.MLA_UP_PROJ] = ModuleTerm(T * ab * heads * (2.0 * dqk + dv), up)
-    if kind.ffn == Ffn.DENSE:
-        F = float(model.ffn_hidden_size)
-        terms[RecomputeModule.MLP] = ModuleTerm(T * per_channel * F / t,
-                                                t_mlp + T * m_mlp * F / t * ew + sub_block_tp_s)
-    elif kind.ffn == Ffn.MOE:
-        kF = float(model.moe_top_k * model.moe_ffn_hidden_size)
-        Fs = float(model.moe_shared_experts * model.moe_shared_ffn_hidden_size)
-        terms[RecomputeModule.MOE] = ModuleTerm(T * per_channel * (kF + Fs) / t + moe_routed,
-                                                t_mlp + T * m_mlp * (kF + Fs) / t * ew + sub_block_tp_s + ep_s)
-        terms[RecomputeModule.MOE_ACT] = ModuleTerm(T * kF * sib / t, T * m_mlp * kF / t * ew)
-        if Fs:
-            shared = (linear_time(calib, peak, T, (m_mlp - 1.0) * Fs / t, D)
-                      + linear_time(calib, peak, T, D, Fs / t))
-            terms[RecomputeModule.SHARED_EXPERTS] = ModuleTerm(T * per_channel * Fs / t, shared + T * m_mlp * Fs / t * ew)
-    return terms

@@ -35,7 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.cost.calibration import Calibration
 from meshplan.plan import RecomputeModule
+from meshplan.spec.layers import Ffn, LayerKind, Mixer
+from meshplan.spec.model import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,41 @@ def selective_columns(codes: np.ndarray, terms: dict[RecomputeModule, ModuleTerm
     return selective(np.asarray(codes)[None, :],
                      {m: ModuleTerm(column(t.dropped_bytes), column(t.rerun_s)) for m, t in terms.items()},
                      column(act_none_bytes))
+
+
+def module_terms(model: ModelSpec, kind: LayerKind, calib: Calibration, *, mix, T, T_rep, t, ab, sib, hbm,
+                  peak, linear_time, t_mlp, t_attn, per_channel, moe_routed, sub_block_tp_s,
+                  ep_s) -> dict[RecomputeModule, ModuleTerm]:
+    """What each of Megatron's recompute modules drops and reruns in one layer of ``kind``
+    (the formulas above; cost/layer.py passes its layer's terms). ``per_channel``: bytes kept per token and F-wide
+    channel inside the MLP / experts (g*a + a_l); ``moe_routed``: the MoE block's routed copies and
+    latent tensors;
+    ``sub_block_tp_s`` / ``ep_s``: one sub-block's exposed TP and the block's exposed EP time."""
+    D = float(model.hidden_size)
+    ew = ab / hbm * calib.elementwise_time_factor  # seconds per element read or written
+    m_mlp = 3.0 if model.gated_mlp else 2.0  # activation fn: inputs read + output written
+    terms = {RecomputeModule.CORE_ATTN: ModuleTerm(mix.score_bytes, t_attn + mix.softmax_bytes / hbm)}
+    # both norms' outputs (each the next linear's saved input); a norm reads and writes T_r x D
+    terms[RecomputeModule.LAYERNORM] = ModuleTerm(T_rep * D * kind.parts * sib, T_rep * D * kind.parts * 2.0 * ew)
+    if kind.mixer == Mixer.ATTENTION and model.is_mla:
+        heads = float(model.num_heads) / t
+        dqk, dv = float(model.qk_head_dim), float(model.v_dim)
+        q_in = float(model.q_lora_rank or model.hidden_size)
+        up = (linear_time(calib, peak, T, heads * dqk, q_in)
+              + linear_time(calib, peak, T, heads * (model.qk_nope_head_dim + dv), float(model.kv_lora_rank)))
+        terms[RecomputeModule.MLA_UP_PROJ] = ModuleTerm(T * ab * heads * (2.0 * dqk + dv), up)
+    if kind.ffn == Ffn.DENSE:
+        F = float(model.ffn_hidden_size)
+        terms[RecomputeModule.MLP] = ModuleTerm(T * per_channel * F / t,
+                                                t_mlp + T * m_mlp * F / t * ew + sub_block_tp_s)
+    elif kind.ffn == Ffn.MOE:
+        kF = float(model.moe_top_k * model.moe_ffn_hidden_size)
+        Fs = float(model.moe_shared_experts * model.moe_shared_ffn_hidden_size)
+        terms[RecomputeModule.MOE] = ModuleTerm(T * per_channel * (kF + Fs) / t + moe_routed,
+                                                t_mlp + T * m_mlp * (kF + Fs) / t * ew + sub_block_tp_s + ep_s)
+        terms[RecomputeModule.MOE_ACT] = ModuleTerm(T * kF * sib / t, T * m_mlp * kF / t * ew)
+        if Fs:
+            shared = (linear_time(calib, peak, T, (m_mlp - 1.0) * Fs / t, D)
+                      + linear_time(calib, peak, T, D, Fs / t))
+            terms[RecomputeModule.SHARED_EXPERTS] = ModuleTerm(T * per_channel * Fs / t, shared + T * m_mlp * Fs / t * ew)
+    return terms
