@@ -131,7 +131,7 @@ def test_megatron_core_takes_the_fields(i, mcore):
     assert c.recompute_granularity == expected
     assert int(fields["train.global_batch_size"]) == t.global_batch
     assert int(fields["train.micro_batch_size"]) == plan.micro_batch
-    sharded = d.dp_shard > 1
+    sharded = d.dp_shard * d.cp > 1  # Megatron shards over dp x cp (intra_dp_cp_group; export/megatron.py)
     assert sections["ddp"]["use_distributed_optimizer"] == (sharded and plan.zero in (1, 2))
     assert (fields["dist.use_torch_fsdp2"] == "true") == (sharded and plan.zero == 3)
     assert (fields["mixed_precision"] == "fp16_mixed") == (t.precision == Precision.FP16)
