@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -96,16 +96,23 @@ class Pair:
                 "error": self.error, "misordered": self.misordered}
 
 
-def pairs(runs: Sequence[Run], rows: Sequence[RowResult]) -> list[Pair]:
-    """Every pair of measured rows of one job (``job_of``) with different layouts; ``rows`` are
-    validate's results for ``runs``, in the same order."""
-    jobs: dict[tuple, list[tuple[Run, float, float]]] = {}
+def measured_groups(runs: Sequence[Run], rows: Sequence[RowResult],
+                    key: Callable[[Run], tuple]) -> list[list[tuple[Run, float, float]]]:
+    """The runs with a measured step, grouped by ``key``: (run, model step, measured step) each;
+    ``rows`` are validate's results for ``runs``, in the same order."""
+    groups: dict[tuple, list[tuple[Run, float, float]]] = {}
     for run, row in zip(runs, rows):
         meas = measured_step_s(row)
         if meas is not None and meas > 0 and row.predicted_step_s:
-            jobs.setdefault(job_of(run), []).append((run, row.predicted_step_s, meas))
+            groups.setdefault(key(run), []).append((run, row.predicted_step_s, meas))
+    return list(groups.values())
+
+
+def pairs(runs: Sequence[Run], rows: Sequence[RowResult]) -> list[Pair]:
+    """Every pair of measured rows of one job (``job_of``) with different layouts; ``rows`` are
+    validate's results for ``runs``, in the same order."""
     out = []
-    for members in jobs.values():
+    for members in measured_groups(runs, rows, job_of):
         for (ra, pa, ma), (rb, pb, mb) in combinations(members, 2):
             knobs = knobs_differing(ra.plan, rb.plan)
             if knobs:

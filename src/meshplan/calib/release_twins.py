@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import TYPE_CHECKING, Any, Sequence
 
-from meshplan.calib.pairwise import measured_step_s, release
+from meshplan.calib.pairwise import measured_groups, release
 
 if TYPE_CHECKING:
     from meshplan.calib.validate import Run
@@ -81,13 +81,8 @@ def disagreements(runs: Sequence[Run], report: ValidationReport) -> list[TwinDis
     """Every pair of twins (``twin_key``, different releases) that the model estimates alike
     (``MODEL_SAME_RUN``) and whose measured ratio is more than ``TWIN_UNEXPLAINED`` from the
     model's; ``report.rows`` are validate's results for ``runs``, in the same order."""
-    groups: dict[tuple, list[tuple[Run, float, float]]] = {}
-    for run, row in zip(runs, report.rows):
-        meas = measured_step_s(row)
-        if meas is not None and meas > 0 and row.predicted_step_s:
-            groups.setdefault(twin_key(run), []).append((run, row.predicted_step_s, meas))
     out = []
-    for members in groups.values():
+    for members in measured_groups(runs, report.rows, twin_key):
         for (ra, pa, ma), (rb, pb, mb) in combinations(members, 2):
             rel_a, rel_b = release(ra.source), release(rb.source)
             if rel_a == rel_b:
