@@ -155,3 +155,25 @@ def test_meshplan_zero_bubble_keeps_torchs_stage_behaviour():
     assert stage.memory.gradients_bytes == pytest.approx(4.0 * a.stages[1].memory.gradients_bytes)
     assert np.asarray(stage.memory.gathered_weight_bytes) == pytest.approx(
         stage.layers * layer_p * mp.weight_bytes_per_param * (1 - 1 / 4))
+
+
+def test_interleaved_fsdp_holds_one_virtual_stage_gradients_when_its_backwards_run_as_one_group():
+    """torch's pipelining reduce-scatters (frees) a stage's accumulated gradients right after that
+    stage's last backward; interleaved 1F1B runs each virtual stage's backwards as one group when
+    m <= p. pp 4, vpp 2, 32 layers: 4 a virtual stage, 8 a rank. By hand, a layer of Llama-3-8B is
+    2 x 4096^2 (wq, wo) + 2 x 4096 x 1024 (wk, wv) + 3 x 4096 x 14336 (MLP) + 2 x 4096 (norms)
+    = 218,112,000 parameters; the embedding 128256 x 4096 = 525,336,576, the head the same + 4096
+    (the final norm)."""
+    layer_p, embed_p = 218_112_000, 128256 * 4096
+    calib = MEGATRON.replace_fields(fsdp_pp_accumulates_unsharded_grads=True)
+
+    def grads(micro_batch, schedule=Schedule.INTERLEAVED_1F1B, vpp=2):
+        plan = Plan(dims=ParallelDims(dp_shard=4, pp=4), zero=3, micro_batch=micro_batch, schedule=schedule, vpp=vpp)
+        est = estimate(MODEL, H100, _train(), plan, calib)  # global batch 64 over dp 4: m = 16 / micro_batch
+        return [s.memory.gradients_bytes / 4.0 for s in est.stages]  # fp32: parameters held
+
+    assert grads(4) == pytest.approx([4 * layer_p + embed_p, 4 * layer_p, 4 * layer_p, 4 * layer_p + embed_p + 4096])
+    # m = 8 > p: the second group of the last virtual stage runs after the first one's backwards began
+    assert grads(2) == pytest.approx([8 * layer_p + embed_p, 8 * layer_p, 8 * layer_p, 8 * layer_p + embed_p + 4096])
+    # 1F1B: one stage a rank, all of it
+    assert grads(4, Schedule.ONE_F_ONE_B, 1)[1] == pytest.approx(8 * layer_p)

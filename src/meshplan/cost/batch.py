@@ -64,12 +64,13 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
               calib: Calibration, layer: LayerCost, *, rank, layers, recomputed,
               has_embedding, has_head, terms: PlanTerms | None = None, totals: bool = True,
               offloaded_layers=None, has_mtp=None, chunk_weight=1.0, stack: StackLayers | None = None,
-              lead=0) -> RankCost:
+              lead=0, chunk_layers=None) -> RankCost:
     """Cost of pipeline rank ``rank`` holding ``layers`` layers, ``recomputed`` of them under the
     plan's recompute policy (arrays or scalars; booleans for the embedding / LM head), and
     ``offloaded_layers`` of them with their activations in host memory when the plan offloads
     activations (None: all, ``meshplan.cost.offload``); ``chunk_weight`` the interleaved
-    schedule's weight of the rank's unequal chunks (cost/chunk_inflight.py, 1: equal).
+    schedule's weight of the rank's unequal chunks (cost/chunk_inflight.py, 1: equal),
+    ``chunk_layers`` the layers of its largest chunk (None: as the even split has them).
     ``terms`` is ``plan_terms(...)`` of the same arguments when the caller has it. ``totals``
     False leaves ``comm_total_s`` NaN: a figure for breakdowns that :func:`compose` does not
     read, skipped where the search scores millions of ranks. ``stack`` (cost/rank_layers.py): charge
@@ -91,6 +92,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
         terms = replace(terms, recompute_s_per_layer=rec_one, act_policy=act_policy)
     if mtp:
         layers = layers + np.where(has_mtp, mtp, 0.0)
+        if chunk_layers is not None:  # counted with the rank's last chunk, the largest at most
+            chunk_layers = np.asarray(chunk_layers, dtype=float) + np.where(has_mtp, mtp, 0.0)
     recomputed = np.where(plans.recompute == RC_NONE, 0.0, np.asarray(recomputed, dtype=float))
 
     # ---- time per micro-batch ------------------------------------------------------------
@@ -136,7 +139,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     stage = unsharded_stage(plans, calib)
     states = rank_states(training, calib, layer, terms, stage, layers=layers, dense_params=dense_p,
                          expert_params=expert_p, total_params=total_p, kept_weight_bytes=osdp.kept_weight_bytes,
-                         experts_on=experts_on, gpu=cluster.gpu)
+                         experts_on=experts_on, gpu=cluster.gpu, chunk_layers=chunk_layers)
     weights, grads, optim = states.weights_bytes, states.grads_bytes, states.optim_bytes
 
     # ---- data-parallel communication (cost.dp_comm) -----------------------------------------

@@ -82,3 +82,12 @@ def layout_chunk_weight(stage_layers: tuple[int, ...], pp: int, vpp: int, rank: 
         return 1.0
     sizes = tuple(stage_layers[j * pp + rank] for j in range(vpp))
     return chunk_weight(rank, pp, vpp, num_microbatches, sizes)
+
+
+def largest_chunk_layers(plan: Plan, rank: int) -> int:
+    """Layers of the largest virtual stage on ``rank`` (its chunks ``j * pp + rank``) under
+    ``plan`` with its defaults filled; the rank's layers when it runs one stage."""
+    pp, vpp = plan.dims.pp, plan.vpp
+    if vpp <= 1 or len(plan.stage_layers) != pp * vpp:
+        return plan.layers_on_rank(rank)
+    return max(plan.stage_layers[j * pp + rank] for j in range(vpp))

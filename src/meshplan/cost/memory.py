@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.cost.arrays import ZERO_BUBBLE, PlanArrays
+from meshplan.cost.arrays import INTERLEAVED, ZERO_BUBBLE, PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.layer import LayerCost, activation_bytes, optimizer_state_bytes_per_param, param_bytes_per_param
 from meshplan.cost.osdp import OsdpCost
@@ -42,12 +42,40 @@ class UnshardedStage:
     torch_stage: np.ndarray
     """Of those, the zero-bubble schedule where the stack keeps the stage unsharded
     (Calibration.zero_bubble_keeps_unsharded)."""
+    interleaved: np.ndarray
+    """Of ``fsdp_pp``, the interleaved schedule over more than one virtual stage per rank."""
 
 
 def unsharded_stage(plans: PlanArrays, calib: Calibration) -> UnshardedStage:
     fsdp_pp = (plans.zero >= 3) & (plans.pp > 1)
     return UnshardedStage(fsdp_pp=fsdp_pp, torch_stage=fsdp_pp & (plans.schedule == ZERO_BUBBLE)
-                          & calib.zero_bubble_keeps_unsharded)
+                          & calib.zero_bubble_keeps_unsharded,
+                          interleaved=fsdp_pp & (plans.schedule == INTERLEAVED) & (plans.vpp > 1))
+
+
+def accumulated_grad_params(terms: PlanTerms, stage: UnshardedStage, *, layers, total_params,
+                            layer_params, chunk_layers=None):
+    """Parameters whose gradients a rank holds unsharded at once where FSDP accumulates them over
+    the micro-batches under pipelining (Calibration.fsdp_pp_accumulates_unsharded_grads).
+
+    torch's pipelining runs FSDP's post-backward (the reduce-scatter of the accumulated gradients,
+    which frees them, and the reshard) right after each stage's last backward, stage by stage: torch
+    1963fc8 (2024-12) stage.py ``backward_maybe_with_nosync`` calls ``run_post_backward`` when the
+    schedule passes ``last_backward`` (counted per stage by PipelineScheduleMulti); torch 2.13
+    schedules.py ``_add_reduce_grad`` places the REDUCE_GRAD action "just after the last
+    backward-like" action of each stage. The interleaved schedule runs a rank's backwards in groups
+    of p micro-batches per virtual stage, the last one first (Narayanan et al. 2021 Sec. 2.2;
+    torch ScheduleInterleaved1F1B ``backward_stage_index``, Megatron-Core ``get_model_chunk_id``):
+    with m <= p micro-batches there is one group, so a virtual stage's backwards all end before
+    the next one's begin and the rank holds one virtual stage's gradients at a time. That is its
+    largest: ``chunk_layers`` layers (None: ceil(layers / v), exact for the even split, whose
+    chunks differ by at most one layer) beside the embedding / head the rank holds, counted
+    whichever chunk holds them (an upper bound). Any other schedule, or m > p (the groups cycle
+    and every virtual stage has begun its backward before any ends): all the rank's parameters."""
+    layers = np.asarray(layers, dtype=float)
+    chunk = np.ceil(layers / terms.v) if chunk_layers is None else np.asarray(chunk_layers, dtype=float)
+    one_group = stage.interleaved & (terms.m_float <= terms.pp_float)
+    return np.where(one_group, total_params - np.maximum(layers - chunk, 0.0) * layer_params, total_params)
 
 
 @dataclass(frozen=True)
@@ -61,10 +89,12 @@ class RankStates:
 
 def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, terms: PlanTerms,
                 stage: UnshardedStage, *, layers, dense_params, expert_params, total_params,
-                kept_weight_bytes, experts_on: bool, gpu: GPUSpec | None = None) -> RankStates:
+                kept_weight_bytes, experts_on: bool, gpu: GPUSpec | None = None,
+                chunk_layers=None) -> RankStates:
     """Weights (ZeRO-3 shards them, OSDP keeps ``kept_weight_bytes`` beyond the shards),
     gradients (ZeRO-2) and optimizer states (ZeRO-1) of a rank holding ``dense_params`` +
-    ``expert_params`` parameters before sharding (``total_params`` their sum)."""
+    ``expert_params`` parameters before sharding (``total_params`` their sum);
+    ``chunk_layers`` the layers of its largest virtual stage (:func:`accumulated_grad_params`)."""
     # the parameter held: bf16 beside an fp32 master, or the fp32 master itself (torch FSDP)
     pb = param_bytes_per_param(calib)
     weights = sharded_bytes(terms, experts_on, dense_params * pb, expert_params * pb, 3)
@@ -80,10 +110,12 @@ def rank_states(training: TrainingSpec, calib: Calibration, layer: LayerCost, te
     grads = sharded_bytes(terms, experts_on, dense_params * gb, expert_params * gb, 2)
     # FSDP + PP as torch's PipelineStage runs it (torchtitan; meshplan's runtime under the
     # zero-bubble split backward): gradients accumulate unsharded in the reduce dtype over the
-    # micro-batches and are reduce-scattered once, the stage's weights stay gathered.
+    # micro-batches and are reduce-scattered once per stage, the stage's weights stay gathered.
     if calib.fsdp_pp_accumulates_unsharded_grads or calib.zero_bubble_keeps_unsharded:
-        grads = np.where((stage.fsdp_pp & calib.fsdp_pp_accumulates_unsharded_grads) | stage.torch_stage,
-                         total_params * gb, grads)
+        held = accumulated_grad_params(terms, stage, layers=layers, total_params=total_params,
+                                       layer_params=layer.params_per_gpu, chunk_layers=chunk_layers)
+        grads = np.where(stage.fsdp_pp & calib.fsdp_pp_accumulates_unsharded_grads, held * gb,
+                         np.where(stage.torch_stage, total_params * gb, grads))
     opt_pp = optimizer_state_bytes_per_param(calib, training)
     optim = sharded_bytes(terms, experts_on, dense_params * opt_pp, expert_params * opt_pp, 1)
     return RankStates(weights_bytes=weights, grads_bytes=grads, optim_bytes=optim)

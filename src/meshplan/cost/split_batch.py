@@ -17,7 +17,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import BatchEstimate, compose, rank_cost
 from meshplan.cost.calibration import Calibration
-from meshplan.cost.chunk_inflight import plan_chunk_weight
+from meshplan.cost.chunk_inflight import largest_chunk_layers, plan_chunk_weight
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.plan_terms import num_microbatches, plan_terms
 from meshplan.cost.rank_layers import lead_on_rank, needs_rank_mix, stack_layers
@@ -56,5 +56,6 @@ def estimate_split_batch(model: ModelSpec, cluster: ClusterSpec, training: Train
                                has_head=r == pp - 1, has_mtp=np.array([p.mtp_rank == r for p in filled]),
                                offloaded_layers=offloaded,
                                chunk_weight=np.array([plan_chunk_weight(p, r, int(mi)) for p, mi in zip(filled, m)]),
-                               lead=np.array([lead_on_rank(model, p.stage_layers, pp, r) for p in filled])))
+                               lead=np.array([lead_on_rank(model, p.stage_layers, pp, r) for p in filled]),
+                               chunk_layers=np.array([largest_chunk_layers(p, r) for p in filled], dtype=float)))
     return compose(model, cluster, training, arrays, ranks, calib, allocated=True)

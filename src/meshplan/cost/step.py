@@ -15,7 +15,7 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.batch import RankCost, compose, num_microbatches, plan_terms, rank_cost
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.chunk_inflight import plan_chunk_weight
+from meshplan.cost.chunk_inflight import largest_chunk_layers, plan_chunk_weight
 from meshplan.cost.device_memory import held_peak_bytes, outside_allocator_bytes
 from meshplan.cost.layer import layer_cost
 from meshplan.cost.offload import check_offload_hardware, host_budget_bytes
@@ -261,7 +261,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
         rc = rank_cost(model, cluster, training, arrays, calib, layer, rank=r, layers=layers,
                        recomputed=rec, has_embedding=r == 0, has_head=r == p - 1, has_mtp=r == plan.mtp_rank,
                        offloaded_layers=plan.offloaded_on_rank(r), chunk_weight=plan_chunk_weight(plan, r, m),
-                       stack=stack, lead=lead_on_rank(model, plan.stage_layers, p, r))
+                       stack=stack, lead=lead_on_rank(model, plan.stage_layers, p, r),
+                       chunk_layers=largest_chunk_layers(plan, r))
         ranks.append(rc)
         stages.append(StageCost(
             rank=r, layers=layers, recomputed_layers=rec,

@@ -25,7 +25,10 @@ class MechanismFields:
     """With pipeline parallelism, FSDP accumulates each micro-batch's gradients unsharded in the
     reduce dtype and reduce-scatters once after the last backward (torch.distributed.pipelining's
     PipelineStage turns off gradient sync and resharding after backward until then), so a rank
-    holds its whole stage's gradients unsharded beside the gathered weights. A stack field."""
+    holds its whole stage's gradients unsharded beside the gathered weights. The reduce-scatter
+    runs per stage, right after that stage's last backward: under interleaved 1F1B with m <= p a
+    rank holds one virtual stage's gradients at a time (cost/memory.py accumulated_grad_params).
+    A stack field."""
     zero_bubble_keeps_unsharded: bool = False
     """Under the zero-bubble schedule's split backward (input gradients, then weight gradients),
     FSDP with pipelining keeps the stage gathered and its gradients unsharded whatever the two
