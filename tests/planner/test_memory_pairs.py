@@ -45,7 +45,9 @@ def test_heldout_405b_pairs_hold_the_same_states_and_their_measured_differences(
     schedule = heldout_pairs[("tt-13", "tt-14")]
     assert set(schedule["differs"]) == {"schedule", "vpp", "stage_layers"}
     assert schedule["measured_delta_gib"] == pytest.approx(72.7 - 82.5)
-    assert schedule["model_delta_gib"] > 0  # the estimate raises the interleaved peak
+    # interleaved with m = p holds one virtual stage's gradients at a time (cost/memory.py
+    # accumulated_grad_params): the estimate lowers the peak, as measured
+    assert schedule["model_delta_gib"] < 0
     assert heldout_pairs[("tt-15", "tt-18")]["measured_delta_gib"] == pytest.approx(84.9 - 75.3)
 
 
