@@ -60,8 +60,9 @@ def accumulated_grad_params(terms: PlanTerms, stage: UnshardedStage, *, layers, 
 
     torch's pipelining runs FSDP's post-backward (the reduce-scatter of the accumulated gradients,
     which frees them, and the reshard) right after each stage's last backward, stage by stage: torch
-    1963fc8 (2024-12) stage.py ``backward_maybe_with_nosync`` calls ``run_post_backward`` when the
-    schedule passes ``last_backward`` (counted per stage by PipelineScheduleMulti); torch 2.13
+    2.5-2.6 stage.py ``backward_maybe_with_nosync`` calls ``run_post_backward`` when the schedule
+    passes ``last_backward`` (counted per stage by PipelineScheduleMulti; torchtitan's 2024-12 runs
+    used torch 1963fc8, between the two); torch 2.13
     schedules.py ``_add_reduce_grad`` places the REDUCE_GRAD action "just after the last
     backward-like" action of each stage. The interleaved schedule runs a rank's backwards in groups
     of p micro-batches per virtual stage, the last one first (Narayanan et al. 2021 Sec. 2.2;
