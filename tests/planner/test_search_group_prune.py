@@ -1,6 +1,7 @@
 """Groups dropped before they are crossed (``meshplan.search.group_prune``): the group bound is
 below the first-rank bound of every configuration of the group, and a search that drops groups
-returns the frontier of the search that scores every configuration in full."""
+returns the frontier of the search that scores every configuration in full; so does the bound of
+a cell's configurations of one schedule and virtual-stage count (``PairTerms``)."""
 
 import numpy as np
 import pytest
@@ -9,10 +10,10 @@ from hypothesis import given, settings, strategies as st
 from meshplan.cost.calibration import calibration_for
 from meshplan.plan import RecomputeModule, Schedule
 from meshplan.search import planner
-from meshplan.search.even import even_slice
+from meshplan.search.even import balanced_slice, even_slice
 from meshplan.search.group_prune import group_bounds
 from meshplan.search.planner import search
-from meshplan.search.space import (GROUP_COLUMNS, SearchOptions, configurations_per_group, cross_groups,
+from meshplan.search.space import (GROUP_COLUMNS, _schedule_pairs, SearchOptions, configurations_per_group, cross_groups,
                                    enumerate_groups, enumerate_space, micro_batch_sizes, recompute_variants,
                                    take_groups)
 from meshplan.search.tables import CostContext, shared_layer_cost
@@ -85,6 +86,35 @@ def test_group_bound_is_below_every_configuration_of_the_group(job):
     assert np.all(bound.time_s[cell] <= first.step_time_s / tol)
     assert np.all(bound.memory_bytes[cell] <= first.peak_memory_bytes / tol)
     assert np.all(bound.time_s > 0) and np.all(bound.memory_bytes > 0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(jobs())
+def test_pair_bound_is_below_every_configuration_of_its_schedule_and_above_the_cell(job):
+    # CellKeep drops the configurations of a kept cell whose schedule / virtual-stage pair's own
+    # bound is beaten: that bound must hold for each configuration of the pair (the first rank's
+    # bound; the mean rank's, which the even pass prunes on, where the model has one)
+    model, cluster, training, options = job
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    groups = enumerate_groups(model, training, cluster.num_gpus, options)
+    space = cross_groups(groups, model, training, options)
+    if len(space) == 0:
+        return
+    bound = group_bounds(ctx, groups, options)
+    layer = shared_layer_cost(ctx, space).take(slice(None))
+    first = even_slice(ctx, space, layer, first_only=True)
+    mean = balanced_slice(ctx, space, layer)
+    g, size, choice = _cell_of(space, groups, model, training, options)
+    sched, vpp = _schedule_pairs(options, model)
+    pair = np.full(len(space), -1)
+    for j, (s_code, v) in enumerate(zip(sched, vpp)):
+        pair[(space.schedule == s_code) & (space.vpp == v)] = j
+    assert np.all(pair >= 0)
+    t = bound.pair.time_s(g, pair, size)[np.arange(len(space)), choice]
+    tol = 1 - 1e-12
+    assert np.all(t <= first.step_time_s / tol)
+    assert np.all(t <= mean.step_time_s / tol)
+    assert np.all(t >= bound.time_s[g, size, choice])
 
 
 def test_group_bound_is_close_on_one_node():

@@ -39,7 +39,7 @@ breaks it fails there) and the search against ``prune=False``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -82,6 +82,72 @@ class GroupBounds:
 
     time_s: np.ndarray
     memory_bytes: np.ndarray
+    pair: PairTerms | None = None
+    """What the time bound is made of, kept to bound a cell's configurations of one schedule and
+    virtual-stage count (:meth:`PairTerms.time_s`); None: not kept."""
+
+
+@dataclass(frozen=True)
+class PairTerms:
+    """The terms of :class:`GroupBounds`' time bound, with the schedule's part per schedule and
+    virtual-stage count (``space._schedule_pairs``' pairs) instead of the least over them: the
+    cell's configurations of one pair take at least (m + bubble of the pair) t_mb, t_mb at the
+    pair's fewest first-rank layers (Narayanan et al. 2021 Sec. 2.2, as the cell's bound, which is
+    the least of these over the pairs). Arrays per group are indexed by the groups'
+    ``group_bounds`` saw."""
+
+    key_of: np.ndarray  # (groups,) row of per_layer_s
+    per_layer_s: np.ndarray  # (keys, sizes, choices) a layer's time under each recompute choice
+    pp_of: np.ndarray  # (groups,) row of fewest_layers / bubble
+    fewest_layers: np.ndarray  # (pipeline degrees, pairs) first-rank layers (inf: pair illegal)
+    bubble: np.ndarray  # (pipeline degrees, pairs) the bubble's factor (inf: pair illegal)
+    micro_batches: np.ndarray  # (groups, sizes) m
+    tail_s: np.ndarray  # (groups,)
+    overhead_s: float  # per micro-batch
+
+    def time_s(self, group: np.ndarray, pair: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """(rows, choices): the time bound of each row's (group, pair, size index), the cell
+        bound's operations in its order (each operand at least the cell's: never below it)."""
+        at = self.pp_of[group]
+        t = self.per_layer_s[self.key_of[group], size]
+        t *= self.fewest_layers[at, pair][:, None]
+        t += self.overhead_s
+        t *= (self.micro_batches[group, size] + self.bubble[at, pair])[:, None]
+        t += self.tail_s[group][:, None]
+        return t
+
+
+@dataclass(frozen=True)
+class CellKeep:
+    """The cells to cross (``cells``: groups x sizes x choices, as :class:`GroupBounds`), and of
+    a kept cell the configurations of the schedule / virtual-stage pairs whose own bound
+    (:meth:`PairTerms.time_s`, the cell's memory bound) is not :func:`prunable` against the same
+    known plans: ``space.cross_groups``' ``keep``."""
+
+    cells: np.ndarray
+    bounds: GroupBounds
+    groups: np.ndarray  # (cells' groups,) their index in the bounds' groups
+    known: Front
+    fastest_fitting_s: float
+    shrink: float
+
+    def take(self, index) -> CellKeep:
+        """The keep of the groups at ``index`` (of this keep's groups)."""
+        return replace(self, cells=self.cells[index], groups=self.groups[index])
+
+    def mask(self, group: np.ndarray, pair: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """(rows, choices) whether each row's (group of this keep, pair, size index) crossed
+        with each recompute choice is kept."""
+        keep = self.cells[group, size]
+        rows = np.flatnonzero(keep.any(axis=1))
+        if rows.size == 0 or self.bounds.pair is None:
+            return keep
+        g = self.groups[group[rows]]
+        time_s = self.bounds.pair.time_s(g, pair[rows], size[rows])
+        memory = self.bounds.memory_bytes[g, size[rows]]
+        keep[rows] &= ~prunable(self.known, time_s, memory, shrink=self.shrink,
+                                fastest_fitting_s=self.fastest_fitting_s)
+        return keep
 
 
 def _columns(groups: dict[str, np.ndarray], n: int, extra: dict[str, np.ndarray]) -> PlanArrays:
@@ -207,25 +273,30 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     acts += memory[:, None, None]
     acts[illegal] = np.inf
     memory = acts
-    return GroupBounds(time_s=time_s, memory_bytes=memory)
+    pair = PairTerms(key_of=key_of, per_layer_s=per_layer, pp_of=at,
+                     fewest_layers=np.minimum(layers0, (model.num_layers / pps)[:, None]), bubble=bubble,
+                     micro_batches=m[:, :, 0], tail_s=tail, overhead_s=calib.microbatch_overhead_s)
+    return GroupBounds(time_s=time_s, memory_bytes=memory, pair=pair)
 
 
 def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
               score: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]], *,
-              shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
-    """Mask (as ``bounds``) of the (group, size, choice) cells whose bound no plan scored here
-    beats (:func:`prunable`), and how many configurations were scored. ``score(groups)`` returns
+              shrink: float, budget_bytes: float) -> tuple[CellKeep, int]:
+    """The (group, size, choice) cells whose bound no plan scored here beats (:func:`prunable`),
+    with those plans (:class:`CellKeep`), and how many configurations were scored. ``score(groups)`` returns
     the exact even (step, peak) of the configurations of those groups that it scored exactly (any
     subset: only exact points prune). Rounds as :func:`meshplan.search.prune.settle`: the groups
     holding the frontier of the cells' bounds first, then those holding the open cells of least
     bound time."""
     t_cell, m_cell = bounds.time_s.reshape(-1), bounds.memory_bytes.reshape(-1)
     alive = np.isfinite(t_cell)
+    everyone = np.arange(bounds.time_s.shape[0])
     if shrink <= 0.0 or not alive.any():
-        return alive.reshape(bounds.time_s.shape), 0
+        return CellKeep(alive.reshape(bounds.time_s.shape), bounds, everyone, Front.empty(), np.inf, shrink), 0
     per_group = t_cell.size // bounds.time_s.shape[0]
     seen = np.zeros(bounds.time_s.shape[0], dtype=bool)
-    known_t, known_m = np.empty(0), np.empty(0)
+    known, fastest_fitting = Front.empty(), np.inf
+    known_t, known_m = known.time_s, known.memory_bytes
     scored = 0
     for round_ in range(GROUP_SEED_ROUNDS):
         open_ = np.flatnonzero(alive & ~np.repeat(seen, per_group))
@@ -245,11 +316,11 @@ def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
         fastest_fitting = float(known_t[fits].min()) if fits.any() else np.inf
         live = np.flatnonzero(alive)
         alive[live] = ~prunable(known, t_cell[live], m_cell[live], shrink=shrink, fastest_fitting_s=fastest_fitting)
-    return alive.reshape(bounds.time_s.shape), scored
+    return CellKeep(alive.reshape(bounds.time_s.shape), bounds, everyone, known, fastest_fitting, shrink), scored
 
 
 def prune_groups(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions, *,
-                 shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
+                 shrink: float, budget_bytes: float) -> tuple[CellKeep, int]:
     """:func:`surviving` with each seed group's configurations scored by the even pass (itself
     pruned, :func:`meshplan.search.even.even_estimate`): the cells to cross
     (``space.cross_groups``'s ``keep``) and the configurations scored."""
