@@ -104,6 +104,7 @@ class PairTerms:
     micro_batches: np.ndarray  # (groups, sizes) m
     tail_s: np.ndarray  # (groups,)
     overhead_s: float  # per micro-batch
+    above_cell: np.ndarray  # (pipeline degrees, pairs) whether the pair's fewest layers or bubble exceed the cell's
 
     def time_s(self, group: np.ndarray, pair: np.ndarray, size: np.ndarray) -> np.ndarray:
         """(rows, choices): the time bound of each row's (group, pair, size index), the cell
@@ -139,11 +140,16 @@ class CellKeep:
         """(rows, choices) whether each row's (group of this keep, pair, size index) crossed
         with each recompute choice is kept."""
         keep = self.cells[group, size]
-        rows = np.flatnonzero(keep.any(axis=1))
-        if rows.size == 0 or self.bounds.pair is None:
+        terms = self.bounds.pair
+        if terms is None:
             return keep
-        g = self.groups[group[rows]]
-        time_s = self.bounds.pair.time_s(g, pair[rows], size[rows])
+        # (a pair at the cell's own fewest layers and bubble has the cell's bound: kept with it)
+        g = self.groups[group]
+        rows = np.flatnonzero(keep.any(axis=1) & terms.above_cell[terms.pp_of[g], pair])
+        if rows.size == 0:
+            return keep
+        g = g[rows]
+        time_s = terms.time_s(g, pair[rows], size[rows])
         memory = self.bounds.memory_bytes[g, size[rows]]
         keep[rows] &= ~prunable(self.known, time_s, memory, shrink=self.shrink,
                                 fastest_fitting_s=self.fastest_fitting_s)
@@ -273,9 +279,12 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     acts += memory[:, None, None]
     acts[illegal] = np.inf
     memory = acts
-    pair = PairTerms(key_of=key_of, per_layer_s=per_layer, pp_of=at,
-                     fewest_layers=np.minimum(layers0, (model.num_layers / pps)[:, None]), bubble=bubble,
-                     micro_batches=m[:, :, 0], tail_s=tail, overhead_s=calib.microbatch_overhead_s)
+    pair_fewest = np.minimum(layers0, (model.num_layers / pps)[:, None])
+    cell_fewest = np.minimum(layers0.min(axis=1), model.num_layers / pps)[:, None]
+    pair = PairTerms(key_of=key_of, per_layer_s=per_layer, pp_of=np.searchsorted(pps, groups["pp"]),
+                     fewest_layers=pair_fewest, bubble=bubble, micro_batches=m[:, :, 0], tail_s=tail,
+                     overhead_s=calib.microbatch_overhead_s,
+                     above_cell=(pair_fewest > cell_fewest) | (bubble > bubble.min(axis=1)[:, None]))
     return GroupBounds(time_s=time_s, memory_bytes=memory, pair=pair)
 
 
