@@ -244,7 +244,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                                          budget, options)
         fronts.append(off_front)
         evaluated += scored_off
-    embed_space, embed_front, scored_embed = embedding_loss_front(ctx, all_groups, options, EMBED_KEY_BASE)
+    embed_space, embed_front, scored_embed = embedding_loss_front(ctx, all_groups, options, EMBED_KEY_BASE,
+                                                                  known=merge_fronts(*fronts))
     fronts.append(embed_front)
     evaluated += scored_embed
     front = merge_fronts(*fronts)
