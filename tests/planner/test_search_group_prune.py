@@ -250,3 +250,24 @@ def test_search_dropping_groups_under_an_allow_mask_equals_full_search(monkeypat
                        TrainingSpec(seq_len=4096, global_batch=256), options, monkeypatch)
     assert res.pruned_configs > 0.5 * res.global_configs
     assert all(options.allow(PlanArrays.from_plans([p.plan])).all() for p in res.frontier)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), max_size=12),
+       st.lists(st.tuples(st.integers(1, 14), st.integers(1, 14)), min_size=1, max_size=40),
+       st.sampled_from([1.0, 1 / 1.1, 0.5]), st.sampled_from([0.0, 3.0, np.inf]))
+def test_beaten_at_is_prunable(front, queries, shrink, fastest):
+    # CellKeep.mask decides with one frontier lookup per cell (beaten_at_s) what prunable decides
+    # per configuration; small integers so that times and memories tie with the frontier's
+    from meshplan.search.frontier import Front
+    from meshplan.search.group_prune import beaten_at_s
+    from meshplan.search.prune import STRICT, prunable
+
+    known = Front.of(np.array([f[0] for f in front], dtype=float), np.array([f[1] for f in front], dtype=float),
+                     np.arange(len(front))) if front else Front.empty()
+    # (shrunk, some land exactly on a frontier time or memory)
+    t = np.array([q[0] for q in queries], dtype=float) / STRICT / shrink
+    m = np.array([q[1] for q in queries], dtype=float) / STRICT / shrink
+    want = prunable(known, t, m, shrink=shrink, fastest_fitting_s=fastest)
+    got = (t * shrink * STRICT >= beaten_at_s(known, m, shrink)) & (t >= fastest)
+    assert np.array_equal(got, want)
