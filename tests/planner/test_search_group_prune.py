@@ -13,9 +13,9 @@ from meshplan.search import planner
 from meshplan.search.even import balanced_slice, even_slice
 from meshplan.search.group_prune import group_bounds
 from meshplan.search.planner import search
-from meshplan.search.space import (GROUP_COLUMNS, _schedule_pairs, SearchOptions, configurations_per_group, cross_groups,
-                                   enumerate_groups, enumerate_space, micro_batch_sizes, recompute_variants,
-                                   take_groups)
+from meshplan.search.space import (GROUP_COLUMNS, SearchOptions, _schedule_pairs, configurations_per_group,
+                                   cross_groups, enumerate_groups, enumerate_space, micro_batch_sizes,
+                                   recompute_variants, take_groups)
 from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.model import ModelSpec, Position
