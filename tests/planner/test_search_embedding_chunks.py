@@ -91,7 +91,7 @@ OPTIONS = SearchOptions(embedding_loss_chunks=True, offloads=(), vocab_parallel=
 def test_scores_are_estimates(case):
     """Every configuration of the pass, scored on ranks 0, 1 and p-1, equals ``estimate`` of its plan
     (every rank, the layout's chunk weights), with and without preallocated receive buffers (where
-    a middle rank can hold the most)."""
+    a middle rank can hold the most); rank 1 alone (the pass's bound) is below every row."""
     model, cluster, training, prealloc = case
     calib = calibration_for(cluster.gpu).replace_fields(pp_preallocated_recv_buffers=prealloc)
     ctx = CostContext(model, cluster, training, calib)
@@ -99,6 +99,8 @@ def test_scores_are_estimates(case):
     if space is None:
         return
     got = score_embedding_loss(ctx, space)
+    bound = score_embedding_loss(ctx, space, bound_only=True)  # what the search prunes these rows on
+    assert np.all(bound.step_time_s <= got.step_time_s) and np.all(bound.peak_memory_bytes <= got.peak_memory_bytes)
     for i in range(0, len(space), max(1, len(space) // 40)):  # about 40 rows each (estimate is per plan)
         plan = embedding_loss_plan(ctx, space, i)
         assert plan.dims.pp * plan.vpp == model.num_layers + 2

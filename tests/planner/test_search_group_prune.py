@@ -1,6 +1,7 @@
 """Groups dropped before they are crossed (``meshplan.search.group_prune``): the group bound is
 below the first-rank bound of every configuration of the group, and a search that drops groups
-returns the frontier of the search that scores every configuration in full."""
+returns the frontier of the search that scores every configuration in full; so does the bound of
+a cell's configurations of one schedule and virtual-stage count (``PairTerms``)."""
 
 import numpy as np
 import pytest
@@ -9,12 +10,12 @@ from hypothesis import given, settings, strategies as st
 from meshplan.cost.calibration import calibration_for
 from meshplan.plan import RecomputeModule, Schedule
 from meshplan.search import planner
-from meshplan.search.even import even_slice
+from meshplan.search.even import balanced_slice, even_slice
 from meshplan.search.group_prune import group_bounds
 from meshplan.search.planner import search
-from meshplan.search.space import (GROUP_COLUMNS, SearchOptions, configurations_per_group, cross_groups,
-                                   enumerate_groups, enumerate_space, micro_batch_sizes, recompute_variants,
-                                   take_groups)
+from meshplan.search.space import (GROUP_COLUMNS, SearchOptions, _schedule_pairs, configurations_per_group,
+                                   cross_groups, enumerate_groups, enumerate_space, micro_batch_sizes,
+                                   recompute_variants, take_groups)
 from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.model import ModelSpec, Position
@@ -85,6 +86,35 @@ def test_group_bound_is_below_every_configuration_of_the_group(job):
     assert np.all(bound.time_s[cell] <= first.step_time_s / tol)
     assert np.all(bound.memory_bytes[cell] <= first.peak_memory_bytes / tol)
     assert np.all(bound.time_s > 0) and np.all(bound.memory_bytes > 0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(jobs())
+def test_pair_bound_is_below_every_configuration_of_its_schedule_and_above_the_cell(job):
+    # CellKeep drops the configurations of a kept cell whose schedule / virtual-stage pair's own
+    # bound is beaten: that bound must hold for each configuration of the pair (the first rank's
+    # bound; the mean rank's, which the even pass prunes on, where the model has one)
+    model, cluster, training, options = job
+    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
+    groups = enumerate_groups(model, training, cluster.num_gpus, options)
+    space = cross_groups(groups, model, training, options)
+    if len(space) == 0:
+        return
+    bound = group_bounds(ctx, groups, options)
+    layer = shared_layer_cost(ctx, space).take(slice(None))
+    first = even_slice(ctx, space, layer, first_only=True)
+    mean = balanced_slice(ctx, space, layer)
+    g, size, choice = _cell_of(space, groups, model, training, options)
+    sched, vpp = _schedule_pairs(options, model)
+    pair = np.full(len(space), -1)
+    for j, (s_code, v) in enumerate(zip(sched, vpp)):
+        pair[(space.schedule == s_code) & (space.vpp == v)] = j
+    assert np.all(pair >= 0)
+    t = bound.pair.time_s(g, pair, size)[np.arange(len(space)), choice]
+    tol = 1 - 1e-12
+    assert np.all(t <= first.step_time_s / tol)
+    assert np.all(t <= mean.step_time_s / tol)
+    assert np.all(t >= bound.time_s[g, size, choice])
 
 
 def test_group_bound_is_close_on_one_node():
@@ -220,3 +250,24 @@ def test_search_dropping_groups_under_an_allow_mask_equals_full_search(monkeypat
                        TrainingSpec(seq_len=4096, global_batch=256), options, monkeypatch)
     assert res.pruned_configs > 0.5 * res.global_configs
     assert all(options.allow(PlanArrays.from_plans([p.plan])).all() for p in res.frontier)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), max_size=12),
+       st.lists(st.tuples(st.integers(1, 14), st.integers(1, 14)), min_size=1, max_size=40),
+       st.sampled_from([1.0, 1 / 1.1, 0.5]), st.sampled_from([0.0, 3.0, np.inf]))
+def test_beaten_at_is_prunable(front, queries, shrink, fastest):
+    # CellKeep.mask decides with one frontier lookup per cell (beaten_at_s) what prunable decides
+    # per configuration; small integers so that times and memories tie with the frontier's
+    from meshplan.search.frontier import Front
+    from meshplan.search.group_prune import beaten_at_s
+    from meshplan.search.prune import STRICT, prunable
+
+    known = Front.of(np.array([f[0] for f in front], dtype=float), np.array([f[1] for f in front], dtype=float),
+                     np.arange(len(front))) if front else Front.empty()
+    # (shrunk, some land exactly on a frontier time or memory)
+    t = np.array([q[0] for q in queries], dtype=float) / STRICT / shrink
+    m = np.array([q[1] for q in queries], dtype=float) / STRICT / shrink
+    want = prunable(known, t, m, shrink=shrink, fastest_fitting_s=fastest)
+    got = (t * shrink * STRICT >= beaten_at_s(known, m, shrink)) & (t >= fastest)
+    assert np.array_equal(got, want)

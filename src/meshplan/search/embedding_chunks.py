@@ -24,7 +24,8 @@ from meshplan.cost.batch import StepPeak, num_microbatches, plan_terms, rank_cos
 from meshplan.cost.chunk_inflight import layout_chunk_weight
 from meshplan.cost.rank_layers import needs_rank_mix
 from meshplan.plan import embedding_loss_split
-from meshplan.search.frontier import Front
+from meshplan.search.frontier import Front, dominated_by
+from meshplan.search.prune import STRICT
 from meshplan.search.space import SearchOptions, embedding_loss_space
 from meshplan.search.tables import CostContext, fit_step_peak, shared_layer_cost
 
@@ -53,15 +54,17 @@ def _chunk_weights(ctx: CostContext, plans: PlanArrays, rank: np.ndarray) -> np.
     return values[np.asarray(inverse).reshape(-1)]
 
 
-def score_embedding_loss(ctx: CostContext, plans: PlanArrays) -> StepPeak:
+def score_embedding_loss(ctx: CostContext, plans: PlanArrays, bound_only: bool = False) -> StepPeak:
     """Step time and the device peak "fits" reads of every row under its embedding / loss layout
-    (every layer under the row's recompute policy), from ranks 0, 1 and p - 1 (module docstring)."""
+    (every layer under the row's recompute policy), from ranks 0, 1 and p - 1 (module docstring).
+    ``bound_only``: from rank 1 alone (rank 0 with one rank), below both (``compose`` takes the
+    ranks' largest micro-batch time, tail and memory and grows with each)."""
     layer = shared_layer_cost(ctx, plans, with_stack=False).take(slice(None))
     kw = dict(model=ctx.model, cluster=ctx.cluster, training=ctx.training, plans=plans, calib=ctx.calib, layer=layer)
     kw["terms"] = plan_terms(**kw)
     last = plans.pp - 1
     ranks = []
-    for rank in (np.zeros_like(last), np.minimum(1, last), last):
+    for rank in ((np.minimum(1, last),) if bound_only else (np.zeros_like(last), np.minimum(1, last), last)):
         layers = plans.vpp - (rank == 0) - (rank == last)
         ranks.append(rank_cost(**kw, rank=rank, layers=layers, recomputed=layers, has_embedding=rank == 0,
                                has_head=rank == last, totals=False, chunk_weight=_chunk_weights(ctx, plans, rank)))
@@ -69,9 +72,13 @@ def score_embedding_loss(ctx: CostContext, plans: PlanArrays) -> StepPeak:
 
 
 def embedding_loss_front(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions,
-                         key_base: int) -> tuple[PlanArrays | None, Front, int]:
+                         key_base: int, known: Front | None = None) -> tuple[PlanArrays | None, Front, int]:
     """The embedding / loss configurations of ``groups`` (``space.embedding_loss_space``), scored:
     (the configurations, their front keyed from ``key_base`` on, how many were scored).
+
+    ``known`` (exact plans the search has scored): a configuration whose bound (rank 1 alone,
+    ``score_embedding_loss``'s ``bound_only``) a known plan beats strictly in both objectives
+    (``prune.STRICT``) is never on the search's frontier, and is left out of this front unscored.
 
     Not for a model whose ranks are charged their own kinds of layers (leading dense layers, MTP
     modules: ``cost.rank_layers.needs_rank_mix``): which rank holds those under this layout is
@@ -81,12 +88,23 @@ def embedding_loss_front(ctx: CostContext, groups: dict[str, np.ndarray], option
     space = embedding_loss_space(groups, ctx.model, ctx.training, options)
     if space is None:
         return None, Front.empty(), 0
-    t, m = np.empty(len(space)), np.empty(len(space))
-    for i in range(0, len(space), SCORE_ROWS):
-        rows = slice(i, i + SCORE_ROWS)
-        est = score_embedding_loss(ctx, space.take(rows))
-        t[rows], m[rows] = est.step_time_s, est.peak_memory_bytes
-    return space, Front.of(t, m, key_base + np.arange(len(space))), len(space)
+    rows = np.arange(len(space))
+    if known is not None and len(known):
+        lb_t, lb_m = _scored(ctx, space, rows, bound_only=True)
+        rows = rows[~dominated_by(known.time_s, known.memory_bytes, lb_t * STRICT, lb_m * STRICT)]
+    t, m = _scored(ctx, space, rows)
+    return space, Front.of(t, m, key_base + rows), len(space)
+
+
+def _scored(ctx: CostContext, space: PlanArrays, rows: np.ndarray,
+            bound_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(step, peak) of ``space``'s ``rows`` (:func:`score_embedding_loss`), SCORE_ROWS at a time."""
+    t, m = np.empty(rows.size), np.empty(rows.size)
+    for i in range(0, rows.size, SCORE_ROWS):
+        part = slice(i, i + SCORE_ROWS)
+        est = score_embedding_loss(ctx, space.take(rows[part]), bound_only=bound_only)
+        t[part], m[part] = est.step_time_s, est.peak_memory_bytes
+    return t, m
 
 
 def embedding_loss_plan(ctx: CostContext, space: PlanArrays, row: int):

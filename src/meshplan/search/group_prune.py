@@ -35,11 +35,18 @@ without this step would have kept every one of them unscored, and its frontier, 
 candidates and held-back rows are the ones found here. tests/planner/test_search_group_prune.py
 checks the bound against every configuration's on random jobs (a change to the cost model that
 breaks it fails there) and the search against ``prune=False``.
+
+Of a kept cell, the configurations of one schedule and virtual-stage count are bounded again with
+that pair's own bubble and fewest first-rank layers (:class:`PairTerms`; the cell's bound is the
+least of these over the pairs) and the cell's memory bound, against the same plans, as the cell is
+crossed (:class:`CellKeep`): 1F1B's bubble (p - 1) t is what a cell with an interleaved pair cannot
+count on (GPT-3 175B on 3072 A100s: 1.34M -> 1.04M configurations crossed; DeepSeek-V3 on 256
+GB200, ``--target megatron``: about three in four of the (row, recompute choice) pairs it bounds).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -50,7 +57,7 @@ from meshplan.cost.device_memory import held_fragmentation, outside_allocator_by
 from meshplan.cost.pipeline import bubble_time, rank_layers_even
 from meshplan.plan import Recompute
 from meshplan.search.frontier import Front, pareto_indices
-from meshplan.search.prune import prunable
+from meshplan.search.prune import STRICT, prunable
 from meshplan.search.space import (RECOMPUTES, GROUP_COLUMNS, SearchOptions, _rule_schedule, _schedule_pairs,
                                    cross_groups, micro_batch_sizes, module_codes, recompute_variants,
                                    take_groups)
@@ -82,6 +89,90 @@ class GroupBounds:
 
     time_s: np.ndarray
     memory_bytes: np.ndarray
+    pair: PairTerms | None = None
+    """What the time bound is made of, kept to bound a cell's configurations of one schedule and
+    virtual-stage count (:meth:`PairTerms.time_s`); None: not kept."""
+
+
+@dataclass(frozen=True)
+class PairTerms:
+    """The terms of :class:`GroupBounds`' time bound, with the schedule's part per schedule and
+    virtual-stage count (``space._schedule_pairs``' pairs) instead of the least over them: the
+    cell's configurations of one pair take at least (m + bubble of the pair) t_mb, t_mb at the
+    pair's fewest first-rank layers (Narayanan et al. 2021 Sec. 2.2, as the cell's bound, which is
+    the least of these over the pairs). Arrays per group are indexed by the groups'
+    ``group_bounds`` saw."""
+
+    key_of: np.ndarray  # (groups,) row of per_layer_s
+    per_layer_s: np.ndarray  # (keys, sizes, choices) a layer's time under each recompute choice
+    pp_of: np.ndarray  # (groups,) row of fewest_layers / bubble
+    fewest_layers: np.ndarray  # (pipeline degrees, pairs) first-rank layers (inf: pair illegal)
+    bubble: np.ndarray  # (pipeline degrees, pairs) the bubble's factor (inf: pair illegal)
+    micro_batches: np.ndarray  # (groups, sizes) m
+    tail_s: np.ndarray  # (groups,)
+    overhead_s: float  # per micro-batch
+    above_cell: np.ndarray  # (pipeline degrees, pairs) whether the pair's fewest layers or bubble exceed the cell's
+
+    def time_s(self, group: np.ndarray, pair: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """(rows, choices): the time bound of each row's (group, pair, size index), the cell
+        bound's operations in its order (each operand at least the cell's: never below it)."""
+        at = self.pp_of[group]
+        t = self.per_layer_s[self.key_of[group], size]
+        t *= self.fewest_layers[at, pair][:, None]
+        t += self.overhead_s
+        t *= (self.micro_batches[group, size] + self.bubble[at, pair])[:, None]
+        t += self.tail_s[group][:, None]
+        return t
+
+
+@dataclass(frozen=True)
+class CellKeep:
+    """The cells to cross (``cells``: groups x sizes x choices, as :class:`GroupBounds`), and of
+    a kept cell the configurations of the schedule / virtual-stage pairs whose own bound
+    (:meth:`PairTerms.time_s`, the cell's memory bound) is not :func:`prunable` against the same
+    known plans: ``space.cross_groups``' ``keep``."""
+
+    cells: np.ndarray
+    bounds: GroupBounds
+    groups: np.ndarray  # (cells' groups,) their index in the bounds' groups
+    known: Front
+    fastest_fitting_s: float
+    shrink: float
+    beaten_at_s: np.ndarray | None = None
+    """(as ``bounds``) per kept cell :func:`beaten_at_s` of its memory bound (inf elsewhere)."""
+
+    def take(self, index) -> CellKeep:
+        """The keep of the groups at ``index`` (of this keep's groups)."""
+        return replace(self, cells=self.cells[index], groups=self.groups[index])
+
+    def mask(self, group: np.ndarray, pair: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """(rows, choices) whether each row's (group of this keep, pair, size index) crossed
+        with each recompute choice is kept."""
+        keep = self.cells[group, size]
+        terms = self.bounds.pair
+        if terms is None:
+            return keep
+        # (a pair at the cell's own fewest layers and bubble has the cell's bound: kept with it)
+        g = self.groups[group]
+        rows = np.flatnonzero(keep.any(axis=1) & terms.above_cell[terms.pp_of[g], pair])
+        if rows.size == 0:
+            return keep
+        g = g[rows]
+        time_s = terms.time_s(g, pair[rows], size[rows])
+        # prunable(known, time_s, the cell's memory bound), its frontier lookup done per cell
+        keep[rows] &= ~((time_s * self.shrink * STRICT >= self.beaten_at_s[g, size[rows]])
+                        & (time_s >= self.fastest_fitting_s))
+        return keep
+
+
+def beaten_at_s(known: Front, memory_bytes: np.ndarray, shrink: float) -> np.ndarray:
+    """Per memory bound, the least shrunk time (``time_s * shrink * STRICT``) at which
+    :func:`prunable`'s dominance holds against ``known`` (inf: at none): the time of the fastest
+    known point within the shrunk memory. ``known`` is a frontier (times strictly rising,
+    memories strictly falling), so a shrunk time is dominated exactly when it reaches that point's
+    time (``frontier.dominated_by``'s lookup, made once per bound instead of once per time)."""
+    j = np.searchsorted(-known.memory_bytes, -(memory_bytes * shrink * STRICT), side="left")
+    return np.concatenate([known.time_s, [np.inf]])[j]
 
 
 def _columns(groups: dict[str, np.ndarray], n: int, extra: dict[str, np.ndarray]) -> PlanArrays:
@@ -207,34 +298,48 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
     acts += memory[:, None, None]
     acts[illegal] = np.inf
     memory = acts
-    return GroupBounds(time_s=time_s, memory_bytes=memory)
+    pair_fewest = np.minimum(layers0, (model.num_layers / pps)[:, None])
+    cell_fewest = np.minimum(layers0.min(axis=1), model.num_layers / pps)[:, None]
+    pair = PairTerms(key_of=key_of, per_layer_s=per_layer, pp_of=np.searchsorted(pps, groups["pp"]),
+                     fewest_layers=pair_fewest, bubble=bubble, micro_batches=m[:, :, 0], tail_s=tail,
+                     overhead_s=calib.microbatch_overhead_s,
+                     above_cell=(pair_fewest > cell_fewest) | (bubble > bubble.min(axis=1)[:, None]))
+    return GroupBounds(time_s=time_s, memory_bytes=memory, pair=pair)
 
 
 def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
               score: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]], *,
-              shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
-    """Mask (as ``bounds``) of the (group, size, choice) cells whose bound no plan scored here
-    beats (:func:`prunable`), and how many configurations were scored. ``score(groups)`` returns
+              shrink: float, budget_bytes: float) -> tuple[CellKeep, int]:
+    """The (group, size, choice) cells whose bound no plan scored here beats (:func:`prunable`),
+    with those plans (:class:`CellKeep`), and how many configurations were scored. ``score(groups)`` returns
     the exact even (step, peak) of the configurations of those groups that it scored exactly (any
     subset: only exact points prune). Rounds as :func:`meshplan.search.prune.settle`: the groups
     holding the frontier of the cells' bounds first, then those holding the open cells of least
     bound time."""
     t_cell, m_cell = bounds.time_s.reshape(-1), bounds.memory_bytes.reshape(-1)
     alive = np.isfinite(t_cell)
+    everyone = np.arange(bounds.time_s.shape[0])
     if shrink <= 0.0 or not alive.any():
-        return alive.reshape(bounds.time_s.shape), 0
+        return CellKeep(alive.reshape(bounds.time_s.shape), replace(bounds, pair=None), everyone,
+                        Front.empty(), np.inf, shrink), 0
     per_group = t_cell.size // bounds.time_s.shape[0]
     seen = np.zeros(bounds.time_s.shape[0], dtype=bool)
-    known_t, known_m = np.empty(0), np.empty(0)
+    known, fastest_fitting = Front.empty(), np.inf
+    known_t, known_m = known.time_s, known.memory_bytes
     scored = 0
+    # The alive cells with their bounds, gathered once and compressed as cells die (as settle's
+    # open rows): each round reads the survivors only, not every cell (DeepSeek-V3 / 256: 8M).
+    live = np.flatnonzero(alive)
+    live_t, live_m = t_cell[live], m_cell[live]
     for round_ in range(GROUP_SEED_ROUNDS):
-        open_ = np.flatnonzero(alive & ~np.repeat(seen, per_group))
+        unseen = ~seen[live // per_group]
+        open_, open_t = live[unseen], live_t[unseen]  # (ascending, as live)
         if open_.size == 0:
             break
         if round_ == 0:
-            cells = open_[pareto_indices(t_cell[open_], m_cell[open_])]
+            cells = open_[pareto_indices(open_t, live_m[unseen])]
         else:
-            cells = open_[np.argpartition(t_cell[open_], min(GROUP_SEED_GROUPS, open_.size) - 1)[:GROUP_SEED_GROUPS]]
+            cells = open_[np.argpartition(open_t, min(GROUP_SEED_GROUPS, open_.size) - 1)[:GROUP_SEED_GROUPS]]
         pick = np.unique(cells // per_group)
         seen[pick] = True
         t, m = score(take_groups(groups, pick))
@@ -243,13 +348,18 @@ def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
         known_t, known_m = known.time_s, known.memory_bytes
         fits = known_m <= budget_bytes
         fastest_fitting = float(known_t[fits].min()) if fits.any() else np.inf
-        live = np.flatnonzero(alive)
-        alive[live] = ~prunable(known, t_cell[live], m_cell[live], shrink=shrink, fastest_fitting_s=fastest_fitting)
-    return alive.reshape(bounds.time_s.shape), scored
+        still = ~prunable(known, live_t, live_m, shrink=shrink, fastest_fitting_s=fastest_fitting)
+        live, live_t, live_m = live[still], live_t[still], live_m[still]
+    alive = np.zeros(t_cell.size, dtype=bool)
+    alive[live] = True
+    beaten = np.full(t_cell.size, np.inf)
+    beaten[live] = beaten_at_s(known, live_m, shrink)
+    return (CellKeep(alive.reshape(bounds.time_s.shape), bounds, everyone, known, fastest_fitting, shrink,
+                     beaten.reshape(bounds.time_s.shape)), scored)
 
 
 def prune_groups(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions, *,
-                 shrink: float, budget_bytes: float) -> tuple[np.ndarray, int]:
+                 shrink: float, budget_bytes: float) -> tuple[CellKeep, int]:
     """:func:`surviving` with each seed group's configurations scored by the even pass (itself
     pruned, :func:`meshplan.search.even.even_estimate`): the cells to cross
     (``space.cross_groups``'s ``keep``) and the configurations scored."""

@@ -188,8 +188,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         # its configurations, allowed or not. (Skipping this step under `allow` made DeepSeek-V3
         # on 256 GB200 for --target megatron cross and score every cell: 8.5 -> 26.9 s, session 10.)
         cells, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
-        live = cells.any(axis=(1, 2))
-        groups, cells = take_groups(groups, live), cells[live]
+        live = np.flatnonzero(cells.cells.any(axis=(1, 2)))
+        groups, cells = take_groups(groups, live), cells.take(live)
     space = cross_groups(groups, model, training, options, keep=cells)
     dropped = int(per_group.sum()) - len(space) if cells is not None else 0
     # configurations_per_group counts before `allow`: with it, the space counted before the mask
@@ -244,7 +244,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                                                          budget, options)
         fronts.append(off_front)
         evaluated += scored_off
-    embed_space, embed_front, scored_embed = embedding_loss_front(ctx, all_groups, options, EMBED_KEY_BASE)
+    embed_space, embed_front, scored_embed = embedding_loss_front(ctx, all_groups, options, EMBED_KEY_BASE,
+                                                                  known=merge_fronts(*fronts))
     fronts.append(embed_front)
     evaluated += scored_embed
     front = merge_fronts(*fronts)

@@ -157,7 +157,8 @@ def cross_groups(groups: dict[str, np.ndarray], model: ModelSpec, training: Trai
     keeps each group's rows in its place, so the configurations of a subset of the groups are
     ``enumerate_space``'s rows of those groups, in the same order. ``keep`` (groups x
     ``micro_batch_sizes`` x ``recompute_variants``, bool) lists only the configurations it marks
-    (same order)."""
+    (same order); or a ``group_prune.CellKeep`` (its ``mask`` of the rows of each group, schedule
+    pair and size: the configurations of ``cells`` less those of pairs its bounds drop)."""
     if options.allow is not None:
         counts = configurations_per_group(groups, model, training, options)
         if int(counts.sum()) > CROSS_BLOCK_ROWS:
@@ -207,7 +208,7 @@ def _cross_allowed_in_blocks(groups: dict[str, np.ndarray], model: ModelSpec, tr
     heads, tails = [], []
     for block in np.split(np.arange(counts.size), np.unique(edges[(edges > 0) & (edges < counts.size)])):
         part = _cross_whole(take_groups(groups, block), model, training, options,
-                            None if keep is None else keep[block])
+                            None if keep is None else keep[block] if isinstance(keep, np.ndarray) else keep.take(block))
         tail = np.asarray(part.recompute_modules) != 0
         heads.append(part.take(np.flatnonzero(~tail)))
         tails.append(part.take(np.flatnonzero(tail)))
@@ -287,14 +288,15 @@ def _crossed(groups: dict[str, np.ndarray], model: ModelSpec, training: Training
     sched, vpp = _schedule_pairs(options, model)
     c = _cross(c, "_pair", np.arange(sched.size))
     c["schedule"], c["vpp"] = sched[c["_pair"]], vpp[c["_pair"]]
-    del c["_pair"]
+    if keep is None or isinstance(keep, np.ndarray):
+        del c["_pair"]
     c = _keep(c, _rule_schedule(c, model, options))
     c = _cross_legal(c, "micro_batch", np.array(divisors(training.global_batch)),
                      lambda c: _rule_micro_batch(c, training), MICRO_BATCH_READS)
     mask = None
     if keep is not None:
-        group = c.pop("_group")
-        mask = keep[group, np.searchsorted(micro_batch_sizes(training), c["micro_batch"])]
+        group, size = c.pop("_group"), np.searchsorted(micro_batch_sizes(training), c["micro_batch"])
+        mask = keep[group, size] if isinstance(keep, np.ndarray) else keep.mask(group, c.pop("_pair"), size)
     return _cross_recompute(c, np.array([RECOMPUTES.index(r) for r in options.recomputes]),
                             module_codes(model, options), mask)
 
