@@ -38,7 +38,7 @@ def _write(path: Path, rows: list[dict[str, str]]) -> Path:
 
 def test_two_containers_of_one_plan(tmp_path):
     moe = _shipped("293")    # Qwen3-30B-A3B, 8 GB200, fp8, ep8 mb4 (container 26.08)
-    dense = _shipped("518")  # Llama 3 8B, 8 GB200, fp8
+    dense = _shipped("353")  # Llama 3 70B, 64 GB200, fp8, tp2 pp4 (the 8B presets run full-iteration graphs)
     assert moe["model"].lower().startswith("qwen3") and "llama" in dense["model"].lower()
     rows = []
     for base, tag in ((moe, "moe"), (dense, "dense")):

@@ -118,6 +118,19 @@ def test_the_launchers_allocator_setting_by_model(model, family, gpu, precision,
     assert got.get("allocator_expandable_segments", False) is expandable
 
 
+
+@pytest.mark.parametrize("release, model, gpu, precision, graphed", [
+    ("25.09", "llama3-8b", "gb200", "fp8", True),    # llama3_8b_llm_pretrain.py@0813a3f: full_iteration
+    ("25.11", "llama3-8b", "b200", "fp8", True),     # workload_base_configs.py@0fa501a
+    ("26.04", "llama3-8b", "gb300", "bf16", True),   # llama3_workload_base_configs.py@3dafb00
+    ("25.11", "llama3-8b", "h100-sxm", "fp8", False),  # the H100 presets set no graph
+    ("25.11", "llama3-8b", "gb200", "fp4", False),   # NVFP4 presets differ (GB200: impl 'none')
+    ("25.11", "llama3-70b", "gb200", "fp8", False),  # another Llama: not set
+])
+def test_llama3_8b_blackwell_presets_run_full_iteration_graphs(release, model, gpu, precision, graphed):
+    got = release_values("megatron", release, family="llama", gpu=gpu, precision=precision, moe=False, model=model)
+    assert got.get("cuda_graph_full_iteration", False) is graphed
+
 # ---- the mechanism on a small MoE case ---------------------------------------------------------
 
 GB200 = system_preset("gb200-nvl72", 8)
