@@ -17,6 +17,7 @@ from meshplan.errors import MeshplanError
 from meshplan.export import export_job
 from meshplan.export.import_megatron import import_megatron
 from meshplan.export.import_torchtitan import import_torchtitan
+from meshplan.export.import_torchtitan_cli import parse_command_line
 from meshplan.export.megatron_bridge import import_megatron_bridge
 from meshplan.plan import Job, Offload, ParallelDims, Plan
 from meshplan.spec.cluster import cluster_for_gpu
@@ -96,6 +97,10 @@ def test_torchtitan_fsdp_over_cp_alone(zero, policy):
     cfg = tomllib.loads(export_job(job, "torchtitan", "0.2.0").text)
     assert cfg["parallelism"]["fsdp_reshard_after_forward"] == policy
     back = import_torchtitan(cfg, num_gpus=4, num_layers=MODEL.num_layers).plan
+    assert (back.zero, back.dims) == (zero, CP_ALONE)
+    cli = export_job(job, "torchtitan", "0.3.0").text  # the >= 0.3 command line
+    assert f"--parallelism.fsdp_reshard_after_forward {policy}" in cli
+    back = import_torchtitan(parse_command_line(cli).cfg, num_gpus=4, num_layers=MODEL.num_layers).plan
     assert (back.zero, back.dims) == (zero, CP_ALONE)
 
 
