@@ -88,6 +88,16 @@ def test_frontier_points_mostly_expressible():
     assert len(FRONTIER) >= 10 and len(FRONTIER_EXPORTS) >= len(FRONTIER) // 3
 
 
+def test_frontier_never_refused_for_its_sharding():
+    """The torchtitan search keeps only what torchtitan shards as planned: FSDP over dp_shard x cp
+    whenever cp > 1 (search_options_for's mask agrees with the exporter)."""
+    for job in FRONTIER:
+        try:
+            export_job(job, "torchtitan", CURRENT_VERSION)
+        except MeshplanError as e:
+            assert "FSDP" not in str(e), str(e)
+
+
 def _assert_parsed_equals_plan(cfg, job: Job) -> None:
     plan = job.full_plan
     d, t, par, tr = plan.dims, job.training, cfg.parallelism, cfg.training
@@ -97,7 +107,7 @@ def _assert_parsed_equals_plan(cfg, job: Job) -> None:
     assert tr.seq_len == t.seq_len and tr.global_batch_size == t.global_batch
     # local batch: the rank's micro-batch (pp = 1, torchtitan accumulates) or its step share (pp > 1)
     assert tr.local_batch_size == (t.global_batch // d.dp if d.pp > 1 else plan.micro_batch)
-    if d.dp_shard > 1:
+    if d.dp_shard * d.cp > 1:  # torchtitan's FSDP shards over dp_shard x cp (ParallelDims.fsdp_enabled)
         assert par.fsdp_reshard_after_forward == ("always" if plan.zero == 3 else "never")
     if d.pp > 1:
         from torch.distributed.pipelining.schedules import get_schedule_class
@@ -164,7 +174,8 @@ def test_every_frontier_export_round_trips():
         assert back.dims == p.dims and back.micro_batch == p.micro_batch and back.vpp == p.vpp
         assert back.recompute == p.recompute and back.stage_layers == p.stage_layers
         assert back.schedule == p.schedule or p.dims.pp == 1
-        assert back.zero == (0 if p.dims.dp_shard == 1 else 2 if p.zero == 1 else p.zero)  # warned: ZeRO-1 -> 2
+        # FSDP over dp_shard x cp; warned: ZeRO-1 -> 2
+        assert back.zero == (0 if p.dims.dp_shard * p.dims.cp == 1 else 2 if p.zero == 1 else p.zero)
 
 
 def test_vendored_names_match_installed(config_manager):

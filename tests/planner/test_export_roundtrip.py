@@ -34,7 +34,9 @@ def jobs(draw):
         tp=draw(st.sampled_from([1, 2, 4])), pp=draw(st.sampled_from([1, 2, 4])),
         cp=draw(st.sampled_from([1, 2])),
     )
-    zero = draw(st.sampled_from([1, 2, 3])) if dims.dp_shard > 1 else draw(st.sampled_from([0, 1]))
+    # with dp_shard 1 every stage too: ZeRO over cp alone, or over one rank (Megatron's distributed
+    # optimizer with one-rank instances); each target exports it exactly or refuses it
+    zero = draw(st.sampled_from([1, 2, 3])) if dims.dp_shard > 1 else draw(st.sampled_from([0, 1, 2, 3]))
     schedule = draw(st.sampled_from(list(Schedule)))
     vpp = draw(st.sampled_from([1, 2])) if schedule.supports_virtual_stages and dims.pp > 1 else 1
     n_stages = dims.pp * vpp
@@ -62,22 +64,20 @@ def jobs(draw):
 
 
 def _canonical(job: Job, plan: Plan) -> Plan:
+    """The plan with its defaults filled and the choices that mean nothing at its degrees (a
+    schedule without pipeline, a CP method without CP) at their defaults. The ZeRO stage is kept
+    whatever dp_shard x cp: every target shards over dp_shard x cp (Megatron-LM, torchtitan) or
+    over every data-parallel rank (DeepSpeed), and ZeRO over one rank is exported as such or refused."""
     p = plan.with_defaults(job.model)
     d = p.dims
     return replace(
         p,
-        zero=p.zero if d.dp_shard > 1 else 0,
         schedule=p.schedule if d.pp > 1 else Schedule.ONE_F_ONE_B,
         cp_method=p.cp_method if d.cp > 1 else CPMethod.RING,
     )
 
 
-def _canonical_megatron(job: Job, plan: Plan) -> Plan:
-    """As _canonical, but ZeRO over dp_shard x cp: Megatron-LM's distributed optimizer shards over
-    data-parallel x context-parallel ranks, so zero 1 with dp_shard 1 and cp > 1 is a plan of its own."""
-    p = _canonical(job, plan)
-    d = p.dims
-    return replace(p, zero=plan.with_defaults(job.model).zero if d.dp_shard * d.cp > 1 else 0)
+_canonical_megatron = _canonical
 
 
 def normalise_megatron(job: Job) -> Plan:

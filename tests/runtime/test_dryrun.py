@@ -213,3 +213,19 @@ def test_zero_stage_sets_gathers_and_reductions_per_step(zero: int, gathers: int
     P = model.num_params()
     assert tally["all_gather"]["total_bytes"] == gathers // 3 * 2 * P
     assert tally["reduce_scatter"]["total_bytes"] == reductions // 3 * 4 * P
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_hsdp_all_reduces_the_replicas_once_per_step(zero: int) -> None:
+    """HSDP (2 replicas x 4 shards), two micro-batches per rank, 3 FSDP units: the shards are
+    reduce-scattered every micro-batch but all-reduced over the replicas once per step, on the last
+    (summed meanwhile), as the cost model charges (cost/dp_comm.py); it was once per micro-batch."""
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 2})
+    job = Job(model=model, training=TrainingSpec(seq_len=256, global_batch=16),
+              cluster=resolve_cluster(gpu="h100-sxm", gpus=8),
+              plan=Plan(dims=ParallelDims(dp_replicate=2, dp_shard=4), zero=zero, micro_batch=1))
+    (res,) = run_ranks(job, [0], steps=2, timeout_s=300)
+    assert res["microbatches"] == 2
+    tally = {c["kind"]: c for c in res["collectives"]}
+    assert (tally["reduce_scatter"]["count"], tally["all_reduce"]["count"]) == (6, 3)
+    assert tally["all_reduce"]["total_bytes"] == 4 * model.num_params() // 4  # fp32 shards, once

@@ -34,7 +34,10 @@ LAYOUTS_2 = {
     "cp2_ring_gpt_selective": ("gpt", dict(dims=dict(cp=2), cp_method="ring", recompute="selective")),
 }
 LAYOUTS_4 = {
+    # 2 micro-batches per rank: the replicas all-reduce the summed shards once, on the last
+    # (parallelize.set_accumulation; the count: test_dryrun.py test_hsdp_all_reduces_the_replicas_once_per_step)
     "hsdp_2x2": ("llama", dict(dims=dict(dp_replicate=2, dp_shard=2), zero=3)),
+    "hsdp_2x2_zero2": ("llama", dict(dims=dict(dp_replicate=2, dp_shard=2), zero=2)),
     "fsdp2_tp2_sp": ("llama", dict(dims=dict(dp_shard=2, tp=2), zero=3, sp=True)),
     "dp2_cp2": ("llama", dict(dims=dict(dp_replicate=2, cp=2), cp_method="all-to-all")),
     "cp2_tp2_sp_gpt": ("gpt", dict(dims=dict(cp=2, tp=2), sp=True, cp_method="all-to-all")),

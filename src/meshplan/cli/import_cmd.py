@@ -46,9 +46,13 @@ def _cluster(flags: ClusterFlags, gpus: int | None, launcher_gpus: int | None,
 
 
 def _read_args(config: str) -> str:
-    """The argument string itself, or the contents of ``@file``."""
+    """The argument string itself, or the contents of ``@file``, or of a file named alone (one word
+    that is a file: as Megatron-Bridge's and torchtitan's imports read theirs; read as a launch
+    line it would be a program with no arguments, refused for want of --global-batch-size)."""
     if not config.startswith("@"):
-        return config
+        if len(config.split()) != 1 or not Path(config.strip()).is_file():
+            return config
+        config = "@" + config.strip()
     return read_text_file(config[1:], what="file of Megatron arguments", allow_empty=False,
                           missing="cannot read the Megatron arguments (no such file)")
 
@@ -90,7 +94,7 @@ def _calibration(job: Job, legacy: tuple[str, ...]) -> dict[str, object]:
 @with_flags(model_flags=ModelFlags, cluster_flags=ClusterFlags)
 def import_(
     source: Annotated[ImportSource, typer.Option("--from", help="Framework of the config.")],
-    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file). Megatron-Bridge: the overrides file. torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
+    config: Annotated[str, typer.Argument(help="Megatron: the argument string (or @file, or the file's path). Megatron-Bridge: the overrides file. torchtitan: a TOML file or a file holding the >= 0.3 command line.")],
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes).")] = None,

@@ -92,24 +92,24 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
 
 
 def _torchtitan_runs(space) -> "object":
-    # torchtitan 0.3's experts follow the dense tp (no expert tensor parallel degree of its own)
-    return space.etp == space.tp
+    # torchtitan 0.3's experts follow the dense tp (no expert tensor parallel degree of its own);
+    # it applies FSDP whenever dp_shard x cp > 1, so no zero 0 with context parallel (export.torchtitan)
+    return (space.etp == space.tp) & ((space.dp_shard * space.cp == 1) | (space.zero >= 1))
 
 
 def _megatron_runs(space) -> "object":
     # ZeRO-3 is Megatron-LM's --use-torch-fsdp2, which the exporter writes only without pipeline
     # parallel and without replicas (export.megatron.megatron_args refuses the rest): a plan
     # searched for Megatron is one its exporter writes (issue 15: a plan for a target runs on it)
-    # and offloads the optimizer only from the distributed optimizer (zero 1 over dp_shard*cp > 1:
-    # Megatron shards it over data-parallel x context-parallel ranks, export/megatron.py).
+    # and offloads the optimizer only from the distributed optimizer (zero 1: Megatron shards it
+    # over data-parallel x context-parallel ranks, export/megatron.py).
     # No zero 2: Megatron's distributed optimizer reduce-scatters gradients but keeps the full
     # gradient buffer (DistributedDataParallel's grad_data over every parameter), i.e. ZeRO-1
     # memory, so a zero-2 plan would be estimated leaner than Megatron runs it; zero 1 is that plan.
     from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
 
     fsdp_ok = (space.zero != 3) | ((space.pp == 1) & (space.dp_replicate == 1))
-    dist_opt = (space.zero == 1) & (space.dp_shard * space.cp > 1)
-    return fsdp_ok & (space.zero != 2) & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | dist_opt)
+    return fsdp_ok & (space.zero != 2) & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | (space.zero == 1))
 
 
 def _whole_stage_recompute(plans, layers, recomputed) -> "object":

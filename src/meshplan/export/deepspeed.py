@@ -40,7 +40,12 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
         cfg["bf16"] = {"enabled": True}
     elif t.precision == Precision.FP16:
         cfg["fp16"] = {"enabled": True}
-    zero: dict[str, object] = {"stage": plan.zero if d.dp_shard > 1 else 0}
+    if plan.zero and d.dp_shard == 1 and d.dp_replicate > 1:
+        # DeepSpeed ZeRO partitions over the whole data-parallel group: it has no replicas of a
+        # one-rank partition; over a single data-parallel rank the stage is as planned (ZeRO-Offload)
+        raise MeshplanError(f"DeepSpeed ZeRO shards over every data-parallel rank: zero {plan.zero} over dp_shard 1 "
+                            f"with {d.dp_replicate} replicas is not expressible; plan zero 0 or dp_shard {d.dp}")
+    zero: dict[str, object] = {"stage": plan.zero}
     if d.dp_shard > 1 and d.dp_replicate > 1:
         # its one hybrid form, MiCS (mics_shard_size), was removed: DeepSpeedConfig rejects the
         # key since 0.19 (deepspeed/runtime/config.py _REMOVED_ZERO_CONFIG_KEYS, issue 8489)
@@ -55,7 +60,7 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     zero.update(persistence_config(job.model, plan))
     cfg["zero_optimization"] = zero
     if d.tp > 1:
-        if plan.zero == 3 and d.dp_shard > 1:
+        if plan.zero == 3:
             raise MeshplanError("DeepSpeed AutoTP training works with ZeRO stages 0-2, not 3")
         cfg["tensor_parallel"] = {"autotp_size": d.tp}
         warnings.append("tp mapped to DeepSpeed AutoTP training (DeepSpeed >= 0.16.4, Hugging Face "
@@ -66,7 +71,7 @@ def deepspeed_config(job: Job) -> tuple[dict[str, object], list[str]]:
     if d.pp > 1:
         if plan.schedule != Schedule.ONE_F_ONE_B:
             raise MeshplanError(f"DeepSpeed's pipeline engine runs 1F1B only, not {plan.schedule.value!r}")
-        if plan.zero >= 2 and d.dp_shard > 1:
+        if plan.zero >= 2:
             raise MeshplanError("DeepSpeed's pipeline engine supports ZeRO stages 0 and 1 only")
         warnings.append(
             f"pipeline degree is set in code: PipelineModule(layers, num_stages={d.pp}); "
@@ -112,7 +117,7 @@ def _offload_config(plan, stage) -> dict[str, object]:
         raise MeshplanError("DeepSpeed offloads activations only as partitioned checkpoints "
                             "(cpu_checkpointing with partition_activations); not exported")
     if not stage:
-        raise MeshplanError("DeepSpeed's offload_optimizer needs ZeRO stage 1-3 over dp_shard > 1")
+        raise MeshplanError("DeepSpeed's offload_optimizer needs ZeRO stage 1-3; the plan has zero 0")
     out: dict[str, object] = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
     if Offload.PARAMS in plan.offload:
         out["offload_param"] = {"device": "cpu", "pin_memory": True}

@@ -153,12 +153,20 @@ def import_megatron(text: str, *, num_gpus: int | None = None, vocab_default: in
         zero, dims = 3, dict(dp_shard=dp)
     elif a.use_distributed_optimizer:
         inst = _positive("--num-distributed-optimizer-instances", a.num_distributed_optimizer_instances, 1)
+        # Megatron splits the data-parallel x context-parallel ranks into inst instances of
+        # consecutive ranks, context-parallel innermost (initialize_model_parallel,
+        # megatron/core/parallel_state.py@00caa53: (dp * cp) % inst == 0); meshplan's replicas are
+        # whole data-parallel ranks (dp_replicate, each sharding over dp_shard x cp), so inst
+        # must also divide dp. dp * cp // inst = 1 is the distributed optimizer over one rank
+        # (zero 1, dp_shard 1), not plain DDP: export/megatron.py writes it back the same way
+        if (dp * cp) % inst:
+            raise MeshplanError(f"--num-distributed-optimizer-instances {inst} does not divide dp*cp={dp * cp} "
+                                "(Megatron-LM's own rule)")
         if dp % inst:
-            raise MeshplanError(f"--num-distributed-optimizer-instances {inst} does not divide dp={dp}")
-        # the optimizer shards over data-parallel x context-parallel ranks (export/megatron.py), so
-        # dp // inst = 1 with cp > 1 is ZeRO-1 over cp alone (dp_shard 1)
-        sharded = dp * cp // inst > 1
-        zero, dims = (1, dict(dp_shard=dp // inst, dp_replicate=inst)) if sharded else (0, dict(dp_replicate=dp))
+            raise MeshplanError(f"--num-distributed-optimizer-instances {inst} splits the context-parallel "
+                                f"ranks of a data-parallel rank (dp={dp}, cp={cp}): meshplan's optimizer "
+                                "replicas are whole data-parallel ranks, so the instances must divide dp")
+        zero, dims = 1, dict(dp_shard=dp // inst, dp_replicate=inst)
     else:
         zero, dims = 0, dict(dp_replicate=dp)
 

@@ -102,7 +102,13 @@ def import_torchtitan(cfg: dict[str, Any], *, num_gpus: int, num_layers: int) ->
             raise MeshplanError(f"{num_gpus} GPUs are not divisible by the other degrees ({rep * tp * pp * cp})")
         shard = dp // rep
     reshard = par.get("fsdp_reshard_after_forward", "default")
-    zero = 0 if shard == 1 else (2 if reshard == "never" else 3)
+    # FSDP over dp_shard x cp (export/torchtitan.py); its 'default' policy reshards after forward
+    # only without pipeline parallel (apply_fsdp: reshard_after_forward = not pp_enabled)
+    if reshard not in ("always", "never", "default"):
+        raise MeshplanError(f"parallelism.fsdp_reshard_after_forward {reshard!r} is not one of torchtitan's "
+                            "'always', 'never', 'default'")
+    keeps = reshard == "never" or (reshard == "default" and pp > 1)
+    zero = 0 if shard * cp == 1 else (2 if keeps else 3)
 
     sched_by_name = {v.lower(): k for k, v in SCHEDULE_NAMES.items()}
     sched_name = str(par.get("pipeline_parallel_schedule", "1F1B"))

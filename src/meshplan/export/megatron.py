@@ -241,8 +241,13 @@ def megatron_args(job: Job) -> tuple[list[list[str]], list[str]]:
     # with dp_shard 1 and cp > 1 still shards (get_megatron_optimizer passes intra_dp_cp_group as
     # the optimizer's data_parallel_group, megatron/core/optimizer/__init__.py@0044db1;
     # TorchFullyShardedDataParallel meshes get_data_parallel_group(with_context_parallel=True),
-    # megatron/core/distributed/torch_fully_sharded_data_parallel.py@00caa53)
-    if plan.zero >= 1 and d.dp_shard * d.cp > 1:
+    # megatron/core/distributed/torch_fully_sharded_data_parallel.py@00caa53). ZeRO over one rank
+    # (dp_shard * cp = 1) is the same flags, not plain DDP: the distributed optimizer over
+    # instances of one rank (--num-distributed-optimizer-instances = dp * cp, an intra-instance
+    # group of size 1: megatron/core/parallel_state.py@00caa53), which export/import_megatron.py
+    # reads back as zero 1, so that the round trip is exact (the cost model prices it as zero 0:
+    # nothing is sharded)
+    if plan.zero >= 1:
         if plan.zero == 3:
             if d.pp > 1 or d.dp_replicate > 1:
                 raise MeshplanError(
@@ -299,10 +304,9 @@ def _offload_args(job: Job) -> list[list[str]]:
                             "(--cpu-offloading), not the parameters; plan without offload 'params'")
     out: list[list[str]] = []
     if Offload.OPTIMIZER in plan.offload:
-        if plan.zero not in (1, 2) or plan.dims.dp_shard * plan.dims.cp == 1:
+        if plan.zero not in (1, 2):
             raise MeshplanError("Megatron-LM's --optimizer-cpu-offload needs the distributed optimizer "
-                                f"(zero 1 or 2 over dp_shard*cp > 1); the plan has zero {plan.zero}, "
-                                f"dp_shard {plan.dims.dp_shard}, cp {plan.dims.cp}")
+                                f"(zero 1 or 2); the plan has zero {plan.zero}")
         out += [["--optimizer-cpu-offload"], ["--optimizer-offload-fraction", "1.0"]]
     if Offload.ACTIVATIONS in plan.offload:
         layers = job.model.num_layers

@@ -69,20 +69,31 @@ def torchtitan_sections(job: Job) -> tuple[dict[str, dict[str, object]], list[st
         raise MeshplanError("torchtitan's parallelism.fsdp_reshard_after_forward is one policy for every "
                             f"layer and it has no operator splitting: {osdp_notation(plan)} is not expressible; "
                             "plan without them (or run it with meshplan train)")
+    # torchtitan applies FSDP2 exactly when dp_shard > 1 or cp > 1, over the dp_shard x cp ranks
+    # (ParallelDims.fsdp_enabled, torchtitan/distributed/parallel_dims.py; DDP over the replicas
+    # otherwise), as meshplan's ZeRO shards over dp_shard x cp: no sharding over cp, and no ZeRO
+    # over a single rank, is not expressible
+    fsdp = d.dp_shard * d.cp > 1
+    if fsdp and plan.zero == 0:
+        raise MeshplanError(f"torchtitan shards the model with FSDP over the context-parallel ranks whenever "
+                            f"cp > 1: zero 0 with cp {d.cp} is not expressible; plan zero 2 or 3")
+    if not fsdp and plan.zero:
+        raise MeshplanError(f"torchtitan applies FSDP only over dp_shard x cp > 1 ranks: zero {plan.zero} over "
+                            f"dp_shard {d.dp_shard} x cp {d.cp} = 1 rank is not expressible; plan zero 0")
     if plan.offload:
         # FSDP2's CPUOffloadPolicy: parameters, gradients and the optimizer step on the host
-        if set(plan.offload) != {Offload.OPTIMIZER, Offload.PARAMS} or d.dp_shard == 1:
+        if set(plan.offload) != {Offload.OPTIMIZER, Offload.PARAMS} or not fsdp:
             raise MeshplanError("torchtitan offloads parameters, gradients and optimizer states together "
-                                "(training.enable_cpu_offload, FSDP over dp_shard > 1): offload optimizer+params "
-                                f"only, the plan has {'+'.join(o.value for o in plan.offload)} with "
-                                f"dp_shard {d.dp_shard}")
+                                "(training.enable_cpu_offload, FSDP over dp_shard x cp > 1): offload "
+                                f"optimizer+params only, the plan has {'+'.join(o.value for o in plan.offload)} "
+                                f"with dp_shard {d.dp_shard}, cp {d.cp}")
         training["enable_cpu_offload"] = True
 
     par: dict[str, object] = {
         "data_parallel_replicate_degree": d.dp_replicate,
         "data_parallel_shard_degree": d.dp_shard,
     }
-    if d.dp_shard > 1:
+    if fsdp:
         if plan.zero == 1:
             warnings.append("zero=1 mapped to FSDP2 without resharding after forward (ZeRO-2): "
                             "torchtitan has no optimizer-only sharding")
