@@ -229,3 +229,22 @@ def test_hsdp_all_reduces_the_replicas_once_per_step(zero: int) -> None:
     tally = {c["kind"]: c for c in res["collectives"]}
     assert (tally["reduce_scatter"]["count"], tally["all_reduce"]["count"]) == (6, 3)
     assert tally["all_reduce"]["total_bytes"] == 4 * model.num_params() // 4  # fp32 shards, once
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_pipelined_hsdp_all_reduces_the_replicas_once_per_step(zero: int) -> None:
+    """The same under torch's pipelining (pp 2, 1F1B, 2 replicas x 4 shards, two micro-batches):
+    rank 0's first stage (2 FSDP units) reduce-scatters every micro-batch and all-reduces over the
+    replicas on the last only (pipeline.ZeroStage); it was once per micro-batch (4 calls)."""
+    model = model_preset("llama3.2-1b").with_overrides({"num_layers": 2})
+    job = Job(model=model, training=TrainingSpec(seq_len=256, global_batch=16),
+              cluster=resolve_cluster(gpu="h100-sxm", gpus=16),
+              plan=Plan(dims=ParallelDims(pp=2, dp_replicate=2, dp_shard=4), zero=zero, micro_batch=1,
+                        schedule="1f1b"))
+    (res,) = run_ranks(job, [0], steps=2, timeout_s=300)
+    assert res["microbatches"] == 2
+    tally = {(c["kind"], c["axis"]): c for c in res["collectives"]}
+    scatter, replicas = tally["reduce_scatter", "dp_shard_cp"], tally["all_reduce", "dp_replicate"]
+    assert (scatter["count"], replicas["count"]) == (4, 2)
+    # fp32 shards once: the scattered inputs (whole fp32 gradients, 2 micro-batches) / 2 / 4 shards
+    assert replicas["total_bytes"] == scatter["total_bytes"] // (2 * 4)

@@ -43,6 +43,11 @@ JOBS = {
     "moe pp2(gpipe) x dp2 replicate, micro_batch 2": job(
         "toy-moe", Plan(dims=ParallelDims(pp=2, dp_replicate=2), schedule="gpipe", micro_batch=2),
         global_batch=8),
+    # HSDP (replicas x 1 shard) zero 2, 2 micro-batches: shards summed, replicas all-reduced on the
+    # last micro-batch only (pipeline.ZeroStage; the count: test_dryrun.py
+    # test_pipelined_hsdp_all_reduces_the_replicas_once_per_step)
+    "llama pp2(1f1b) x HSDP 2x1 zero2, 2 micro-batches": job(
+        "toy-llama", Plan(dims=ParallelDims(pp=2, dp_replicate=2), zero=2, schedule="1f1b"), global_batch=4),
 }
 
 

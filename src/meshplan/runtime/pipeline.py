@@ -72,7 +72,8 @@ class ZeroStage(PipelineStage):
     would hold all its gathered weights and unsharded fp32 gradients. Here, for full backwards:
     zero 3 frees the gathered weights after each micro-batch's backward and reduce-scatters its
     gradients (Rajbhandari et al. 2020, Sec. 5.3); zero 2 reduces every micro-batch and keeps the
-    16-bit weights whole; zero 0/1 keep both and reduce at the end (torch's behaviour). The
+    16-bit weights whole; zero 0/1 keep both and reduce at the end (torch's behaviour). Under HSDP
+    zero 2/3 all-reduce over the replicas once, on the last micro-batch's backward. The
     zero-bubble schedule's split backward (input, then weight) keeps torch's behaviour: a weight
     backward needs the gathered weights after the input backward."""
 
@@ -88,6 +89,11 @@ class ZeroStage(PipelineStage):
         self.submod.set_is_last_backward(False)  # the schedule's perform_reduce_grad finalises
         self.submod.set_reshard_after_backward(self.zero == 3)
         self.submod.set_requires_gradient_sync(True)
+        # After gradient sync, which resets it: HSDP sums the reduce-scattered shards over the
+        # micro-batches and all-reduces them over the replicas on the last one only (FSDP2's
+        # set_requires_all_reduce; foreach_reduce's partial_reduce_output), as the non-pipeline
+        # path (parallelize.set_accumulation) and the cost model (cost/dp_comm.py) do.
+        self.submod.set_requires_all_reduce(last_backward)
         grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
         return grads, None
 
