@@ -39,3 +39,11 @@ def test_regression_validate_fit_json(runs_rows, tmp_path):
     code, out, err = run_cli(argv)
     assert code == 0, err
     assert json.loads(out)["fit"], out
+
+
+def test_regression_runs_csv_blank_source(runs_rows, tmp_path):
+    """A blank source cell raised IndexError in the pairwise table's release (calib/pairwise.py)."""
+    header, row = runs_rows[0]
+    path = write(tmp_path, "runs.csv", runs_csv_text(header, {**row, "source": ""}))
+    code, _ = assert_clean(["validate", "--runs", str(path), "--json"])
+    assert code == 0

@@ -42,8 +42,11 @@ def release(source: str) -> str:
     """What a row was measured on: its container release for a Megatron-Bridge table ("Megatron-Bridge
     26.04.01"), else the publication (the source's first word: "Narayanan2021", "BLOOM", ...).
     Pairs are taken within one release: across releases a regression or a fix of the stack is not
-    separated from the layout."""
-    return source if source.startswith(BRIDGE_SOURCE) else source.split()[0]
+    separated from the layout. A row whose source is blank forms its own release ("")."""
+    if source.startswith(BRIDGE_SOURCE):
+        return source
+    words = source.split()
+    return words[0] if words else ""
 
 
 STEP_METRIC = "step_time_s"
