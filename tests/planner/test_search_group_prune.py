@@ -70,16 +70,25 @@ def jobs(draw):
     return model, cluster, training, options
 
 
-@settings(max_examples=15, deadline=None)
-@given(jobs())
-def test_group_bound_is_below_every_configuration_of_the_group(job):
+def _crossed(job):
+    """A drawn job's cost context, groups, crossed space and group bounds (None: an empty space)."""
     model, cluster, training, options = job
     ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
     groups = enumerate_groups(model, training, cluster.num_gpus, options)
     space = cross_groups(groups, model, training, options)
     if len(space) == 0:
+        return None
+    return ctx, groups, space, group_bounds(ctx, groups, options)
+
+
+@settings(max_examples=15, deadline=None)
+@given(jobs())
+def test_group_bound_is_below_every_configuration_of_the_group(job):
+    model, cluster, training, options = job
+    crossed = _crossed(job)
+    if crossed is None:
         return
-    bound = group_bounds(ctx, groups, options)
+    ctx, groups, space, bound = crossed
     first = even_slice(ctx, space, shared_layer_cost(ctx, space).take(slice(None)), first_only=True)
     cell = _cell_of(space, groups, model, training, options)
     tol = 1 - 1e-12
@@ -95,12 +104,10 @@ def test_pair_bound_is_below_every_configuration_of_its_schedule_and_above_the_c
     # bound is beaten: that bound must hold for each configuration of the pair (the first rank's
     # bound; the mean rank's, which the even pass prunes on, where the model has one)
     model, cluster, training, options = job
-    ctx = CostContext(model, cluster, training, calibration_for(cluster.gpu))
-    groups = enumerate_groups(model, training, cluster.num_gpus, options)
-    space = cross_groups(groups, model, training, options)
-    if len(space) == 0:
+    crossed = _crossed(job)
+    if crossed is None:
         return
-    bound = group_bounds(ctx, groups, options)
+    ctx, groups, space, bound = crossed
     layer = shared_layer_cost(ctx, space).take(slice(None))
     first = even_slice(ctx, space, layer, first_only=True)
     mean = balanced_slice(ctx, space, layer)
