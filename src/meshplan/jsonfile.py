@@ -18,7 +18,7 @@ def load_json_file(path: str | Path, parse: Callable[[Any], T], *, missing: str,
     a file that is not there means ("no such plan file"); ``what`` names the file for the other
     failures (a directory, a binary file)."""
     p = Path(path)
-    text = read_text_file(p, what=what, missing=missing)
+    text = read_text_file(path, what=what, missing=missing)
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:

@@ -20,6 +20,14 @@ BINARY_SNIFF_BYTES = 8192
 git's ``buffer_is_binary`` and GNU grep, which look at the first 8000 / 32 KiB bytes)."""
 
 
+def _path(path: str | Path, what: str) -> Path:
+    """``path`` as a Path; an empty string (``--plan ''``) is refused here, before ``Path('')``
+    turns it into the current folder."""
+    if str(path) == "":
+        raise MeshplanError(f"an empty path where a {what} was expected")
+    return Path(path)
+
+
 @contextmanager
 def _one_line(p: Path, what: str, missing: str | None = None) -> Iterator[None]:
     """The OS's reasons a file cannot be read, as one MeshplanError naming the file."""
@@ -41,7 +49,7 @@ def read_text_file(path: str | Path, *, what: str, missing: str | None = None, a
     """The UTF-8 text of ``path``. ``what`` names the expected file ("plan file", "runs CSV");
     ``missing`` replaces "no such {what}" for a file that is not there. Every failure is
     ``MeshplanError("{path}: ...")``."""
-    p = Path(path)
+    p = _path(path, what)
     if p.exists() and not p.is_file() and not p.is_dir():  # /dev/zero, a FIFO: never ends
         raise MeshplanError(f"{p}: is not a regular file, expected a {what}")
     with _one_line(p, what, missing):
@@ -76,7 +84,7 @@ def csv_records(text: str, name: str, *, required: Sequence[str], what: str) -> 
 def check_text_file(path: str | Path, *, what: str) -> Path:
     """``path`` is a readable, non-empty text file, judged from its first bytes (for files too
     large to read twice, such as training data); the same sentences as read_text_file."""
-    p = Path(path)
+    p = _path(path, what)
     with _one_line(p, what), p.open("rb") as fh:
         head = fh.read(BINARY_SNIFF_BYTES)
     if not head.strip():
@@ -90,7 +98,7 @@ def check_writable(path: str | Path, *, what: str) -> Path:
     """``path`` can be created or replaced as a file: its folder exists and is a folder, and it is
     not itself a folder. Checked before long work (a search, a training run) so that the work is
     not lost to a bad output path; the write itself still reports its own failure."""
-    p = Path(path)
+    p = _path(path, what)
     cannot = f"cannot write the {what} to {p}"
     if p.is_dir():
         raise MeshplanError(f"{cannot}: it is a directory")

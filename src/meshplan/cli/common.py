@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -16,6 +17,14 @@ from meshplan.spec.cluster import ClusterSpec, resolve_cluster
 from meshplan.spec.model import ModelSpec, parse_overrides
 from meshplan.spec.presets import resolve_model
 from meshplan.spec.training import Optimizer, Precision, Recipe, TrainingSpec
+
+def path_value(value: str) -> Path:
+    """Parser of every path option and argument: typer would read an empty string as ``Path('')``,
+    the current folder, and the user would be told that '.' is a directory."""
+    if value == "":
+        raise typer.BadParameter("an empty path")
+    return Path(value)
+
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Preset name (see `meshplan models`) or a Hugging Face config.json path (with a Job file: default the file's).")]
 OverrideOpt = Annotated[Optional[str], typer.Option("--override", help="Change model fields, e.g. num_layers=2,hidden_size=64.")]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, console, print_json, path_value
 from meshplan.cli.cost_tables import time_breakdown_table
 from meshplan.cli.main import app
 from meshplan.cli.plan_flags import plan_argv
@@ -18,7 +18,7 @@ from meshplan.targets import plan_target
 
 @app.command("explain")
 def explain_cmd(
-    plan_file: Annotated[Path, typer.Argument(help="A Job file written by `meshplan plan --out`.")],
+    plan_file: Annotated[Path, typer.Argument(parser=path_value, help="A Job file written by `meshplan plan --out`.")],
     cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:

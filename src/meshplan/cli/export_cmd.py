@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json, path_value
 from meshplan.cli.checks import memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -37,9 +37,9 @@ def _framework(to: ExportTarget | None, target: Target | None) -> ExportTarget:
 
 @app.command("export")
 def export(
-    plan_file: Annotated[Path, typer.Argument(help="A Job file from `meshplan plan --out` or `meshplan import`.")],
+    plan_file: Annotated[Path, typer.Argument(parser=path_value, help="A Job file from `meshplan plan --out` or `meshplan import`.")],
     to: Annotated[Optional[ExportTarget], typer.Option("--to", help="Target framework (default: --target's).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the config here instead of stdout.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=path_value, help="Write the config here instead of stdout.")] = None,
     best: Annotated[bool, typer.Option("--best", help="Search the job's model, batch and cluster, and export the fastest plan that fits and that the target can express.")] = False,
     memory_gib: MemoryGibOpt = None,
     cluster_profile: ClusterProfileOpt = None,

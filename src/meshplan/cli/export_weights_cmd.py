@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.common import JsonOpt, console, print_json, path_value
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
 
@@ -24,8 +24,8 @@ class WeightsFormat(str, enum.Enum):
 
 @app.command("export-weights")
 def export_weights(
-    ckpt_dir: Annotated[Path, typer.Argument(help="A checkpoint (step-NNNNNN) or a --checkpoint-dir root (its latest).")],
-    out_dir: Annotated[Path, typer.Argument(help="Directory to write (must be new or empty).")],
+    ckpt_dir: Annotated[Path, typer.Argument(parser=path_value, help="A checkpoint (step-NNNNNN) or a --checkpoint-dir root (its latest).")],
+    out_dir: Annotated[Path, typer.Argument(parser=path_value, help="Directory to write (must be new or empty).")],
     to: Annotated[WeightsFormat, typer.Option("--to", help="Output format: hf (config.json + safetensors shards).")] = WeightsFormat.HF,
     family: Annotated[Optional[str], typer.Option("--family", help="Hugging Face model_type to write (llama, mistral, qwen2, qwen3, mixtral, gpt2); default: inferred from the model.")] = None,
     max_shard_gb: Annotated[float, typer.Option("--max-shard-gb", help="Largest safetensors shard, in GB.")] = 5.0,

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, console, err_console, load_model, print_json
+from meshplan.cli.common import JsonOpt, console, err_console, load_model, print_json, path_value
 from meshplan.cli.flags import ClusterFlags, ModelFlags, with_flags
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -98,7 +98,7 @@ def import_(
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
     gpus: Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (instead of --nodes).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the Job file here.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=path_value, help="Write the Job file here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Turn a Megatron-LM command line, Megatron-Bridge overrides or a torchtitan TOML / command line into a meshplan Job file."""

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, console, err_console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, console, err_console, print_json, path_value
 from meshplan.cli.checks import explain_gpu_range, memory_budget_gib, nodes_and_gpus, output_path
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
@@ -105,11 +105,11 @@ def plan_cmd(
     training_flags: TrainingFlags,
     memory_gib: MemoryGibOpt = None,
     top: Annotated[int, typer.Option("--top", help="Frontier rows to print around the recommended plan (0: all).")] = 20,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the recommended plan as a Job file (JSON).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=path_value, help="Write the recommended plan as a Job file (JSON).")] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="With --out: write frontier point N (as numbered in the table) instead.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the frontier (time vs memory) to this image file.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", parser=path_value, help="Draw the frontier (time vs memory) to this image file.")] = None,
     cluster_profile: ClusterProfileOpt = None,
-    compare_file: Annotated[Optional[Path], typer.Option("--compare", help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
+    compare_file: Annotated[Optional[Path], typer.Option("--compare", parser=path_value, help="A Job file (e.g. from `meshplan import`): show where it stands against the frontier. Model, cluster, sequence, batch, precision and optimizer default to the file's.")] = None,
     target: Annotated[Optional[Target], typer.Option("--target", help="The stack that will run the plan: the search keeps only what it can run (meshplan: `meshplan train`) and estimates with its calibration; --out records it. Default: --compare's file's, else meshplan.")] = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, console, err_console, print_json
+from meshplan.cli.common import JsonOpt, console, err_console, print_json, path_value
 from meshplan.cli.checks import count_flag, output_path, refuse_with
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -23,12 +23,12 @@ log = logging.getLogger(__name__)
 @app.command("profile")
 def profile(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the profile JSON.")] = Path("profile.json"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=path_value, help="Where to write the profile JSON.")] = Path("profile.json"),
     procs: Annotated[Optional[int], typer.Option("--procs", help="Processes for the collective benchmarks "
                                                   "(group sizes 2..N; default 4 on CPU, all GPUs on CUDA; 1 skips them).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and sizes (under a minute on a CPU).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    show: Annotated[Optional[Path], typer.Option("--show", help="Check and print an existing profile instead of measuring.")] = None,
+    show: Annotated[Optional[Path], typer.Option("--show", parser=path_value, help="Check and print an existing profile instead of measuring.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Measure matmul, attention, memory bandwidth and collectives; write a profile for --cluster-profile."""

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from meshplan import ckpt_meta
-from meshplan.cli.common import ClusterOpt, ClusterProfileOpt, GpusPerNodeOpt, JsonOpt, MemoryGibOpt, console, load_cluster, print_json
+from meshplan.cli.common import ClusterOpt, ClusterProfileOpt, GpusPerNodeOpt, JsonOpt, MemoryGibOpt, console, load_cluster, print_json, path_value
 from meshplan.cli.checks import count_flag, memory_budget_gib, output_path
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -58,12 +58,12 @@ def resume_command(plan_path: Path, checkpoint_root: Path) -> str:
 
 @app.command("replan")
 def replan(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A checkpoint directory (or a --checkpoint-dir root: its latest complete checkpoint).")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", parser=path_value, help="A checkpoint directory (or a --checkpoint-dir root: its latest complete checkpoint).")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPU count to continue on.")],
     cluster: ClusterOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     memory_gib: MemoryGibOpt = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the new plan (a Job file).")] = Path("replan.json"),
+    out: Annotated[Path, typer.Option("--out", "-o", parser=path_value, help="Where to write the new plan (a Job file).")] = Path("replan.json"),
     cluster_profile: ClusterProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, MemoryGibOpt, err_console, print_json, path_value
 from meshplan.cli.checks import memory_budget_gib, output_path, refuse_with
 from meshplan.cli.flags import ClusterFlags, ModelFlags, TrainingFlags, with_flags
 from meshplan.cli.main import app
@@ -21,8 +21,8 @@ from meshplan.targets import Target, plan_target
 def report(
     ctx: typer.Context,
     *,
-    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")],
-    plan_file: Annotated[Optional[Path], typer.Option("--plan", help="A Job file (yours): its model, cluster and batch are planned, and it is compared with the frontier.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", parser=path_value, help="HTML file to write.")],
+    plan_file: Annotated[Optional[Path], typer.Option("--plan", parser=path_value, help="A Job file (yours): its model, cluster and batch are planned, and it is compared with the frontier.")] = None,
     model_flags: ModelFlags,
     cluster_flags: ClusterFlags,
     training_flags: TrainingFlags,

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json
+from meshplan.cli.common import ClusterProfileOpt, JsonOpt, OverrideOpt, console, print_json, path_value
 from meshplan.cli.checks import count_flag, output_path, positive_rate
 from meshplan.cli.main import app
 from meshplan.errors import MeshplanError
@@ -49,15 +49,15 @@ def resolve_data(data: str | None, tokenized: bool = False) -> str | None:
 
 @app.command("train")
 def train(
-    plan: Annotated[Path, typer.Option("--plan", "-p", help="Plan file from `meshplan plan --out` (a Job JSON).")],
+    plan: Annotated[Path, typer.Option("--plan", "-p", parser=path_value, help="Plan file from `meshplan plan --out` (a Job JSON).")],
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps.", min=1)] = 20,
     data: Annotated[Optional[str], typer.Option("--data", help="Local text file (byte tokens), or 'sample' for the shipped text. Default: synthetic tokens.")] = None,
     lr: Annotated[float, typer.Option("--lr", help="Learning rate.")] = 1e-3,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights and data.")] = 0,
-    log: Annotated[Optional[Path], typer.Option("--log", help="JSON-lines log: one object per step, then a summary.")] = None,
+    log: Annotated[Optional[Path], typer.Option("--log", parser=path_value, help="JSON-lines log: one object per step, then a summary.")] = None,
     override: OverrideOpt = None,
     cluster_profile: ClusterProfileOpt = None,
-    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Save sharded checkpoints here (step-NNNNNN directories).")] = None,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", parser=path_value, help="Save sharded checkpoints here (step-NNNNNN directories).")] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Save every N steps (and after the last); 0: only after the last.", min=0)] = 0,
     checkpoint_keep: Annotated[Optional[int], typer.Option("--checkpoint-keep", help="Keep only the newest K complete checkpoints.", min=1)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest complete checkpoint in --checkpoint-dir (any plan and GPU count); --steps stays the total.")] = False,
@@ -65,8 +65,8 @@ def train(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what each chosen rank would build at the plan's full world size (mesh groups, pipeline stages, parameter shards, memory next to the cost model), at once and without building anything.")] = False,
     simulate: Annotated[bool, typer.Option("--simulate", help="With --dry-run: also run two training steps of each chosen rank on torch's fake process group and fake tensors (minutes per rank; no GPU, no real memory) and print measured memory and collectives next to the cost model.")] = False,
     ranks: Annotated[str, typer.Option("--ranks", help="With --dry-run: first,last (default), all, or a list of ranks such as 0,7,31.")] = DEFAULT_DRY_RUN_RANKS,
-    init_from: Annotated[Optional[Path], typer.Option("--init-from", help="Local Hugging Face model directory (config.json + safetensors): its model and weights replace the plan's model and the random init.")] = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="Local tokenizer directory (tokenizer.json): --data is then .jsonl / .parquet / .txt or a saved datasets directory, tokenised and packed.")] = None,
+    init_from: Annotated[Optional[Path], typer.Option("--init-from", parser=path_value, help="Local Hugging Face model directory (config.json + safetensors): its model and weights replace the plan's model and the random init.")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", parser=path_value, help="Local tokenizer directory (tokenizer.json): --data is then .jsonl / .parquet / .txt or a saved datasets directory, tokenised and packed.")] = None,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Held-out loss every N steps (needs --tokenizer and --eval-fraction).", min=0)] = 0,
     eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Share of the packed sequences held out for --eval-every.")] = 0.0,
     warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear learning-rate warmup steps.", min=0)] = 0,
@@ -74,7 +74,7 @@ def train(
     min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Final learning rate of --cosine, as a fraction of --lr.")] = 0.0,
     clip_grad: Annotated[float, typer.Option("--clip-grad", help="Clip the global gradient norm to this (0: no clipping).", min=0.0)] = 0.0,
     weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay of matrices and embeddings (never of biases and norms).", min=0.0)] = 0.0,
-    expert_load_log: Annotated[Optional[Path], typer.Option("--expert-load-log", help="MoE routing log (JSON lines): per step, per MoE layer, the tokens each expert received; `meshplan estimate --expert-load` reads it.")] = None,
+    expert_load_log: Annotated[Optional[Path], typer.Option("--expert-load-log", parser=path_value, help="MoE routing log (JSON lines): per step, per MoE layer, the tokens each expert received; `meshplan estimate --expert-load` reads it.")] = None,
     allow_over_memory: Annotated[bool, typer.Option("--allow-over-memory", help="Launch on GPUs even where the cost model puts a rank's peak memory over the GPU's (its memory error: docs/accuracy.md).")] = False,
     json_out: JsonOpt = False,
 ) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from meshplan.cli.common import JsonOpt, console, print_json
+from meshplan.cli.common import JsonOpt, console, print_json, path_value
 from meshplan.cli.main import app
 from meshplan.data.published import DEFAULT_RUNS, PUBLISHED_RUNS, runs_csv
 from meshplan.errors import MeshplanError
@@ -39,7 +39,7 @@ def validate_cmd(
     target: Annotated[Optional[Target], typer.Option("--target", help="Estimate every row with this stack's calibration (default: each row's framework's stack).")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Refit the calibration per (GPU generation, stack) on these runs first and print it.")] = False,
     write: Annotated[bool, typer.Option("--write-calibration", help="With --fit: write the fitted records to the calibration data file --out names (a new file: the shipped calibration with the refit records).")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="With --write-calibration: the file to write. An existing file, the shipped src/meshplan/spec/presets/calibration_fitted.json included, is replaced only with --force.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", parser=path_value, help="With --write-calibration: the file to write. An existing file, the shipped src/meshplan/spec/presets/calibration_fitted.json included, is replaced only with --force.")] = None,
     force: Annotated[bool, typer.Option("--force", help="With --out: replace the refit records of an existing calibration data file.")] = False,
     holdout: Annotated[bool, typer.Option("--holdout", help="Also refit without each model family and each GPU generation and score the held-out rows (minutes).")] = False,
     loso: Annotated[bool, typer.Option("--leave-one-source-out", help="Refit without each source and score it.")] = False,

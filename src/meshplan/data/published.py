@@ -25,6 +25,8 @@ DEFAULT_RUNS = "calibration"
 
 def runs_csv(name_or_path: str) -> Path:
     """A shipped set by name, or a CSV file by path (a file of that name wins over a set's name)."""
+    if name_or_path == "":
+        raise MeshplanError("--runs: an empty path, expected a runs CSV or a shipped set")
     path = Path(name_or_path)
     if path.is_file():
         return path
