@@ -46,7 +46,7 @@ GB200, ``--target megatron``: about three in four of the (row, recompute choice)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -68,12 +68,6 @@ GROUP_PRUNE_MIN_CONFIGS = 1 << 18
 configurations at all: ``even.PRUNE_MIN_CONFIGS``). Llama-3-70B on 1024 H100s (950k
 configurations) goes from 0.59 to 0.40 s of CPU with it; the bound's layer costs are a fixed cost
 that small spaces do not repay."""
-
-CORNER_CHUNK_BLOCKS = 1 << 14
-"""(group, micro-batch size) blocks whose cells :meth:`GroupBounds.corners` computes per call:
-their (blocks, choices) temporaries stay in the caches (DeepSeek-V3 on 1024 GB200: 1.7M blocks of
-11 choices; the whole (groups, sizes, choices) arrays took 190 MB each)."""
-
 
 @dataclass(frozen=True)
 class GroupBounds:
@@ -109,23 +103,34 @@ class GroupBounds:
 
     def cells(self, group: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(blocks, choices) time and memory bounds of the cells of each (group, size index)."""
-        key, ok = self.key_of[group], self.legal[group, size]
-        t = self.per_layer_s[key, size]  # t_mb = fewest x per_layer + microbatch_overhead_s
-        t *= self.fewest_layers[group][:, None]
+        ok = self.legal[group, size]
+        return (self._time_s(self.per_layer_s[self.key_of[group], size], group, size, ok),
+                self._memory_bytes(group, size, ok))
+
+    def _time_s(self, per_layer_s: np.ndarray, group: np.ndarray, size: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """The time bound at a layer time ``per_layer_s`` (blocks[, choices], written in place):
+        increasing in it, one rounding per operation."""
+        t = per_layer_s  # t_mb = fewest x per_layer + microbatch_overhead_s
+        col = (slice(None),) + (None,) * (t.ndim - 1)
+        t *= self.fewest_layers[group][col]
         t += self.overhead_s
-        t *= self.cycles[group, size][:, None]  # (m + bubble) t_mb + tail
-        t += self.tail_s[group][:, None]
+        t *= self.cycles[group, size][col]  # (m + bubble) t_mb + tail
+        t += self.tail_s[group][col]
         t[~ok] = np.inf
+        return t
+
+    def _memory_bytes(self, group: np.ndarray, size: np.ndarray, ok: np.ndarray) -> np.ndarray:
         # Activations (cost.memory.rank_activations): every schedule holds at least min(pp, m)
         # micro-batches of the first rank's layers at its peak (1F1B pp, interleaved pp + (pp-1)/v,
         # GPipe m; capped at m), plus the one rematerialised layer of a recomputing policy.
+        key = self.key_of[group]
         mem = self.act_policy_bytes[key, size]
         mem *= self.held_layers[group, size][:, None]
         mem += self.act_extra_bytes[key, size]
         mem *= self.reserve  # the states' part + the activations' with the allocator's reserve
         mem += self.fixed_bytes[group][:, None]
         mem[~ok] = np.inf
-        return t, mem
+        return mem
 
     def _all(self) -> tuple[np.ndarray, np.ndarray]:
         g_n, s_n, c_n = self.shape
@@ -144,16 +149,23 @@ class GroupBounds:
         return self._all()[1]
 
     def corners(self) -> tuple[np.ndarray, np.ndarray]:
-        """(groups, sizes): the least time and the least memory bound over each block's choices
-        (each below every cell of the block, so a corner that a known plan beats beats every cell:
-        :func:`meshplan.search.prune.prunable` is monotone); inf where the size is illegal. The
-        time ignores a NaN cell (never alive); the memory keeps it (NaN: never beaten)."""
-        g_n, s_n, _ = self.shape
+        """(groups, sizes): per block a time and a memory below those of each of its cells (so a
+        corner that a known plan beats beats every cell: :func:`meshplan.search.prune.prunable`
+        is monotone); inf where the size is illegal. Each operation of a cell's bound is
+        increasing in its operands and rounds monotonically, so the bound at the least operands
+        over the choices is below every cell: the time at the least layer time is the least cell
+        time (a NaN cell, never alive, ignored); the memory at the least activations and least
+        rematerialised layer (apart: DeepSeek-V3 on 1024 GB200 keeps 200k blocks of 1.67M on
+        it, 177k on the least cell memory, which costs all 18M cells) keeps a NaN (never beaten)."""
+        g_n, s_n, c_n = self.shape
         t_lo, m_lo = np.full(g_n * s_n, np.inf), np.full(g_n * s_n, np.inf)
         blocks = np.flatnonzero(self.legal.reshape(-1))
-        for part in np.array_split(blocks, max(1, -(-blocks.size // CORNER_CHUNK_BLOCKS))):
-            t, m = self.cells(*np.divmod(part, s_n))
-            t_lo[part], m_lo[part] = np.fmin.reduce(t, axis=1), np.minimum.reduce(m, axis=1)
+        group, size = np.divmod(blocks, s_n)
+        key, ok = self.key_of[group], np.ones(blocks.size, dtype=bool)
+        t_lo[blocks] = self._time_s(np.fmin.reduce(self.per_layer_s, axis=2)[key, size], group, size, ok)
+        least = replace(self, act_policy_bytes=self.act_policy_bytes.min(axis=2, keepdims=True),
+                        act_extra_bytes=self.act_extra_bytes.min(axis=2, keepdims=True))
+        m_lo[blocks] = least._memory_bytes(group, size, ok)[:, 0]
         return t_lo.reshape(g_n, s_n), m_lo.reshape(g_n, s_n)
 
 
