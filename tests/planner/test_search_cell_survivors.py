@@ -13,8 +13,9 @@ from meshplan.search.cell_survivors import GROUP_SEED_GROUPS, GROUP_SEED_ROUNDS,
 from meshplan.search.frontier import Front, pareto_indices
 from meshplan.search.group_prune import GroupBounds, group_bounds, prune_groups
 from meshplan.search.prune import prunable
-from meshplan.search.space import SearchOptions, enumerate_groups, take_groups
-from meshplan.search.tables import CostContext
+from meshplan.search.even import even_estimate
+from meshplan.search.space import SearchOptions, cross_groups, enumerate_groups, take_groups
+from meshplan.search.tables import CostContext, shared_layer_cost
 from meshplan.spec.cluster import cluster_for_gpu
 from meshplan.spec.presets import model_preset
 from meshplan.spec.training import TrainingSpec
@@ -81,7 +82,8 @@ def _assert_same(groups, bounds, score, shrink, budget):
 
 @st.composite
 def drawn_bounds(draw):
-    g_n, s_n, c_n, k_n = draw(st.integers(1, 40)), draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    g_n, s_n = draw(st.integers(1, 40)), draw(st.integers(1, 4))
+    c_n, k_n = draw(st.integers(1, 5)), draw(st.integers(1, 3))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     small = lambda *shape: rng.integers(0, 4, shape).astype(float)  # noqa: E731 (ties everywhere)
@@ -124,7 +126,8 @@ def test_corners_are_below_each_blocks_cells(drawn):
 def test_block_rounds_on_moe_jobs():
     # real bounds and the search's own scoring (the even pass over the seed groups), Megatron's
     # space and meshplan's with module sets
-    for name, gpu, gpus, target in (("mixtral-8x7b", "h100-sxm", 64, None), ("mixtral-8x7b", "h100-sxm", 64, "megatron"),
+    for name, gpu, gpus, target in (("mixtral-8x7b", "h100-sxm", 64, None),
+                                    ("mixtral-8x7b", "h100-sxm", 64, "megatron"),
                                     ("qwen3-30b-a3b", "gb200", 32, "megatron")):
         model, training = model_preset(name), TrainingSpec(seq_len=4096, global_batch=256)
         cluster = cluster_for_gpu(gpu, gpus_per_node=4 if gpu == "gb200" else 8).with_gpus(gpus)
@@ -140,10 +143,6 @@ def test_block_rounds_on_moe_jobs():
         keep, _ = prune_groups(ctx, groups, options, shrink=1 / 1.1, budget_bytes=budget)
         assert 0 < keep.cells.sum() < np.isfinite(bounds.time_s).sum()
         # the same rounds from the whole arrays, scoring as prune_groups does
-        from meshplan.search.even import even_estimate
-        from meshplan.search.space import cross_groups
-        from meshplan.search.tables import shared_layer_cost
-
         def score(seed):
             plans = cross_groups(seed, model, training, options)
             est, _ = even_estimate(ctx, plans, shared_layer_cost(ctx, plans), prune_shrink=1 / 1.1,
