@@ -36,8 +36,7 @@ def pareto_mask(time_s: np.ndarray, memory: np.ndarray) -> np.ndarray:
         # are left to the exact pass below, so the result is the same mask.
         sample = np.arange(0, t.size, _PREFILTER_STRIDE)
         sf = sample[pareto_indices(t[sample], m[sample])]
-        # the memory of the sample frontier point strictly faster, NaN where none is (never <=)
-        drop = _step_lookup(m[sf], np.searchsorted(t[sf], t, side="left")) <= m
+        drop = beaten_faster(t[sf], m[sf], t, m)
         rest = np.flatnonzero(~drop)
         mask[rest[pareto_mask(t[rest], m[rest])]] = True
         return mask
@@ -69,6 +68,16 @@ def dominated_by(front_time_s: np.ndarray, front_memory: np.ndarray,
     if ft.size == 0:
         return np.zeros(t.shape, dtype=bool)
     return _step_lookup(fm, np.searchsorted(ft, t, side="right")) <= m
+
+
+def beaten_faster(front_time_s: np.ndarray, front_memory: np.ndarray,
+                  time_s: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """For each query point, whether some point of the frontier (fastest first) is strictly faster
+    and no larger in memory: such a query is off the frontier of any set holding that point, and
+    is no exact duplicate of a frontier point (which ``pareto_mask``'s ties would keep)."""
+    # the memory of the frontier point strictly faster, NaN where none is (never <=)
+    return _step_lookup(np.asarray(front_memory, dtype=float),
+                        np.searchsorted(front_time_s, time_s, side="left")) <= memory
 
 
 def _step_lookup(values: np.ndarray, count: np.ndarray) -> np.ndarray:

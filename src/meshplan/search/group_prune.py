@@ -47,7 +47,6 @@ GB200, ``--target megatron``: about three in four of the (row, recompute choice)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 
@@ -56,8 +55,8 @@ from meshplan.cost.batch import rank_cost
 from meshplan.cost.device_memory import held_fragmentation, outside_allocator_bytes
 from meshplan.cost.pipeline import bubble_time, rank_layers_even
 from meshplan.plan import Recompute
-from meshplan.search.frontier import Front, pareto_indices
-from meshplan.search.prune import STRICT, prunable
+from meshplan.search.cell_survivors import (GROUP_SEED_GROUPS, GROUP_SEED_ROUNDS, CellKeep,  # noqa: F401
+                                            beaten_at_s, surviving)
 from meshplan.search.space import (RECOMPUTES, GROUP_COLUMNS, SearchOptions, _rule_schedule, _schedule_pairs,
                                    cross_groups, micro_batch_sizes, module_codes, recompute_variants,
                                    take_groups)
@@ -70,28 +69,104 @@ configurations at all: ``even.PRUNE_MIN_CONFIGS``). Llama-3-70B on 1024 H100s (9
 configurations) goes from 0.59 to 0.40 s of CPU with it; the bound's layer costs are a fixed cost
 that small spaces do not repay."""
 
-GROUP_SEED_ROUNDS = 4
-"""Rounds of exact scoring before the cells are pruned: the first scores the groups holding the
-frontier of the cells' bounds, each later one the groups holding the open cells of least bound
-time; after each, the cells are pruned against every plan scored so far."""
-
-GROUP_SEED_GROUPS = 64
-"""Open cells (fastest bound first) whose groups a seeding round after the first scores."""
-
-
 @dataclass(frozen=True)
 class GroupBounds:
     """Per group, micro-batch size (``space.micro_batch_sizes``) and recompute choice
-    (``space.recompute_variants``), arrays (groups, sizes, choices): a lower bound on the
-    first-rank step time and peak memory of every configuration of that group with that size and
-    choice, whatever its schedule and virtual stages (:func:`group_bounds`); +inf where the size
-    does not divide the group's replica batch (no configuration)."""
+    (``space.recompute_variants``): a lower bound on the first-rank step time and peak memory of
+    every configuration of that group with that size and choice, whatever its schedule and
+    virtual stages (:func:`group_bounds`); +inf where the size does not divide the group's
+    replica batch (no configuration). Kept as its factors (per layer key, per group, per (group,
+    size)): a cell's bound is computed where it is read (:meth:`cells`), the same operations in
+    the same order for every cell, so a block's cells are bit for bit those of the whole arrays
+    (:attr:`time_s`, :attr:`memory_bytes`)."""
 
-    time_s: np.ndarray
-    memory_bytes: np.ndarray
+    key_of: np.ndarray  # (groups,) row of the per-key tables
+    per_layer_s: np.ndarray  # (keys, sizes, choices) a layer's time with its recompute
+    act_policy_bytes: np.ndarray  # (keys, sizes, choices) a layer's activations under the policy
+    act_extra_bytes: np.ndarray  # (keys, sizes, choices) the rematerialised layer's (0: no recompute)
+    fewest_layers: np.ndarray  # (groups,)
+    cycles: np.ndarray  # (groups, sizes) m + the least bubble factor
+    held_layers: np.ndarray  # (groups, sizes) min(pp, m) x fewest layers
+    tail_s: np.ndarray  # (groups,)
+    fixed_bytes: np.ndarray  # (groups,) states with reserve, buckets, framework, outside the allocator
+    legal: np.ndarray  # (groups, sizes) whether the size divides the group's replica batch
+    overhead_s: float  # per micro-batch
+    reserve: float  # 1 + the allocator's held fragmentation
     pair: PairTerms | None = None
     """What the time bound is made of, kept to bound a cell's configurations of one schedule and
     virtual-stage count (:meth:`PairTerms.time_s`); None: not kept."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(groups, sizes, choices)."""
+        return (self.key_of.size, *self.per_layer_s.shape[1:])
+
+    def cells(self, group: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(blocks, choices) time and memory bounds of the cells of each (group, size index)."""
+        ok = self.legal[group, size]
+        return (self._time_s(self.per_layer_s[self.key_of[group], size], group, size, ok),
+                self._memory_bytes(group, size, ok))
+
+    def _time_s(self, per_layer_s: np.ndarray, group: np.ndarray, size: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """The time bound at a layer time ``per_layer_s`` (blocks[, choices], written in place):
+        increasing in it, one rounding per operation."""
+        t = per_layer_s  # t_mb = fewest x per_layer + microbatch_overhead_s
+        col = (slice(None),) + (None,) * (t.ndim - 1)
+        t *= self.fewest_layers[group][col]
+        t += self.overhead_s
+        t *= self.cycles[group, size][col]  # (m + bubble) t_mb + tail
+        t += self.tail_s[group][col]
+        t[~ok] = np.inf
+        return t
+
+    def _memory_bytes(self, group: np.ndarray, size: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        # Activations (cost.memory.rank_activations): every schedule holds at least min(pp, m)
+        # micro-batches of the first rank's layers at its peak (1F1B pp, interleaved pp + (pp-1)/v,
+        # GPipe m; capped at m), plus the one rematerialised layer of a recomputing policy.
+        key = self.key_of[group]
+        mem = self.act_policy_bytes[key, size]
+        mem *= self.held_layers[group, size][:, None]
+        mem += self.act_extra_bytes[key, size]
+        mem *= self.reserve  # the states' part + the activations' with the allocator's reserve
+        mem += self.fixed_bytes[group][:, None]
+        mem[~ok] = np.inf
+        return mem
+
+    def _all(self) -> tuple[np.ndarray, np.ndarray]:
+        g_n, s_n, c_n = self.shape
+        group, size = np.divmod(np.arange(g_n * s_n), s_n)
+        t, m = self.cells(group, size)
+        return t.reshape(g_n, s_n, c_n), m.reshape(g_n, s_n, c_n)
+
+    @property
+    def time_s(self) -> np.ndarray:
+        """(groups, sizes, choices) every cell's time bound (the search reads blocks: :meth:`cells`)."""
+        return self._all()[0]
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        """(groups, sizes, choices) every cell's memory bound."""
+        return self._all()[1]
+
+    def corners(self) -> tuple[np.ndarray, np.ndarray]:
+        """(groups, sizes): per block a time and a memory below those of each of its cells (so a
+        corner that a known plan beats beats every cell: :func:`meshplan.search.prune.prunable`
+        is monotone); inf where the size is illegal. Each operation of a cell's bound is
+        increasing in its operands and rounds monotonically, so the bound at the least operands
+        over the choices is below every cell: the time at the least layer time is the least cell
+        time (a NaN cell, never alive, ignored); the memory at the least activations and least
+        rematerialised layer (apart: DeepSeek-V3 on 1024 GB200 keeps 200k blocks of 1.67M on
+        it, 177k on the least cell memory, which costs all 18M cells) keeps a NaN (never beaten)."""
+        g_n, s_n, c_n = self.shape
+        t_lo, m_lo = np.full(g_n * s_n, np.inf), np.full(g_n * s_n, np.inf)
+        blocks = np.flatnonzero(self.legal.reshape(-1))
+        group, size = np.divmod(blocks, s_n)
+        key, ok = self.key_of[group], np.ones(blocks.size, dtype=bool)
+        t_lo[blocks] = self._time_s(np.fmin.reduce(self.per_layer_s, axis=2)[key, size], group, size, ok)
+        least = replace(self, act_policy_bytes=self.act_policy_bytes.min(axis=2, keepdims=True),
+                        act_extra_bytes=self.act_extra_bytes.min(axis=2, keepdims=True))
+        m_lo[blocks] = least._memory_bytes(group, size, ok)[:, 0]
+        return t_lo.reshape(g_n, s_n), m_lo.reshape(g_n, s_n)
 
 
 @dataclass(frozen=True)
@@ -123,56 +198,6 @@ class PairTerms:
         t *= (self.micro_batches[group, size] + self.bubble[at, pair])[:, None]
         t += self.tail_s[group][:, None]
         return t
-
-
-@dataclass(frozen=True)
-class CellKeep:
-    """The cells to cross (``cells``: groups x sizes x choices, as :class:`GroupBounds`), and of
-    a kept cell the configurations of the schedule / virtual-stage pairs whose own bound
-    (:meth:`PairTerms.time_s`, the cell's memory bound) is not :func:`prunable` against the same
-    known plans: ``space.cross_groups``' ``keep``."""
-
-    cells: np.ndarray
-    bounds: GroupBounds
-    groups: np.ndarray  # (cells' groups,) their index in the bounds' groups
-    known: Front
-    fastest_fitting_s: float
-    shrink: float
-    beaten_at_s: np.ndarray | None = None
-    """(as ``bounds``) per kept cell :func:`beaten_at_s` of its memory bound (inf elsewhere)."""
-
-    def take(self, index) -> CellKeep:
-        """The keep of the groups at ``index`` (of this keep's groups)."""
-        return replace(self, cells=self.cells[index], groups=self.groups[index])
-
-    def mask(self, group: np.ndarray, pair: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """(rows, choices) whether each row's (group of this keep, pair, size index) crossed
-        with each recompute choice is kept."""
-        keep = self.cells[group, size]
-        terms = self.bounds.pair
-        if terms is None:
-            return keep
-        # (a pair at the cell's own fewest layers and bubble has the cell's bound: kept with it)
-        g = self.groups[group]
-        rows = np.flatnonzero(keep.any(axis=1) & terms.above_cell[terms.pp_of[g], pair])
-        if rows.size == 0:
-            return keep
-        g = g[rows]
-        time_s = terms.time_s(g, pair[rows], size[rows])
-        # prunable(known, time_s, the cell's memory bound), its frontier lookup done per cell
-        keep[rows] &= ~((time_s * self.shrink * STRICT >= self.beaten_at_s[g, size[rows]])
-                        & (time_s >= self.fastest_fitting_s))
-        return keep
-
-
-def beaten_at_s(known: Front, memory_bytes: np.ndarray, shrink: float) -> np.ndarray:
-    """Per memory bound, the least shrunk time (``time_s * shrink * STRICT``) at which
-    :func:`prunable`'s dominance holds against ``known`` (inf: at none): the time of the fastest
-    known point within the shrunk memory. ``known`` is a frontier (times strictly rising,
-    memories strictly falling), so a shrunk time is dominated exactly when it reaches that point's
-    time (``frontier.dominated_by``'s lookup, made once per bound instead of once per time)."""
-    j = np.searchsorted(-known.memory_bytes, -(memory_bytes * shrink * STRICT), side="left")
-    return np.concatenate([known.time_s, [np.inf]])[j]
 
 
 def _columns(groups: dict[str, np.ndarray], n: int, extra: dict[str, np.ndarray]) -> PlanArrays:
@@ -277,85 +302,22 @@ def group_bounds(ctx: CostContext, groups: dict[str, np.ndarray], options: Searc
               + calib.framework_overhead_gib * GIB + outside_allocator_bytes(probe, calib))
     tail = first.optimizer_s
 
-    # (groups, sizes, choices); each (groups, sizes, choices) array is built in place, the same
-    # operations in the same order (DeepSeek-V3 / 256 GPUs: 8M cells, 65 MB an array).
-    m = np.where(legal_mb, per_dp[:, None] // sizes[None, :], 0)[:, :, None].astype(float)
-    illegal = ~legal_mb
-    time_s = per_layer[key_of]  # t_mb = fewest x per_layer + microbatch_overhead_s
-    time_s *= fewest[:, None, None]
-    time_s += calib.microbatch_overhead_s
-    time_s *= m + least_bubble[:, None, None]  # (m + bubble) t_mb + tail
-    time_s += tail[:, None, None]
-    time_s[illegal] = np.inf
-    # Activations (cost.memory.rank_activations): every schedule holds at least min(pp, m)
-    # micro-batches of the first rank's layers at its peak (1F1B pp, interleaved pp + (pp-1)/v,
-    # GPipe m; capped at m), plus the one rematerialised layer of a recomputing policy.
-    held = np.minimum(groups["pp"][:, None, None].astype(float), m)
-    acts = act_policy[key_of]
-    acts *= held * fewest[:, None, None]
-    acts += np.where(policy != RC_NONE, act_none - act_policy, 0.0)[key_of]
-    acts *= reserve  # the states' part + the activations' with the allocator's reserve
-    acts += memory[:, None, None]
-    acts[illegal] = np.inf
-    memory = acts
+    # The cells (groups x sizes x choices: DeepSeek-V3 on 1024 GB200, 24M) are left as these
+    # factors; GroupBounds.cells computes the blocks read.
+    m = np.where(legal_mb, per_dp[:, None] // sizes[None, :], 0).astype(float)
+    held = np.minimum(groups["pp"][:, None].astype(float), m)
     pair_fewest = np.minimum(layers0, (model.num_layers / pps)[:, None])
     cell_fewest = np.minimum(layers0.min(axis=1), model.num_layers / pps)[:, None]
     pair = PairTerms(key_of=key_of, per_layer_s=per_layer, pp_of=np.searchsorted(pps, groups["pp"]),
-                     fewest_layers=pair_fewest, bubble=bubble, micro_batches=m[:, :, 0], tail_s=tail,
+                     fewest_layers=pair_fewest, bubble=bubble, micro_batches=m, tail_s=tail,
                      overhead_s=calib.microbatch_overhead_s,
                      above_cell=(pair_fewest > cell_fewest) | (bubble > bubble.min(axis=1)[:, None]))
-    return GroupBounds(time_s=time_s, memory_bytes=memory, pair=pair)
-
-
-def surviving(groups: dict[str, np.ndarray], bounds: GroupBounds,
-              score: Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]], *,
-              shrink: float, budget_bytes: float) -> tuple[CellKeep, int]:
-    """The (group, size, choice) cells whose bound no plan scored here beats (:func:`prunable`),
-    with those plans (:class:`CellKeep`), and how many configurations were scored. ``score(groups)`` returns
-    the exact even (step, peak) of the configurations of those groups that it scored exactly (any
-    subset: only exact points prune). Rounds as :func:`meshplan.search.prune.settle`: the groups
-    holding the frontier of the cells' bounds first, then those holding the open cells of least
-    bound time."""
-    t_cell, m_cell = bounds.time_s.reshape(-1), bounds.memory_bytes.reshape(-1)
-    alive = np.isfinite(t_cell)
-    everyone = np.arange(bounds.time_s.shape[0])
-    if shrink <= 0.0 or not alive.any():
-        return CellKeep(alive.reshape(bounds.time_s.shape), replace(bounds, pair=None), everyone,
-                        Front.empty(), np.inf, shrink), 0
-    per_group = t_cell.size // bounds.time_s.shape[0]
-    seen = np.zeros(bounds.time_s.shape[0], dtype=bool)
-    known, fastest_fitting = Front.empty(), np.inf
-    known_t, known_m = known.time_s, known.memory_bytes
-    scored = 0
-    # The alive cells with their bounds, gathered once and compressed as cells die (as settle's
-    # open rows): each round reads the survivors only, not every cell (DeepSeek-V3 / 256: 8M).
-    live = np.flatnonzero(alive)
-    live_t, live_m = t_cell[live], m_cell[live]
-    for round_ in range(GROUP_SEED_ROUNDS):
-        unseen = ~seen[live // per_group]
-        open_, open_t = live[unseen], live_t[unseen]  # (ascending, as live)
-        if open_.size == 0:
-            break
-        if round_ == 0:
-            cells = open_[pareto_indices(open_t, live_m[unseen])]
-        else:
-            cells = open_[np.argpartition(open_t, min(GROUP_SEED_GROUPS, open_.size) - 1)[:GROUP_SEED_GROUPS]]
-        pick = np.unique(cells // per_group)
-        seen[pick] = True
-        t, m = score(take_groups(groups, pick))
-        scored += t.size
-        known = Front.of(np.concatenate([known_t, t]), np.concatenate([known_m, m]), np.arange(known_t.size + t.size))
-        known_t, known_m = known.time_s, known.memory_bytes
-        fits = known_m <= budget_bytes
-        fastest_fitting = float(known_t[fits].min()) if fits.any() else np.inf
-        still = ~prunable(known, live_t, live_m, shrink=shrink, fastest_fitting_s=fastest_fitting)
-        live, live_t, live_m = live[still], live_t[still], live_m[still]
-    alive = np.zeros(t_cell.size, dtype=bool)
-    alive[live] = True
-    beaten = np.full(t_cell.size, np.inf)
-    beaten[live] = beaten_at_s(known, live_m, shrink)
-    return (CellKeep(alive.reshape(bounds.time_s.shape), bounds, everyone, known, fastest_fitting, shrink,
-                     beaten.reshape(bounds.time_s.shape)), scored)
+    return GroupBounds(key_of=key_of, per_layer_s=np.ascontiguousarray(per_layer),
+                       act_policy_bytes=np.ascontiguousarray(act_policy),
+                       act_extra_bytes=np.ascontiguousarray(np.where(policy != RC_NONE, act_none - act_policy, 0.0)),
+                       fewest_layers=fewest, cycles=m + least_bubble[:, None], held_layers=held * fewest[:, None],
+                       tail_s=tail, fixed_bytes=memory, legal=legal_mb, overhead_s=calib.microbatch_overhead_s,
+                       reserve=reserve, pair=pair)
 
 
 def prune_groups(ctx: CostContext, groups: dict[str, np.ndarray], options: SearchOptions, *,

@@ -188,8 +188,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         # its configurations, allowed or not. (Skipping this step under `allow` made DeepSeek-V3
         # on 256 GB200 for --target megatron cross and score every cell: 8.5 -> 26.9 s, session 10.)
         cells, seeded = prune_groups(ctx, groups, options, shrink=shrink, budget_bytes=budget)
-        live = np.flatnonzero(cells.cells.any(axis=(1, 2)))
-        groups, cells = take_groups(groups, live), cells.take(live)
+        groups = take_groups(groups, cells.groups)  # the groups holding a kept cell
     space = cross_groups(groups, model, training, options, keep=cells)
     dropped = int(per_group.sum()) - len(space) if cells is not None else 0
     # configurations_per_group counts before `allow`: with it, the space counted before the mask
