@@ -239,7 +239,10 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
         # comes after the layers' backward, past the activation peak)
         z3_bytes = z3_bytes + head_weight_params * calib.weight_bytes_per_param
     if calib.fsdp_reduce_scatter_bytes_per_param:  # one layer's gradients on their way to the reduce-scatter
-        z3_bytes = z3_bytes + gathered_p * calib.fsdp_reduce_scatter_bytes_per_param
+        # (none in the backward where the stage keeps torch's PipelineStage behaviour under the
+        # zero-bubble split backward: gradients accumulate unsharded, reduced after the last one)
+        z3_bytes = z3_bytes + np.where(stage.torch_stage, 0.0,
+                                       gathered_p * calib.fsdp_reduce_scatter_bytes_per_param)
     z3_buffers = np.where(z >= 3, z3_bytes, 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:
