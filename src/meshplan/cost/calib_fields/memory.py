@@ -49,8 +49,10 @@ class MemoryFields:
     gathered, 0.98 GiB of the head's gradient). torchtitan of 2024-25 wraps its root the same way
     (``fully_shard(model, reshard_after_forward=not pp_enabled)``), not set for that stack here
     (not measured); False: the embedding and the head are units of their own, freed around their
-    own passes, or the stack gathers module by module (DeepSpeed). A stack field; cost/memory.py
-    ``rank_other``."""
+    own passes, or the stack gathers module by module (DeepSpeed). Where set, these buffers and the
+    layer's reduce-scatter input (``fsdp_reduce_scatter_bytes_per_param``), all alive only after
+    the loss's backward has freed the logits and their transients, add what exceeds the logits
+    term (a phase maximum). A stack field; cost/memory.py ``rank_other``."""
     zero3_max_live_params: float = 0.0
     """Elements of gathered parameters a rank keeps live under ZeRO-3 before it releases any:
     DeepSpeed's ``stage3_max_live_parameters`` (default 1e9, deepspeed/runtime/zero/config.py
