@@ -9,9 +9,9 @@ the model's tensors (``model_tensor_bytes``: its peak less the CUDA context, NCC
 which no tensor tracker sees), and the peak split into four parts, each side by its own terms:
 
 - **states**: the tracker's Parameter, Gradient, Optstate and Buffer tensors (fp32 masters, gathered
-  16-bit weights, FSDP's gradient buffers) and the fp32 casts of gradients before their reduction
-  (``is_gradient_cast``); the model's weights, gradients, optimizer states and
-  ZeRO-3 gathered layers;
+  16-bit weights, FSDP's gradient buffers), the fp32 casts of gradients before their reduction
+  (``is_gradient_cast``) and FSDP's backward buffers (``is_fsdp_buffer``); the model's weights,
+  gradients, optimizer states and ZeRO-3 gathered layers and buffers;
 - **layers**: Activation and Temp tensors allocated inside a transformer block
   (``*.layers.*``); the model's activations less the logits;
 - **head + loss**: Activation and Temp tensors of the final norm, the LM head and the loss (and
@@ -50,10 +50,19 @@ def is_gradient_cast(origin: dict) -> bool:
             and origin["dtype"] == "float32" and unit)
 
 
+def is_fsdp_buffer(origin: dict) -> bool:
+    """An empty buffer a block's FSDP unit allocates in backward: the reduce-scatter input in the
+    reduce dtype (fp32) and the prefetched layer's all-gather output (16-bit), torch 2.13
+    _fsdp_collectives.py foreach_reduce / foreach_all_gather. MemTracker files them as Temp under
+    the block; the model holds them with the gathered weights (meshplan/fsdp_policy.py)."""
+    return (origin["category"] == "Temp" and origin["op"] == "aten.empty.memory_format"
+            and origin["module"].endswith(".layers.*"))
+
+
 def part_of(origin: dict) -> str:
     """states / layers / head + loss / rest, for one origin of the tracker's peak."""
     module = origin["module"]
-    if origin["category"] in STATE_CATEGORIES or is_gradient_cast(origin):
+    if origin["category"] in STATE_CATEGORIES or is_gradient_cast(origin) or is_fsdp_buffer(origin):
         return "states"
     if ".layers." in module + ".":
         return "layers"

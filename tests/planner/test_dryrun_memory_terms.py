@@ -95,3 +95,44 @@ def test_last_stage_keeps_every_microbatch_output_when_the_stack_does() -> None:
     flat = Plan(dims=ParallelDims(dp_shard=8), zero=1)
     assert (estimate(model, cluster, training, flat, kept_calib).stages[0].memory.activations_bytes
             == estimate(model, cluster, training, flat, calib).stages[0].memory.activations_bytes)
+
+
+def test_fsdp2_backward_buffers_of_meshplans_runtime() -> None:
+    """ZeRO-3 as meshplan's runtime runs FSDP2 (meshplan/fsdp_policy.py): beside the two gathered
+    layers, the root unit (embedding, final norm, LM head) gathered through the backward with the
+    LM head's bf16 gradient, and one layer's fp32 reduce-scatter input beside its bf16 gradients
+    (4 + 2 bytes per parameter). They live once the loss's backward is over, so they add what
+    exceeds the logits and loss transients. Found by the README plan's dry run (docs/dryrun.md);
+    counted here by hand."""
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=8)
+    training = TrainingSpec(seq_len=2048, global_batch=8)
+    plan = Plan(dims=ParallelDims(dp_shard=8), zero=3)
+    calib = calibration_for(cluster.gpu)
+    assert calib.fsdp_root_gathered_in_backward and calib.fsdp_reduce_scatter_bytes_per_param == 6.0
+    without = replace(calib, fsdp_root_gathered_in_backward=False, fsdp_reduce_scatter_bytes_per_param=0.0)
+
+    def extra(model):
+        on = estimate(model, cluster, training, plan, calib).stages[0].memory
+        off = estimate(model, cluster, training, plan, without).stages[0].memory
+        return on.gathered_weight_bytes - off.gathered_weight_bytes, on.logits_bytes
+
+    # Llama-3-8B layer: wq, wo 4096^2 each; wk, wv 4096 x 1024 each; w1, w2, w3 4096 x 14336 each;
+    # two norms of 4096: 218,112,000. A 32,000 vocabulary: root = embedding and LM head 32,000 x
+    # 4,096 each and the final norm, 262,148,096.
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    root = 2 * 32000 * 4096 + 4096
+    assert layer == 218_112_000 and root == 262_148_096
+    # The root's bf16 copy beyond the rank's 1/8 bf16 shard (the meshplan stack keeps a bf16 shard
+    # beside the fp32 master: params_are_master False), the LM head's bf16 gradient (32,000 x 4,096
+    # x 2 B), one layer's 4 + 2 bytes: 2,029,575,168 B; less the logits of one 2,048-token
+    # micro-batch, 2,048 x 32,000 x (6 kept + 8 transient) = 917,504,000 B.
+    added, logits = extra(model_preset("llama3-8b").with_overrides({"num_layers": 4, "vocab_size": 32000}))
+    assert logits == 2048 * 32000 * (calib.logits_bytes_per_element + calib.loss_transient_bytes_per_element)
+    assert logits == 917_504_000
+    assert added == root * 2 * (1 - 1 / 8) + 32000 * 4096 * 2 + layer * 6 - logits == 1_112_071_168
+    # The full 128,256 vocabulary: buffers 1,838,685,184 + 1,050,673,152 + 1,308,672,000 B against
+    # logits 2,048 x 128,256 x 14 = 3,677,356,032 B: 520,674,304 B added.
+    added, logits = extra(model_preset("llama3-8b").with_overrides({"num_layers": 4}))
+    assert logits == 3_677_356_032
+    assert added == (2 * 128256 * 4096 + 4096) * 2 * (1 - 1 / 8) + 128256 * 4096 * 2 + layer * 6 - logits
+    assert added == 520_674_304

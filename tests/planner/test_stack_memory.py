@@ -119,13 +119,17 @@ def test_fsdp_with_pipelining_holds_the_stage_gradients_unsharded():
 
 
 def test_meshplan_stack_keeps_only_fsdp_prefetch_under_pipelining():
-    """meshplan's runtime: two layers gathered at most (the current and the prefetched one), as without PP."""
+    """meshplan's runtime: two layers gathered at most (the current and the prefetched one), as without PP,
+    and one layer's fp32 reduce-scatter input beside its bf16 gradients (meshplan/fsdp_policy.py: 6 B);
+    a middle stage has no root parameters (embedding, head) to hold."""
     plan = Plan(dims=ParallelDims(dp_shard=4, pp=4), zero=3, micro_batch=1)
     mp = calibration_for(H100.gpu, "meshplan")
     est = estimate(MODEL, H100, _train(), plan, mp)
     layer_p = _layer(plan, mp).params_per_gpu[0]
     gathered = est.stages[1].memory.gathered_weight_bytes
-    assert np.asarray(gathered) == pytest.approx(2 * layer_p * mp.weight_bytes_per_param * (1 - 1 / 4))
+    assert mp.fsdp_reduce_scatter_bytes_per_param == 6.0
+    assert np.asarray(gathered) == pytest.approx(2 * layer_p * mp.weight_bytes_per_param * (1 - 1 / 4)
+                                                 + layer_p * 6.0)
 
 
 def test_op_level_selective_recomputes_the_even_mms():

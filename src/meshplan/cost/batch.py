@@ -199,7 +199,9 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     # ---- other: buffers, ZeRO-3 gathered layers, framework, fragmentation (cost.memory) -----
     rest = rank_other(model, training, plans, calib, terms, stage, osdp, rank=rank, layers=layers,
                       allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess,
-                      gpu=cluster.gpu)
+                      gpu=cluster.gpu, rest_params=rest_p,
+                      head_weight_params=head_share * terms.vocab_per_tp_rank * model.hidden_size,
+                      logits_bytes=held.logits_bytes)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape

@@ -12,6 +12,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from meshplan.fsdp_policy import RUNTIME_SOURCE, runtime_values
 from meshplan.launch_env import LAUNCHER_SOURCE, launcher_env, sets_expandable_segments
 from meshplan.shipped import shipped_json
 from meshplan.spec.cluster import GPUSpec
@@ -62,13 +63,14 @@ def read_fitted_records() -> dict[str, FittedRecord]:
 
 def read_stack_records() -> dict[str, StackRecord]:
     """The file's 'stacks', by stack name; meshplan's own stack with its launcher's allocator
-    setting (:func:`launcher_values`)."""
+    setting (:func:`launcher_values`) and its runtime's FSDP2 buffers (fsdp_policy.runtime_values)."""
     records = {}
     for stack, rec in calibration_file()["stacks"].items():
         values, source = dict(rec["values"]), rec["source"]
         if stack == DEFAULT_STACK:
             values.update(launcher_values())
-            source = f"{source}; {LAUNCHER_SOURCE}"
+            values.update(runtime_values())
+            source = f"{source}; {LAUNCHER_SOURCE}; {RUNTIME_SOURCE}"
         records[stack] = StackRecord(stack=stack, source=source, values=MappingProxyType(values))
     return records
 

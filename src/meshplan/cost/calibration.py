@@ -128,7 +128,8 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "allocator_expandable_segments", "cp_ring_gathers_kv", "fp16_step_grad_copy_bytes_per_param",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element", "params_are_master",
-                "zero3_max_live_params", "zero3_prefetch_bucket_params", "fsdp_reduce_scatter_bytes_per_param")
+                "zero3_max_live_params", "zero3_prefetch_bucket_params", "fsdp_reduce_scatter_bytes_per_param",
+                "fsdp_root_gathered_in_backward")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 

@@ -203,10 +203,14 @@ class RankOther:
 
 def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, calib: Calibration,
                terms: PlanTerms, stage: UnshardedStage, osdp: OsdpCost, *, rank, layers,
-               allocated_bytes, step_excess_bytes=0.0, gpu: GPUSpec | None = None) -> RankOther:
+               allocated_bytes, step_excess_bytes=0.0, gpu: GPUSpec | None = None,
+               rest_params=0.0, head_weight_params=0.0, logits_bytes=0.0) -> RankOther:
     """What a rank holds beyond its states and activations; ``allocated_bytes`` (weights + grads +
     optimizer + activations left on the GPU) and ``step_excess_bytes`` (what the optimizer step's
-    peak adds over the backward's, cost/step_memory.py) set the allocator's reserve."""
+    peak adds over the backward's, cost/step_memory.py) set the allocator's reserve;
+    ``rest_params`` the rank's parameters outside its layers (embedding, LM head shares),
+    ``head_weight_params`` its share of the LM head's weight (V/t x D, tied or not),
+    ``logits_bytes`` the logits and loss transients its activations hold at the loss."""
     z = plans.zero
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
     # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
@@ -227,9 +231,23 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
     if calib.zero3_max_live_params:
         gathered_params = np.minimum(layers * gathered_p, deepspeed_live_params(model, calib, terms.t))
         not_held = 1.0
-    z3_bytes = gathered_params * gathered_bytes_per_param(training, calib, gpu) * not_held
+    gathered_b = gathered_bytes_per_param(training, calib, gpu)
+    z3_bytes = gathered_params * gathered_b * not_held
+    rs_bytes = 0.0
     if calib.fsdp_reduce_scatter_bytes_per_param:  # one layer's gradients on their way to the reduce-scatter
-        z3_bytes = z3_bytes + gathered_p * calib.fsdp_reduce_scatter_bytes_per_param
+        # (none in the backward where the stage keeps torch's PipelineStage behaviour under the
+        # zero-bubble split backward: gradients accumulate unsharded, reduced after the last one)
+        rs_bytes = np.where(stage.torch_stage, 0.0, gathered_p * calib.fsdp_reduce_scatter_bytes_per_param)
+    if calib.fsdp_root_gathered_in_backward:
+        # FSDP's root unit gathered from the LM head's backward to the root's post-backward, the
+        # last, with the LM head's 16-bit gradient made there, and the layers' reduce-scatter input:
+        # all live only once the loss's backward is over, when its logits and transients
+        # (``logits_bytes``, counted with the activations) are freed. They add what exceeds those.
+        backward_bytes = (rest_params * gathered_b * not_held + head_weight_params * calib.weight_bytes_per_param
+                          + rs_bytes)
+        z3_bytes = z3_bytes + np.maximum(backward_bytes - logits_bytes, 0.0)
+    else:
+        z3_bytes = z3_bytes + rs_bytes
     z3_buffers = np.where(z >= 3, z3_bytes, 0.0)
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
     if step_peak:

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from meshplan.fsdp_policy import REDUCE_DTYPE
 from meshplan.plan import CPMethod, Offload, Plan, Recompute, RecomputeModule
 from meshplan.runtime.mesh import data_parallel_mesh, expert_data_parallel_mesh
 from meshplan.runtime.osdp import apply_osdp_modules, osdp_units
@@ -288,7 +289,8 @@ def mixed_precision(param_dtype: torch.dtype | None):
 
     if param_dtype is None or param_dtype == torch.float32:
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    # fp32 reduction: meshplan/fsdp_policy.py, which the cost model's meshplan stack reads too
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=getattr(torch, REDUCE_DTYPE))
 
 
 def apply_dp(model: nn.Module, plan: Plan, mesh: DeviceMesh, ep_mesh: DeviceMesh | None, *,

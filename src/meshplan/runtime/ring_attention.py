@@ -90,7 +90,13 @@ def _block_backward(q, kb, vb, dout, lse, delta, diagonal: bool):
 class _RingAttention(torch.autograd.Function):
     """q: (B, Nk, g, s, H) grouped by KV head; k, v: (B, Nk, s, H), the KV heads themselves, in the
     compute dtype: what travels around the ring is the un-expanded K/V of the cost model (2 s Nk H
-    elements per hop). Softmax statistics, output and gradients are accumulated in fp32."""
+    elements per hop). Softmax statistics, output and gradients are accumulated in fp32.
+
+    The output is returned, and kept for backward, as one tensor laid out (B, s, Nk, g, Hv): the
+    token-major layout the output projection reads (B, s, Nq Hv) as a view, as FlashAttention's
+    kernel writes O (B, S, N, H) in memory. Kept head-major, the projection's ``flatten`` copied it,
+    a second O per layer kept for wo's weight gradient (the dry run's ``attention / aten.clone``,
+    2.44 GiB on the README plan's rank 0, docs/dryrun.md)."""
 
     @staticmethod
     def forward(ctx, q, k, v, group, rank, size):
@@ -111,7 +117,8 @@ class _RingAttention(torch.autograd.Function):
                 lse = new_lse
             if step < size - 1:
                 kb, vb = _ring_pass([kb, vb], group, rank, size)
-        out = out.to(q.dtype)  # kept for backward in the compute dtype, as FlashAttention keeps O
+        # Kept for backward in the compute dtype, as FlashAttention keeps O, token-major (see above).
+        out = out.permute(0, 3, 1, 2, 4).to(q.dtype, memory_format=torch.contiguous_format)  # (B, s, Nk, g, Hv)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.rank, ctx.size = group, rank, size
         return out
@@ -120,7 +127,8 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         group, rank, size = ctx.group, ctx.rank, ctx.size
-        dout = dout.float().contiguous()
+        out = out.permute(0, 2, 3, 1, 4)  # (B, Nk, g, s, Hv), a view
+        dout = dout.float().permute(0, 2, 3, 1, 4).contiguous()
         delta = (dout * out.float()).sum(-1, keepdim=True)  # (B, Nk, g, s, 1): rowsum(dO * O)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kb, vb = k, v
@@ -160,5 +168,5 @@ class RingAttention(nn.Module):
             dtype = torch.get_autocast_dtype(q.device.type)
         qg = q.transpose(1, 2).reshape(B, Nk, Nq // Nk, s, q.shape[-1]).to(dtype)  # (B, Nk, g, s, H)
         k, v = (t.transpose(1, 2).to(dtype) for t in (k, v))  # (B, Nk, s, H)
-        out = _RingAttention.apply(qg, k, v, self.group, self.cp_rank, self.cp_size)  # (B, Nk, g, s, Hv)
-        return out.reshape(B, Nq, s, out.shape[-1]).transpose(1, 2).to(dtype)
+        out = _RingAttention.apply(qg, k, v, self.group, self.cp_rank, self.cp_size)  # (B, s, Nk, g, Hv)
+        return out.reshape(B, s, Nq, out.shape[-1])  # a view: wo's flatten copies nothing

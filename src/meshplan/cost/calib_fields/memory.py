@@ -36,6 +36,23 @@ class MemoryFields:
     ``foreach_reduce``: ``reduce_scatter_comm.allocate(..., dtype=reduce_dtype)``, "Only after the
     copy-in finishes can we free the gradients"): 2 + 4 = 6 at either moment. 0: not counted
     (a stack field, frameworks.json; cost/memory.py ``rank_other``)."""
+    fsdp_root_gathered_in_backward: bool = False
+    """Whether ZeRO-3 holds the rank's parameters outside its layers (embedding, final norm, LM
+    head: FSDP's root unit) gathered through the whole backward, beside the two gathered layers,
+    and the LM head's 16-bit gradient with them (V/t x D at 2 bytes). torch FSDP2 frees the root
+    unit after forward when ``reshard_after_forward`` is passed (only its default skips that for
+    the root: torch 2.13 _fsdp_state.py ``_lazy_init``), gathers it again for the LM head's
+    backward, the first, and frees it, reduce-scattering the head's gradient made there, in its
+    post-backward, after the embedding's backward, the last. meshplan's runtime does this
+    (runtime/parallelize.py ``apply_dp`` wraps the model last with the plan's reshard;
+    meshplan/fsdp_policy.py); measured on the README plan's dry run (docs/dryrun.md: 1.96 GiB
+    gathered, 0.98 GiB of the head's gradient). torchtitan of 2024-25 wraps its root the same way
+    (``fully_shard(model, reshard_after_forward=not pp_enabled)``), not set for that stack here
+    (not measured); False: the embedding and the head are units of their own, freed around their
+    own passes, or the stack gathers module by module (DeepSpeed). Where set, these buffers and the
+    layer's reduce-scatter input (``fsdp_reduce_scatter_bytes_per_param``), all alive only after
+    the loss's backward has freed the logits and their transients, add what exceeds the logits
+    term (a phase maximum). A stack field; cost/memory.py ``rank_other``."""
     zero3_max_live_params: float = 0.0
     """Elements of gathered parameters a rank keeps live under ZeRO-3 before it releases any:
     DeepSpeed's ``stage3_max_live_parameters`` (default 1e9, deepspeed/runtime/zero/config.py
