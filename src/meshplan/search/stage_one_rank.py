@@ -61,9 +61,9 @@ def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_byte
     m_floor = _memory_given_time(tbl, np.full(C, np.inf), False, grid=grid)[:, 0, 0]
     rows = np.arange(C)
     L = tbl.num_layers
-    for _ in range(max_points):
-        if not active.any():
-            break
+    steps = 0
+    while active.any() and (max_points is None or steps < max_points):
+        steps += 1
         every = bool(active.all())
         sub = tbl if every else tbl.take(rows[active])
         g = grid if every else col(sub)

@@ -191,9 +191,9 @@ def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_p
     rows = np.arange(tbl.num_configs)
     t_cur = t_first.copy()
     active = t_cur < t_stop
-    for _ in range(max_points):
-        if not active.any():
-            break
+    steps = 0
+    while active.any() and (max_points is None or steps < max_points):
+        steps += 1
         idx = rows[active]
         sub = tbl.take(idx)
         t_a = t_cur[idx]

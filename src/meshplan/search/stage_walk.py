@@ -58,11 +58,24 @@ def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memor
     for rows, walker in parts:
         if rows.size == 0:
             continue
-        go = None if keep_going is None else (lambda r, t, m, rows=rows: keep_going(rows[r], t, m))
+        go = None if keep_going is None else _Rows(keep_going, rows)
         cap = memory_cap_bytes if np.ndim(memory_cap_bytes) == 0 else memory_cap_bytes[rows]
         pts = walker(tbl.take(rows), max_points, go, cap, truncate)
         walked.append((rows[pts.config], pts))
     return _merge(walked, tbl.num_ranks)
+
+
+class _Rows:
+    """``keep_going`` (and its ``memory_bound``, when it has one) of a part's rows, asked in the
+    whole table's."""
+
+    def __init__(self, stop, rows: np.ndarray):
+        self._stop, self._rows = stop, rows
+        if hasattr(stop, "memory_bound"):
+            self.memory_bound = lambda r, t: stop.memory_bound(rows[r], t)
+
+    def __call__(self, r, t, m):
+        return self._stop(self._rows[r], t, m)
 
 
 def _merge(parts: list[tuple[np.ndarray, StagePoints]], num_ranks: int) -> StagePoints:
@@ -111,9 +124,13 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
     t_last = (_min_bottleneck(_time_given_memory(tbl, m_floor, strict=False, top=_top(tbl, mem_limit=m_floor)[0]),
                               tbl) if truncate else inf)
     rows = np.arange(C)
-    for _ in range(max_points):
-        if not active.any():
-            break
+    bound = getattr(keep_going, "memory_bound", None)
+    # Points a known plan beats are jumped over (_jump) and not counted against max_points: the
+    # cap bounds the points worth scoring, not the steps (None: no cap).
+    counted = np.zeros(C, dtype=np.int64)
+    if bound is not None:
+        _jump(tbl, rows[active], mem_cap[active], rows, active, t_cur, m_floor, bound, keep_going, truncate)
+    while active.any():
         every = bool(active.all())
         sub = tbl if every else tbl.take(rows[active])
         t_a = t_cur if every else t_cur[active]
@@ -122,8 +139,48 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
         # The split of this point, and the next point: the least time that lets memory go
         # strictly below this point's.
         n, r, t_next = _point(sub, t_a, m_a, t_last[active], truncate)
+        idx = rows[active]
         _step(out, sub, n, r, t_next, rows, active, t_cur, m_floor, keep_going)
+        _count(out[-1], counted, bound)
+        if max_points is not None:
+            active[idx] &= counted[idx] < max_points
+        if bound is not None:
+            go = active[idx]
+            _jump(tbl, idx[go], m_a[go], rows, active, t_cur, m_floor, bound, keep_going, truncate)
     return _points(out, tbl.num_ranks)
+
+
+def _count(point: tuple, counted: np.ndarray, bound) -> None:
+    """Count a step's points (configs, max time, peak memory, ...) against each config's cap:
+    those below ``bound`` at their own time (no known plan beats them), or all without a bound."""
+    idx, t, m = point[:3]
+    counted[idx] += 1 if bound is None else (m < bound(idx, t))
+
+
+def _jump(tbl: StageTable, live: np.ndarray, m_ref: np.ndarray, rows: np.ndarray, active: np.ndarray,
+          t_cur: np.ndarray, m_floor: np.ndarray, bound, keep_going, truncate: bool) -> None:
+    """Move the walking configs ``live`` (their next points' times ``t_cur``, their memories
+    strictly below ``m_ref``) past the points a known plan beats, in place: a point at time t
+    or later needs memory below ``bound(t)``, so where that is below ``m_ref`` the next such
+    point is no faster than the least time of memory strictly below it; repeated until the
+    bound at the new time is met (it falls as the time grows), so that every point the walk
+    then records is one no known plan beats (up to the bound's 1e-9). Port of speed12b's
+    ``_jump`` (1a124dd), made a fixed point."""
+    while live.size:
+        lim = bound(live, t_cur[live])
+        far = lim < m_ref
+        if not far.any():
+            return
+        live, lim = live[far], lim[far]
+        sub = tbl.take(live)
+        top = _top(sub, mem_limit=lim)[0] if truncate else None
+        t_j = _min_bottleneck(_time_given_memory(sub, lim, strict=True, top=top), sub)
+        t_cur[live] = np.maximum(t_cur[live], t_j)
+        go = np.isfinite(t_cur[live])
+        if keep_going is not None and go.any():
+            go[go] = keep_going(live[go], t_cur[live[go]], m_floor[live[go]])
+        active[live] = go
+        live, m_ref = live[go], lim[go]
 
 
 def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, rows: np.ndarray,
