@@ -64,6 +64,13 @@ def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes:
     same = pts.config[by_cfg[1:]] == pts.config[by_cfg[:-1]]
     prev[by_cfg[1:][same]] = pts.peak_bytes[by_cfg[:-1][same]]
     band = np.flatnonzero(off)
+    m_bound = getattr(keep_going, "memory_bound", None)
+    if m_bound is not None:
+        # A split of folded time at least P's and memory at least what the known plans fast
+        # enough for P's time allow (the walk's jump, stage_walk._jump) is beaten by one of
+        # them; one of less folded time than P in the band lies in a stretch the walk jumped
+        # over, so is beaten too: the band ends there.
+        prev[band] = np.minimum(prev[band], m_bound(pts.config[band], pts.max_time_s[band]))
     sub = tbl.take(pts.config[band])
     lb = _least_untailed(sub, prev[band])
     # (every split's tail is at least the largest of the ranks' tails at v layers: bands whose
