@@ -76,5 +76,5 @@ def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_byte
         off = np.flatnonzero(~(loose[:, 0, 0] <= t_a + tol))
         if off.size:  # not met at n = L: the whole grid's assignment (never seen; kept exact)
             n[off], r[off] = _assignment(sub.take(off), t_a[off], m_a[off])
-        _step(out, sub, n, r, strict[:, 0, 0], rows, active, t_cur, m_floor, keep_going)
+        _step(out, sub, n, r, strict[:, 0, 0], rows[active], active, t_cur, m_floor, keep_going)
     return _points(out, 1)

@@ -125,76 +125,65 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
                               tbl) if truncate else inf)
     rows = np.arange(C)
     bound = getattr(keep_going, "memory_bound", None)
-    # Points a known plan beats are jumped over (_jump) and not counted against max_points: the
-    # cap bounds the points worth scoring, not the steps (None: no cap).
     counted = np.zeros(C, dtype=np.int64)
-    if bound is not None:
-        _jump(tbl, rows[active], mem_cap[active], rows, active, t_cur, m_floor, bound, keep_going, truncate)
     while active.any():
         every = bool(active.all())
-        sub = tbl if every else tbl.take(rows[active])
+        idx = rows[active]
+        sub = tbl if every else tbl.take(idx)
         t_a = t_cur if every else t_cur[active]
         top = _top(sub, time_limit=t_a)[0] if truncate else None
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=top), sub)
+        if bound is not None:
+            # A point a known plan beats is not recorded: its config jumps past it (_jump).
+            lim = bound(idx, t_a)
+            beaten = m_a >= lim
+            if beaten.any():
+                _jump(sub.take(np.flatnonzero(beaten)), idx[beaten], lim[beaten], active, t_cur, m_floor,
+                      keep_going, truncate)
+                keep = np.flatnonzero(~beaten)
+                if keep.size == 0:
+                    continue
+                idx, sub, t_a, m_a = idx[keep], sub.take(keep), t_a[keep], m_a[keep]
         # The split of this point, and the next point: the least time that lets memory go
         # strictly below this point's.
-        n, r, t_next = _point(sub, t_a, m_a, t_last[active], truncate)
-        idx = rows[active]
-        _step(out, sub, n, r, t_next, rows, active, t_cur, m_floor, keep_going)
-        _count(out[-1], counted, bound)
+        n, r, t_next = _point(sub, t_a, m_a, t_last[idx], truncate)
+        _step(out, sub, n, r, t_next, idx, active, t_cur, m_floor, keep_going)
+        # (every recorded point is one no known plan beats: the cap counts those alone)
+        counted[idx] += 1
         if max_points is not None:
             active[idx] &= counted[idx] < max_points
-        if bound is not None:
-            go = active[idx]
-            _jump(tbl, idx[go], m_a[go], rows, active, t_cur, m_floor, bound, keep_going, truncate)
     return _points(out, tbl.num_ranks)
 
 
-def _count(point: tuple, counted: np.ndarray, bound) -> None:
-    """Count a step's points (configs, max time, peak memory, ...) against each config's cap:
-    those below ``bound`` at their own time (no known plan beats them), or all without a bound."""
-    idx, t, m = point[:3]
-    counted[idx] += 1 if bound is None else (m < bound(idx, t))
+def _jump(sub: StageTable, idx: np.ndarray, lim: np.ndarray, active: np.ndarray, t_cur: np.ndarray,
+          m_floor: np.ndarray, keep_going, truncate: bool) -> None:
+    """Move the configs ``idx`` (``sub`` their table), whose points at ``t_cur`` a known plan
+    beats, past the points it beats, in place: a point at that time or later needs memory below
+    ``lim`` (what the known plans fast enough for that time allow: ``keep_going.memory_bound``,
+    which falls as the time grows), so the next point worth recording is no faster than the
+    least time of memory strictly below ``lim``; the walk asks again there. (Session 12's
+    speed12b, 1a124dd, jumped after recording the beaten point; here none is recorded, so the
+    cap counts only points no known plan beats.)"""
+    top = _top(sub, mem_limit=lim)[0] if truncate else None
+    t_j = _min_bottleneck(_time_given_memory(sub, lim, strict=True, top=top), sub)
+    t_cur[idx] = np.maximum(t_cur[idx], t_j)
+    go = np.isfinite(t_cur[idx])
+    if keep_going is not None and go.any():
+        go[go] = keep_going(idx[go], t_cur[idx[go]], m_floor[idx[go]])
+    active[idx] = go
 
 
-def _jump(tbl: StageTable, live: np.ndarray, m_ref: np.ndarray, rows: np.ndarray, active: np.ndarray,
-          t_cur: np.ndarray, m_floor: np.ndarray, bound, keep_going, truncate: bool) -> None:
-    """Move the walking configs ``live`` (their next points' times ``t_cur``, their memories
-    strictly below ``m_ref``) past the points a known plan beats, in place: a point at time t
-    or later needs memory below ``bound(t)``, so where that is below ``m_ref`` the next such
-    point is no faster than the least time of memory strictly below it; repeated until the
-    bound at the new time is met (it falls as the time grows), so that every point the walk
-    then records is one no known plan beats (up to the bound's 1e-9). Port of speed12b's
-    ``_jump`` (1a124dd), made a fixed point."""
-    while live.size:
-        lim = bound(live, t_cur[live])
-        far = lim < m_ref
-        if not far.any():
-            return
-        live, lim = live[far], lim[far]
-        sub = tbl.take(live)
-        top = _top(sub, mem_limit=lim)[0] if truncate else None
-        t_j = _min_bottleneck(_time_given_memory(sub, lim, strict=True, top=top), sub)
-        t_cur[live] = np.maximum(t_cur[live], t_j)
-        go = np.isfinite(t_cur[live])
-        if keep_going is not None and go.any():
-            go[go] = keep_going(live[go], t_cur[live[go]], m_floor[live[go]])
-        active[live] = go
-        live, m_ref = live[go], lim[go]
-
-
-def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, rows: np.ndarray,
+def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, idx: np.ndarray,
           active: np.ndarray, t_cur: np.ndarray, m_floor: np.ndarray, keep_going) -> None:
     """One step of a walk (:func:`_walk`, ``stage_one_rank._walk_one_rank``): record the split
-    (n, r) of the ``active`` rows (``sub`` their table), move them to their next point's time
+    (n, r) of the rows ``idx`` (``sub`` their table), move them to their next point's time
     ``t_next`` (in place) and keep walking those with a next point that ``keep_going`` keeps."""
     t_s, m_s = sub.rank_costs(n, r)
-    idx = rows[active]
     out.append((idx, t_s.max(axis=1), m_s.max(axis=1), n, r))
     t_cur[idx] = t_next
     active[idx] = np.isfinite(t_next)
-    if keep_going is not None and active.any():
-        live = rows[active]
+    live = idx[active[idx]]
+    if keep_going is not None and live.size:
         active[live] = keep_going(live, t_cur[live], m_floor[live])
 
 
