@@ -28,7 +28,7 @@ percent; the margin keeps such configurations in the search."""
 def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
             even: EvenCost, candidate: np.ndarray, fronts: list[Front],
             splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
-            cap: float, stage_points: int,
+            cap: float, stage_points: int | None,
             tick: Callable[[str, float], None], truncate: bool | None = None) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 

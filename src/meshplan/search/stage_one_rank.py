@@ -16,7 +16,7 @@ scale to both time and memory (a: the time; c + k min(d, g): the least memory); 
 walked on the whole grid (:func:`_walk`)."""
 
 
-def _walk_one_rank_table(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_one_rank_table(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
                          truncate: bool | None) -> StagePoints:
     """A one-rank table's walk: :func:`_walk_one_rank` on its configs whose levels rise with n by
     far more than rounding (ONE_RANK_MIN_STEP), the whole grid's walk on the rest (tables whose
@@ -35,7 +35,7 @@ def _walk_one_rank_table(tbl: StageTable, max_points: int, keep_going, memory_ca
                        memory_cap_bytes, truncate)
 
 
-def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float) -> StagePoints:
+def _walk_one_rank(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float) -> StagePoints:
     """:func:`_walk` of a table of one rank (pp = 1): its points are those of the whole grid's
     walk, computed on the grid's last column alone (n = L, the only count a lone rank holds).
 

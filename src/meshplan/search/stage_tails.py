@@ -42,7 +42,7 @@ TAIL_REL = 1e-9
 of it (the two are computed along different paths; the exact re-scoring compares at 1e-9 too)."""
 
 
-def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_tailed(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
                  truncate: bool | None, walk) -> StagePoints:
     """``walk`` (a walk of untailed tables) of ``tbl`` with its objective (module docstring)."""
     pts = walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
@@ -146,7 +146,7 @@ def _levels_to_walk(tbl: StageTable, pts: StagePoints, band: np.ndarray, exact: 
     return np.concatenate(taken), rows[by], caps[by], levels[by]
 
 
-def _fastest_front(pts: StagePoints, max_points: int) -> np.ndarray:
+def _fastest_front(pts: StagePoints, max_points: int | None) -> np.ndarray:
     """Per config the indices of its Pareto points (time, memory), fastest first, at most
     ``max_points``; in config order."""
     keep = []
@@ -194,7 +194,7 @@ def _caps(tbl: StageTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return np.asarray(rank_col).reshape(-1), caps, levels, ok
 
 
-def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.ndarray, max_points: int,
+def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.ndarray, max_points: int | None,
                  memory_cap_bytes: np.ndarray, f_hi: np.ndarray) -> StagePoints:
     """The untailed walks of ``tbl``'s rows ``row`` capped at their tail levels ``level`` (their
     cap vectors ``caps``, :func:`_caps`), each row's up to its objective ``f_hi`` and from its
@@ -219,7 +219,7 @@ def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.n
     return StagePoints(owner, objective, pts.peak_bytes, pts.layers, pts.recomputed)
 
 
-def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_points: int) -> StagePoints:
+def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_points: int | None) -> StagePoints:
     """``stage_walk._walk`` of ``tbl`` from its first time ``t_first`` (the least within the
     rows' memory caps) while the time stays below ``t_stop``: the same staircase points (each
     the least memory within its time, the next the least time strictly below that memory, the

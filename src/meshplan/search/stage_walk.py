@@ -1,6 +1,8 @@
 """The staircase walk of :mod:`meshplan.search.stages`: point by point, every config of a table
 at once (:func:`_walk`), one virtual-stage count at a time on large mixed tables
-(:func:`_walk_by_chunks`)."""
+(:func:`_walk_by_chunks`); a point a known plan beats is not recorded, its config jumps past
+the points that plan beats (:func:`_jump`), so that a walk reaches its staircase's leaner end
+at the cost of the points worth scoring (session 13)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def _point(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray, t_last: np.nda
     return n, r, t_next
 
 
-def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_by_chunks(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
                     truncate: bool | None) -> StagePoints:
     """:func:`_walk` of a table of several virtual-stage counts v, one v at a time: each v's
     grid starts at its own v and needs no masks (:func:`_mask_grid`), and a larger v's grid is
@@ -50,7 +52,7 @@ def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_byt
                        memory_cap_bytes, truncate)
 
 
-def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_parts(tbl: StageTable, parts: list, max_points: int | None, keep_going, memory_cap_bytes: float,
                 truncate: bool | None) -> StagePoints:
     """The walk of ``tbl`` as walks of its parts (rows, walker): each config's points are its own
     walk's, returned in the whole walk's order (step, then row)."""
@@ -104,7 +106,7 @@ counts); below, the per-walk fixed cost of the extra walks outweighs the masks t
 
 
 
-def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
           truncate: bool | None) -> StagePoints:
     """:func:`stage_frontier` (the caller holds the floating-point warnings off)."""
     C = tbl.num_configs
