@@ -65,10 +65,12 @@ virtual stages, each scored by a per-chunk loop): Llama-3-8B on 64 H100 searches
 32 to 2048 layers and 70 s at 4096 (session 8, solid3). 1024 is 8x the deepest published stack
 (Megatron-LM's 1T model, 128 layers, Narayanan et al. 2021 Table 1); ``estimate`` takes any depth."""
 
-STAGE_POINTS_PER_CONFIG = 12
-"""Most frontier points walked per configuration by the stage search (fastest first). A global
-frontier point rarely comes from deep in one configuration's staircase (the next configuration
-with more recompute or sharding takes over); tests walk every point to check exactness."""
+STAGE_POINTS_PER_CONFIG: int | None = None
+"""Most points the stage walk keeps per configuration that no known plan beats (None: no cap).
+Until session 12 this was 12 steps, beaten steps included, so frontiers were truncated (70B on
+1024 H100s lost 37 leaner points); the walk now jumps over the points a known plan beats
+(stage_walk._jump) and walks every configuration's staircase to its end, so the frontier is exact
+with respect to the walk (docs/search.md, "Session 13: walk13"; tests/planner/test_search_exact_walk.py)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def fit_budget_bytes(cluster: ClusterSpec, memory_bytes: float | None = None) ->
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            calib: Calibration | None = None, budget_bytes: float | None = None,
            options: SearchOptions = SearchOptions(), refine_slack: float = REFINE_SLACK,
-           memory_cap_bytes: float | None = None, stage_points: int = STAGE_POINTS_PER_CONFIG,
+           memory_cap_bytes: float | None = None, stage_points: int | None = STAGE_POINTS_PER_CONFIG,
            progress: Callable[[str, float], None] | None = None, prune: bool | None = None) -> SearchResult:
     """Pareto frontier of plans for ``cluster.num_gpus`` GPUs (see the module docstring).
     ``prune`` False scores every configuration in full and walks every stage grid whole

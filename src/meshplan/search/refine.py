@@ -28,7 +28,7 @@ percent; the margin keeps such configurations in the search."""
 def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: SharedLayerCost,
             even: EvenCost, candidate: np.ndarray, fronts: list[Front],
             splits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, options: SearchOptions,
-            cap: float, stage_points: int,
+            cap: float, stage_points: int | None,
             tick: Callable[[str, float], None], truncate: bool | None = None) -> tuple[int, int]:
     """Uneven splits of the promising configurations (step 3 of the module docstring).
 
@@ -68,7 +68,7 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
         pp = int(space.pp[idx[0]])
         # pp = 1: the staircase is one point per recomputed-layer count, L + 1 at most, walked
         # whole (a cap would keep the points nearest the memory cap and drop the leaner ones).
-        walk_points = stage_points if pp > 1 else max(stage_points, model.num_layers + 1)
+        walk_points = stage_points if pp > 1 or stage_points is None else max(stage_points, model.num_layers + 1)
         refined += idx.size
         pts_t, pts_m, pts_k = [], [], []
         for chunk in np.array_split(idx, max(1, int(np.ceil(idx.size * pp * model.num_layers / 1e6)))):
@@ -90,7 +90,8 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
             chunk, sub, tbl = chunk[live], sub.take(live), tbl.take(np.flatnonzero(live))
             alpha = alpha[live]
             pts = stage_frontier(tbl, max_points=walk_points, memory_cap_bytes=cap,
-                                 keep_going=lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
+                                 keep_going=_Stop(lambda r, t, m, a=alpha: keep_going(r, t, m, alpha=a),
+                                                  known, alpha),
                                  truncate=truncate)
             if truncate is not False and pts.config.size:
                 pts = _worth_scoring(pts, keep_going(pts.config, pts.max_time_s, pts.peak_bytes, alpha=alpha))
@@ -111,6 +112,26 @@ def _refine(ctx: CostContext, space: PlanArrays, plans: PlanArrays, layer: Share
         tick("stage splits", 0.4 + 0.55 * (gi + 1) / len(groups))
 
     return refined, evaluated
+
+
+class _Stop:
+    """The walk's stop (``keep_going``) and, for a point at time t, the memory a point of the
+    same config at t or later must go below for no known plan to beat it (``memory_bound``):
+    the known plans fast enough for t are fast enough for any slower point (the lookup
+    ``dominated_by`` makes in ``keep_going``, loosened by 1e-9 against rounding). The walk jumps
+    past the points below that bound (``stage_walk._jump``) and counts only the others against
+    its cap. (Ported from session 12's branch speed12b, 1a124dd.)"""
+
+    def __init__(self, stop, known: Front, alpha: np.ndarray):
+        self._stop, self._known, self._alpha = stop, known, alpha
+
+    def __call__(self, rows, t, m):
+        return self._stop(rows, t, m)
+
+    def memory_bound(self, rows: np.ndarray, t: np.ndarray) -> np.ndarray:
+        ft, fm = self._known.time_s, self._known.memory_bytes
+        count = np.searchsorted(ft, self._alpha[rows] * t * (1 - PRUNE_MARGIN), side="right")
+        return np.concatenate(([np.inf], fm))[count] / (1 - PRUNE_MARGIN) * (1 + 1e-9)
 
 
 def _worth_scoring(pts: StagePoints, undominated: np.ndarray) -> StagePoints:

@@ -16,7 +16,7 @@ scale to both time and memory (a: the time; c + k min(d, g): the least memory); 
 walked on the whole grid (:func:`_walk`)."""
 
 
-def _walk_one_rank_table(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_one_rank_table(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
                          truncate: bool | None) -> StagePoints:
     """A one-rank table's walk: :func:`_walk_one_rank` on its configs whose levels rise with n by
     far more than rounding (ONE_RANK_MIN_STEP), the whole grid's walk on the rest (tables whose
@@ -35,7 +35,7 @@ def _walk_one_rank_table(tbl: StageTable, max_points: int, keep_going, memory_ca
                        memory_cap_bytes, truncate)
 
 
-def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float) -> StagePoints:
+def _walk_one_rank(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float) -> StagePoints:
     """:func:`_walk` of a table of one rank (pp = 1): its points are those of the whole grid's
     walk, computed on the grid's last column alone (n = L, the only count a lone rank holds).
 
@@ -61,9 +61,9 @@ def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_byte
     m_floor = _memory_given_time(tbl, np.full(C, np.inf), False, grid=grid)[:, 0, 0]
     rows = np.arange(C)
     L = tbl.num_layers
-    for _ in range(max_points):
-        if not active.any():
-            break
+    steps = 0
+    while active.any() and (max_points is None or steps < max_points):
+        steps += 1
         every = bool(active.all())
         sub = tbl if every else tbl.take(rows[active])
         g = grid if every else col(sub)
@@ -76,5 +76,5 @@ def _walk_one_rank(tbl: StageTable, max_points: int, keep_going, memory_cap_byte
         off = np.flatnonzero(~(loose[:, 0, 0] <= t_a + tol))
         if off.size:  # not met at n = L: the whole grid's assignment (never seen; kept exact)
             n[off], r[off] = _assignment(sub.take(off), t_a[off], m_a[off])
-        _step(out, sub, n, r, strict[:, 0, 0], rows, active, t_cur, m_floor, keep_going)
+        _step(out, sub, n, r, strict[:, 0, 0], rows[active], active, t_cur, m_floor, keep_going)
     return _points(out, 1)

@@ -42,7 +42,7 @@ TAIL_REL = 1e-9
 of it (the two are computed along different paths; the exact re-scoring compares at 1e-9 too)."""
 
 
-def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_tailed(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
                  truncate: bool | None, walk) -> StagePoints:
     """``walk`` (a walk of untailed tables) of ``tbl`` with its objective (module docstring)."""
     pts = walk(tbl, max_points, keep_going, memory_cap_bytes, truncate)
@@ -64,36 +64,18 @@ def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes:
     same = pts.config[by_cfg[1:]] == pts.config[by_cfg[:-1]]
     prev[by_cfg[1:][same]] = pts.peak_bytes[by_cfg[:-1][same]]
     band = np.flatnonzero(off)
-    sub = tbl.take(pts.config[band])
-    lb = _least_untailed(sub, prev[band])
-    # (every split's tail is at least the largest of the ranks' tails at v layers: bands whose
-    # bound below is under that have no level to walk, and no cap vectors are made for them)
-    v = sub.chunk_array()[:, None]
-    y_lo = sub.tails(np.broadcast_to(v, sub.rank_tail_s.shape)).max(axis=1)
-    near = exact[band] - lb >= y_lo - np.abs(y_lo) * TAIL_REL
-    band, sub, lb = band[near], sub.take(np.flatnonzero(near)), lb[near]
-    if band.size == 0:
-        return pts
-    col, caps, levels, ok = _caps(sub)
-    # a split of the band faster than P has a tail below P's objective less the band's least
-    # untailed time; one new at a level has that tail (see _walk_capped) and at least P's memory:
-    # the levels a known plan beats so are not walked
-    bound = exact[band] - lb
-    rows, levels_of = np.nonzero(ok & (levels <= (bound + np.abs(bound) * TAIL_REL)[:, None]))
-    if keep_going is not None and rows.size:
-        live = keep_going(pts.config[band[rows]], lb[rows] + levels[rows, levels_of], pts.peak_bytes[band[rows]])
-        rows, levels_of = rows[live], levels_of[live]
-    # the work limit: the fastest bands first, up to the budget of walks
+    m_bound = getattr(keep_going, "memory_bound", None)
+    if m_bound is not None:
+        # A split of folded time at least P's and memory at least what the known plans fast
+        # enough for P's time allow (the walk's jump, stage_walk._jump) is beaten by one of
+        # them; one of less folded time than P in the band lies in a stretch the walk jumped
+        # over, so is beaten too: the band ends there.
+        prev[band] = np.minimum(prev[band], m_bound(pts.config[band], pts.max_time_s[band]))
     budget = max(TAIL_MIN_ROWS, int(TAIL_ROWS_PER_CONFIG * tbl.num_configs))
-    count = np.bincount(rows, minlength=band.size)
-    order = np.argsort(pts.max_time_s[band], kind="stable")
-    taken = order[np.cumsum(count[order]) <= budget]
+    taken, rows, caps, levels = _levels_to_walk(tbl, pts, band, exact, prev, keep_going, budget)
     if taken.size == 0:
         return pts
-    pick = np.isin(rows, taken)
-    rows, levels_of = rows[pick], levels_of[pick]
-    again = _walk_capped(sub, rows, caps[rows, levels_of][:, col], levels[rows, levels_of], max_points, prev[band],
-                         exact[band])
+    again = _walk_capped(tbl.take(pts.config[band]), rows, caps, levels, max_points, prev[band], exact[band])
     again = StagePoints(pts.config[band][again.config], again.max_time_s, again.peak_bytes, again.layers,
                         again.recomputed)
     redo = np.unique(pts.config[band[taken]])
@@ -108,7 +90,63 @@ def _walk_tailed(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes:
     return _merge([(pts.config[~mine], _take(pts, ~mine)), (union.config[best], _take(union, best))], tbl.num_ranks)
 
 
-def _fastest_front(pts: StagePoints, max_points: int) -> np.ndarray:
+TAIL_FIRST_BANDS = 1024
+""":func:`_levels_to_walk` reads the bands fastest first in blocks, the first of
+max(this, the budget) bands, each next one twice as large, until the budget of walks is spent:
+the bands beyond are never walked, so their cap vectors are not made (Qwen3-30B-A3B on 256
+GB200, --target megatron: 72.7k bands reached :func:`_caps`, ~1 s, most past the budget)."""
+
+
+def _levels_to_walk(tbl: StageTable, pts: StagePoints, band: np.ndarray, exact: np.ndarray, prev: np.ndarray,
+                    keep_going, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The bands ``band`` (indices of ``pts``) walked again and their capped walks, within the
+    budget of walks, the fastest bands first: (taken: positions in ``band`` of the bands read
+    before the budget ran out; rows, caps, levels: each walk's band position, per-rank cap
+    vector and tail level, by band then level)."""
+    order = np.argsort(pts.max_time_s[band], kind="stable")
+    taken, rows, caps, levels = [], [], [], []
+    used, start, size = 0, 0, max(TAIL_FIRST_BANDS, budget)
+    while start < order.size:
+        part = order[start:start + size]
+        start, size = start + size, 2 * size
+        sub = tbl.take(pts.config[band[part]])
+        lb = _least_untailed(sub, prev[band[part]])
+        # (every split's tail is at least the largest of the ranks' tails at v layers: bands whose
+        # bound below is under that have no level to walk, and no cap vectors are made for them)
+        v = sub.chunk_array()[:, None]
+        y_lo = sub.tails(np.broadcast_to(v, sub.rank_tail_s.shape)).max(axis=1)
+        near = np.flatnonzero(exact[band[part]] - lb >= y_lo - np.abs(y_lo) * TAIL_REL)
+        if near.size == 0:
+            continue
+        part, sub, lb = part[near], sub.take(near), lb[near]
+        col, cap, level, ok = _caps(sub)
+        # a split of the band faster than P has a tail below P's objective less the band's least
+        # untailed time; one new at a level has that tail (see _walk_capped) and at least P's
+        # memory: the levels a known plan beats so are not walked
+        bound = exact[band[part]] - lb
+        r, lv = np.nonzero(ok & (level <= (bound + np.abs(bound) * TAIL_REL)[:, None]))
+        if keep_going is not None and r.size:
+            live = keep_going(pts.config[band[part[r]]], lb[r] + level[r, lv], pts.peak_bytes[band[part[r]]])
+            r, lv = r[live], lv[live]
+        # the work limit: the fastest bands first, up to the budget of walks
+        within = used + np.cumsum(np.bincount(r, minlength=part.size)) <= budget
+        pick = within[r]
+        taken.append(part[within])
+        rows.append(part[r[pick]])
+        caps.append(cap[r[pick], lv[pick]][:, col])
+        levels.append(level[r[pick], lv[pick]])
+        if not within.all():
+            break
+        used += r.size
+    if not taken:
+        return (np.empty(0, dtype=np.int64),) * 2 + (np.empty((0, tbl.num_ranks), dtype=np.int64), np.empty(0))
+    rows, levels = np.concatenate(rows), np.concatenate(levels)
+    caps = np.concatenate(caps)
+    by = np.lexsort((levels, rows))  # (by band, then level: the order of one pass over every band)
+    return np.concatenate(taken), rows[by], caps[by], levels[by]
+
+
+def _fastest_front(pts: StagePoints, max_points: int | None) -> np.ndarray:
     """Per config the indices of its Pareto points (time, memory), fastest first, at most
     ``max_points``; in config order."""
     keep = []
@@ -156,7 +194,7 @@ def _caps(tbl: StageTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return np.asarray(rank_col).reshape(-1), caps, levels, ok
 
 
-def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.ndarray, max_points: int,
+def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.ndarray, max_points: int | None,
                  memory_cap_bytes: np.ndarray, f_hi: np.ndarray) -> StagePoints:
     """The untailed walks of ``tbl``'s rows ``row`` capped at their tail levels ``level`` (their
     cap vectors ``caps``, :func:`_caps`), each row's up to its objective ``f_hi`` and from its
@@ -181,7 +219,7 @@ def _walk_capped(tbl: StageTable, row: np.ndarray, caps: np.ndarray, level: np.n
     return StagePoints(owner, objective, pts.peak_bytes, pts.layers, pts.recomputed)
 
 
-def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_points: int) -> StagePoints:
+def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_points: int | None) -> StagePoints:
     """``stage_walk._walk`` of ``tbl`` from its first time ``t_first`` (the least within the
     rows' memory caps) while the time stays below ``t_stop``: the same staircase points (each
     the least memory within its time, the next the least time strictly below that memory, the
@@ -191,9 +229,9 @@ def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_p
     rows = np.arange(tbl.num_configs)
     t_cur = t_first.copy()
     active = t_cur < t_stop
-    for _ in range(max_points):
-        if not active.any():
-            break
+    steps = 0
+    while active.any() and (max_points is None or steps < max_points):
+        steps += 1
         idx = rows[active]
         sub = tbl.take(idx)
         t_a = t_cur[idx]

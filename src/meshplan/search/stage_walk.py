@@ -1,6 +1,8 @@
 """The staircase walk of :mod:`meshplan.search.stages`: point by point, every config of a table
 at once (:func:`_walk`), one virtual-stage count at a time on large mixed tables
-(:func:`_walk_by_chunks`)."""
+(:func:`_walk_by_chunks`); a point a known plan beats is not recorded, its config jumps past
+the points that plan beats (:func:`_jump`), so that a walk reaches its staircase's leaner end
+at the cost of the points worth scoring (session 13)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def _point(tbl: StageTable, t_lim: np.ndarray, m_lim: np.ndarray, t_last: np.nda
     return n, r, t_next
 
 
-def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_by_chunks(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
                     truncate: bool | None) -> StagePoints:
     """:func:`_walk` of a table of several virtual-stage counts v, one v at a time: each v's
     grid starts at its own v and needs no masks (:func:`_mask_grid`), and a larger v's grid is
@@ -50,7 +52,7 @@ def _walk_by_chunks(tbl: StageTable, max_points: int, keep_going, memory_cap_byt
                        memory_cap_bytes, truncate)
 
 
-def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk_parts(tbl: StageTable, parts: list, max_points: int | None, keep_going, memory_cap_bytes: float,
                 truncate: bool | None) -> StagePoints:
     """The walk of ``tbl`` as walks of its parts (rows, walker): each config's points are its own
     walk's, returned in the whole walk's order (step, then row)."""
@@ -58,11 +60,24 @@ def _walk_parts(tbl: StageTable, parts: list, max_points: int, keep_going, memor
     for rows, walker in parts:
         if rows.size == 0:
             continue
-        go = None if keep_going is None else (lambda r, t, m, rows=rows: keep_going(rows[r], t, m))
+        go = None if keep_going is None else _Rows(keep_going, rows)
         cap = memory_cap_bytes if np.ndim(memory_cap_bytes) == 0 else memory_cap_bytes[rows]
         pts = walker(tbl.take(rows), max_points, go, cap, truncate)
         walked.append((rows[pts.config], pts))
     return _merge(walked, tbl.num_ranks)
+
+
+class _Rows:
+    """``keep_going`` (and its ``memory_bound``, when it has one) of a part's rows, asked in the
+    whole table's."""
+
+    def __init__(self, stop, rows: np.ndarray):
+        self._stop, self._rows = stop, rows
+        if hasattr(stop, "memory_bound"):
+            self.memory_bound = lambda r, t: stop.memory_bound(rows[r], t)
+
+    def __call__(self, r, t, m):
+        return self._stop(self._rows[r], t, m)
 
 
 def _merge(parts: list[tuple[np.ndarray, StagePoints]], num_ranks: int) -> StagePoints:
@@ -91,7 +106,7 @@ counts); below, the per-walk fixed cost of the extra walks outweighs the masks t
 
 
 
-def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
+def _walk(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes: float,
           truncate: bool | None) -> StagePoints:
     """:func:`stage_frontier` (the caller holds the floating-point warnings off)."""
     C = tbl.num_configs
@@ -111,33 +126,66 @@ def _walk(tbl: StageTable, max_points: int, keep_going, memory_cap_bytes: float,
     t_last = (_min_bottleneck(_time_given_memory(tbl, m_floor, strict=False, top=_top(tbl, mem_limit=m_floor)[0]),
                               tbl) if truncate else inf)
     rows = np.arange(C)
-    for _ in range(max_points):
-        if not active.any():
-            break
+    bound = getattr(keep_going, "memory_bound", None)
+    counted = np.zeros(C, dtype=np.int64)
+    while active.any():
         every = bool(active.all())
-        sub = tbl if every else tbl.take(rows[active])
+        idx = rows[active]
+        sub = tbl if every else tbl.take(idx)
         t_a = t_cur if every else t_cur[active]
         top = _top(sub, time_limit=t_a)[0] if truncate else None
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=top), sub)
+        if bound is not None:
+            # A point a known plan beats is not recorded: its config jumps past it (_jump).
+            lim = bound(idx, t_a)
+            beaten = m_a >= lim
+            if beaten.any():
+                _jump(sub.take(np.flatnonzero(beaten)), idx[beaten], lim[beaten], active, t_cur, m_floor,
+                      keep_going, truncate)
+                keep = np.flatnonzero(~beaten)
+                if keep.size == 0:
+                    continue
+                idx, sub, t_a, m_a = idx[keep], sub.take(keep), t_a[keep], m_a[keep]
         # The split of this point, and the next point: the least time that lets memory go
         # strictly below this point's.
-        n, r, t_next = _point(sub, t_a, m_a, t_last[active], truncate)
-        _step(out, sub, n, r, t_next, rows, active, t_cur, m_floor, keep_going)
+        n, r, t_next = _point(sub, t_a, m_a, t_last[idx], truncate)
+        _step(out, sub, n, r, t_next, idx, active, t_cur, m_floor, keep_going)
+        # (every recorded point is one no known plan beats: the cap counts those alone)
+        counted[idx] += 1
+        if max_points is not None:
+            active[idx] &= counted[idx] < max_points
     return _points(out, tbl.num_ranks)
 
 
-def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, rows: np.ndarray,
+def _jump(sub: StageTable, idx: np.ndarray, lim: np.ndarray, active: np.ndarray, t_cur: np.ndarray,
+          m_floor: np.ndarray, keep_going, truncate: bool) -> None:
+    """Move the configs ``idx`` (``sub`` their table), whose points at ``t_cur`` a known plan
+    beats, past the points it beats, in place: a point at that time or later needs memory below
+    ``lim`` (what the known plans fast enough for that time allow: ``keep_going.memory_bound``,
+    which falls as the time grows), so the next point worth recording is no faster than the
+    least time of memory strictly below ``lim``; the walk asks again there. (Session 12's
+    speed12b, 1a124dd, jumped after recording the beaten point; here none is recorded, so the
+    cap counts only points no known plan beats.)"""
+    top = _top(sub, mem_limit=lim)[0] if truncate else None
+    t_j = _min_bottleneck(_time_given_memory(sub, lim, strict=True, top=top), sub)
+    t_cur[idx] = np.maximum(t_cur[idx], t_j)
+    go = np.isfinite(t_cur[idx])
+    if keep_going is not None and go.any():
+        go[go] = keep_going(idx[go], t_cur[idx[go]], m_floor[idx[go]])
+    active[idx] = go
+
+
+def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, idx: np.ndarray,
           active: np.ndarray, t_cur: np.ndarray, m_floor: np.ndarray, keep_going) -> None:
     """One step of a walk (:func:`_walk`, ``stage_one_rank._walk_one_rank``): record the split
-    (n, r) of the ``active`` rows (``sub`` their table), move them to their next point's time
+    (n, r) of the rows ``idx`` (``sub`` their table), move them to their next point's time
     ``t_next`` (in place) and keep walking those with a next point that ``keep_going`` keeps."""
     t_s, m_s = sub.rank_costs(n, r)
-    idx = rows[active]
     out.append((idx, t_s.max(axis=1), m_s.max(axis=1), n, r))
     t_cur[idx] = t_next
     active[idx] = np.isfinite(t_next)
-    if keep_going is not None and active.any():
-        live = rows[active]
+    live = idx[active[idx]]
+    if keep_going is not None and live.size:
         active[live] = keep_going(live, t_cur[live], m_floor[live])
 
 

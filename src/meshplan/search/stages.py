@@ -47,17 +47,21 @@ from meshplan.search.stage_walk import SPLIT_MIN_CELLS, _walk, _walk_by_chunks
 __all__ = ["StagePoints", "StageTable", "corner_bounds", "relaxed_bounds", "stage_frontier"]
 
 
-def stage_frontier(tbl: StageTable, max_points: int = 64,
+def stage_frontier(tbl: StageTable, max_points: int | None = 64,
                    keep_going: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
                    memory_cap_bytes: float = np.inf, truncate: bool | None = None) -> StagePoints:
     """Every Pareto point (max rank time, peak rank memory) of each config, fastest first.
 
-    ``max_points`` bounds the staircase per config (the fastest points are kept; exact when the
-    frontier is shorter). Only points with peak memory <= ``memory_cap_bytes`` are walked (the
-    walk starts at the fastest such point). ``keep_going(rows, next_time, least_memory)`` may
-    stop configs early:
-    given the config rows still walking, the time of their next point and their least possible
-    memory, it returns which are still worth walking (e.g. not dominated by known plans).
+    ``max_points`` bounds the points walked per config (the fastest are kept; None: no bound;
+    exact when the staircase is shorter). Only points with peak memory <= ``memory_cap_bytes``
+    are walked (the walk starts at the fastest such point). ``keep_going(rows, next_time,
+    least_memory)`` may stop configs early: given the config rows still walking, the time of
+    their next point and their least possible memory, it returns which are still worth walking
+    (e.g. not dominated by known plans). When it also has ``memory_bound(rows, time)`` (the
+    memory a point at that time or later must go below for no known plan to beat it,
+    ``refine._Stop``), the walk records no point at or above it: the config jumps to the least
+    time of memory below the bound (``stage_walk._jump``), and ``max_points`` counts only the
+    points recorded, those no known plan beats.
     ``truncate`` False evaluates every layer count on every grid, True cuts the grids short
     (the same points: tests compare the two); None cuts them when they are large
     (TRUNCATE_MIN_LAYER_COUNTS). With per-step tails (``StageTable.layer_tail_s``) the time is
