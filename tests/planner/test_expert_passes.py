@@ -12,7 +12,7 @@ from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import calibration_for
 from meshplan.cost.expert_passes import expert_pass_bytes
 from meshplan.cost.layer import layer_cost
-from meshplan.plan import ParallelDims, Plan
+from meshplan.plan import ParallelDims, Plan, Recompute, RecomputeModule
 from meshplan.spec.cluster import system_preset
 from meshplan.spec.hf import load_hf_config
 from meshplan.spec.presets import model_preset
@@ -74,3 +74,21 @@ def test_hf_import_reads_the_swiglu_limit():
     assert load_hf_config(cfg).glu_clamp_limit == 7.0
     assert model_preset("gpt-oss-120b").glu_clamp_limit == 7.0
     assert model_preset("qwen3-30b-a3b").glu_clamp_limit == 0.0
+
+
+def test_moe_act_recompute_reruns_the_clamp():
+    # Megatron's moe_act recompute reruns TEGroupedMLP's bias_act_func, clamp and cat included:
+    # 8 more elements per element of the F-wide activation (4 over the 2F-wide fc1 output) than
+    # the unclamped GLU's 3, per routed copy: T*k/t copies of F = 2880 on each of 8 ranks' share.
+    model = _gpt_oss()
+    unclamped = replace(model, glu_clamp_limit=0.0)
+    cluster = system_preset("dgx-h100", 1)
+    training = TrainingSpec(seq_len=4096, global_batch=8, precision="bf16")
+    plan = Plan(dims=ParallelDims(dp_shard=8, ep=8), micro_batch=1, zero=1, recompute=Recompute.SELECTIVE,
+                recompute_modules=(RecomputeModule.MOE_ACT,)).with_defaults(model)
+    calib = calibration_for(cluster.gpu)
+    arrays = PlanArrays.from_plans([plan])
+    ew = 2.0 / (cluster.gpu.hbm_bandwidth_bytes_per_s * calib.hbm_efficiency) * calib.elementwise_time_factor
+    got = (layer_cost(model, cluster, training, arrays, calib).recompute_selective_s
+           - layer_cost(unclamped, cluster, training, arrays, calib).recompute_selective_s)
+    assert float(np.ravel(got)[0]) == pytest.approx(4096 * 4 * 2880 * 8 * ew, rel=1e-6)

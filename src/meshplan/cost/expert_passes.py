@@ -76,3 +76,12 @@ def expert_pass_bytes(model: ModelSpec, *, copies, fc1_width: float, out_width: 
         fwd = fwd + copies * fc1_width * ab * CLAMP_FWD_ELEMENTS
         bwd = bwd + copies * fc1_width * ab * CLAMP_BWD_ELEMENTS
     return ExpertPassBytes(fwd, bwd)
+
+
+def clamp_rerun_elements(model: ModelSpec, *, fused_mlp: bool) -> float:
+    """Elements the clamps and the cat move forward per element of the experts' F-wide activation
+    (the fc1 output is 2F wide): what Megatron's ``moe_act`` recompute reruns with the activation
+    (the clamp sits inside TEGroupedMLP's checkpointed ``bias_act_func``)."""
+    if fused_mlp or not (model.gated_mlp and model.glu_clamp_limit > 0):
+        return 0.0
+    return 2.0 * CLAMP_FWD_ELEMENTS
