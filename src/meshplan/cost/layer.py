@@ -293,6 +293,8 @@ def _one_layer(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # The attention core's backward has its own measured ratio (Calibration.attention_backward_ratio):
     # exactly 2 x fwd_compute at the default.
     bwd_device = 2.0 * fwd_device + (mix.core_bwd_s - 2.0 * t_attn)
+    if moe:  # the experts' eager passes move other bytes backward than 2x forward (cost/expert_passes.py)
+        bwd_device = bwd_device + block.bwd_extra_s
     bwd_compute = host_bound(bwd_device, host_bwd)
     # the forward's collectives' conjugates, SP's input re-gather, Megatron-LM's async ones (cost/tp_backward.py)
     tp_bwd = tp_backward(calib, sp=sp, parts=parts, act_msg_bytes=act_msg, gather_msg_bytes=gather_msg,

@@ -6,6 +6,8 @@ W the width tokens travel at (hidden, or the latent width of a LatentMoE).
 
 * Router: a (T x D) @ (D x E) GEMM in the compute dtype (bf16 even under fp8: cost/precision.py),
   plus its fp32 softmax / top-k pass over the T x E logits (read + write, 4 B each).
+* Biased experts' output bias and a clamped GLU's clamp run as eager ops outside the fused
+  kernels (cost/expert_passes.py; forward here, their own backward in ``bwd_extra_s``).
 * Permutation and un-permutation: memory-bound; each reads and writes the T input tokens and the
   T*k routed copies once (``Calibration.moe_permute_passes``).
 * Experts: each of the E/ep local experts a grouped-GEMM member with m = its tokens, so the GEMM
@@ -45,6 +47,7 @@ from meshplan.cost import comms
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.calibration import Calibration
 from meshplan.cost.expert_load import plan_load_factors
+from meshplan.cost.expert_passes import expert_pass_bytes
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import MoeDispatcher, TrainingSpec
@@ -61,6 +64,9 @@ class MoeCost:
     """Forward dispatch + combine communication over the EP group."""
     kept_width: float
     """Per-token width of the experts' kept activations (k*F + shared F), for the memory."""
+    bwd_extra_s: np.ndarray | float = 0.0
+    """Backward device time beyond 2x the forward's of the experts' eager passes
+    (cost/expert_passes.py: their backward moves other bytes than twice the forward's)."""
 
 
 def load_factor(training: TrainingSpec, calib: Calibration, model: ModelSpec | None = None,
@@ -152,7 +158,12 @@ def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
     t_router = gemm_time(calib, bf16_flops, T, E, D) + 2.0 * T * E * ROUTER_LOGIT_BYTES / hbm
     copies = tok_per_expert * E / ep  # routed token copies on this GPU (busiest rank)
     t_permute = calib.moe_permute_passes * 2.0 * 2.0 * (tok_in + copies) * Dx * ab / hbm
-    t_moe = t_experts + t_router + t_permute
+    # biased experts' output bias and a clamped GLU's clamp, as separate eager ops (cost/expert_passes.py)
+    passes = expert_pass_bytes(model, copies=copies, fc1_width=(m_mlp - 1) * F / e_t, out_width=Dx, ab=ab,
+                               fused_mlp=fused)
+    t_passes = passes.fwd_bytes / hbm * calib.elementwise_time_factor
+    bwd_extra = (passes.bwd_bytes - 2.0 * passes.fwd_bytes) / hbm * calib.elementwise_time_factor
+    t_moe = t_experts + t_router + t_permute + t_passes
     if model.moe_latent_size:  # LatentMoE down and up projections (TP-replicated here)
         t_moe = t_moe + linear_time(calib, linear_flops, T, Dx, D) + linear_time(calib, linear_flops, T, D, Dx)
     # shared experts: a dense MLP split over TP
@@ -160,5 +171,5 @@ def moe_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pla
                                                 + linear_time(calib, linear_flops, T, D, Fs / t))
     return MoeCost(compute_s=t_moe,
                    dispatch_s=dispatch_time(model, cluster, training, plans, calib, T=T, ab=ab, load=load),
-                   kept_width=F * k + Fs * model.moe_shared_experts)
+                   kept_width=F * k + Fs * model.moe_shared_experts, bwd_extra_s=bwd_extra)
 

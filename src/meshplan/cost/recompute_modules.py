@@ -18,7 +18,8 @@ the terms of ``layer.py``'s kept activations):
 * mlp (dense layers): T*F*(g*a + a_l)/t, the MLP's inner tensors (its input stays as the checkpoint's);
 * moe (MoE layers): the whole block's inner tensors: T*(k*F + Fs)*(g*a + a_l)/t, the routed token
   copies and the latent projections (the block's input stays);
-* moe_act: the routed experts' activation output (fc2's input), T*k*F*a_l/t;
+* moe_act: the routed experts' activation output (fc2's input), T*k*F*a_l/t; it reruns the
+  activation, with a clamped GLU's eager clamp and cat (cost/expert_passes.py);
 * shared_experts: the shared experts' inner tensors, T*Fs*(g*a + a_l)/t;
 * layernorm: both norms' outputs (the next linear's input), 2*T_r*D*a_l;
 * mla_up_proj: MLA's query, key and value after the up projections and RoPE, T*N*(2*d_qk + d_v)*a/t
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.cost.calibration import Calibration
+from meshplan.cost.expert_passes import clamp_rerun_elements
 from meshplan.plan import RecomputeModule
 from meshplan.spec.layers import Ffn, LayerKind, Mixer
 from meshplan.spec.model import ModelSpec
@@ -123,7 +125,9 @@ def module_terms(model: ModelSpec, kind: LayerKind, calib: Calibration, *, mix, 
         Fs = float(model.moe_shared_experts * model.moe_shared_ffn_hidden_size)
         terms[RecomputeModule.MOE] = ModuleTerm(T * per_channel * (kF + Fs) / t + moe_routed,
                                                 t_mlp + T * m_mlp * (kF + Fs) / t * ew + sub_block_tp_s + ep_s)
-        terms[RecomputeModule.MOE_ACT] = ModuleTerm(T * kF * sib / t, T * m_mlp * kF / t * ew)
+        # a clamped GLU reruns its eager clamp with the activation (cost/expert_passes.py)
+        rerun = m_mlp + clamp_rerun_elements(model, fused_mlp=calib.moe_fused_grouped_mlp)
+        terms[RecomputeModule.MOE_ACT] = ModuleTerm(T * kF * sib / t, T * rerun * kF / t * ew)
         if Fs:
             shared = (linear_time(calib, peak, T, (m_mlp - 1.0) * Fs / t, D)
                       + linear_time(calib, peak, T, D, Fs / t))

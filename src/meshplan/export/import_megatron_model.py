@@ -82,6 +82,8 @@ def _layout_fields(a: argparse.Namespace) -> dict[str, object]:
         if a.softmax_type != "learnable":
             raise MeshplanError(f"--softmax-type {a.softmax_type!r} is not supported (vanilla, learnable)")
         out["attention_sinks"] = True
+    if a.activation_func_clamp_value:
+        out["glu_clamp_limit"] = float(a.activation_func_clamp_value)
     if a.mtp_num_layers:
         out["mtp_num_layers"] = a.mtp_num_layers
     if a.hybrid_override_pattern:

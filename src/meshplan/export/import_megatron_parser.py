@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--fp4-recipe", default=None)
     add("--moe-layer-freq", default=None)
     add("--pipeline-model-parallel-layout", default=None)
+    add("--activation-func-clamp-value", type=float, default=None)
     for name in ("--window-size", "--window-attn-skip-freq", "--softmax-type", "--hybrid-override-pattern"):
         add(name, default=None)
     return p

@@ -128,6 +128,8 @@ def _layout_args(m: ModelSpec, warnings: list[str]) -> list[list[str]]:
             args.append(["--window-attn-skip-freq", str(m.full_attention_period)])
     if m.attention_sinks:
         args.append(["--softmax-type", "learnable"])
+    if m.glu_clamp_limit:  # GPT-OSS's clamped GLU (TransformerConfig.activation_func_clamp_value)
+        args.append(["--activation-func-clamp-value", f"{m.glu_clamp_limit:g}"])
     if m.mtp_num_layers:
         args.append(["--mtp-num-layers", str(m.mtp_num_layers)])
     if m.is_hybrid:

@@ -129,6 +129,7 @@ def _gpt_oss(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         moe_num_experts=int(_req(cfg, path, "num_local_experts")),
         moe_top_k=int(_req(cfg, path, "num_experts_per_tok", "experts_per_token")),
         moe_ffn_hidden_size=int(_req(cfg, path, "intermediate_size")),
+        glu_clamp_limit=float(cfg.get("swiglu_limit", 0.0) or 0.0),
     )
     # modeling_gpt_oss default without layer_types: sliding on even layers, full on odd
     kw.update(_sliding_windows(cfg, path, default_period=2))

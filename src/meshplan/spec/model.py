@@ -96,6 +96,10 @@ class ModelSpec:
     """With sliding_window: every n-th layer keeps full attention (GPT-OSS 2); 0: all slide."""
     attention_sinks: bool = False
     """A learned per-head sink logit in the softmax (GPT-OSS)."""
+    glu_clamp_limit: float = 0.0
+    """Gated MLP whose gate is clamped to at most this value and whose linear half to +-it before
+    the activation (GPT-OSS: HF config ``swiglu_limit`` 7.0; Megatron-Core
+    ``activation_func_clamp_value``); 0 means no clamp."""
     mtp_num_layers: int = 0
     """Multi-token-prediction modules after the stack (DeepSeek-V3 Sec. 2.2: D = 1)."""
     hybrid_pattern: str = ""
