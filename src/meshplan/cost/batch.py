@@ -179,6 +179,8 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     offloaded = plans.offload > 0
     off = None
     if offloaded.any():  # else nothing leaves the GPU: every offload term is 0
+        if offloaded_layers is None and plans.offload_layers.any():  # the arrays count them (0: every layer)
+            offloaded_layers = np.where(plans.offload_layers > 0, np.minimum(plans.offload_layers, layers), layers)
         off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
                            microbatch_activations_bytes=held.microbatch_bytes,
                            stored_activations_bytes=held.stored_bytes,

@@ -61,10 +61,14 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     from meshplan.plan import Offload, Recompute, Schedule
     from meshplan.search.space import SearchOptions
 
-    opt, par = Offload.OPTIMIZER, Offload.PARAMS
-    # what each stack offloads (the exporters' own rules): Megatron the distributed optimizer,
-    # DeepSpeed ZeRO-Offload and ZeRO-Infinity's parameters, torchtitan FSDP2's CPUOffloadPolicy
-    offloads = {ExportTarget.MEGATRON: ((opt,),), ExportTarget.MEGATRON_BRIDGE: ((opt,),),
+    opt, par, act = Offload.OPTIMIZER, Offload.PARAMS, Offload.ACTIVATIONS
+    # what each stack offloads (the exporters' own rules): Megatron the distributed optimizer and
+    # the activations of a count of layers (--cpu-offloading-num-layers, searched:
+    # SearchOptions.offload_layer_counts; the Megatron-Bridge Llama 3 70B / 3.1 405B GB200 / GB300
+    # recipes offload 20 to 92 layers), DeepSpeed ZeRO-Offload and ZeRO-Infinity's parameters,
+    # torchtitan FSDP2's CPUOffloadPolicy
+    megatron_offloads = ((opt,), (act,), (opt, act))
+    offloads = {ExportTarget.MEGATRON: megatron_offloads, ExportTarget.MEGATRON_BRIDGE: megatron_offloads,
                 ExportTarget.DEEPSPEED: ((opt,), (opt, par)), ExportTarget.TORCHTITAN: ((opt, par),)}
     if ExportTarget(target) == ExportTarget.DEEPSPEED:
         # DeepSpeed's pipeline engine runs 1F1B, has no virtual stages, no context parallel and
@@ -83,6 +87,7 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
         _megatron_runs if megatron else None)
     return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, expert_placement=False,
                          osdp=False, allow=allow, recompute_module_sets=MEGATRON_MODULE_SETS if megatron else (),
+                         offload_layer_counts=megatron,
                          embedding_loss_chunks=True,
                          allow_split=_megatron_splits if megatron else _whole_stage_recompute)
     # both run stages holding only the embedding or the loss: Megatron under
@@ -106,10 +111,18 @@ def _megatron_runs(space) -> "object":
     # No zero 2: Megatron's distributed optimizer reduce-scatters gradients but keeps the full
     # gradient buffer (DistributedDataParallel's grad_data over every parameter), i.e. ZeRO-1
     # memory, so a zero-2 plan would be estimated leaner than Megatron runs it; zero 1 is that plan.
-    from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
+    # Activation offload (--cpu-offloading) runs without pipeline parallel and without recompute,
+    # for a count of layers 1..num_layers-1 (export.megatron refuses the rest; Megatron-Bridge's
+    # docs, 'CPU Offloading': cpu_offloading_num_layers below num_layers): the search gives every
+    # such variant its count (search.offload).
+    from meshplan.cost.arrays import RC_NONE
+    from meshplan.plan import OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT
 
     fsdp_ok = (space.zero != 3) | ((space.pp == 1) & (space.dp_replicate == 1))
-    return fsdp_ok & (space.zero != 2) & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | (space.zero == 1))
+    act_ok = (((space.offload & OFFLOAD_ACTIVATIONS_BIT) == 0)
+              | ((space.pp == 1) & (space.recompute == RC_NONE) & (space.offload_layers > 0)))
+    return (fsdp_ok & act_ok & (space.zero != 2)
+            & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | (space.zero == 1)))
 
 
 def _whole_stage_recompute(plans, layers, recomputed) -> "object":
