@@ -59,7 +59,8 @@ def main(argv: list[str]) -> int:
     from meshplan.plan import Offload
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("rows", nargs="*", help="row ids of the megatron-bridge set (default: every row offloading activations)")
+    ap.add_argument("rows", nargs="*",
+                    help="row ids of the megatron-bridge set (default: every row offloading activations)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     csv = next(c for c in PUBLISHED_RUNS if "bridge" in c)
@@ -74,8 +75,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(out, indent=1))
         return 0
     for r in out:
-        print(f"row {r['row']} {r['model']} {r['gpus']}: budget {r['budget_gib']:.1f} GiB, host {r['host_cap_gib']:.1f} GiB/GPU;"
-              f" search {r['search_cpu_s']:.2f} s CPU")
+        print(f"row {r['row']} {r['model']} {r['gpus']}: budget {r['budget_gib']:.1f} GiB,"
+              f" host {r['host_cap_gib']:.1f} GiB/GPU; search {r['search_cpu_s']:.2f} s CPU")
         print(f"  published   {r['published']}: {r['published_s']:.3f} s, {r['published_gib']:.1f} GiB,"
               f" host {r['published_host_gib']:.1f} GiB")
         print(f"  most        same plan offloading {r['most_layers']} layers: {r['most_gib']:.1f} GiB,"

@@ -135,5 +135,5 @@ def searches_offload(cluster, options) -> bool:
     return bool(options.offloads) and can_offload(cluster)
 
 
-__all__ = ["OFFLOAD_CANDIDATES", "legal_offload", "held_back_rows", "fastest", "most_offloaded", "maximal_per_row", "offload_variants",
-           "with_layer_count", "most_layer_count", "fewest_fitting_counts", "searches_offload"]
+__all__ = ["OFFLOAD_CANDIDATES", "legal_offload", "held_back_rows", "fastest", "most_offloaded", "maximal_per_row",
+           "offload_variants", "with_layer_count", "most_layer_count", "fewest_fitting_counts", "searches_offload"]
