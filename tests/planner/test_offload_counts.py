@@ -85,8 +85,11 @@ def test_search_reaches_the_fastest_counted_offload(layers, gpus, seq, budget_gi
     """The search's fastest plan that fits = the faster of brute force over every count and the
     search without offload (no recompute: Megatron offloads activations only without it)."""
     model, cluster, training = _case(layers, gpus, seq)
-    options = replace(search_options(Target.MEGATRON, model, training), recomputes=(Recompute.NONE,))
-    assert options.offload_layer_counts
+    options = search_options(Target.MEGATRON, model, training)
+    assert not options.offload_layer_counts and (Offload.ACTIVATIONS,) not in options.offloads  # off by default
+    act, opt = Offload.ACTIVATIONS, Offload.OPTIMIZER
+    options = replace(options, recomputes=(Recompute.NONE,), offload_layer_counts=True,
+                      offloads=((opt,), (act,), (opt, act)))  # the mechanism, turned on
     budget = budget_gib * GIB
     bf_time, bf_plan = _offload_brute_force(model, cluster, training, options, budget)
     plain = search(model, cluster, training, budget_bytes=budget, options=replace(options, offloads=()))

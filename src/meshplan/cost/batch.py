@@ -187,6 +187,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                            layer_activation_bytes=np.where(recomputed > 0, terms.act_policy, layer.act_none_bytes),
                            layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
                            backward_s=mb_bwd, offloaded_layers=offloaded_layers,
+                           forward_s=layers * (layer.fwd_compute_s + layer.fwd_comm_exposed_s),
                            activation_overlap=calib.activation_offload_overlap)
         weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
         optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes
