@@ -64,8 +64,9 @@ def test_params_offload_moves_shards_and_copies_them_every_microbatch():
 
 def test_activation_offload_by_hand():
     """save_on_cpu copies on the compute stream: 2 x (one micro-batch's saved activations) / rate per
-    micro-batch, all exposed, at the GPU's share of the node's host DRAM (614.4 GB/s x 0.5 / 8 =
-    38.4 GB/s, below the 55 GB/s PCIe link: the node's 8 GPUs copy at once); the GPU keeps two layers' inputs (full recompute: b*S*D*2 bytes each)."""
+    micro-batch, all exposed, at the GPU's share of the node's host DRAM (614.4 GB/s x 0.5 / 8
+    = 38.4 GB/s, below the 55 GB/s PCIe link: the node's 8 GPUs copy at once); the GPU keeps two
+    layers' inputs (full recompute: b*S*D*2 bytes each)."""
     base, off = _est(zero=3), _est(A, zero=3)
     m = base.time.num_microbatches
     assert off.time.offload_s == pytest.approx(off.time.offload_total_s, rel=1e-12)  # nothing hidden
