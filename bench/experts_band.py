@@ -56,4 +56,44 @@ def band_section(rows: list[Row]) -> list[str]:
                 "|---|---|---|---:|---|---|---:|---:|---:|---|"]
         out += [f"| {r.csv} | {r.row_id} | {r.model} | {r.gpus} x {r.gpu} | `{r.published}` | `{r.recommended}` | "
                 f"{r.ratio:.2f} | {r.nominal_ratio:.2f} | {r.band:.1%} | {r.band_knobs} |" for r in beyond]
+        out += counted_offload_note(beyond)
     return out
+
+
+COUNTED_OFFLOAD = "offload=activations:"
+"""How a plan that offloads the activations of a count of layers writes it."""
+
+
+def counted_offload_note(beyond: list[Row]) -> list[str]:
+    """Why the search does not reach published plans that offload a count of layers' activations:
+    the megatron targets leave it out of the searched space (export.common's
+    MEGATRON_COUNTED_ACTIVATION_OFFLOAD), with the measured figure that decided it."""
+    from meshplan.export.common import MEGATRON_COUNTED_ACTIVATION_OFFLOAD
+
+    counted = [r for r in beyond if COUNTED_OFFLOAD in r.published and COUNTED_OFFLOAD not in (r.recommended or "")]
+    if MEGATRON_COUNTED_ACTIVATION_OFFLOAD or not counted:
+        return []
+    off, other = offload_signed_errors()
+    return ["", f"Of these, {len(counted)} (rows {', '.join(r.row_id for r in counted)}) offload the activations of a "
+            "count of layers (Megatron's `--cpu-offloading-num-layers`), which the megatron search leaves out of its "
+            "space (`export.common.MEGATRON_COUNTED_ACTIVATION_OFFLOAD`; issue 15, no gain from a term the data shows "
+            f"wrong): the {len(off)} measured Megatron-Bridge rows that offload activations are estimated "
+            f"{statistics.median(off):+.1%} off their measured throughput (median signed error, `meshplan validate "
+            f"--runs megatron-bridge`) against {statistics.median(other):+.1%} for the {len(other)} other dense rows "
+            "of the same GPUs, a gap that pricing the copies at the node's shared host DRAM and Transformer Engine's "
+            "offload schedule (cost/offload.py) does not close. With it on, the search reaches these plans "
+            "(docs/search.md, 'Session 13: offload13')."]
+
+
+def offload_signed_errors() -> tuple[list[float], list[float]]:
+    """Signed throughput errors of the Megatron-Bridge rows that offload a count of layers'
+    activations, and of the other dense rows on the same GPUs."""
+    from meshplan.calib.validate import evaluate, load_corrected_runs
+    from meshplan.data.published import runs_csv
+
+    runs, skipped, _ = load_corrected_runs(runs_csv("megatron-bridge"))
+    rows = [r for r in evaluate(runs, skipped).rows if r.error is not None]
+    off = [r for r in rows if COUNTED_OFFLOAD in r.plan]
+    gpus = {r.gpu for r in off}
+    other = [r.error for r in rows if r.gpu in gpus and not r.moe and COUNTED_OFFLOAD not in r.plan]
+    return [r.error for r in off], other

@@ -202,6 +202,11 @@ MESHPLAN_RULES: tuple[Rule, ...] = (
          & (c.dp_replicate * c.dp_shard * c.cp == 1),
          lambda p, model, tr: ("offload params needs data-parallel sharding in this runtime (FSDP2's "
                                "CPUOffloadPolicy): dp_shard*cp must be above 1")),
+    # its save_on_cpu hooks wrap every layer (runtime): no count of layers (Megatron's cpu_offloading_num_layers)
+    Rule(lambda c, model, tr: np.asarray(c.offload_layers) > 0,
+         lambda p, model, tr: (f"offload_layers={p.offload_layers} (activations of only some layers offloaded) is "
+                               "not supported by this runtime: its save_on_cpu hooks take every layer; use "
+                               "offload_layers=0")),
     Rule(lambda c, model, tr: ((np.asarray(c.offload) & OFFLOAD_ACTIVATIONS_BIT) > 0) & (c.pp > 1),
          lambda p, model, tr: ("activation offload with pipeline parallel is not supported by this runtime "
                                "(torch's pipeline schedules run the stage forwards outside its save_on_cpu "
@@ -254,10 +259,6 @@ def why_not(target: Target | str, model: "ModelSpec", training: "TrainingSpec", 
     from meshplan.cost.arrays import PlanArrays
 
     plan = plan.with_defaults(model)  # recomputing zero layers is no recompute
-    if Target(target) == Target.MESHPLAN and plan.offload_layers:
-        # a per-plan field the search's arrays do not carry (it never proposes a partial offload)
-        return (f"offload_layers={plan.offload_layers} (activations of only some layers offloaded) is not "
-                "supported by this runtime: its save_on_cpu hooks take every layer; use offload_layers=0")
     row = PlanArrays.from_plans([plan])
     for rule in rules_for(target):
         if bool(np.asarray(rule.refuses(row, model, training))[0]):

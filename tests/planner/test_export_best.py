@@ -42,8 +42,8 @@ def test_other_targets_search_everything():
     assert search_options_for("megatron").embedding_loss_chunks and search_options_for("torchtitan").embedding_loss_chunks
     # Megatron's own restrictions are masks over the same space (its FSDP without replicas or a
     # pipeline, no zero 2, the block recompute method): tests/planner/test_target_frontier_exports.py
-    assert (replace(search_options_for("megatron"), offloads=(), recompute_module_sets=(), allow=None,
-                    allow_split=None)
+    assert (replace(search_options_for("megatron"), offloads=(), offload_layer_counts=False, recompute_module_sets=(),
+                    allow=None, allow_split=None)
             == replace(search_options_for("torchtitan"), offloads=(), allow=None, allow_split=None))
     job, _ = _job("megatron")
     export_job(job, "megatron")  # the unrestricted recommendation, as Megatron runs it, is expressible there

@@ -47,6 +47,9 @@ class PlanArrays:
     """Expert tensor parallel degree, resolved (``ParallelDims.expert_tp``); None: tp."""
     offload: np.ndarray | None = None
     """What lives in host memory, as the bit mask of ``meshplan.plan.offload_code``; None: nothing."""
+    offload_layers: np.ndarray | None = None
+    """With activation offload, the layers per pipeline rank whose activations go to the host
+    (``Plan.offload_layers``, Megatron's ``cpu_offloading_num_layers``); 0 (None): every layer."""
     vocab_parallel: np.ndarray | None = None
     """Vocabulary parallelism over the pipeline ranks (bool); None: off."""
     keep: np.ndarray | None = None
@@ -67,8 +70,9 @@ class PlanArrays:
     def __post_init__(self) -> None:
         if self.etp is None:
             object.__setattr__(self, "etp", np.asarray(self.tp))
-        if self.offload is None:
-            object.__setattr__(self, "offload", np.zeros_like(np.asarray(self.tp)))
+        for name in ("offload", "offload_layers"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros_like(np.asarray(self.tp)))
         for name, default in (("keep", 0), ("mlp_splits", 1), ("head_splits", 1)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(np.shape(self.tp), default, dtype=np.int64))
@@ -123,6 +127,7 @@ class PlanArrays:
             cp_method=col(lambda p: CP_METHOD_CODES.index(p.cp_method)),
             etp=col(lambda p: p.dims.expert_tp),
             offload=col(lambda p: offload_code(p.offload)),
+            offload_layers=col(lambda p: p.offload_layers),
             vocab_parallel=col(lambda p: p.vocab_parallel),
             keep=col(lambda p: group_code(p.keep_gathered)),
             mlp_splits=col(lambda p: p.mlp_splits),
@@ -152,6 +157,7 @@ class PlanArrays:
             stage_layers=tuple(stage_layers),
             recompute_layers=tuple(recompute_layers) if recompute != Recompute.NONE else (),
             offload=offload_choices(int(self.offload[i])),
+            offload_layers=int(self.offload_layers[i]),
             vocab_parallel=bool(self.vocab_parallel[i]),
             keep_gathered=group_choices(int(self.keep[i])),
             mlp_splits=int(self.mlp_splits[i]),

@@ -179,12 +179,15 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     offloaded = plans.offload > 0
     off = None
     if offloaded.any():  # else nothing leaves the GPU: every offload term is 0
+        if offloaded_layers is None and plans.offload_layers.any():  # the arrays count them (0: every layer)
+            offloaded_layers = np.where(plans.offload_layers > 0, np.minimum(plans.offload_layers, layers), layers)
         off = rank_offload(cluster, plans.offload, weights_bytes=weights, grads_bytes=grads, optim_bytes=optim,
                            microbatch_activations_bytes=held.microbatch_bytes,
                            stored_activations_bytes=held.stored_bytes,
                            layer_activation_bytes=np.where(recomputed > 0, terms.act_policy, layer.act_none_bytes),
                            layers=layers, params_on_gpu=total_p / terms.dense_shards[1], compute_s=compute,
                            backward_s=mb_bwd, offloaded_layers=offloaded_layers,
+                           forward_s=layers * (layer.fwd_compute_s + layer.fwd_comm_exposed_s),
                            activation_overlap=calib.activation_offload_overlap)
         weights, grads = weights - off.parameters_saved_bytes, grads - off.gradients_saved_bytes
         optim, acts = optim - off.optimizer_saved_bytes, acts - off.activations_saved_bytes

@@ -18,7 +18,8 @@ Three choices, each alone or together (``meshplan.plan.Offload``; the search's b
   ``cpu_offloading_num_layers`` layers (``Plan.offload_layers``): that share of the activations.
 
 Symbols: W_h host-device bandwidth per GPU and direction (``ClusterSpec``), B_h host memory
-bandwidth per node shared by its GPUs. A transfer of ``n`` bytes takes ``n / W_h``; CPU Adam over
+bandwidth per node shared by its GPUs. A transfer of ``n`` bytes takes ``n / W_h``; activation
+copies, which every GPU of the node makes at once, ``n / min(W_h, B_h x eff / gpus_per_node)``; CPU Adam over
 ``P`` parameters takes ``P * CPU_ADAM_BYTES_PER_PARAM / (B_h / gpus_per_node * efficiency)``.
 """
 
@@ -103,9 +104,39 @@ def host_budget_bytes(cluster: ClusterSpec, factors: OffloadFactors = OFFLOAD_FA
             / cluster.gpus_per_node)
 
 
+def activation_copy_bytes_per_s(cluster: ClusterSpec) -> float:
+    """Rate of one GPU's activation copies, one direction: its own host link, or its share of the
+    node's host DRAM that every GPU's copies stream through at once (all GPUs of a data-parallel
+    step offload together; on GB200 / GB300 two Blackwell share one Grace's LPDDR5X), whichever
+    is lower: min(W_h, B_h x ``host_memory_stream_efficiency`` / gpus_per_node)."""
+    dram = (cluster.host_memory_bandwidth_bytes_per_s * cluster.host_memory_stream_efficiency
+            / cluster.gpus_per_node)
+    return min(cluster.host_device_bandwidth_bytes_per_s, dram)
+
+
+def offload_schedule_exposed_s(copy_s, layer_s, offloaded, layers):
+    """Time one pass stalls on the copies of the first ``offloaded`` of ``layers`` layers.
+
+    Transformer Engine's ``OffloadSynchronizer`` (transformer_engine/pytorch/cpu_offload.py@00382b96,
+    ``_default_offload_sync_init``; Megatron-Core's ``--cpu-offloading-num-layers`` goes through it)
+    copies layer i down on one stream once its forward ends and waits for that copy before the
+    forward of layer L - N + i; in the backward it starts reloading layer i before the backward of
+    layer L - 1 - N + i and waits for it before layer i's. With every layer's copy ``c`` and pass
+    ``f`` alike, the pass and the stream form a max-plus chain whose longest path gives the stall:
+    detours through k copies gain k (c - f) - (L - N - 2) f, so with L - N >= 2 the worst is all
+    N at once, max(0, N c - (L - 2) f) (the copies serialise over the L - 2 layers between the
+    first copy's start and the last deadline), and with N = L - 1 every copy stalls the next layer
+    whole, N c. tests/planner/test_offload_schedule.py checks it against an event simulation.
+    """
+    c, f = np.asarray(copy_s, dtype=float), np.asarray(layer_s, dtype=float)
+    n, total = np.asarray(offloaded, dtype=float), np.asarray(layers, dtype=float)
+    spread = np.maximum(0.0, n * c - (total - 2.0) * f)
+    return np.where(n <= 0, 0.0, np.where(total - n < 2.0, n * c, spread))
+
+
 def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads_bytes, optim_bytes,
                  microbatch_activations_bytes, stored_activations_bytes, layer_activation_bytes,
-                 layers, params_on_gpu, compute_s, backward_s, offloaded_layers=None,
+                 layers, params_on_gpu, compute_s, backward_s, offloaded_layers=None, forward_s=None,
                  activation_overlap: float = 0.0,
                  factors: OffloadFactors = OFFLOAD_FACTORS) -> OffloadCost:
     """Offload of one pipeline rank (arrays over plans; ``code`` the offload bit mask).
@@ -114,7 +145,8 @@ def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads
     the layer activations it holds at its peak (all micro-batches in flight), of which one layer
     of one micro-batch is ``layer_activation_bytes``; ``params_on_gpu`` the rank's parameters
     before ZeRO over the optimizer's shards (what the host updates); ``compute_s`` and
-    ``backward_s`` per micro-batch hide the transfers; ``offloaded_layers`` of the ``layers`` have
+    ``backward_s`` (and ``forward_s``: the layers' forward, default compute - backward) per
+    micro-batch hide the transfers; ``offloaded_layers`` of the ``layers`` have
     their activations offloaded (None: all), whose copies the stack hides behind compute by
     ``activation_overlap`` (``Calibration.activation_offload_overlap``).
     """
@@ -142,10 +174,20 @@ def rank_offload(cluster: ClusterSpec, code: np.ndarray, *, weights_bytes, grads
     # ---- per micro-batch: parameter shards up twice, gradient shard down once (ZeRO-Infinity);
     # activations down in forward and up in backward.
     par_mb = np.where(par, (2.0 * weights_bytes + grads_bytes) / w_h, 0.0)
-    act_mb = np.where(act, 2.0 * share * microbatch_activations_bytes / w_h, 0.0)
+    # Activations go down during the forward and come back during the backward, one copy stream,
+    # layer by layer, each direction hidden only behind its own pass (offload_schedule_exposed_s).
+    act_one_way = np.where(act, share * microbatch_activations_bytes / activation_copy_bytes_per_s(cluster), 0.0)
+    act_mb = 2.0 * act_one_way
     mb_total = par_mb + act_mb
-    mb_exposed = (comms.exposed(par_mb, factors.param_transfer_overlap, compute_s)
-                  + comms.exposed(act_mb, activation_overlap, compute_s))
+    n_off = share * layers
+    fwd_s = np.maximum(compute_s - backward_s, 0.0) if forward_s is None else forward_s
+    act_exposed = np.zeros(np.shape(act_one_way))
+    if np.any(act):
+        act_exposed = np.where(act, sum(
+            (1.0 - activation_overlap) * act_one_way + activation_overlap * offload_schedule_exposed_s(
+                act_one_way / np.maximum(n_off, 1.0), pass_s / np.maximum(layers, 1.0), n_off, layers)
+            for pass_s in (fwd_s, backward_s)), 0.0)
+    mb_exposed = comms.exposed(par_mb, factors.param_transfer_overlap, compute_s) + act_exposed
 
     # ---- per step: gradients down (unless already there), CPU Adam, weights up --------------
     host_bw = (cluster.host_memory_bandwidth_bytes_per_s / cluster.gpus_per_node

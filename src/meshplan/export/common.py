@@ -54,6 +54,17 @@ modules: each set is one more copy of the selective rows of an MoE search (see b
 for the MoE times)."""
 
 
+MEGATRON_COUNTED_ACTIVATION_OFFLOAD = False
+"""Whether the megatron targets search activation offload of a count of layers
+(``SearchOptions.offload_layer_counts``, ``search.offload``). Off (issue 15: no gain from a term
+the measured rows show wrong): the 12 Megatron-Bridge rows that offload activations (Llama 3 70B /
+3.1 405B on GB200 / GB300) are estimated 6.1% faster than measured (median signed error) against
+-2.1% for the 55 other dense GB200 / GB300 rows, and pricing the copies at the node's shared host
+DRAM and Transformer Engine's offload schedule (cost.offload) leaves that gap as it was (the copies
+stay hidden behind the passes); with it on, the search recommended activation offload in 71 Bridge
+rows. Turned on, the search reaches the published plans (docs/search.md, Session 13: offload13)."""
+
+
 def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     """The part of the search space a target can express at all, so that ``--best`` searches
     it instead of hoping the unrestricted frontier holds an expressible point. Conditional
@@ -61,10 +72,14 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
     from meshplan.plan import Offload, Recompute, Schedule
     from meshplan.search.space import SearchOptions
 
-    opt, par = Offload.OPTIMIZER, Offload.PARAMS
-    # what each stack offloads (the exporters' own rules): Megatron the distributed optimizer,
-    # DeepSpeed ZeRO-Offload and ZeRO-Infinity's parameters, torchtitan FSDP2's CPUOffloadPolicy
-    offloads = {ExportTarget.MEGATRON: ((opt,),), ExportTarget.MEGATRON_BRIDGE: ((opt,),),
+    opt, par, act = Offload.OPTIMIZER, Offload.PARAMS, Offload.ACTIVATIONS
+    # what each stack offloads (the exporters' own rules): Megatron the distributed optimizer and
+    # the activations of a count of layers (--cpu-offloading-num-layers, searched:
+    # SearchOptions.offload_layer_counts; the Megatron-Bridge Llama 3 70B / 3.1 405B GB200 / GB300
+    # recipes offload 20 to 92 layers), DeepSpeed ZeRO-Offload and ZeRO-Infinity's parameters,
+    # torchtitan FSDP2's CPUOffloadPolicy
+    megatron_offloads = ((opt,), (act,), (opt, act)) if MEGATRON_COUNTED_ACTIVATION_OFFLOAD else ((opt,),)
+    offloads = {ExportTarget.MEGATRON: megatron_offloads, ExportTarget.MEGATRON_BRIDGE: megatron_offloads,
                 ExportTarget.DEEPSPEED: ((opt,), (opt, par)), ExportTarget.TORCHTITAN: ((opt, par),)}
     if ExportTarget(target) == ExportTarget.DEEPSPEED:
         # DeepSpeed's pipeline engine runs 1F1B, has no virtual stages, no context parallel and
@@ -83,6 +98,7 @@ def search_options_for(target: "ExportTarget | str") -> "SearchOptions":
         _megatron_runs if megatron else None)
     return SearchOptions(offloads=offloads[ExportTarget(target)], vocab_parallel=False, expert_placement=False,
                          osdp=False, allow=allow, recompute_module_sets=MEGATRON_MODULE_SETS if megatron else (),
+                         offload_layer_counts=megatron and MEGATRON_COUNTED_ACTIVATION_OFFLOAD,
                          embedding_loss_chunks=True,
                          allow_split=_megatron_splits if megatron else _whole_stage_recompute)
     # both run stages holding only the embedding or the loss: Megatron under
@@ -106,10 +122,18 @@ def _megatron_runs(space) -> "object":
     # No zero 2: Megatron's distributed optimizer reduce-scatters gradients but keeps the full
     # gradient buffer (DistributedDataParallel's grad_data over every parameter), i.e. ZeRO-1
     # memory, so a zero-2 plan would be estimated leaner than Megatron runs it; zero 1 is that plan.
-    from meshplan.plan import OFFLOAD_OPTIMIZER_BIT
+    # Activation offload (--cpu-offloading) runs without pipeline parallel and without recompute,
+    # for a count of layers 1..num_layers-1 (export.megatron refuses the rest; Megatron-Bridge's
+    # docs, 'CPU Offloading': cpu_offloading_num_layers below num_layers): the search gives every
+    # such variant its count (search.offload).
+    from meshplan.cost.arrays import RC_NONE
+    from meshplan.plan import OFFLOAD_ACTIVATIONS_BIT, OFFLOAD_OPTIMIZER_BIT
 
     fsdp_ok = (space.zero != 3) | ((space.pp == 1) & (space.dp_replicate == 1))
-    return fsdp_ok & (space.zero != 2) & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | (space.zero == 1))
+    act_ok = (((space.offload & OFFLOAD_ACTIVATIONS_BIT) == 0)
+              | ((space.pp == 1) & (space.recompute == RC_NONE) & (space.offload_layers > 0)))
+    return (fsdp_ok & act_ok & (space.zero != 2)
+            & (((space.offload & OFFLOAD_OPTIMIZER_BIT) == 0) | (space.zero == 1)))
 
 
 def _whole_stage_recompute(plans, layers, recomputed) -> "object":

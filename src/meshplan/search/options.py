@@ -48,6 +48,10 @@ class SearchOptions:
     offloads: tuple[tuple[Offload, ...], ...] = OFFLOAD_CHOICES
     """Offload choices tried on the configurations memory holds back (``meshplan.search.offload``);
     empty: no offload. Tried only on clusters that describe their host side."""
+    offload_layer_counts: bool = False
+    """Offload the activations of a searched count of layers, 1 to ``num_layers - 1`` (Megatron-Core's
+    ``cpu_offloading_num_layers``, ``meshplan.search.offload``) instead of every layer's; False:
+    every layer's (meshplan's runtime: its ``save_on_cpu`` hooks take every layer)."""
     vocab_parallel: bool = True
     """Try vocabulary parallelism over the pipeline ranks (``meshplan.search.vocab``)."""
     osdp: bool = True

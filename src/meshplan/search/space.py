@@ -177,7 +177,7 @@ def _arrays(c: dict[str, np.ndarray], options: SearchOptions) -> PlanArrays:
     # Columns that only the variant passes vary are one value on every row: read-only
     # broadcasts (stride 0), not millions of copies (PlanArrays.take keeps them so).
     n = c["tp"].size
-    const = {"offload": 0,  # offload variants: meshplan.search.offload
+    const = {"offload": 0, "offload_layers": 0,  # offload variants: meshplan.search.offload
              "vocab_parallel": False,  # variants: meshplan.search.vocab
              "keep": 0, "mlp_splits": 1, "head_splits": 1,  # variants: meshplan.search.osdp
              "expert_balanced": False, "expert_replicas": 0}  # variants: meshplan.search.expert_load

@@ -11,10 +11,12 @@ import numpy as np
 from meshplan.cost.arrays import PlanArrays
 from meshplan.cost.layer import LayerCost
 from meshplan.cost.offload import host_budget_bytes
+from meshplan.plan import OFFLOAD_ACTIVATIONS_BIT
 from meshplan.search.even import EvenCost, even_estimate as _even_estimate
 from meshplan.search.expert_load import placement_rows, placement_variants
 from meshplan.search.frontier import Front
-from meshplan.search.offload import fastest, held_back_rows, most_offloaded, offload_variants
+from meshplan.search.offload import (fastest, fewest_fitting_counts, held_back_rows, maximal_per_row, most_layer_count,
+                                    most_offloaded, offload_variants, with_layer_count)
 from meshplan.search.osdp import osdp_rows, osdp_variants
 from meshplan.search.space import SearchOptions
 from meshplan.search.tables import CostContext, SharedLayerCost, shared_layer_cost
@@ -31,26 +33,53 @@ def _offload_pass(ctx: CostContext, space: PlanArrays, layer: SharedLayerCost, e
     """Offload variants of the configurations memory holds back (:mod:`meshplan.search.offload`),
     even split. First the most offloaded variant of every such configuration (its memory floor:
     each choice only removes GPU memory); then every choice of the fastest configurations whose
-    floor fits. Variants whose offloaded tensors overflow the host's memory are dropped."""
+    floor fits, and where the target counts offloaded layers, the fewest count that fits of
+    each variant that fits. Variants whose offloaded tensors overflow the host's memory are dropped."""
     fitting = known.time_s[known.memory_bytes <= budget]
     rows = held_back_rows(even.step_time_s, even.peak_memory_bytes, budget,
                           float(fitting.min()) if fitting.size else np.inf)
     host_cap = host_budget_bytes(ctx.cluster)
-    most, src = offload_variants(space, rows, most_offloaded(options.offloads))
-    most, src = _allowed(most, src, options)
+    count = most_layer_count(ctx.model.num_layers, options.offload_layer_counts)
+    if options.allow is None:
+        most, src = offload_variants(space, rows, most_offloaded(options.offloads), count)
+    else:  # the target may refuse a row's widest choice (Megatron: the optimizer under FSDP): its widest allowed
+        every, esrc = _allowed(*offload_variants(space, rows, options.offloads, count), options)
+        top = maximal_per_row(esrc, every.offload)
+        most, src = every.take(top), esrc[top]
     floor, _ = _even_estimate(ctx, most, _SharedRows(layer, src))
-    lean = (floor.peak_memory_bytes <= budget) & (floor.host_memory_bytes <= host_cap)
+    # a counted activation offload's host memory falls with its count: the fewest count that fits
+    # the GPU (below) is checked against the host, not the floor
+    counted = (count > 0) & ((most.offload & OFFLOAD_ACTIVATIONS_BIT) > 0)
+    lean = (floor.peak_memory_bytes <= budget) & ((floor.host_memory_bytes <= host_cap) | counted)
     firsts = fastest(src[lean], floor.step_time_s[lean])
-    variants, vsrc = offload_variants(space, firsts, options.offloads)
+    variants, vsrc = offload_variants(space, firsts, options.offloads, count)
     variants, vsrc = _allowed(variants, vsrc, options)
     est, _ = _even_estimate(ctx, variants, _SharedRows(layer, vsrc))
-    ok_m = np.flatnonzero(floor.host_memory_bytes <= host_cap)
-    ok_v = np.flatnonzero(est.host_memory_bytes <= host_cap)
-    both = PlanArrays(**{f.name: np.concatenate([getattr(most, f.name)[ok_m], getattr(variants, f.name)[ok_v]])
-                         for f in fields(PlanArrays)})
-    t = np.concatenate([floor.step_time_s[ok_m], est.step_time_s[ok_v]])
-    m = np.concatenate([floor.peak_memory_bytes[ok_m], est.peak_memory_bytes[ok_v]])
-    return both, Front.of(t, m, OFFLOAD_KEY_BASE + np.arange(t.size)), len(most) + len(variants)
+    parts = [(most, floor), (variants, est)]
+    if count:
+        parts.append(_fewest_counts(ctx, layer, variants, vsrc, est, budget, count))
+    kept = [(v.take(ok), e.step_time_s[ok], e.peak_memory_bytes[ok])
+            for v, e in parts for ok in [np.flatnonzero(e.host_memory_bytes <= host_cap)]]
+    both = PlanArrays(**{f.name: np.concatenate([getattr(v, f.name) for v, _, _ in kept]) for f in fields(PlanArrays)})
+    t = np.concatenate([k[1] for k in kept])
+    m = np.concatenate([k[2] for k in kept])
+    return both, Front.of(t, m, OFFLOAD_KEY_BASE + np.arange(t.size)), sum(len(v) for v, _ in parts)
+
+
+def _fewest_counts(ctx: CostContext, layer: SharedLayerCost, variants: PlanArrays, vsrc: np.ndarray, est,
+                   budget: float, most: int):
+    """The variants offloading activations that fit the budget with ``most`` layers offloaded,
+    at the fewest count that fits (``offload.fewest_fitting_counts``), and their estimate."""
+    sel = np.flatnonzero(((variants.offload & OFFLOAD_ACTIVATIONS_BIT) > 0) & (est.peak_memory_bytes <= budget))
+    sub, ssrc = variants.take(sel), vsrc[sel]
+
+    def peak_of(idx, counts):
+        e, _ = _even_estimate(ctx, with_layer_count(sub.take(idx), counts), _SharedRows(layer, ssrc[idx]))
+        return e.peak_memory_bytes
+
+    fewest = with_layer_count(sub, fewest_fitting_counts(sub, most, budget, peak_of))
+    out, _ = _even_estimate(ctx, fewest, _SharedRows(layer, ssrc))
+    return fewest, out
 
 
 VOCAB_KEY_BASE = 1 << 41

@@ -137,6 +137,14 @@ class ClusterSpec:
     host_memory_bandwidth_bytes_per_s: float = 0.0
     """Peak host DRAM bandwidth per node (channels x transfer rate x 8 bytes, all sockets), which
     the host's optimizer step (CPU Adam) streams through; 0: unknown."""
+    host_memory_stream_efficiency: float = 0.5
+    """Fraction of ``host_memory_bandwidth_bytes_per_s`` that streaming traffic sustains, here the
+    GPUs' DMA copies of offloaded activations, which all GPUs of the node (of a Grace: its two
+    Blackwell) write to and read from the same DRAM: each GPU's share of it caps its offload rate
+    below its own link (cost/offload.py ``activation_copy_bytes_per_s``). STREAM copy/triad on
+    2-socket Xeon / EPYC servers sustains 50-70% of the DDR channels' peak (McCalpin's STREAM
+    results, cs.virginia.edu/stream; the same fraction ``OffloadFactors.cpu_adam_bandwidth_efficiency``
+    takes): the low end, as the copies contend with the data loader and the host's own traffic."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -176,6 +184,9 @@ class ClusterSpec:
             check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
         for f in ("intra_node_latency_s", "inter_node_latency_s"):
             check_finite(f"cluster {self.name!r}: {f}", getattr(self, f))
+        v = self.host_memory_stream_efficiency
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
+            raise MeshplanError(f"cluster {self.name!r}: host_memory_stream_efficiency must be in (0, 1], got {v!r}")
 
     @property
     def num_gpus(self) -> int:
