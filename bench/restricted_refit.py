@@ -18,13 +18,14 @@ KEYS = ("blackwell/megatron", "blackwell-ultra/megatron", "hopper/megatron")
 
 
 def refit_records(shipped: dict, runs: Sequence[Run], fields: Mapping[str, Sequence[float]],
-                  flags: Mapping[str, Any], held: Mapping[str, Any] | None = None) -> dict:
+                  flags: Mapping[str, Any], held: Mapping[str, Any] | None = None,
+                  keys: Sequence[str] = KEYS) -> dict:
     """The calibration file ``shipped`` with the megatron stack's ``flags`` on and each record of
-    ``KEYS`` refitted over ``fields`` (``held``: fields fixed at these values instead of the
+    ``keys`` (default ``KEYS``) refitted over ``fields`` (``held``: fields fixed at these values instead of the
     shipped ones); prints each record's values and median error."""
     out = copy.deepcopy(shipped)
     out["stacks"]["megatron"]["values"].update(flags)
-    for key in KEYS:
+    for key in keys:
         rows = [r for r in runs if calibration_key(r) == key]
         rec = shipped["records"][key]["values"]
         kept = {**{k: v for k, v in rec.items() if k not in fields}, **(held or {})}
