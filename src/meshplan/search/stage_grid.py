@@ -170,6 +170,7 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
     # Recomputing cannot help a rank that saves nothing by it or a policy that recomputes
     # nothing: (C, p, 1), so the grid pays one pass for both.
     never = ~has_saving | ~allow
+    never_cells = never[:, :, 0]  # (C, p)
     for strict in stricts:
         # In-place passes over the (C, p, G) grid; each step computes what the plain
         # expression would (same operations, same order), without the temporaries.
@@ -182,7 +183,7 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
             fits_plain = base <= lim + tol
             np.ceil(r_min, out=r_min)
         np.maximum(r_min, 1.0, out=r_min)
-        np.copyto(r_min, np.inf, where=never)
+        r_min[never_cells] = np.inf  # (C, p) cells: the rows and ranks it names, every column
         np.copyto(r_min, 0.0, where=fits_plain)
         bad = ~(r_min <= n)
         r_min *= b  # inf * 0 (NaN) where bad: overwritten below
@@ -191,6 +192,11 @@ def _times_given_memory(tbl: StageTable, mem_limit: np.ndarray,
         np.copyto(t, np.inf, where=bad)
         out.append(_mask_grid(t, grid))
     return out
+
+
+def _rows(mask: np.ndarray) -> np.ndarray:
+    """The rows (configs) a (C, 1, 1) condition holds for."""
+    return np.flatnonzero(mask.reshape(-1))
 
 
 def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
@@ -207,9 +213,11 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
         slack += np.maximum(np.abs(lim), 1e-30) * _REL
     r_max = slack / b
     np.floor(r_max, out=r_max)
-    np.copyto(r_max, np.inf, where=~(b > 0))
+    # (C, 1, 1) conditions are written on their rows only: the (C, p, G) passes a broadcast
+    # mask costs are paid by the few rows they touch
+    r_max[_rows(~(b > 0))] = np.inf
     np.minimum(r_max, n, out=r_max)
-    np.copyto(r_max, 0.0, where=~allow)
+    r_max[_rows(~allow)] = 0.0
     ok = slack >= 0
     # (where slack < 0, r_max is negative and the cell's memory is set to inf below: its value,
     # and whether it counts as recomputing, never show)
@@ -220,7 +228,11 @@ def _memory_given_time(tbl: StageTable, time_limit: np.ndarray, strict: bool,
     mem *= k
     np.add(grid.nc, mem, out=mem)
     mem += grid.f
-    np.add(mem, jump, out=mem, where=r_max > 0)
+    jumps = _rows(jump != 0)  # (adding a zero jump leaves the cell as it is)
+    if jumps.size:
+        part = mem[jumps]
+        np.add(part, jump[jumps], out=part, where=r_max[jumps] > 0)
+        mem[jumps] = part
     np.minimum(mem, grid.base, out=mem)  # recomputing nothing may be leaner (jump)
     np.copyto(mem, np.inf, where=~ok)
     return _mask_grid(mem, grid)

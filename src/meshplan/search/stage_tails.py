@@ -230,10 +230,13 @@ def _walk_window(tbl: StageTable, t_first: np.ndarray, t_stop: np.ndarray, max_p
     t_cur = t_first.copy()
     active = t_cur < t_stop
     steps = 0
+    last_idx, last_sub = rows, tbl  # the last step's rows and their table (kept while no row leaves)
     while active.any() and (max_points is None or steps < max_points):
         steps += 1
         idx = rows[active]
-        sub = tbl.take(idx)
+        if idx.size != last_idx.size or not np.array_equal(idx, last_idx):
+            last_idx, last_sub = idx, tbl.take(idx)
+        sub = last_sub
         t_a = t_cur[idx]
         # the grids cut where a rank's layers alone exceed the limit (stage_grid._top)
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=_top(sub, time_limit=t_a)[0]), sub)

@@ -128,27 +128,35 @@ def _walk(tbl: StageTable, max_points: int | None, keep_going, memory_cap_bytes:
     rows = np.arange(C)
     bound = getattr(keep_going, "memory_bound", None)
     counted = np.zeros(C, dtype=np.int64)
+    last_idx, last_sub = rows, tbl  # the last step's rows and their table (kept while no config leaves)
     while active.any():
-        every = bool(active.all())
         idx = rows[active]
-        sub = tbl if every else tbl.take(idx)
-        t_a = t_cur if every else t_cur[active]
+        if idx.size != last_idx.size or not np.array_equal(idx, last_idx):
+            last_idx, last_sub = idx, (tbl if idx.size == C else tbl.take(idx))
+        sub = last_sub
+        t_a = t_cur[idx]
         top = _top(sub, time_limit=t_a)[0] if truncate else None
         m_a = _min_bottleneck(_memory_given_time(sub, t_a, strict=False, top=top), sub)
+        beaten = None
         if bound is not None:
             # A point a known plan beats is not recorded: its config jumps past it (_jump).
             lim = bound(idx, t_a)
             beaten = m_a >= lim
-            if beaten.any():
-                _jump(sub.take(np.flatnonzero(beaten)), idx[beaten], lim[beaten], active, t_cur, m_floor,
-                      keep_going, truncate)
-                keep = np.flatnonzero(~beaten)
-                if keep.size == 0:
-                    continue
-                idx, sub, t_a, m_a = idx[keep], sub.take(keep), t_a[keep], m_a[keep]
-        # The split of this point, and the next point: the least time that lets memory go
-        # strictly below this point's.
-        n, r, t_next = _point(sub, t_a, m_a, t_last[idx], truncate)
+            if not beaten.any():
+                beaten = None
+            elif beaten.all():
+                _jump(sub, idx, lim, active, t_cur, m_floor, keep_going, truncate)
+                continue
+        if beaten is None:
+            # The split of this point, and the next point: the least time that lets memory go
+            # strictly below this point's.
+            n, r, t_next = _point(sub, t_a, m_a, t_last[idx], truncate)
+        else:
+            # the beaten configs' jumps and the others' points in one grid pass (_point_or_jump)
+            keep = np.flatnonzero(~beaten)
+            t_jump, n, r, t_next, sub = _point_or_jump(sub, t_a, m_a, t_last[idx], beaten, lim, keep, truncate)
+            _moved(idx[beaten], t_jump, active, t_cur, m_floor, keep_going)
+            idx = idx[keep]
         _step(out, sub, n, r, t_next, idx, active, t_cur, m_floor, keep_going)
         # (every recorded point is one no known plan beats: the cap counts those alone)
         counted[idx] += 1
@@ -168,11 +176,43 @@ def _jump(sub: StageTable, idx: np.ndarray, lim: np.ndarray, active: np.ndarray,
     cap counts only points no known plan beats.)"""
     top = _top(sub, mem_limit=lim)[0] if truncate else None
     t_j = _min_bottleneck(_time_given_memory(sub, lim, strict=True, top=top), sub)
+    _moved(idx, t_j, active, t_cur, m_floor, keep_going)
+
+
+def _moved(idx: np.ndarray, t_j: np.ndarray, active: np.ndarray, t_cur: np.ndarray, m_floor: np.ndarray,
+           keep_going) -> None:
+    """The configs ``idx`` jump to ``t_j`` (no earlier than where they stand), in place, and keep
+    walking if ``keep_going`` keeps them (:func:`_jump`)."""
     t_cur[idx] = np.maximum(t_cur[idx], t_j)
     go = np.isfinite(t_cur[idx])
     if keep_going is not None and go.any():
         go[go] = keep_going(idx[go], t_cur[idx[go]], m_floor[idx[go]])
     active[idx] = go
+
+
+def _point_or_jump(sub: StageTable, t_lim: np.ndarray, m_lim: np.ndarray, t_last: np.ndarray, beaten: np.ndarray,
+                   lim: np.ndarray, keep: np.ndarray, truncate: bool):
+    """:func:`_jump`'s time for the ``beaten`` rows of ``sub`` and :func:`_point` for the others
+    (``keep``) from one pass over one grid: both are the least time of memory strictly below a
+    limit (``lim`` for a beaten row, its point's ``m_lim`` for the others). The grid is cut at the
+    larger of the two cuts (:func:`_top`; a beaten row's cut is a feasibility limit, so its answer
+    is exact on any grid at least that long, and a kept row's is redone on the whole grid
+    where the cut could have decided it, as in :func:`_point`). Returns the jumps' times, then
+    the kept rows' (n, r), next time and table."""
+    mem = np.where(beaten, lim, m_lim)
+    top, pure = _top(sub, mem_limit=mem, time_limit=np.where(beaten, np.inf, t_last)) if truncate else (None, None)
+    loose, strict = _times_given_memory(sub, mem, (False, True), top)
+    t_all = _min_bottleneck(strict, sub)
+    kept = sub.take(keep)
+    t_lim, m_lim, t_last = t_lim[keep], m_lim[keep], t_last[keep]
+    n, r = _assignment(kept, t_lim, m_lim, loose[keep])
+    t_next = t_all[keep]
+    if truncate:
+        bound = t_last * (1 + CAP_SLACK)
+        redo = np.flatnonzero(~pure[keep] & ((t_next > bound) | (t_lim > bound)))
+        if redo.size:
+            n[redo], r[redo], t_next[redo] = _point(kept.take(redo), t_lim[redo], m_lim[redo], t_last[redo], False)
+    return t_all[beaten], n, r, t_next, kept
 
 
 def _step(out: list, sub: StageTable, n: np.ndarray, r: np.ndarray, t_next: np.ndarray, idx: np.ndarray,
