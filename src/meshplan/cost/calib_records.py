@@ -65,8 +65,8 @@ def read_fitted_records() -> dict[str, FittedRecord]:
 
 def read_stack_records() -> dict[str, StackRecord]:
     """The file's 'stacks', by stack name; meshplan's own stack with its launcher's allocator
-    setting (:func:`launcher_values`) and its runtime's FSDP2 buffers (fsdp_policy.runtime_values) and ring attention tiles
-    (ring_policy.runtime_values)."""
+    setting (:func:`launcher_values`), its runtime's FSDP2 buffers (fsdp_policy.runtime_values)
+    and its ring attention's score tiles (ring_policy.runtime_values)."""
     records = {}
     for stack, rec in calibration_file()["stacks"].items():
         values, source = dict(rec["values"]), rec["source"]
