@@ -136,3 +136,40 @@ def test_fsdp2_backward_buffers_of_meshplans_runtime() -> None:
     assert logits == 3_677_356_032
     assert added == (2 * 128256 * 4096 + 4096) * 2 * (1 - 1 / 8) + 128256 * 4096 * 2 + layer * 6 - logits
     assert added == 520_674_304
+
+
+def test_meshplans_eager_ring_backward_tiles() -> None:
+    """meshplan's ring attention (runtime/ring_attention.py) computes its blocks in fp32 query-row
+    tiles (meshplan/ring_policy.py): one attention layer's backward holds 2 tiles of (b, N/t, 1,024,
+    S/c) fp32 beside dO, dQ and the block's dQ in fp32, 4 fp32 dK / dV of its KV heads and the
+    received K/V block. Found by the README plan's dry run (docs/dryrun.md); counted here by hand
+    on that plan's attention (llama3-70b, tp 2, cp 2, 8,192 tokens), 2 layers, 32,000 vocabulary."""
+    from meshplan.ring_policy import BACKWARD_LIVE_TILES, QUERY_CHUNK_ROWS
+
+    cluster = resolve_cluster(gpu="h100-sxm", gpus=4)
+    training = TrainingSpec(seq_len=8192, global_batch=1)
+    model = model_preset("llama3-70b").with_overrides({"num_layers": 2, "vocab_size": 32000})
+    calib = calibration_for(cluster.gpu)
+    assert (calib.cp_ring_score_tile_rows, calib.cp_ring_backward_live_tiles) == (QUERY_CHUNK_ROWS,
+                                                                                   BACKWARD_LIVE_TILES)
+    without = replace(calib, cp_ring_score_tile_rows=0.0)
+
+    def memory(plan, c):
+        return estimate(model, cluster, training, plan, c).stages[0].memory
+
+    ring = Plan(dims=ParallelDims(tp=2, cp=2), sp=True, cp_method="ring")
+    on, off = memory(ring, calib), memory(ring, without)
+    # 4,096 tokens a rank, 32 query heads, 4 KV heads of 128 a tp rank.
+    tiles = 2 * 1 * 32 * 1024 * 4096 * 4
+    queries = 3 * 4096 * 32 * 128 * 4
+    kv = 4096 * 4 * 128 * (4 * 4 + 2 * 2)
+    assert tiles + queries + kv == 1_317_011_456
+    # The logits and loss transients, 4,096 x 16,000 x 14 B, are freed before a layer's backward: the
+    # peak holds the larger of the two, so the tiles add 1,317,011,456 - 917,504,000 B.
+    assert off.logits_bytes == 4096 * 16000 * 14 == 917_504_000
+    assert on.activations_bytes - off.activations_bytes == 1_317_011_456 - 917_504_000
+    # All-to-all CP, or a fused-kernel ring (Megatron-Core / TE): no tiles.
+    a2a = Plan(dims=ParallelDims(tp=2, cp=2), sp=True, cp_method="all-to-all")
+    assert memory(a2a, calib).activations_bytes == memory(a2a, without).activations_bytes
+    megatron = calibration_for(cluster.gpu, stack="megatron")
+    assert megatron.cp_ring_score_tile_rows == 0.0

@@ -23,6 +23,7 @@ LAYERS = {
     "meshplan.errors": 0, "meshplan.numbers": 1, "meshplan.textfile": 1, "meshplan.shipped": 1,
     "meshplan.launch_env": 1,  # imports nothing of meshplan
     "meshplan.fsdp_policy": 1,  # imports nothing of meshplan
+    "meshplan.ring_policy": 1,  # imports nothing of meshplan
     "meshplan.data": 2, "meshplan.jsonfile": 2,
     "meshplan.spec": 3,  # imports errors, numbers, textfile and jsonfile only
     "meshplan.plan": 4, "meshplan.hf_names": 4,

@@ -27,6 +27,45 @@ def test_swiglu_gradient_and_saved_tensors() -> None:
     assert _saved(swiglu, a, b) == [((5, 7), torch.float64)] * 2
 
 
+def _whole_tensor_backward(a, b, g):
+    """The SwiGLU backward on whole tensors (before the tiles): fp32 math, cast back."""
+    a32, b32, g32 = a.float(), b.float(), g.float()
+    sig = torch.sigmoid(a32)
+    return (g32 * b32 * sig * (1 + a32 * (1 - sig))).to(a.dtype), (g32 * a32 * sig).to(b.dtype)
+
+
+def test_swiglu_backward_tiles_are_bit_identical_and_bound_fp32(monkeypatch) -> None:
+    """Row tiles of the fp32 math give the whole-tensor gradients bit for bit (uneven last tile),
+    and no fp32 tensor of the backward is larger than a tile (before: (S, F) fp32 operands)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.runtime.models import layers
+
+    width, tile_rows = 96, 7
+    monkeypatch.setattr(layers, "SWIGLU_BACKWARD_TILE_ELEMENTS", width * tile_rows)
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(3, 50, width, generator=gen).to(torch.bfloat16).requires_grad_() for _ in range(2))
+    g = torch.randn(3, 50, width, generator=gen).to(torch.bfloat16)
+
+    class Fp32Sizes(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                    Fp32Sizes.largest = max(Fp32Sizes.largest, t.numel())
+            return out
+
+    y = swiglu(a, b)
+    with Fp32Sizes():
+        da, db = torch.autograd.grad(y, (a, b), g)
+    want_da, want_db = _whole_tensor_backward(a.detach(), b.detach(), g)
+    assert torch.equal(da, want_da) and torch.equal(db, want_db)
+    assert da.dtype == db.dtype == torch.bfloat16 and da.shape == a.shape
+    assert 0 < Fp32Sizes.largest <= width * tile_rows
+
+
 def test_gqa_attention_keeps_kv_heads() -> None:
     B, S, Nq, Nk, H = 1, 32, 8, 2, 16
     q = torch.randn(B, S, Nq, H, requires_grad=True)

@@ -38,7 +38,7 @@ import numpy as np
 
 from meshplan.cost.arrays import RC_NONE, PlanArrays
 from meshplan.cost.calibration import Calibration, calibration_for
-from meshplan.cost.cp_ring_memory import torch_ring_transient_bytes
+from meshplan.cost.cp_ring_memory import eager_ring_transient_bytes, torch_ring_transient_bytes
 from meshplan.cost.dp_comm import step_dp_comm, zero_microbatch_comm
 from meshplan.cost.layer import LayerCost, activation_bytes, layer_cost, optimizer_state_bytes_per_param
 from meshplan.cost.memory import rank_activations, rank_other, rank_states, sharded_bytes, unsharded_stage
@@ -166,13 +166,17 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
     optimizer_s = opt_bytes / hbm
 
     # ---- activations (cost.memory) ------------------------------------------------------------
+    # One attention layer's backward transient: torch's ring (torchtitan) or meshplan's eager ring
+    # (each 0 where the stack does not run it).
+    attention_transient = (torch_ring_transient_bytes(model, calib, plans, tokens_per_microbatch=T, tp=terms.t,
+                                                      activation_bytes=activation_bytes(training.precision))
+                           + eager_ring_transient_bytes(model, calib, plans, tokens_per_microbatch=T,
+                                                        seq_len=training.seq_len, tp=terms.t,
+                                                        activation_bytes=activation_bytes(training.precision)))
     held = rank_activations(plans, calib, layer, terms, rank=rank, layers=layers, recomputed=recomputed,
                             head_share=head_share, logits_fraction=osdp.logits_fraction,
                             hidden_bytes_per_token=model.hidden_size * activation_bytes(training.precision),
-                            chunk_weight=chunk_weight,
-                            attention_transient_bytes=torch_ring_transient_bytes(
-                                model, calib, plans, tokens_per_microbatch=T, tp=terms.t,
-                                activation_bytes=activation_bytes(training.precision)))
+                            chunk_weight=chunk_weight, attention_transient_bytes=attention_transient)
     acts = held.activations_bytes
 
     # ---- offload to host memory (meshplan.cost.offload): what leaves the GPU, what it costs --
@@ -204,7 +208,7 @@ def rank_cost(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pl
                       allocated_bytes=weights + grads + optim + acts, step_excess_bytes=step_excess,
                       gpu=cluster.gpu, rest_params=rest_p,
                       head_weight_params=head_share * terms.vocab_per_tp_rank * model.hidden_size,
-                      logits_bytes=held.logits_bytes)
+                      logits_bytes=held.logits_bytes, attention_transient_bytes=attention_transient)
     recompute_s = recomputed * rec_one
     if np.shape(recompute_s) != np.shape(layers):
         recompute_s = layers * 0 + recompute_s  # the rank's shape

@@ -13,6 +13,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from meshplan.fsdp_policy import RUNTIME_SOURCE, runtime_values
+from meshplan.ring_policy import RUNTIME_SOURCE as RING_SOURCE
+from meshplan.ring_policy import runtime_values as ring_values
 from meshplan.launch_env import LAUNCHER_SOURCE, launcher_env, sets_expandable_segments
 from meshplan.shipped import shipped_json
 from meshplan.spec.cluster import GPUSpec
@@ -63,14 +65,16 @@ def read_fitted_records() -> dict[str, FittedRecord]:
 
 def read_stack_records() -> dict[str, StackRecord]:
     """The file's 'stacks', by stack name; meshplan's own stack with its launcher's allocator
-    setting (:func:`launcher_values`) and its runtime's FSDP2 buffers (fsdp_policy.runtime_values)."""
+    setting (:func:`launcher_values`), its runtime's FSDP2 buffers (fsdp_policy.runtime_values)
+    and its ring attention's score tiles (ring_policy.runtime_values)."""
     records = {}
     for stack, rec in calibration_file()["stacks"].items():
         values, source = dict(rec["values"]), rec["source"]
         if stack == DEFAULT_STACK:
             values.update(launcher_values())
             values.update(runtime_values())
-            source = f"{source}; {LAUNCHER_SOURCE}; {RUNTIME_SOURCE}"
+            values.update(ring_values())
+            source = f"{source}; {LAUNCHER_SOURCE}; {RUNTIME_SOURCE}; {RING_SOURCE}"
         records[stack] = StackRecord(stack=stack, source=source, values=MappingProxyType(values))
     return records
 

@@ -129,7 +129,7 @@ STACK_FIELDS = ("tp_overlap", "tp_backward_async", "dp_overlap", "fsdp_overlap",
                 "fp16_zero_step_grad_copy_bytes_per_param", "sp_saves_gathered_inputs",
                 "loss_parallel_transient_bytes_per_element", "params_are_master",
                 "zero3_max_live_params", "zero3_prefetch_bucket_params", "fsdp_reduce_scatter_bytes_per_param",
-                "fsdp_root_gathered_in_backward")
+                "fsdp_root_gathered_in_backward", "cp_ring_score_tile_rows", "cp_ring_backward_live_tiles")
 """Fields that describe how a stack runs a plan (what it overlaps, its host work), not the
 hardware: never borrowed from another stack's record."""
 

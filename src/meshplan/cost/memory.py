@@ -204,13 +204,16 @@ class RankOther:
 def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, calib: Calibration,
                terms: PlanTerms, stage: UnshardedStage, osdp: OsdpCost, *, rank, layers,
                allocated_bytes, step_excess_bytes=0.0, gpu: GPUSpec | None = None,
-               rest_params=0.0, head_weight_params=0.0, logits_bytes=0.0) -> RankOther:
+               rest_params=0.0, head_weight_params=0.0, logits_bytes=0.0,
+               attention_transient_bytes=0.0) -> RankOther:
     """What a rank holds beyond its states and activations; ``allocated_bytes`` (weights + grads +
     optimizer + activations left on the GPU) and ``step_excess_bytes`` (what the optimizer step's
     peak adds over the backward's, cost/step_memory.py) set the allocator's reserve;
     ``rest_params`` the rank's parameters outside its layers (embedding, LM head shares),
     ``head_weight_params`` its share of the LM head's weight (V/t x D, tied or not),
-    ``logits_bytes`` the logits and loss transients its activations hold at the loss."""
+    ``logits_bytes`` the logits and loss transients its activations hold at the loss,
+    ``attention_transient_bytes`` what one attention layer's backward holds (rank_activations
+    charged the larger of the two)."""
     z = plans.zero
     # FSDP unshards the current layer and prefetches the next: up to two layers gathered beyond
     # the shard already held (Zhao et al. 2023 Sec. 3.2). With pipelining, the whole stage stays
@@ -242,10 +245,14 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
         # FSDP's root unit gathered from the LM head's backward to the root's post-backward, the
         # last, with the LM head's 16-bit gradient made there, and the layers' reduce-scatter input:
         # all live only once the loss's backward is over, when its logits and transients
-        # (``logits_bytes``, counted with the activations) are freed. They add what exceeds those.
+        # (``logits_bytes``, counted with the activations) are freed; they are live beside one
+        # attention layer's backward transient (cost/cp_ring_memory.py). The activations charged the
+        # larger of the logits and that transient; these add what the layers' backward phase, the
+        # buffers plus the transient, exceeds it by.
         backward_bytes = (rest_params * gathered_b * not_held + head_weight_params * calib.weight_bytes_per_param
                           + rs_bytes)
-        z3_bytes = z3_bytes + np.maximum(backward_bytes - logits_bytes, 0.0)
+        charged = np.maximum(logits_bytes, attention_transient_bytes)
+        z3_bytes = z3_bytes + np.maximum(backward_bytes + attention_transient_bytes - charged, 0.0)
     else:
         z3_bytes = z3_bytes + rs_bytes
     z3_buffers = np.where(z >= 3, z3_bytes, 0.0)

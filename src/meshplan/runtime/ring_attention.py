@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from meshplan.ring_policy import QUERY_CHUNK_ROWS
 from meshplan.runtime.models.layers import apply_rope_part
 
 
@@ -34,22 +35,17 @@ def _ring_pass(tensors: list[torch.Tensor], group: dist.ProcessGroup, rank: int,
     return recv
 
 
-QUERY_CHUNK_ROWS = 1024
-"""Query rows per score tile: each hop's block is computed in tiles of (g, 1024, s) fp32 scores, so
-the transient stays a few hundred MiB at s = 8K instead of several (g, s, s) matrices; the tiling
-of FlashAttention (Dao et al. 2022, Sec. 3.1), over the query rows only."""
-
-
 def _scores(q: torch.Tensor, k: torch.Tensor, row0: int, diagonal: bool) -> torch.Tensor:
     """Scaled fp32 scores (B, Nk, g, c, t) of a query tile q (B, Nk, g, c, H) starting at row
     ``row0`` and keys k (B, Nk, t, H): the g query heads of a GQA group share their KV head by
     broadcasting, never by a copy. On the diagonal block, key j is masked for query row i < j."""
     c, t = q.shape[-2], k.shape[-2]
-    scores = (q.float() @ k.float().unsqueeze(2).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    # In place on the product: one (c, t) fp32 tile per head, not a second for the scaled copy.
+    scores = (q.float() @ k.float().unsqueeze(2).transpose(-1, -2)).div_(math.sqrt(q.shape[-1]))
     if diagonal:
         rows = torch.arange(row0, row0 + c, device=q.device)
         mask = torch.arange(t, device=q.device)[None, :] > rows[:, None]
-        scores = scores.masked_fill(mask, float("-inf"))
+        scores.masked_fill_(mask, float("-inf"))
     return scores
 
 
@@ -78,12 +74,15 @@ def _block_backward(q, kb, vb, dout, lse, delta, diagonal: bool):
     for r0, r1, t in _tiles(q.shape[-2], diagonal):
         qt, do = q[..., r0:r1, :], dout[..., r0:r1, :]
         k, v = kb[..., :t, :].float().unsqueeze(2), vb[..., :t, :].float().unsqueeze(2)
-        p = torch.exp(_scores(qt, kb[..., :t, :], r0, diagonal) - lse[..., r0:r1].unsqueeze(-1))
+        # Two (c, t) fp32 tiles per head at most (BACKWARD_LIVE_TILES): P, then dS made in place
+        # on dO V^T; the same values as the out-of-place expressions, bit for bit.
+        p = _scores(qt, kb[..., :t, :], r0, diagonal).sub_(lse[..., r0:r1].unsqueeze(-1)).exp_()
         dv[..., :t, :] += (p.transpose(-1, -2) @ do).sum(2)
-        ds = p * (do @ v.transpose(-1, -2) - delta[..., r0:r1, :])
+        ds = (do @ v.transpose(-1, -2)).sub_(delta[..., r0:r1, :]).mul_(p)
         del p
         dq[..., r0:r1, :] = (ds @ k) * scale
         dk[..., :t, :] += (ds.transpose(-1, -2) @ qt.float()).sum(2) * scale
+        del ds  # before the next tile's scores, else a third tile is live
     return dq, dk, dv
 
 

@@ -164,6 +164,16 @@ class MemoryFields:
     fp32 (pytorch/pytorch torch/distributed/tensor/experimental/_attention.py@f2127db,
     rotate_method ALL_GATHER, convert_to_f32), a transient per attention layer charged by
     cost/cp_ring_memory.py; False: Megatron-Core / TE's p2p ring, two K/V chunks in flight."""
+    cp_ring_score_tile_rows: float = 0.0
+    """Query rows per fp32 score tile where the stack's ring attention computes its blocks in
+    eager torch (meshplan's runtime: runtime/ring_attention.py, meshplan/ring_policy.py
+    QUERY_CHUNK_ROWS = 1024; the stack record reads it there): one layer's backward holds
+    ``cp_ring_backward_live_tiles`` tiles of (b, N/t heads, rows, S/c keys) fp32, with its fp32 dQ
+    and dO (cost/cp_ring_memory.py). 0: the ring runs a fused kernel whose tiles stay on chip
+    (FlashAttention, Dao et al. 2022, Sec. 3.1; Megatron-Core / TE, torch's SDPA in torchtitan)."""
+    cp_ring_backward_live_tiles: float = 0.0
+    """fp32 score tiles live at once in such a ring's backward (meshplan's: 2, P and dS;
+    meshplan/ring_policy.py BACKWARD_LIVE_TILES); read only where cp_ring_score_tile_rows > 0."""
     comm_bucket_bytes: float = 0.1 * 1024**3
     """Reducer/FSDP communication buckets (DDP bucket_cap_mb=25 x a few; FSDP prefetch)."""
     sp_saves_gathered_inputs: bool = False
