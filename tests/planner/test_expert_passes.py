@@ -92,3 +92,15 @@ def test_moe_act_recompute_reruns_the_clamp():
     got = (layer_cost(model, cluster, training, arrays, calib).recompute_selective_s
            - layer_cost(unclamped, cluster, training, arrays, calib).recompute_selective_s)
     assert float(np.ravel(got)[0]) == pytest.approx(4096 * 4 * 2880 * 8 * ew, rel=1e-6)
+
+
+@pytest.mark.parametrize("value", [[], "7", float("nan"), -1.0, True])
+def test_glu_clamp_limit_refuses_what_is_not_a_finite_number(value):
+    # the fuzz of Job files found a list here reaching the cost model's caches (unhashable)
+    from dataclasses import replace
+
+    from meshplan.errors import MeshplanError
+    from meshplan.spec.presets import model_preset
+
+    with pytest.raises(MeshplanError, match="glu_clamp_limit"):
+        replace(model_preset("gpt-oss-120b"), glu_clamp_limit=value)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from meshplan.errors import MeshplanError
-from meshplan.numbers import check_count
+from meshplan.numbers import check_count, check_finite
 
 
 class Arch(str, enum.Enum):
@@ -139,6 +139,8 @@ class ModelSpec:
                   "full_attention_period", "mtp_num_layers", "mamba_state_size", "mamba_conv_width",
                   "mamba_num_heads", "mamba_head_dim", "mamba_groups", "mamba_chunk_size"):
             check_count(f"model {self.name!r}: {f}", getattr(self, f), minimum=0)
+        object.__setattr__(self, "glu_clamp_limit",
+                           check_finite(f"model {self.name!r}: glu_clamp_limit", self.glu_clamp_limit))
         # Fill derived defaults (frozen: go through object.__setattr__ once, here only).
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
