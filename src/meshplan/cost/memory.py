@@ -198,7 +198,8 @@ class RankOther:
     (cost/step_memory.py) and the allocator's reserve."""
     reserve_bytes: np.ndarray
     gathered_weight_bytes: np.ndarray
-    """ZeRO-3's gathered layers (of ``other_bytes``)."""
+    """ZeRO-3's gathered layers and FSDP's backward buffers, at ZeRO-1/2 an FSDP2 stack's
+    reduce-scatter input alone (of ``other_bytes``)."""
 
 
 def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, calib: Calibration,
