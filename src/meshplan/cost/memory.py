@@ -254,12 +254,13 @@ def rank_other(model: ModelSpec, training: TrainingSpec, plans: PlanArrays, cali
                           + rs_bytes)
         charged = np.maximum(logits_bytes, attention_transient_bytes)
         z3_bytes = z3_bytes + np.maximum(backward_bytes + attention_transient_bytes - charged, 0.0)
+        # ZeRO-1/2 in meshplan's runtime (FSDP2 with reshard_after_forward=False: runtime/
+        # parallelize.apply_dp) reduce-scatter each layer's gradients through the same fp32 input
+        # buffer; nothing else is regathered. (torchtitan shards with FSDP2 as ZeRO-3 only.)
         rs_only = np.maximum(rs_bytes + attention_transient_bytes - charged, 0.0)
     else:
         z3_bytes = z3_bytes + rs_bytes
-        rs_only = rs_bytes
-    # ZeRO-1/2 on an FSDP2 stack (reshard_after_forward=False: runtime/parallelize.apply_dp) reduce-
-    # scatters each layer's gradients through the same fp32 input buffer; nothing else is regathered.
+        rs_only = 0.0
     fsdp_sharded = (z >= 1) & (np.asarray(terms.zero_ranks) > 1)
     z3_buffers = np.where(z >= 3, z3_bytes, np.where(fsdp_sharded, rs_only, 0.0))
     step_peak = not (isinstance(step_excess_bytes, float) and step_excess_bytes == 0.0)  # no pass over 0
